@@ -1,0 +1,126 @@
+/* crypto.c - mbedTLS-backed hashing and randomness. */
+#include "base/crypto.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <mbedtls/ctr_drbg.h>
+#include <mbedtls/entropy.h>
+#include <mbedtls/md.h>
+
+#include "base/assert.h"
+
+struct kf_rng {
+    mbedtls_entropy_context entropy;
+    mbedtls_ctr_drbg_context drbg;
+    uint8_t seed[64];            /* fixed seed for deterministic mode */
+    size_t seed_len;
+    size_t seed_offset;
+    int fixed;
+};
+
+void kf_sha256(const void *data, size_t len, uint8_t out[KF_SHA256_BYTES]) {
+    int rc = mbedtls_md(mbedtls_md_info_from_type(MBEDTLS_MD_SHA256), data, len, out);
+    KF_ASSERT(rc == 0);
+}
+
+kf_status_t kf_sha256_file(const char *path, uint8_t out[KF_SHA256_BYTES], kf_error_t *err) {
+    int rc = mbedtls_md_file(mbedtls_md_info_from_type(MBEDTLS_MD_SHA256), path, out);
+    if (rc != 0) {
+        return kf_error_set(err, KF_E_IO, "cannot read %s to hash it", path);
+    }
+    return KF_OK;
+}
+
+void kf_hex_encode(const uint8_t *bytes, size_t len, char *out) {
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < len; i++) {
+        out[2 * i] = digits[bytes[i] >> 4];
+        out[2 * i + 1] = digits[bytes[i] & 15];
+    }
+    out[2 * len] = '\0';
+}
+
+/* Deterministic "entropy": hands out the fixed seed, then zeros. Only the
+ * initial seeding reads it (reseeding is off), so the stream is a function
+ * of the seed alone. */
+static int fixed_entropy(void *ctx, unsigned char *out, size_t len) {
+    kf_rng_t *rng = ctx;
+    for (size_t i = 0; i < len; i++) {
+        out[i] = rng->seed_offset < rng->seed_len ? rng->seed[rng->seed_offset++] : 0;
+    }
+    return 0;
+}
+
+kf_rng_t *kf_rng_create(const void *seed, size_t seed_len) {
+    kf_rng_t *rng = calloc(1, sizeof *rng);
+    if (rng == NULL) {
+        return NULL;
+    }
+    mbedtls_ctr_drbg_init(&rng->drbg);
+    int rc;
+    static const unsigned char pers[] = "keyflow";
+    if (seed != NULL) {
+        rng->fixed = 1;
+        rng->seed_len = seed_len < sizeof rng->seed ? seed_len : sizeof rng->seed;
+        memcpy(rng->seed, seed, rng->seed_len);
+        rc = mbedtls_ctr_drbg_seed(&rng->drbg, fixed_entropy, rng, pers, sizeof pers - 1);
+        mbedtls_ctr_drbg_set_reseed_interval(&rng->drbg, INT32_MAX);
+    } else {
+        mbedtls_entropy_init(&rng->entropy);
+        rc = mbedtls_ctr_drbg_seed(&rng->drbg, mbedtls_entropy_func, &rng->entropy, pers,
+                                   sizeof pers - 1);
+    }
+    if (rc != 0) {
+        kf_rng_destroy(rng);
+        return NULL;
+    }
+    return rng;
+}
+
+void kf_rng_destroy(kf_rng_t *rng) {
+    if (rng == NULL) {
+        return;
+    }
+    mbedtls_ctr_drbg_free(&rng->drbg);
+    if (!rng->fixed) {
+        mbedtls_entropy_free(&rng->entropy);
+    }
+    free(rng);
+}
+
+void kf_rng_bytes(kf_rng_t *rng, void *out, size_t len) {
+    unsigned char *p = out;
+    while (len > 0) {
+        size_t n = len > MBEDTLS_CTR_DRBG_MAX_REQUEST ? MBEDTLS_CTR_DRBG_MAX_REQUEST : len;
+        int rc = mbedtls_ctr_drbg_random(&rng->drbg, p, n);
+        KF_ASSERT(rc == 0); /* reseed failures would mean no entropy source at all */
+        p += n;
+        len -= n;
+    }
+}
+
+void kf_uuid7(kf_rng_t *rng, int64_t now_ms, char out[KF_UUID_TEXT_BYTES + 1]) {
+    uint8_t b[16];
+    kf_rng_bytes(rng, b + 6, 10);
+    uint64_t ms = (uint64_t)(now_ms < 0 ? 0 : now_ms);
+    for (int i = 5; i >= 0; i--) {
+        b[i] = (uint8_t)(ms & 0xff);
+        ms >>= 8;
+    }
+    b[6] = (uint8_t)((b[6] & 0x0f) | 0x70);
+    b[8] = (uint8_t)((b[8] & 0x3f) | 0x80);
+    char hex[33];
+    kf_hex_encode(b, 16, hex);
+    /* 8-4-4-4-12 */
+    memcpy(out, hex, 8);
+    out[8] = '-';
+    memcpy(out + 9, hex + 8, 4);
+    out[13] = '-';
+    memcpy(out + 14, hex + 12, 4);
+    out[18] = '-';
+    memcpy(out + 19, hex + 16, 4);
+    out[23] = '-';
+    memcpy(out + 24, hex + 20, 12);
+    out[36] = '\0';
+}

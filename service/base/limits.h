@@ -1,0 +1,124 @@
+/*
+ * limits.h - every hard limit of keyflow, in one place, each with why.
+ *
+ * Configuration may lower a limit, never raise it past the value here (see
+ * kf_config_validate in service/main). Reaching a limit is a clear error to
+ * the caller (RESOURCE_EXHAUSTED / HTTP 413 or 429, or INVALID_ARGUMENT for a
+ * malformed field) naming the limit, never silent growth and never a drop.
+ * Names carry units: _BYTES_MAX, _MS_MAX, _MAX for counts.
+ */
+#ifndef KF_BASE_LIMITS_H
+#define KF_BASE_LIMITS_H
+
+/* ---- errors and identifiers ------------------------------------------- */
+
+/* Room for "field.path: must be ..., got ...", plus a quoted value. */
+#define KF_ERROR_MESSAGE_BYTES_MAX 512
+
+/* Coordinator keys and workflow names are identifiers, not payloads; they
+ * appear in every journal key and run ID, so they stay small. */
+#define KF_KEY_BYTES_MAX 256
+#define KF_WORKFLOW_BYTES_MAX 128
+#define KF_EVENT_ID_BYTES_MAX 128
+#define KF_WORKER_ID_BYTES_MAX 128
+/* "<key>@<uuid>": key, '@', 36 characters of UUID. */
+#define KF_UUID_TEXT_BYTES 36
+#define KF_RUN_ID_BYTES_MAX (KF_KEY_BYTES_MAX + 1 + KF_UUID_TEXT_BYTES)
+#define KF_LEASE_BYTES KF_UUID_TEXT_BYTES
+
+/* ---- coordinators ----------------------------------------------------- */
+
+/* One event's input JSON: large enough for a real payload, small enough that
+ * a burst of them cannot exhaust memory before the queue bound bites. */
+#define KF_EVENT_INPUT_BYTES_MAX (256 * 1024)
+/* A window's accumulated input (a batch run's input array). An event that
+ * would push a batch window past it closes the window first (the run starts)
+ * and opens a new one; the event itself is never refused for this. */
+#define KF_WINDOW_INPUT_BYTES_MAX (4 * 1024 * 1024)
+#define KF_BATCH_EVENTS_MAX 10000
+#define KF_BATCH_EVENTS_DEFAULT 100
+#define KF_BATCH_WAIT_MS_DEFAULT 1000
+/* Windows, waits and dedup spans up to a week, like Inngest's debounce. */
+#define KF_WINDOW_MS_MAX (7LL * 24 * 3600 * 1000)
+#define KF_DEDUP_MS_DEFAULT 600000
+#define KF_DEDUP_MS_MAX (7LL * 24 * 3600 * 1000)
+/* Remembered event IDs per coordinator; the oldest is forgotten first. */
+#define KF_REMEMBERED_IDS_MAX 1024
+/* Journal entries between snapshots (continue-as-new): bounds replay work
+ * per key at start and storage per key between compactions. */
+#define KF_JOURNAL_ENTRIES_MAX 256
+/* Run IDs a coordinator lists in DescribeCoordinator. */
+#define KF_RECENT_RUNS_MAX 16
+/* Coordinators held in memory at once (each is a few hundred bytes plus its
+ * window); beyond it SendEvent answers RESOURCE_EXHAUSTED. */
+#define KF_COORDINATORS_MAX 2000000
+/* Bytes of open-window input held in memory across all coordinators. */
+#define KF_OPEN_WINDOW_BYTES_MAX (2LL * 1024 * 1024 * 1024)
+
+/* ---- runs ------------------------------------------------------------- */
+
+#define KF_RUN_RESULT_BYTES_MAX (1024 * 1024)
+#define KF_RUN_ERROR_BYTES_MAX 4096
+#define KF_LEASE_MS_MIN 100
+#define KF_LEASE_MS_MAX (3600LL * 1000)
+#define KF_LEASE_MS_DEFAULT 30000
+#define KF_POLL_RUNS_MAX 100
+#define KF_POLL_WORKFLOWS_MAX 32
+#define KF_POLL_WAIT_MS_MAX 60000
+/* Long polls parked in the engine at once; one more is RESOURCE_EXHAUSTED. */
+#define KF_PARKED_POLLS_MAX 4096
+#define KF_RUN_ATTEMPTS_MAX 100
+#define KF_RUN_ATTEMPTS_DEFAULT 3
+/* Pending and leased runs in memory; windows that would start one more
+ * stay open (and SendEvent answers RESOURCE_EXHAUSTED) until workers drain. */
+#define KF_LIVE_RUNS_MAX 2000000
+#define KF_RETENTION_MS_DEFAULT (7LL * 24 * 3600 * 1000)
+#define KF_RETENTION_MS_MAX (365LL * 24 * 3600 * 1000)
+#define KF_LIST_PAGE_DEFAULT 100
+#define KF_LIST_PAGE_MAX 1000
+/* Records a list call may examine before it returns a partial page with a
+ * continuation token, so one call never scans without bound. */
+#define KF_LIST_SCAN_MAX 10000
+
+/* ---- engine ----------------------------------------------------------- */
+
+/* Commands waiting for the engine thread; one more is RESOURCE_EXHAUSTED
+ * (HTTP 429), so that overload shows at the edge instead of in memory. */
+#define KF_QUEUE_DEPTH_MAX 8192
+/* Commands whose effects share one synced write. */
+#define KF_GROUP_COMMANDS_MAX 4096
+/* Bytes one group may write; a command that would pass it starts the next
+ * group instead. */
+#define KF_GROUP_BYTES_MAX (64 * 1024 * 1024)
+/* Processing-time timers fired per engine turn, so that a backlog after a
+ * restart cannot starve requests. */
+#define KF_TIMERS_PER_TURN_MAX 1024
+#define KF_TIMERS_MAX (KF_COORDINATORS_MAX + KF_LIVE_RUNS_MAX)
+
+/* ---- front ends ------------------------------------------------------- */
+
+/* One request message or HTTP body: a 16 MiB input batch plus framing. */
+#define KF_REQUEST_BYTES_MAX (20 * 1024 * 1024)
+/* One response message (an output page, a run list). */
+#define KF_RESPONSE_BYTES_MAX (64 * 1024 * 1024)
+/* Per-request arena: request decode plus response build. */
+#define KF_ARENA_BYTES_MAX (256LL * 1024 * 1024)
+/* gRPC calls awaiting a request at once, per method. */
+#define KF_GRPC_PENDING_PER_METHOD 64
+/* HTTP connections the gateway serves at once. */
+#define KF_HTTP_CONNECTIONS_MAX 4096
+/* Nesting depth of JSON documents the gateway accepts. */
+#define KF_JSON_DEPTH_MAX 64
+
+_Static_assert(KF_BATCH_EVENTS_DEFAULT <= KF_BATCH_EVENTS_MAX, "default within bound");
+_Static_assert(KF_EVENT_INPUT_BYTES_MAX * 2 <= KF_WINDOW_INPUT_BYTES_MAX,
+               "a window holds more than one maximal input");
+_Static_assert(KF_WINDOW_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX,
+               "a run's input fits in one response");
+_Static_assert(KF_EVENT_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX, "an event fits in a request");
+_Static_assert(KF_GROUP_COMMANDS_MAX <= KF_QUEUE_DEPTH_MAX, "a group drains at most a queue");
+_Static_assert(KF_LEASE_MS_DEFAULT >= KF_LEASE_MS_MIN && KF_LEASE_MS_DEFAULT <= KF_LEASE_MS_MAX,
+               "default lease within bounds");
+_Static_assert(KF_DEDUP_MS_DEFAULT <= KF_DEDUP_MS_MAX, "default dedup within bound");
+
+#endif

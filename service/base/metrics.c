@@ -1,0 +1,221 @@
+/* metrics.c - fixed tables of relaxed atomics and the Prometheus renderer. */
+#include "base/metrics.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/assert.h"
+
+#define BUCKETS_MAX 16
+
+typedef struct bucket_set {
+    int count;
+    double bounds[BUCKETS_MAX];
+} bucket_set_t;
+
+static const bucket_set_t kf__buckets_count = {13, {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}};
+static const bucket_set_t kf__buckets_bytes = {9, {256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216}};
+static const bucket_set_t kf__buckets_seconds = {15, {25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1, 5}};
+
+typedef struct histogram {
+    const char *name;
+    const char *help;
+    const bucket_set_t *buckets;
+    atomic_uint_fast64_t counts[BUCKETS_MAX + 1];
+    _Atomic double sum;
+} histogram_t;
+
+static const struct {
+    const char *name;
+    const char *help;
+} gauge_info[] = {
+#define ROW_(id, name, help) {name, help},
+    KF_GAUGE_TABLE(ROW_)
+}, counter_info[] = {KF_COUNTER_TABLE(ROW_)};
+#undef ROW_
+
+static atomic_int_fast64_t gauges[KF_GAUGE_COUNT];
+static atomic_uint_fast64_t counters[KF_COUNTER_COUNT];
+static histogram_t histograms[KF_HISTOGRAM_COUNT] = {
+#define H_ROW_(id, name, help, buckets) {name, help, &buckets, {0}, 0},
+    KF_HISTOGRAM_TABLE(H_ROW_)
+#undef H_ROW_
+};
+
+/* Request metrics: per method and transport, a count per gRPC code and a
+ * latency histogram. */
+#define GRPC_CODES 17
+static const char *method_names[KF_METRICS_METHODS_MAX];
+static int method_count;
+static atomic_uint_fast64_t request_counts[KF_METRICS_METHODS_MAX][KF_TRANSPORT_COUNT][GRPC_CODES];
+static histogram_t request_latency[KF_METRICS_METHODS_MAX][KF_TRANSPORT_COUNT];
+
+void kf_gauge_set(kf_gauge_t g, int64_t v) { atomic_store_explicit(&gauges[g], v, memory_order_relaxed); }
+void kf_gauge_add(kf_gauge_t g, int64_t d) { atomic_fetch_add_explicit(&gauges[g], d, memory_order_relaxed); }
+int64_t kf_gauge_get(kf_gauge_t g) { return atomic_load_explicit(&gauges[g], memory_order_relaxed); }
+void kf_counter_add(kf_counter_t c, uint64_t d) {
+    atomic_fetch_add_explicit(&counters[c], d, memory_order_relaxed);
+}
+uint64_t kf_counter_get(kf_counter_t c) { return atomic_load_explicit(&counters[c], memory_order_relaxed); }
+
+static void observe(histogram_t *h, double v) {
+    int i = 0;
+    while (i < h->buckets->count && v > h->buckets->bounds[i]) {
+        i++;
+    }
+    atomic_fetch_add_explicit(&h->counts[i], 1, memory_order_relaxed);
+    double old = atomic_load_explicit(&h->sum, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&h->sum, &old, old + v, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+    }
+}
+
+void kf_histogram_observe(kf_histogram_t h, double v) { observe(&histograms[h], v); }
+void kf_histogram_observe_us(kf_histogram_t h, int64_t us) { observe(&histograms[h], (double)us / 1e6); }
+
+int kf_metrics_method_register(const char *name) {
+    for (int i = 0; i < method_count; i++) {
+        if (strcmp(method_names[i], name) == 0) {
+            return i;
+        }
+    }
+    KF_ASSERT(method_count < KF_METRICS_METHODS_MAX);
+    method_names[method_count] = name;
+    for (int t = 0; t < KF_TRANSPORT_COUNT; t++) {
+        request_latency[method_count][t].name = "keyflow_request_duration_seconds";
+        request_latency[method_count][t].buckets = &kf__buckets_seconds;
+    }
+    return method_count++;
+}
+
+void kf_metrics_request(int method, kf_transport_t transport, int grpc_code, int64_t latency_us) {
+    if (method < 0 || method >= method_count || grpc_code < 0 || grpc_code >= GRPC_CODES) {
+        return;
+    }
+    atomic_fetch_add_explicit(&request_counts[method][transport][grpc_code], 1, memory_order_relaxed);
+    observe(&request_latency[method][transport], (double)latency_us / 1e6);
+}
+
+void kf_metrics_reset(void) {
+    for (int i = 0; i < KF_GAUGE_COUNT; i++) atomic_store(&gauges[i], 0);
+    for (int i = 0; i < KF_COUNTER_COUNT; i++) atomic_store(&counters[i], 0);
+    for (int i = 0; i < KF_HISTOGRAM_COUNT; i++) {
+        for (int b = 0; b <= BUCKETS_MAX; b++) atomic_store(&histograms[i].counts[b], 0);
+        atomic_store(&histograms[i].sum, 0);
+    }
+}
+
+typedef struct out {
+    char *buf;
+    size_t len;
+    size_t cap;
+    int failed;
+} out_t;
+
+__attribute__((format(printf, 2, 3))) static void outf(out_t *o, const char *fmt, ...) {
+    if (o->failed) {
+        return;
+    }
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            o->failed = 1;
+            return;
+        }
+        if (o->len + (size_t)n < o->cap) {
+            o->len += (size_t)n;
+            return;
+        }
+        size_t cap = o->cap * 2 + (size_t)n;
+        char *b = realloc(o->buf, cap);
+        if (b == NULL) {
+            o->failed = 1;
+            return;
+        }
+        o->buf = b;
+        o->cap = cap;
+    }
+}
+
+static void render_histogram(out_t *o, const histogram_t *h, const char *labels) {
+    uint64_t cumulative = 0;
+    const char *sep = labels[0] ? "," : "";
+    for (int i = 0; i <= h->buckets->count; i++) {
+        cumulative += atomic_load_explicit(&h->counts[i], memory_order_relaxed);
+        if (i < h->buckets->count) {
+            outf(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", h->name, labels, sep, h->buckets->bounds[i],
+                 (unsigned long long)cumulative);
+        } else {
+            outf(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", h->name, labels, sep,
+                 (unsigned long long)cumulative);
+        }
+    }
+    const char *open = labels[0] ? "{" : "", *close = labels[0] ? "}" : "";
+    outf(o, "%s_sum%s%s%s %.9g\n", h->name, open, labels, close,
+         atomic_load_explicit(&h->sum, memory_order_relaxed));
+    outf(o, "%s_count%s%s%s %llu\n", h->name, open, labels, close, (unsigned long long)cumulative);
+}
+
+char *kf_metrics_render(size_t *len) {
+    static const char *const code_names[GRPC_CODES] = {
+        "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+        "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+        "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+        "UNAUTHENTICATED"};
+    static const char *const transport_names[KF_TRANSPORT_COUNT] = {"grpc", "http"};
+    out_t o = {malloc(16384), 0, 16384, 0};
+    if (o.buf == NULL) {
+        return NULL;
+    }
+    o.buf[0] = '\0';
+    for (int i = 0; i < KF_GAUGE_COUNT; i++) {
+        outf(&o, "# HELP %s %s\n# TYPE %s gauge\n%s %lld\n", gauge_info[i].name, gauge_info[i].help,
+             gauge_info[i].name, gauge_info[i].name,
+             (long long)atomic_load_explicit(&gauges[i], memory_order_relaxed));
+    }
+    for (int i = 0; i < KF_COUNTER_COUNT; i++) {
+        outf(&o, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", counter_info[i].name,
+             counter_info[i].help, counter_info[i].name, counter_info[i].name,
+             (unsigned long long)atomic_load_explicit(&counters[i], memory_order_relaxed));
+    }
+    for (int i = 0; i < KF_HISTOGRAM_COUNT; i++) {
+        outf(&o, "# HELP %s %s\n# TYPE %s histogram\n", histograms[i].name, histograms[i].help,
+             histograms[i].name);
+        render_histogram(&o, &histograms[i], "");
+    }
+    outf(&o, "# HELP keyflow_requests_total Requests by method, transport and gRPC code\n"
+             "# TYPE keyflow_requests_total counter\n");
+    for (int m = 0; m < method_count; m++) {
+        for (int t = 0; t < KF_TRANSPORT_COUNT; t++) {
+            for (int c = 0; c < GRPC_CODES; c++) {
+                uint64_t n = atomic_load_explicit(&request_counts[m][t][c], memory_order_relaxed);
+                if (n > 0) {
+                    outf(&o, "keyflow_requests_total{method=\"%s\",transport=\"%s\",code=\"%s\"} %llu\n",
+                         method_names[m], transport_names[t], code_names[c], (unsigned long long)n);
+                }
+            }
+        }
+    }
+    outf(&o, "# HELP keyflow_request_duration_seconds Request latency by method and transport\n"
+             "# TYPE keyflow_request_duration_seconds histogram\n");
+    for (int m = 0; m < method_count; m++) {
+        for (int t = 0; t < KF_TRANSPORT_COUNT; t++) {
+            char labels[160];
+            snprintf(labels, sizeof labels, "method=\"%s\",transport=\"%s\"", method_names[m],
+                     transport_names[t]);
+            render_histogram(&o, &request_latency[m][t], labels);
+        }
+    }
+    if (o.failed) {
+        free(o.buf);
+        return NULL;
+    }
+    *len = o.len;
+    return o.buf;
+}

@@ -1,0 +1,1080 @@
+/*
+ * coord.c - the coordinator table: update-with-start, windows, dedup,
+ * journal, snapshots and recovery. See coord.h for the state machine.
+ *
+ * Every change goes through append_entry(): encode a journal entry, put it
+ * in the step's batch, then apply it with the same apply_* function that
+ * replay uses. Decisions that need randomness or the clock (the window's
+ * UUID, the event time) are made before the entry is built and recorded in
+ * it, so replay is deterministic.
+ */
+#include "coord/coord.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "base/assert.h"
+#include "base/log.h"
+#include "base/map.h"
+#include "base/metrics.h"
+#include "base/text.h"
+#include "coord/window.h"
+#include "records/records.pb-c.h"
+
+typedef struct remembered {
+    char *id;                    /* owned */
+    char run_uuid[KF_UUID_TEXT_BYTES + 1];
+    int64_t due_ms;
+    int64_t expires_ms;
+} remembered_t;
+
+typedef struct coord {
+    kf_map_node_t node;          /* keyed by ckey */
+    uint8_t *ckey;               /* storage key (keys.h), owned */
+    size_t ckey_len;
+    kf_rule_kind_t kind;
+    char *workflow;              /* owned, NUL-terminated */
+    char *key;                   /* owned, NUL-terminated */
+    kf_timer_t timer;
+    int64_t wakeup_due_ms;       /* the stored wake-up, or KF_NO_WAKEUP */
+    uint64_t journal_seq;        /* seq of the next entry */
+    uint32_t journal_len;        /* entries since the last snapshot */
+    int64_t runs_started;
+    int64_t compactions;
+    char recent[KF_RECENT_RUNS_MAX][KF_UUID_TEXT_BYTES + 1]; /* oldest first */
+    uint32_t recent_count;
+    /* The open window. */
+    bool open;
+    char run_uuid[KF_UUID_TEXT_BYTES + 1];
+    int64_t opened_ms;
+    int64_t last_ms;
+    int64_t due_ms;
+    kf_rule_t rule;              /* the latest event's rule */
+    char *input;                 /* debounce: latest input; batch: "[a,b" */
+    size_t input_len;
+    size_t input_cap;
+    int64_t event_count;
+    /* Remembered event IDs, a ring buffer, oldest first. */
+    remembered_t *ids;
+    uint32_t ids_head;
+    uint32_t ids_count;
+    uint32_t ids_cap;
+} coord_t;
+
+struct kf_coords {
+    kf_map_t map;
+    kf_runs_t *runs;
+    uint64_t open_windows;
+    int64_t window_bytes;        /* input buffer bytes of open windows */
+};
+
+static void publish_gauges(const kf_coords_t *cs) {
+    kf_gauge_set(KF_G_COORDINATORS, (int64_t)cs->map.count);
+    kf_gauge_set(KF_G_OPEN_WINDOWS, (int64_t)cs->open_windows);
+}
+
+/* Checks that text is one JSON value; an empty text means null. */
+static kf_status_t check_json(const char *field, const char *text, size_t len, size_t max_bytes,
+                              kf_error_t *err) {
+    if (len > max_bytes) {
+        return kf_error_set(err, KF_E_TOO_LARGE, "%s: at most %zu bytes of JSON, got %zu", field,
+                            max_bytes, len);
+    }
+    if (len == 0) {
+        return KF_OK;
+    }
+    json_error_t jerr;
+    json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+    if (v == NULL) {
+        return kf_error_set(err, KF_E_INVALID, "%s: not valid JSON: %s (line %d, column %d)",
+                            field, jerr.text, jerr.line, jerr.column);
+    }
+    json_decref(v);
+    return KF_OK;
+}
+
+/* ---- coordinator objects ----------------------------------------------- */
+
+static coord_t *coord_find(const kf_coords_t *cs, const kf_key_t *ckey) {
+    kf_map_node_t *n = kf_map_get(&cs->map, ckey->bytes, ckey->len);
+    return n ? KF_CONTAINER_OF(n, coord_t, node) : NULL;
+}
+
+static char *xstrndup(const char *s, size_t len) {
+    char *d = malloc(len + 1);
+    KF_ASSERT(d != NULL);
+    memcpy(d, s, len);
+    d[len] = '\0';
+    return d;
+}
+
+static coord_t *coord_new(kf_coords_t *cs, const kf_key_t *ckey) {
+    kf_key_reader_t r = kf_key_reader(ckey->bytes, ckey->len);
+    uint8_t kind;
+    const char *wf, *key;
+    size_t wf_len, key_len;
+    bool ok = kf_key_read_u8(&r, &kind) && kf_key_read_lp(&r, &wf, &wf_len) &&
+              kf_key_read_lp(&r, &key, &key_len) && r.left == 0;
+    KF_ASSERT(ok); /* callers validated or decoded the key */
+    coord_t *c = calloc(1, sizeof *c);
+    KF_ASSERT(c != NULL);
+    c->ckey = malloc(ckey->len);
+    KF_ASSERT(c->ckey != NULL);
+    memcpy(c->ckey, ckey->bytes, ckey->len);
+    c->ckey_len = ckey->len;
+    c->kind = (kf_rule_kind_t)kind;
+    c->workflow = xstrndup(wf, wf_len);
+    c->key = xstrndup(key, key_len);
+    kf_timer_init(&c->timer, KF_TIMER_COORDINATOR);
+    c->wakeup_due_ms = KF_NO_WAKEUP;
+    kf_map_insert(&cs->map, &c->node, c->ckey, c->ckey_len);
+    publish_gauges(cs);
+    return c;
+}
+
+static void window_drop(kf_coords_t *cs, coord_t *c) {
+    if (c->open) {
+        cs->open_windows--;
+        cs->window_bytes -= (int64_t)c->input_cap;
+    }
+    free(c->input);
+    c->input = NULL;
+    c->input_len = c->input_cap = 0;
+    c->open = false;
+    c->event_count = 0;
+}
+
+static void coord_free(kf_coords_t *cs, coord_t *c) {
+    window_drop(cs, c);
+    for (uint32_t i = 0; i < c->ids_count; i++) {
+        free(c->ids[(c->ids_head + i) % c->ids_cap].id);
+    }
+    free(c->ids);
+    free(c->ckey);
+    free(c->workflow);
+    free(c->key);
+    free(c);
+}
+
+static void input_reserve(kf_coords_t *cs, coord_t *c, size_t need) {
+    if (need <= c->input_cap) {
+        return;
+    }
+    size_t cap = c->input_cap ? c->input_cap : 64;
+    while (cap < need) {
+        cap *= 2;
+    }
+    char *p = realloc(c->input, cap);
+    KF_ASSERT(p != NULL);
+    cs->window_bytes += (int64_t)(cap - c->input_cap);
+    c->input = p;
+    c->input_cap = cap;
+}
+
+static remembered_t *id_at(coord_t *c, uint32_t i) { return &c->ids[(c->ids_head + i) % c->ids_cap]; }
+
+/* The live remembered entry for `id` at now_ms, or NULL. */
+static remembered_t *id_find(coord_t *c, const char *id, int64_t now_ms) {
+    for (uint32_t i = 0; i < c->ids_count; i++) {
+        remembered_t *r = id_at(c, i);
+        if (r->expires_ms > now_ms && strcmp(r->id, id) == 0) {
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static void id_pop_oldest(coord_t *c) {
+    KF_ASSERT(c->ids_count > 0);
+    free(c->ids[c->ids_head].id);
+    c->ids_head = (c->ids_head + 1) % c->ids_cap;
+    c->ids_count--;
+}
+
+/* Drops IDs expired at at_ms, keeping order. Runs inside apply functions
+ * only (with the entry's time), so live and replay agree. */
+static void ids_prune(coord_t *c, int64_t at_ms) {
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < c->ids_count; i++) {
+        remembered_t *r = id_at(c, i);
+        if (r->expires_ms > at_ms) {
+            *id_at(c, kept++) = *r;
+        } else {
+            free(r->id);
+        }
+    }
+    c->ids_count = kept;
+}
+
+static void id_push(coord_t *c, const char *id, const char *run_uuid, int64_t due_ms,
+                    int64_t expires_ms) {
+    if (c->ids_count == KF_REMEMBERED_IDS_MAX) {
+        id_pop_oldest(c); /* DESIGN.md: at most 1024 per key, oldest forgotten first */
+    }
+    if (c->ids_count == c->ids_cap) {
+        uint32_t cap = c->ids_cap ? c->ids_cap * 2 : 4;
+        if (cap > KF_REMEMBERED_IDS_MAX) {
+            cap = KF_REMEMBERED_IDS_MAX;
+        }
+        remembered_t *ids = malloc(cap * sizeof *ids);
+        KF_ASSERT(ids != NULL);
+        for (uint32_t i = 0; i < c->ids_count; i++) {
+            ids[i] = *id_at(c, i);
+        }
+        free(c->ids);
+        c->ids = ids;
+        c->ids_head = 0;
+        c->ids_cap = cap;
+    }
+    remembered_t *r = &c->ids[(c->ids_head + c->ids_count) % c->ids_cap];
+    r->id = xstrndup(id, strlen(id));
+    memcpy(r->run_uuid, run_uuid, KF_UUID_TEXT_BYTES + 1);
+    r->due_ms = due_ms;
+    r->expires_ms = expires_ms;
+    c->ids_count++;
+}
+
+static int64_t ids_last_expiry(coord_t *c) {
+    int64_t last = INT64_MIN;
+    for (uint32_t i = 0; i < c->ids_count; i++) {
+        if (id_at(c, i)->expires_ms > last) {
+            last = id_at(c, i)->expires_ms;
+        }
+    }
+    return last;
+}
+
+static void recent_push(coord_t *c, const char *uuid) {
+    if (c->recent_count == KF_RECENT_RUNS_MAX) {
+        memmove(c->recent[0], c->recent[1], (KF_RECENT_RUNS_MAX - 1) * sizeof c->recent[0]);
+        c->recent_count--;
+    }
+    memcpy(c->recent[c->recent_count++], uuid, KF_UUID_TEXT_BYTES + 1);
+}
+
+/* ---- rules <-> records ------------------------------------------------- */
+
+static void rule_to_rec(const kf_rule_t *rule, Keyflow__Records__RuleRec *rec) {
+    keyflow__records__rule_rec__init(rec);
+    rec->kind = (int32_t)rule->kind;
+    rec->window_ms = rule->window_ms;
+    rec->max_wait_ms = rule->max_wait_ms;
+    rec->max_events = rule->max_events;
+    rec->dedup_ms = rule->dedup_ms;
+}
+
+static bool rule_from_rec(const Keyflow__Records__RuleRec *rec, kf_rule_t *rule) {
+    if (rec == NULL || (rec->kind != KF_RULE_DEBOUNCE && rec->kind != KF_RULE_BATCH)) {
+        return false;
+    }
+    rule->kind = (kf_rule_kind_t)rec->kind;
+    rule->window_ms = rec->window_ms;
+    rule->max_wait_ms = rec->max_wait_ms;
+    rule->max_events = rec->max_events;
+    rule->dedup_ms = rec->dedup_ms;
+    return true;
+}
+
+static bool uuid_ok(const char *s) { return s != NULL && strlen(s) == KF_UUID_TEXT_BYTES; }
+
+/* ---- apply: the one place state changes (live and replay) --------------- */
+
+static kf_status_t apply_accepted(kf_coords_t *cs, coord_t *c, int64_t at_ms,
+                                  const Keyflow__Records__EventAcceptedRec *e, kf_error_t *err) {
+    kf_rule_t rule;
+    if (!rule_from_rec(e->rule, &rule) || !uuid_ok(e->run_uuid) || rule.kind != c->kind) {
+        return kf_error_set(err, KF_E_CORRUPT, "journal: malformed event_accepted entry");
+    }
+    if (e->opened) {
+        if (c->open) {
+            return kf_error_set(err, KF_E_CORRUPT, "journal: window opened twice");
+        }
+        c->open = true;
+        cs->open_windows++;
+        memcpy(c->run_uuid, e->run_uuid, KF_UUID_TEXT_BYTES + 1);
+        c->opened_ms = at_ms;
+        c->event_count = 0;
+        c->input_len = 0;
+        if (rule.kind == KF_RULE_BATCH) {
+            input_reserve(cs, c, 1);
+            c->input[c->input_len++] = '[';
+        }
+    } else if (!c->open || strcmp(c->run_uuid, e->run_uuid) != 0) {
+        return kf_error_set(err, KF_E_CORRUPT, "journal: event joined a window that is not open");
+    }
+    const char *in = e->input_json[0] ? e->input_json : "null";
+    size_t in_len = strlen(in);
+    if (rule.kind == KF_RULE_DEBOUNCE) {
+        input_reserve(cs, c, in_len);
+        memcpy(c->input, in, in_len);
+        c->input_len = in_len;
+    } else {
+        input_reserve(cs, c, c->input_len + 1 + in_len + 1);
+        if (c->event_count > 0) {
+            c->input[c->input_len++] = ',';
+        }
+        memcpy(c->input + c->input_len, in, in_len);
+        c->input_len += in_len;
+    }
+    c->last_ms = at_ms;
+    c->rule = rule;
+    c->event_count++;
+    c->due_ms = e->due_ms;
+    ids_prune(c, at_ms);
+    if (e->event_id[0] != '\0') {
+        id_push(c, e->event_id, c->run_uuid, e->due_ms, kf_dedup_expires_ms(&rule, at_ms));
+    }
+    return KF_OK;
+}
+
+static kf_status_t apply_started(kf_coords_t *cs, coord_t *c,
+                                 const Keyflow__Records__RunStartedRec *e, kf_error_t *err) {
+    if (!c->open || !uuid_ok(e->run_uuid) || strcmp(c->run_uuid, e->run_uuid) != 0) {
+        return kf_error_set(err, KF_E_CORRUPT, "journal: run started for a window that is not open");
+    }
+    window_drop(cs, c);
+    c->runs_started++;
+    recent_push(c, e->run_uuid);
+    return KF_OK;
+}
+
+static kf_status_t apply_cancelled(kf_coords_t *cs, coord_t *c,
+                                   const Keyflow__Records__WindowCancelledRec *e, kf_error_t *err) {
+    if (!c->open || !uuid_ok(e->run_uuid) || strcmp(c->run_uuid, e->run_uuid) != 0) {
+        return kf_error_set(err, KF_E_CORRUPT, "journal: cancelled a window that is not open");
+    }
+    window_drop(cs, c);
+    return KF_OK;
+}
+
+static kf_status_t apply_entry(kf_coords_t *cs, coord_t *c, const Keyflow__Records__JournalEntryRec *e,
+                               kf_error_t *err) {
+    switch (e->entry_case) {
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED:
+        return apply_accepted(cs, c, e->at_ms, e->accepted, err);
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED:
+        return apply_started(cs, c, e->started, err);
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED:
+        return apply_cancelled(cs, c, e->cancelled, err);
+    default:
+        return kf_error_set(err, KF_E_CORRUPT, "journal: unknown entry kind %d", (int)e->entry_case);
+    }
+}
+
+/* Journals `e` (seq and time filled in here) and applies it. */
+static void append_entry(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c,
+                         Keyflow__Records__JournalEntryRec *e) {
+    e->seq = c->journal_seq;
+    e->at_ms = ctx->now_ms;
+    kf_key_t ckey, jkey;
+    kf_key_reset(&ckey);
+    kf_key_raw(&ckey, c->ckey, c->ckey_len);
+    kf_key_journal(&jkey, &ckey, e->seq);
+    kf_ctx_put_msg(ctx, KF_CF_COORD_JOURNAL, &jkey, &e->base);
+    kf_error_t err;
+    kf_status_t st = apply_entry(cs, c, e, &err);
+    KF_ASSERT(st == KF_OK); /* live entries are built valid; a failure is a bug */
+    c->journal_seq++;
+    c->journal_len++;
+}
+
+/* ---- snapshots --------------------------------------------------------- */
+
+static void write_snapshot(kf_ctx_t *ctx, coord_t *c) {
+    Keyflow__Records__CoordSnapshot snap = KEYFLOW__RECORDS__COORD_SNAPSHOT__INIT;
+    Keyflow__Records__WindowRec win = KEYFLOW__RECORDS__WINDOW_REC__INIT;
+    Keyflow__Records__RuleRec rule;
+    snap.journal_seq = c->journal_seq;
+    snap.runs_started = c->runs_started;
+    snap.compactions = c->compactions;
+    char *input = NULL;
+    if (c->open) {
+        rule_to_rec(&c->rule, &rule);
+        win.run_uuid = c->run_uuid;
+        win.opened_ms = c->opened_ms;
+        win.last_ms = c->last_ms;
+        win.due_ms = c->due_ms;
+        win.rule = &rule;
+        input = xstrndup(c->input, c->input_len);
+        win.input = input;
+        win.event_count = c->event_count;
+        snap.window = &win;
+    }
+    Keyflow__Records__RememberedIdRec *ids = calloc(c->ids_count + 1, sizeof *ids);
+    Keyflow__Records__RememberedIdRec **id_ptrs = calloc(c->ids_count + 1, sizeof *id_ptrs);
+    KF_ASSERT(ids != NULL && id_ptrs != NULL);
+    for (uint32_t i = 0; i < c->ids_count; i++) {
+        remembered_t *r = id_at(c, i);
+        keyflow__records__remembered_id_rec__init(&ids[i]);
+        ids[i].id = r->id;
+        ids[i].run_uuid = r->run_uuid;
+        ids[i].due_ms = r->due_ms;
+        ids[i].expires_ms = r->expires_ms;
+        id_ptrs[i] = &ids[i];
+    }
+    snap.n_ids = c->ids_count;
+    snap.ids = id_ptrs;
+    char *recent[KF_RECENT_RUNS_MAX];
+    for (uint32_t i = 0; i < c->recent_count; i++) {
+        recent[i] = c->recent[i];
+    }
+    snap.n_recent_runs = c->recent_count;
+    snap.recent_runs = recent;
+    kf_key_t ckey;
+    kf_key_reset(&ckey);
+    kf_key_raw(&ckey, c->ckey, c->ckey_len);
+    kf_ctx_put_msg(ctx, KF_CF_COORD_SNAPSHOTS, &ckey, &snap.base);
+    free(ids);
+    free(id_ptrs);
+    free(input);
+}
+
+/* Continue-as-new: fold the journal into a snapshot once it is long. */
+static void maybe_compact(kf_ctx_t *ctx, coord_t *c) {
+    if (c->journal_len < KF_JOURNAL_ENTRIES_MAX) {
+        return;
+    }
+    c->compactions++;
+    write_snapshot(ctx, c);
+    kf_key_t ckey, begin, end;
+    kf_key_reset(&ckey);
+    kf_key_raw(&ckey, c->ckey, c->ckey_len);
+    kf_key_journal(&begin, &ckey, 0);
+    kf_key_journal(&end, &ckey, c->journal_seq);
+    kf_batch_delete_range(ctx->batch, KF_CF_COORD_JOURNAL, begin.bytes, begin.len, end.bytes,
+                          end.len);
+    c->journal_len = 0;
+    kf_counter_add(KF_C_COMPACTIONS, 1);
+}
+
+static void coord_delete(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c) {
+    kf_ctx_wakeup_move(ctx, &c->timer, KF_WAKEUP_COORDINATOR, c->ckey, c->ckey_len,
+                       &c->wakeup_due_ms, KF_NO_WAKEUP);
+    kf_key_t ckey, end;
+    kf_key_reset(&ckey);
+    kf_key_raw(&ckey, c->ckey, c->ckey_len);
+    kf_ctx_delete(ctx, KF_CF_COORD_SNAPSHOTS, &ckey);
+    bool has_end = kf_key_prefix_end(&ckey, &end);
+    KF_ASSERT(has_end); /* the kind byte is 1 or 2, never 0xff */
+    kf_batch_delete_range(ctx->batch, KF_CF_COORD_JOURNAL, ckey.bytes, ckey.len, end.bytes, end.len);
+    kf_map_remove(&cs->map, &c->node);
+    coord_free(cs, c);
+    publish_gauges(cs);
+}
+
+/* Re-arms the coordinator's wake-up, or deletes it when it has nothing left
+ * to do. Returns false when the coordinator was deleted. */
+static bool coord_schedule(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c) {
+    int64_t due;
+    if (c->open) {
+        due = c->due_ms;
+    } else {
+        due = ids_last_expiry(c);
+        if (due <= ctx->now_ms) {
+            coord_delete(cs, ctx, c);
+            return false;
+        }
+    }
+    kf_ctx_wakeup_move(ctx, &c->timer, KF_WAKEUP_COORDINATOR, c->ckey, c->ckey_len,
+                       &c->wakeup_due_ms, due);
+    return true;
+}
+
+static void coord_settle(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c) {
+    if (coord_schedule(cs, ctx, c)) {
+        maybe_compact(ctx, c);
+    }
+    publish_gauges(cs);
+}
+
+/* ---- closing windows --------------------------------------------------- */
+
+static void close_window(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char *reason) {
+    KF_ASSERT(c->open);
+    char run_id[KF_RUN_ID_BYTES_MAX + 1];
+    snprintf(run_id, sizeof run_id, "%s@%s", c->key, c->run_uuid);
+    if (c->kind == KF_RULE_BATCH) {
+        input_reserve(cs, c, c->input_len + 1);
+        c->input[c->input_len] = ']';
+    }
+    kf_run_spec_t spec = {
+        .run_id = run_id,
+        .workflow = c->workflow,
+        .key = c->key,
+        .kind = (int)c->kind,
+        .input = c->input,
+        .input_len = c->input_len + (c->kind == KF_RULE_BATCH ? 1 : 0),
+        .event_count = c->event_count,
+    };
+    uint64_t run_seq = kf_runs_start(cs->runs, ctx, &spec);
+    Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
+    Keyflow__Records__RunStartedRec started = KEYFLOW__RECORDS__RUN_STARTED_REC__INIT;
+    started.run_uuid = c->run_uuid;
+    started.reason = (char *)reason;
+    started.run_seq = run_seq;
+    e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED;
+    e.started = &started;
+    append_entry(cs, ctx, c, &e);
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+static void fail(kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    KF_ASSERT(cmd->error.status != KF_OK);
+    cmd->response = NULL;
+    kf_ctx_ready(ctx, cmd);
+}
+
+static char *run_id_in(kf_arena_t *arena, const char *key, const char *uuid) {
+    char *s = kf_arena_printf(arena, "%s@%s", key, uuid);
+    KF_ASSERT(s != NULL);
+    return s;
+}
+
+static void *anew(kf_arena_t *arena, size_t size) {
+    void *p = kf_arena_zalloc(arena, size);
+    KF_ASSERT(p != NULL); /* small, bounded responses */
+    return p;
+}
+
+static kf_status_t ref_key(const Keyflow__V1__CoordinatorRef *ref, const char *field, kf_key_t *ckey,
+                           kf_error_t *err) {
+    char name[64];
+    if (ref == NULL) {
+        return kf_error_set(err, KF_E_INVALID, "%s: required", field);
+    }
+    if (ref->kind != KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE &&
+        ref->kind != KEYFLOW__V1__RULE_KIND__RULE_KIND_BATCH) {
+        return kf_error_set(err, KF_E_INVALID, "%s.kind: must be debounce or batch", field);
+    }
+    kf_status_t st;
+    snprintf(name, sizeof name, "%s.workflow", field);
+    if ((st = kf_check_identifier(name, ref->workflow, KF_WORKFLOW_BYTES_MAX, true, err)) != KF_OK) {
+        return st;
+    }
+    snprintf(name, sizeof name, "%s.key", field);
+    if ((st = kf_check_identifier(name, ref->key, KF_KEY_BYTES_MAX, true, err)) != KF_OK) {
+        return st;
+    }
+    kf_key_coord(ckey, (uint8_t)ref->kind, ref->workflow, strlen(ref->workflow), ref->key,
+                 strlen(ref->key));
+    return KF_OK;
+}
+
+void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__SendEventRequest *req = (const Keyflow__V1__SendEventRequest *)cmd->request;
+    kf_error_t *err = &cmd->error;
+    kf_rule_t rule;
+    if (kf_check_identifier("workflow", req->workflow, KF_WORKFLOW_BYTES_MAX, true, err) != KF_OK ||
+        kf_check_identifier("key", req->key, KF_KEY_BYTES_MAX, true, err) != KF_OK) {
+        { fail(ctx, cmd); return; }
+    }
+    const Keyflow__V1__Event *ev = req->event;
+    if (ev == NULL) {
+        kf_error_set(err, KF_E_INVALID, "event: required");
+        { fail(ctx, cmd); return; }
+    }
+    const char *input = ev->input_json;
+    size_t input_len = strlen(input);
+    while (input_len > 0 && (*input == ' ' || *input == '\n' || *input == '\t' || *input == '\r')) {
+        input++;
+        input_len--;
+    }
+    while (input_len > 0 && (input[input_len - 1] == ' ' || input[input_len - 1] == '\n' ||
+                             input[input_len - 1] == '\t' || input[input_len - 1] == '\r')) {
+        input_len--;
+    }
+    if (kf_check_identifier("event.id", ev->id, KF_EVENT_ID_BYTES_MAX, false, err) != KF_OK ||
+        kf_rule_resolve(ev->rule, "event.rule", &rule, err) != KF_OK ||
+        check_json("event.input", input, input_len, KF_EVENT_INPUT_BYTES_MAX, err) != KF_OK) {
+        { fail(ctx, cmd); return; }
+    }
+    kf_key_t ckey;
+    kf_key_coord(&ckey, (uint8_t)rule.kind, req->workflow, strlen(req->workflow), req->key,
+                 strlen(req->key));
+    coord_t *c = coord_find(cs, &ckey);
+    int64_t now = ctx->now_ms;
+
+    Keyflow__V1__SendEventResponse *resp = anew(cmd->arena, sizeof *resp);
+    keyflow__v1__send_event_response__init(resp);
+    resp->receipt = anew(cmd->arena, sizeof *resp->receipt);
+    keyflow__v1__receipt__init(resp->receipt);
+
+    if (c != NULL && ev->id[0] != '\0') {
+        remembered_t *r = id_find(c, ev->id, now);
+        if (r != NULL) {
+            resp->receipt->run_id = run_id_in(cmd->arena, c->key, r->run_uuid);
+            resp->receipt->due_ms = r->due_ms;
+            resp->duplicate = true;
+            kf_counter_add(KF_C_EVENTS_DUPLICATE, 1);
+            cmd->response = &resp->base;
+            kf_ctx_ready(ctx, cmd);
+            return;
+        }
+    }
+    /* Admission: refuse before anything changes. */
+    if (c == NULL && cs->map.count >= KF_COORDINATORS_MAX) {
+        kf_error_set(err, KF_E_LIMIT, "coordinators: at most %d held at once (KF_COORDINATORS_MAX)",
+                     KF_COORDINATORS_MAX);
+        { fail(ctx, cmd); return; }
+    }
+    if (kf_runs_full(cs->runs)) {
+        kf_error_set(err, KF_E_LIMIT,
+                     "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX); complete some first",
+                     KF_LIVE_RUNS_MAX);
+        { fail(ctx, cmd); return; }
+    }
+    if (cs->window_bytes + (int64_t)input_len + 64 > KF_OPEN_WINDOW_BYTES_MAX) {
+        kf_error_set(err, KF_E_LIMIT, "windows: open windows hold %lld bytes (KF_OPEN_WINDOW_BYTES_MAX)",
+                     (long long)cs->window_bytes);
+        { fail(ctx, cmd); return; }
+    }
+    if (c == NULL) {
+        c = coord_new(cs, &ckey);
+    }
+    if (c->open && rule.kind == KF_RULE_BATCH &&
+        c->input_len + 1 + input_len + 1 > KF_WINDOW_INPUT_BYTES_MAX) {
+        close_window(cs, ctx, c, "size"); /* the window is full by bytes: start it */
+    }
+    bool opening = !c->open;
+    char uuid[KF_UUID_TEXT_BYTES + 1];
+    if (opening) {
+        kf_uuid7(ctx->rng, now, uuid);
+    } else {
+        memcpy(uuid, c->run_uuid, sizeof uuid);
+    }
+    int64_t opened_ms = opening ? now : c->opened_ms;
+    int64_t count = opening ? 1 : c->event_count + 1;
+    int64_t due_ms = kf_window_due_ms(&rule, opened_ms, now, count);
+
+    char *input_copy = kf_arena_strndup(cmd->arena, input, input_len);
+    KF_ASSERT(input_copy != NULL);
+    Keyflow__Records__RuleRec rule_rec;
+    rule_to_rec(&rule, &rule_rec);
+    Keyflow__Records__EventAcceptedRec acc = KEYFLOW__RECORDS__EVENT_ACCEPTED_REC__INIT;
+    acc.event_id = ev->id;
+    acc.rule = &rule_rec;
+    acc.input_json = input_copy;
+    acc.run_uuid = uuid;
+    acc.opened = opening;
+    acc.due_ms = due_ms;
+    Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
+    e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED;
+    e.accepted = &acc;
+    append_entry(cs, ctx, c, &e);
+    KF_ASSERT(c->due_ms == due_ms && c->event_count == count);
+    kf_counter_add(KF_C_EVENTS_ACCEPTED, 1);
+
+    resp->receipt->run_id = run_id_in(cmd->arena, c->key, uuid);
+    resp->receipt->due_ms = due_ms;
+    if (rule.kind == KF_RULE_BATCH && c->event_count >= rule.max_events) {
+        close_window(cs, ctx, c, "full"); /* fires at once, inside this request */
+        resp->run_started = true;
+    }
+    coord_settle(cs, ctx, c);
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+static Keyflow__V1__Rule *rule_out(kf_arena_t *arena, const kf_rule_t *rule) {
+    Keyflow__V1__Rule *r = anew(arena, sizeof *r);
+    keyflow__v1__rule__init(r);
+    r->kind = (Keyflow__V1__RuleKind)rule->kind;
+    r->max_wait_ms_present_case = KEYFLOW__V1__RULE__MAX_WAIT_MS_PRESENT_MAX_WAIT_MS;
+    r->max_wait_ms = rule->max_wait_ms;
+    r->dedup_ms_present_case = KEYFLOW__V1__RULE__DEDUP_MS_PRESENT_DEDUP_MS;
+    r->dedup_ms = rule->dedup_ms;
+    if (rule->kind == KF_RULE_DEBOUNCE) {
+        r->window_ms_present_case = KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS;
+        r->window_ms = rule->window_ms;
+    } else {
+        r->max_events_present_case = KEYFLOW__V1__RULE__MAX_EVENTS_PRESENT_MAX_EVENTS;
+        r->max_events = rule->max_events;
+    }
+    return r;
+}
+
+static const char *entry_name(int entry_case) {
+    switch (entry_case) {
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED:
+        return "event_accepted";
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED:
+        return "run_started";
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED:
+        return "window_cancelled";
+    default:
+        return "unknown";
+    }
+}
+
+/* The durable journal entries since the last snapshot (a read: entries of
+ * groups not yet synced are not listed; their count is in journal_length). */
+static void describe_journal(kf_ctx_t *ctx, coord_t *c, Keyflow__V1__DescribeCoordinatorResponse *resp,
+                             kf_arena_t *arena) {
+    kf_key_t ckey, end;
+    kf_key_reset(&ckey);
+    kf_key_raw(&ckey, c->ckey, c->ckey_len);
+    if (!kf_key_prefix_end(&ckey, &end)) {
+        return;
+    }
+    kf_iter_t *it;
+    kf_error_t err;
+    if (kf_iter_create(ctx->store, KF_CF_COORD_JOURNAL, ckey.bytes, ckey.len, end.bytes, end.len,
+                       &it, &err) != KF_OK) {
+        return;
+    }
+    resp->journal = anew(arena, KF_JOURNAL_ENTRIES_MAX * sizeof *resp->journal);
+    for (kf_iter_seek_first(it); kf_iter_valid(it) && resp->n_journal < KF_JOURNAL_ENTRIES_MAX;
+         kf_iter_next(it)) {
+        size_t len;
+        const void *v = kf_iter_value(it, &len);
+        Keyflow__Records__JournalEntryRec *e =
+            keyflow__records__journal_entry_rec__unpack(kf_arena_pb(arena), len, v);
+        if (e == NULL) {
+            continue;
+        }
+        Keyflow__V1__JournalRecord *jr = anew(arena, sizeof *jr);
+        keyflow__v1__journal_record__init(jr);
+        jr->seq = (int64_t)e->seq;
+        jr->at_ms = e->at_ms;
+        jr->what = (char *)entry_name(e->entry_case);
+        if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED) {
+            jr->run_id = run_id_in(arena, c->key, e->accepted->run_uuid);
+            jr->event_id = e->accepted->event_id;
+            jr->detail = kf_arena_printf(arena, "%sdue_ms=%lld", e->accepted->opened ? "opened " : "",
+                                         (long long)e->accepted->due_ms);
+        } else if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED) {
+            jr->run_id = run_id_in(arena, c->key, e->started->run_uuid);
+            jr->detail = kf_arena_printf(arena, "reason=%s", e->started->reason);
+        } else if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED) {
+            jr->run_id = run_id_in(arena, c->key, e->cancelled->run_uuid);
+            jr->detail = kf_arena_printf(arena, "events=%lld", (long long)e->cancelled->events);
+        }
+        resp->journal[resp->n_journal++] = jr;
+    }
+    kf_iter_destroy(it);
+}
+
+void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__DescribeCoordinatorRequest *req =
+        (const Keyflow__V1__DescribeCoordinatorRequest *)cmd->request;
+    kf_key_t ckey;
+    if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
+        { fail(ctx, cmd); return; }
+    }
+    kf_arena_t *arena = cmd->arena;
+    Keyflow__V1__DescribeCoordinatorResponse *resp = anew(arena, sizeof *resp);
+    keyflow__v1__describe_coordinator_response__init(resp);
+    Keyflow__V1__CoordinatorRef *ref = anew(arena, sizeof *ref);
+    keyflow__v1__coordinator_ref__init(ref);
+    ref->kind = req->coordinator->kind;
+    ref->workflow = req->coordinator->workflow;
+    ref->key = req->coordinator->key;
+    resp->coordinator = ref;
+    coord_t *c = coord_find(cs, &ckey);
+    if (c != NULL) {
+        resp->exists = true;
+        if (c->open) {
+            Keyflow__V1__Window *w = anew(arena, sizeof *w);
+            keyflow__v1__window__init(w);
+            w->run_id = run_id_in(arena, c->key, c->run_uuid);
+            w->event_count = c->event_count;
+            w->opened_ms = c->opened_ms;
+            w->last_ms = c->last_ms;
+            w->due_ms = c->due_ms;
+            w->input_bytes = (int64_t)c->input_len + (c->kind == KF_RULE_BATCH ? 1 : 0);
+            w->rule = rule_out(arena, &c->rule);
+            resp->window = w;
+        }
+        resp->runs_started = c->runs_started;
+        resp->recent_run_ids = anew(arena, (c->recent_count + 1) * sizeof(char *));
+        for (uint32_t i = 0; i < c->recent_count; i++) {
+            resp->recent_run_ids[resp->n_recent_run_ids++] = run_id_in(arena, c->key, c->recent[i]);
+        }
+        resp->remembered_ids = anew(arena, (c->ids_count + 1) * sizeof *resp->remembered_ids);
+        for (uint32_t i = 0; i < c->ids_count; i++) {
+            remembered_t *r = id_at(c, i);
+            if (r->expires_ms <= ctx->now_ms) {
+                continue; /* expired: no longer deduplicates */
+            }
+            Keyflow__V1__RememberedId *ri = anew(arena, sizeof *ri);
+            keyflow__v1__remembered_id__init(ri);
+            ri->id = kf_arena_strdup(arena, r->id);
+            ri->receipt = anew(arena, sizeof *ri->receipt);
+            keyflow__v1__receipt__init(ri->receipt);
+            ri->receipt->run_id = run_id_in(arena, c->key, r->run_uuid);
+            ri->receipt->due_ms = r->due_ms;
+            ri->expires_ms = r->expires_ms;
+            resp->remembered_ids[resp->n_remembered_ids++] = ri;
+        }
+        resp->journal_length = c->journal_len;
+        resp->journal_seq = (int64_t)c->journal_seq;
+        resp->compactions = c->compactions;
+        describe_journal(ctx, c, resp, arena);
+    }
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+void kf_coords_flush(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__FlushWindowRequest *req = (const Keyflow__V1__FlushWindowRequest *)cmd->request;
+    kf_key_t ckey;
+    if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
+        { fail(ctx, cmd); return; }
+    }
+    Keyflow__V1__FlushWindowResponse *resp = anew(cmd->arena, sizeof *resp);
+    keyflow__v1__flush_window_response__init(resp);
+    coord_t *c = coord_find(cs, &ckey);
+    if (c != NULL && c->open) {
+        if (kf_runs_full(cs->runs)) {
+            kf_error_set(&cmd->error, KF_E_LIMIT,
+                         "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX)", KF_LIVE_RUNS_MAX);
+            { fail(ctx, cmd); return; }
+        }
+        resp->run_id = run_id_in(cmd->arena, c->key, c->run_uuid);
+        close_window(cs, ctx, c, "flush");
+        resp->flushed = true;
+        coord_settle(cs, ctx, c);
+    }
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+void kf_coords_cancel(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__CancelWindowRequest *req =
+        (const Keyflow__V1__CancelWindowRequest *)cmd->request;
+    kf_key_t ckey;
+    if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
+        { fail(ctx, cmd); return; }
+    }
+    Keyflow__V1__CancelWindowResponse *resp = anew(cmd->arena, sizeof *resp);
+    keyflow__v1__cancel_window_response__init(resp);
+    coord_t *c = coord_find(cs, &ckey);
+    if (c != NULL && c->open) {
+        resp->run_id = run_id_in(cmd->arena, c->key, c->run_uuid);
+        resp->events_dropped = c->event_count;
+        Keyflow__Records__WindowCancelledRec can = KEYFLOW__RECORDS__WINDOW_CANCELLED_REC__INIT;
+        can.run_uuid = c->run_uuid;
+        can.events = c->event_count;
+        Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
+        e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED;
+        e.cancelled = &can;
+        append_entry(cs, ctx, c, &e);
+        resp->cancelled = true;
+        coord_settle(cs, ctx, c);
+    }
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+void kf_coords_fire(kf_coords_t *cs, kf_ctx_t *ctx, kf_timer_t *timer) {
+    coord_t *c = KF_CONTAINER_OF(timer, coord_t, timer);
+    if (c->open && c->due_ms <= ctx->now_ms) {
+        if (kf_runs_full(cs->runs)) {
+            /* No room for another live run: keep the window open and look
+             * again shortly; SendEvent meanwhile refuses new events. */
+            kf_ctx_wakeup_move(ctx, &c->timer, KF_WAKEUP_COORDINATOR, c->ckey, c->ckey_len,
+                               &c->wakeup_due_ms, ctx->now_ms + 1000);
+            return;
+        }
+        close_window(cs, ctx, c, "due");
+    }
+    coord_settle(cs, ctx, c);
+}
+
+/* ---- recovery ---------------------------------------------------------- */
+
+static kf_status_t load_snapshot(kf_coords_t *cs, coord_t *c, const Keyflow__Records__CoordSnapshot *s,
+                                 kf_error_t *err) {
+    c->journal_seq = s->journal_seq;
+    c->runs_started = s->runs_started;
+    c->compactions = s->compactions;
+    for (size_t i = 0; i < s->n_recent_runs && i < KF_RECENT_RUNS_MAX; i++) {
+        if (!uuid_ok(s->recent_runs[i])) {
+            return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed recent run");
+        }
+        recent_push(c, s->recent_runs[i]);
+    }
+    for (size_t i = 0; i < s->n_ids; i++) {
+        const Keyflow__Records__RememberedIdRec *r = s->ids[i];
+        if (!uuid_ok(r->run_uuid)) {
+            return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed remembered id");
+        }
+        id_push(c, r->id, r->run_uuid, r->due_ms, r->expires_ms);
+    }
+    if (s->window != NULL) {
+        const Keyflow__Records__WindowRec *w = s->window;
+        if (!uuid_ok(w->run_uuid) || !rule_from_rec(w->rule, &c->rule) || c->rule.kind != c->kind) {
+            return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed window");
+        }
+        c->open = true;
+        cs->open_windows++;
+        memcpy(c->run_uuid, w->run_uuid, KF_UUID_TEXT_BYTES + 1);
+        c->opened_ms = w->opened_ms;
+        c->last_ms = w->last_ms;
+        c->due_ms = w->due_ms;
+        c->event_count = w->event_count;
+        size_t len = strlen(w->input);
+        input_reserve(cs, c, len + 1);
+        memcpy(c->input, w->input, len);
+        c->input_len = len;
+    }
+    return KF_OK;
+}
+
+static bool ckey_valid(const void *p, size_t len) {
+    kf_key_reader_t r = kf_key_reader(p, len);
+    uint8_t kind;
+    const char *s;
+    size_t n;
+    return kf_key_read_u8(&r, &kind) && (kind == KF_RULE_DEBOUNCE || kind == KF_RULE_BATCH) &&
+           kf_key_read_lp(&r, &s, &n) && kf_key_read_lp(&r, &s, &n) && r.left == 0;
+}
+
+static kf_status_t recover_snapshots(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) {
+    kf_iter_t *it;
+    kf_status_t st = kf_iter_create(ctx->store, KF_CF_COORD_SNAPSHOTS, NULL, 0, NULL, 0, &it, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    for (kf_iter_seek_first(it); kf_iter_valid(it) && st == KF_OK; kf_iter_next(it)) {
+        size_t klen, vlen;
+        const void *k = kf_iter_key(it, &klen);
+        const void *v = kf_iter_value(it, &vlen);
+        if (!ckey_valid(k, klen)) {
+            st = kf_error_set(err, KF_E_CORRUPT, "coord_snapshots: malformed key");
+            break;
+        }
+        Keyflow__Records__CoordSnapshot *s = keyflow__records__coord_snapshot__unpack(NULL, vlen, v);
+        if (s == NULL) {
+            st = kf_error_set(err, KF_E_CORRUPT, "coord_snapshots: undecodable record");
+            break;
+        }
+        kf_key_t ckey;
+        kf_key_reset(&ckey);
+        kf_key_raw(&ckey, k, klen);
+        coord_t *c = coord_new(cs, &ckey);
+        st = load_snapshot(cs, c, s, err);
+        keyflow__records__coord_snapshot__free_unpacked(s, NULL);
+    }
+    if (st == KF_OK) {
+        st = kf_iter_status(it, err);
+    }
+    kf_iter_destroy(it);
+    return st;
+}
+
+static kf_status_t recover_journal(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) {
+    kf_iter_t *it;
+    kf_status_t st = kf_iter_create(ctx->store, KF_CF_COORD_JOURNAL, NULL, 0, NULL, 0, &it, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    for (kf_iter_seek_first(it); kf_iter_valid(it) && st == KF_OK; kf_iter_next(it)) {
+        size_t klen, vlen;
+        const uint8_t *k = kf_iter_key(it, &klen);
+        const void *v = kf_iter_value(it, &vlen);
+        if (klen < 9 || !ckey_valid(k, klen - 8)) {
+            st = kf_error_set(err, KF_E_CORRUPT, "coord_journal: malformed key");
+            break;
+        }
+        kf_key_t ckey;
+        kf_key_reset(&ckey);
+        kf_key_raw(&ckey, k, klen - 8);
+        coord_t *c = coord_find(cs, &ckey);
+        if (c == NULL) {
+            c = coord_new(cs, &ckey);
+        }
+        Keyflow__Records__JournalEntryRec *e =
+            keyflow__records__journal_entry_rec__unpack(NULL, vlen, v);
+        if (e == NULL) {
+            st = kf_error_set(err, KF_E_CORRUPT, "coord_journal: undecodable entry");
+            break;
+        }
+        if (e->seq != c->journal_seq) {
+            st = kf_error_set(err, KF_E_CORRUPT,
+                              "coord_journal: %s/%s entry %llu where %llu was expected", c->workflow,
+                              c->key, (unsigned long long)e->seq,
+                              (unsigned long long)c->journal_seq);
+        } else {
+            st = apply_entry(cs, c, e, err);
+            c->journal_seq++;
+            c->journal_len++;
+        }
+        keyflow__records__journal_entry_rec__free_unpacked(e, NULL);
+    }
+    if (st == KF_OK) {
+        st = kf_iter_status(it, err);
+    }
+    kf_iter_destroy(it);
+    return st;
+}
+
+kf_status_t kf_coords_recover(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) {
+    kf_status_t st = recover_snapshots(cs, ctx, err);
+    if (st == KF_OK) {
+        st = recover_journal(cs, ctx, err);
+    }
+    publish_gauges(cs);
+    return st;
+}
+
+bool kf_coords_attach_wakeup(kf_coords_t *cs, kf_ctx_t *ctx, const void *ckey, size_t len,
+                             int64_t due_ms) {
+    kf_map_node_t *n = kf_map_get(&cs->map, ckey, len);
+    if (n == NULL) {
+        return false;
+    }
+    coord_t *c = KF_CONTAINER_OF(n, coord_t, node);
+    if (c->wakeup_due_ms != KF_NO_WAKEUP) {
+        return false; /* a second record for one coordinator: the caller deletes it */
+    }
+    c->wakeup_due_ms = due_ms;
+    kf_heap_arm(&ctx->heap, &c->timer, due_ms);
+    return true;
+}
+
+void kf_coords_finish_recovery(kf_coords_t *cs, kf_ctx_t *ctx) {
+    size_t b;
+    kf_map_node_t *n = kf_map_first(&cs->map, &b);
+    while (n != NULL) {
+        kf_map_node_t *next = kf_map_next(&cs->map, &b, n);
+        coord_t *c = KF_CONTAINER_OF(n, coord_t, node);
+        int64_t want = c->open ? c->due_ms : ids_last_expiry(c);
+        if (!kf_timer_armed(&c->timer) || c->wakeup_due_ms != want) {
+            kf_log(KF_LOG_WARN, "coord", "repairing wake-up of %s/%s", c->workflow, c->key);
+            coord_settle(cs, ctx, c);
+        }
+        n = next;
+    }
+}
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+kf_coords_t *kf_coords_create(kf_runs_t *runs) {
+    kf_coords_t *cs = calloc(1, sizeof *cs);
+    KF_ASSERT(cs != NULL);
+    kf_map_init(&cs->map);
+    cs->runs = runs;
+    return cs;
+}
+
+void kf_coords_destroy(kf_coords_t *cs) {
+    if (cs == NULL) {
+        return;
+    }
+    size_t b;
+    kf_map_node_t *n = kf_map_first(&cs->map, &b);
+    while (n != NULL) {
+        kf_map_node_t *next = kf_map_next(&cs->map, &b, n);
+        coord_free(cs, KF_CONTAINER_OF(n, coord_t, node));
+        n = next;
+    }
+    kf_map_deinit(&cs->map);
+    free(cs);
+}
+
+uint64_t kf_coords_count(const kf_coords_t *cs) { return cs->map.count; }
+uint64_t kf_coords_open_windows(const kf_coords_t *cs) { return cs->open_windows; }

@@ -1,0 +1,87 @@
+/* window.c - rule validation and window arithmetic. */
+#include "coord/window.h"
+
+#include "base/clock.h"
+#include "base/limits.h"
+
+#define CASE(r, f) ((r)->f##_present_case)
+#define HAS(r, f, F) (CASE(r, f) == KEYFLOW__V1__RULE__##F##_PRESENT_##F)
+
+static kf_status_t range(kf_error_t *err, const char *field, const char *name, int64_t v,
+                         int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) {
+        return kf_error_set(err, KF_E_INVALID, "%s.%s: must be in %lld..%lld, got %lld", field,
+                            name, (long long)lo, (long long)hi, (long long)v);
+    }
+    return KF_OK;
+}
+
+kf_status_t kf_rule_resolve(const Keyflow__V1__Rule *r, const char *field, kf_rule_t *out,
+                            kf_error_t *err) {
+    if (r == NULL) {
+        return kf_error_set(err, KF_E_INVALID, "%s: required (a debounce or batch rule)", field);
+    }
+    kf_rule_t rule = {0};
+    kf_status_t st;
+    switch (r->kind) {
+    case KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE:
+        rule.kind = KF_RULE_DEBOUNCE;
+        if (!HAS(r, window_ms, WINDOW_MS)) {
+            return kf_error_set(err, KF_E_INVALID, "%s.window_ms: required for a debounce rule",
+                                field);
+        }
+        if (HAS(r, max_events, MAX_EVENTS)) {
+            return kf_error_set(err, KF_E_INVALID,
+                                "%s.max_events: applies only to batch rules, not debounce", field);
+        }
+        rule.window_ms = r->window_ms;
+        rule.max_wait_ms = HAS(r, max_wait_ms, MAX_WAIT_MS) ? r->max_wait_ms : 0;
+        if ((st = range(err, field, "window_ms", rule.window_ms, 1, KF_WINDOW_MS_MAX)) != KF_OK ||
+            (st = range(err, field, "max_wait_ms", rule.max_wait_ms, 0, KF_WINDOW_MS_MAX)) != KF_OK) {
+            return st;
+        }
+        break;
+    case KEYFLOW__V1__RULE_KIND__RULE_KIND_BATCH:
+        rule.kind = KF_RULE_BATCH;
+        if (HAS(r, window_ms, WINDOW_MS)) {
+            return kf_error_set(err, KF_E_INVALID,
+                                "%s.window_ms: applies only to debounce rules, not batch", field);
+        }
+        rule.max_events = HAS(r, max_events, MAX_EVENTS) ? r->max_events : KF_BATCH_EVENTS_DEFAULT;
+        rule.max_wait_ms = HAS(r, max_wait_ms, MAX_WAIT_MS) ? r->max_wait_ms : KF_BATCH_WAIT_MS_DEFAULT;
+        if ((st = range(err, field, "max_events", rule.max_events, 1, KF_BATCH_EVENTS_MAX)) != KF_OK ||
+            (st = range(err, field, "max_wait_ms", rule.max_wait_ms, 1, KF_WINDOW_MS_MAX)) != KF_OK) {
+            return st;
+        }
+        break;
+    default:
+        return kf_error_set(err, KF_E_INVALID, "%s.kind: must be debounce or batch, got %d", field,
+                            (int)r->kind);
+    }
+    rule.dedup_ms = HAS(r, dedup_ms, DEDUP_MS) ? r->dedup_ms : KF_DEDUP_MS_DEFAULT;
+    if ((st = range(err, field, "dedup_ms", rule.dedup_ms, 0, KF_DEDUP_MS_MAX)) != KF_OK) {
+        return st;
+    }
+    *out = rule;
+    return KF_OK;
+}
+
+int64_t kf_window_due_ms(const kf_rule_t *rule, int64_t opened_ms, int64_t last_ms,
+                         int64_t event_count) {
+    if (rule->kind == KF_RULE_DEBOUNCE) {
+        int64_t trailing = kf_time_add_sat(last_ms, rule->window_ms);
+        if (rule->max_wait_ms > 0) {
+            int64_t cap = kf_time_add_sat(opened_ms, rule->max_wait_ms);
+            return cap < trailing ? cap : trailing;
+        }
+        return trailing;
+    }
+    if (event_count >= rule->max_events) {
+        return last_ms;
+    }
+    return kf_time_add_sat(opened_ms, rule->max_wait_ms);
+}
+
+int64_t kf_dedup_expires_ms(const kf_rule_t *rule, int64_t at_ms) {
+    return kf_time_add_sat(at_ms, rule->dedup_ms);
+}

@@ -1,0 +1,204 @@
+/*
+ * core.c - composes coordinators and runs over one context, dispatches
+ * commands and timers, and recovers everything at creation.
+ */
+#include "engine/core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/assert.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "coord/coord.h"
+#include "runs/runs.h"
+
+/* Finished runs are swept from disk at most this often. */
+#define SWEEP_INTERVAL_MS 1000
+
+struct kf_core {
+    kf_ctx_t ctx;
+    kf_runs_t *runs;
+    kf_coords_t *coords;
+    int64_t next_sweep_ms;
+};
+
+static kf_status_t attach_wakeups(kf_core_t *core, kf_error_t *err) {
+    kf_ctx_t *ctx = &core->ctx;
+    kf_iter_t *it;
+    kf_status_t st = kf_iter_create(ctx->store, KF_CF_WAKEUPS, NULL, 0, NULL, 0, &it, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    for (kf_iter_seek_first(it); kf_iter_valid(it); kf_iter_next(it)) {
+        size_t klen;
+        const uint8_t *k = kf_iter_key(it, &klen);
+        kf_key_reader_t r = kf_key_reader(k, klen);
+        int64_t due;
+        uint8_t type;
+        if (!kf_key_read_time(&r, &due) || !kf_key_read_u8(&r, &type)) {
+            st = kf_error_set(err, KF_E_CORRUPT, "wakeups: malformed key");
+            break;
+        }
+        bool owned = false;
+        if (type == KF_WAKEUP_COORDINATOR) {
+            owned = kf_coords_attach_wakeup(core->coords, ctx, r.p, r.left, due);
+        } else if (type == KF_WAKEUP_RUN) {
+            owned = kf_runs_attach_wakeup(core->runs, ctx, (const char *)r.p, r.left, due);
+            if (!owned) {
+                continue; /* a finished run's retention: the sweep handles it */
+            }
+        }
+        if (!owned) {
+            kf_batch_delete(ctx->batch, KF_CF_WAKEUPS, k, klen); /* stale: repair */
+        }
+    }
+    if (st == KF_OK) {
+        st = kf_iter_status(it, err);
+    }
+    kf_iter_destroy(it);
+    return st;
+}
+
+kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, kf_core_t **out,
+                           kf_error_t *err) {
+    kf_core_t *core = calloc(1, sizeof *core);
+    if (core == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate the engine");
+    }
+    kf_ctx_t *ctx = &core->ctx;
+    ctx->config = config;
+    ctx->store = store;
+    kf_heap_init(&ctx->heap);
+    ctx->rng = kf_rng_create(config->rng_seed, config->rng_seed_len);
+    core->runs = kf_runs_create();
+    core->coords = kf_coords_create(core->runs);
+    kf_batch_t *batch = kf_batch_create(store);
+    if (ctx->rng == NULL || batch == NULL) {
+        kf_batch_destroy(batch);
+        kf_core_destroy(core);
+        return kf_error_set(err, KF_E_INTERNAL, "cannot seed the random source");
+    }
+    kf_core_begin(core, batch, 0, kf_clock_now_ms(&config->clock));
+    int64_t t0 = kf_mono_us();
+    kf_status_t st = kf_runs_recover(core->runs, ctx, err);
+    if (st == KF_OK) {
+        st = kf_coords_recover(core->coords, ctx, err);
+    }
+    if (st == KF_OK) {
+        st = attach_wakeups(core, err);
+    }
+    if (st == KF_OK) {
+        kf_coords_finish_recovery(core->coords, ctx);
+        kf_runs_finish_recovery(core->runs, ctx);
+        if (kf_batch_count(batch) > 0) {
+            st = kf_store_write(store, batch, err);
+        }
+    }
+    kf_batch_destroy(batch);
+    ctx->batch = NULL;
+    if (st != KF_OK) {
+        kf_core_destroy(core);
+        return st;
+    }
+    kf_log(KF_LOG_INFO, "engine",
+           "recovered coordinators=%llu open_windows=%llu runs_pending=%llu runs_leased=%llu "
+           "timers=%u in %lld ms",
+           (unsigned long long)kf_coords_count(core->coords),
+           (unsigned long long)kf_coords_open_windows(core->coords),
+           (unsigned long long)kf_runs_pending(core->runs),
+           (unsigned long long)kf_runs_leased(core->runs), kf_heap_count(&ctx->heap),
+           (long long)((kf_mono_us() - t0) / 1000));
+    *out = core;
+    return KF_OK;
+}
+
+void kf_core_destroy(kf_core_t *core) {
+    if (core == NULL) {
+        return;
+    }
+    kf_coords_destroy(core->coords);
+    kf_runs_destroy(core->runs);
+    kf_heap_deinit(&core->ctx.heap);
+    kf_rng_destroy(core->ctx.rng);
+    free(core->ctx.scratch);
+    free(core);
+}
+
+void kf_core_begin(kf_core_t *core, kf_batch_t *batch, uint64_t group_id, int64_t now_ms) {
+    core->ctx.batch = batch;
+    core->ctx.group_id = group_id;
+    core->ctx.now_ms = now_ms;
+}
+
+void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd) {
+    kf_ctx_t *ctx = &core->ctx;
+    KF_ASSERT(ctx->batch != NULL);
+    kf_error_clear(&cmd->error);
+    cmd->response = NULL;
+    cmd->parked = NULL;
+    switch (cmd->op) {
+    case KF_OP_SEND_EVENT: kf_coords_send_event(core->coords, ctx, cmd); break;
+    case KF_OP_DESCRIBE_COORDINATOR: kf_coords_describe(core->coords, ctx, cmd); break;
+    case KF_OP_FLUSH_WINDOW: kf_coords_flush(core->coords, ctx, cmd); break;
+    case KF_OP_CANCEL_WINDOW: kf_coords_cancel(core->coords, ctx, cmd); break;
+    case KF_OP_POLL_RUNS: kf_runs_poll(core->runs, ctx, cmd); break;
+    case KF_OP_HEARTBEAT_RUN: kf_runs_heartbeat(core->runs, ctx, cmd); break;
+    case KF_OP_COMPLETE_RUN: kf_runs_complete(core->runs, ctx, cmd); break;
+    case KF_OP_GET_RUN: kf_runs_get(core->runs, ctx, cmd); break;
+    case KF_OP_LIST_RUNS: kf_runs_list(core->runs, ctx, cmd); break;
+    default:
+        kf_error_set(&cmd->error, KF_E_UNIMPLEMENTED, "operation %d is not implemented", (int)cmd->op);
+        kf_ctx_ready(ctx, cmd);
+        break;
+    }
+}
+
+uint32_t kf_core_tick(kf_core_t *core, uint32_t limit) {
+    kf_ctx_t *ctx = &core->ctx;
+    uint32_t fired = 0;
+    while (fired < limit) {
+        kf_timer_t *t = kf_heap_peek(&ctx->heap);
+        if (t == NULL || t->due_ms > ctx->now_ms) {
+            break;
+        }
+        kf_heap_disarm(&ctx->heap, t);
+        fired++;
+        switch (t->type) {
+        case KF_TIMER_COORDINATOR: kf_coords_fire(core->coords, ctx, t); break;
+        case KF_TIMER_RUN:
+        case KF_TIMER_POLL: kf_runs_fire(core->runs, ctx, t); break;
+        default: KF_UNREACHABLE();
+        }
+    }
+    if (fired > 0) {
+        kf_counter_add(KF_C_TIMERS_FIRED, fired);
+    }
+    if (ctx->now_ms >= core->next_sweep_ms) {
+        uint32_t examined = kf_runs_sweep(core->runs, ctx, KF_TIMERS_PER_TURN_MAX);
+        core->next_sweep_ms = examined >= KF_TIMERS_PER_TURN_MAX ? ctx->now_ms
+                                                                 : ctx->now_ms + SWEEP_INTERVAL_MS;
+    }
+    kf_gauge_set(KF_G_TIMERS, kf_heap_count(&ctx->heap));
+    return fired;
+}
+
+int64_t kf_core_next_due_ms(const kf_core_t *core) {
+    const kf_timer_t *t = kf_heap_peek(&core->ctx.heap);
+    int64_t due = t ? t->due_ms : INT64_MAX;
+    return due < core->next_sweep_ms ? due : core->next_sweep_ms;
+}
+
+kf_cmd_t *kf_core_take_ready(kf_core_t *core) {
+    kf_cmd_t *head = core->ctx.ready_head;
+    core->ctx.ready_head = core->ctx.ready_tail = NULL;
+    return head;
+}
+
+void kf_core_durable(kf_core_t *core, uint64_t group_id) {
+    KF_ASSERT(group_id >= core->ctx.durable_group_id);
+    core->ctx.durable_group_id = group_id;
+    kf_runs_evict(core->runs, &core->ctx);
+}
+
+void kf_core_shutdown(kf_core_t *core) { kf_runs_release_polls(core->runs, &core->ctx); }

@@ -1,0 +1,46 @@
+/*
+ * core.h - the engine's deterministic heart: all state, no threads.
+ *
+ * The threaded engine (engine.c) drives a core; tests drive one directly
+ * with a manual clock, a seeded random source and a fault-injecting store:
+ *
+ *   kf_core_begin(core, batch, group_id, now_ms);
+ *   kf_core_execute(core, cmd) ...;  kf_core_tick(core, limit);
+ *   write the batch; then kf_core_take_ready(core) -> release replies;
+ *   kf_core_durable(core, group_id);
+ *
+ * Engine-thread only.
+ */
+#ifndef KF_ENGINE_CORE_H
+#define KF_ENGINE_CORE_H
+
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+typedef struct kf_core kf_core_t;
+
+/* Recovers all state from the store (see kf_engine_create). `config` and
+ * `store` are borrowed and outlive the core. */
+kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, kf_core_t **out,
+                           kf_error_t *err) KF_MUST_USE;
+void kf_core_destroy(kf_core_t *core);
+
+/* Starts a step: effects go to `batch`, which belongs to group `group_id`. */
+void kf_core_begin(kf_core_t *core, kf_batch_t *batch, uint64_t group_id, int64_t now_ms);
+/* Executes one command. Its reply lands on the ready list now, or later
+ * (a parked long poll) from another step. */
+void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd);
+/* Fires up to `limit` due processing-time timers and sweeps retention.
+ * Returns the number of timers fired. */
+uint32_t kf_core_tick(kf_core_t *core, uint32_t limit);
+/* The earliest armed timer's due time, or INT64_MAX. */
+int64_t kf_core_next_due_ms(const kf_core_t *core);
+/* Detaches the ready list (linked through cmd->next; NULL when empty). */
+kf_cmd_t *kf_core_take_ready(kf_core_t *core);
+/* Every group <= group_id is durable. */
+void kf_core_durable(kf_core_t *core, uint64_t group_id);
+/* Answers parked polls (empty) in the current step: call at shutdown. */
+void kf_core_shutdown(kf_core_t *core);
+
+#endif

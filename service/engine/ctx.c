@@ -1,0 +1,67 @@
+/* ctx.c - helpers shared by the modules of one engine step. */
+#include "engine/ctx.h"
+
+#include <stdlib.h>
+
+#include "base/assert.h"
+
+void kf_ctx_ready(kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    cmd->next = NULL;
+    if (ctx->ready_tail) {
+        ctx->ready_tail->next = cmd;
+    } else {
+        ctx->ready_head = cmd;
+    }
+    ctx->ready_tail = cmd;
+}
+
+void kf_ctx_put(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const void *value, size_t len) {
+    kf_batch_put(ctx->batch, cf, key->bytes, key->len, value, len);
+}
+
+void kf_ctx_delete(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key) {
+    kf_batch_delete(ctx->batch, cf, key->bytes, key->len);
+}
+
+void kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const ProtobufCMessage *msg) {
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    if (len > ctx->scratch_cap) {
+        size_t cap = ctx->scratch_cap ? ctx->scratch_cap : 4096;
+        while (cap < len) {
+            cap *= 2;
+        }
+        uint8_t *p = realloc(ctx->scratch, cap);
+        KF_ASSERT(p != NULL);
+        ctx->scratch = p;
+        ctx->scratch_cap = cap;
+    }
+    size_t packed = protobuf_c_message_pack(msg, ctx->scratch);
+    KF_ASSERT(packed == len);
+    kf_batch_put(ctx->batch, cf, key->bytes, key->len, ctx->scratch, len);
+}
+
+void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,
+                        const void *identity, size_t identity_len, int64_t *stored_due_ms,
+                        int64_t new_due_ms) {
+    kf_key_t k;
+    if (*stored_due_ms == new_due_ms) {
+        if (new_due_ms == KF_NO_WAKEUP) {
+            kf_heap_disarm(&ctx->heap, timer);
+        } else if (!kf_timer_armed(timer) || timer->due_ms != new_due_ms) {
+            kf_heap_arm(&ctx->heap, timer, new_due_ms);
+        }
+        return;
+    }
+    if (*stored_due_ms != KF_NO_WAKEUP) {
+        kf_key_wakeup(&k, *stored_due_ms, type, identity, identity_len);
+        kf_batch_delete(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len);
+    }
+    if (new_due_ms != KF_NO_WAKEUP) {
+        kf_key_wakeup(&k, new_due_ms, type, identity, identity_len);
+        kf_batch_put(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len, "", 0);
+        kf_heap_arm(&ctx->heap, timer, new_due_ms);
+    } else {
+        kf_heap_disarm(&ctx->heap, timer);
+    }
+    *stored_due_ms = new_due_ms;
+}

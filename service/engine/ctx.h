@@ -1,0 +1,61 @@
+/*
+ * ctx.h - what one engine step shares with the modules it calls
+ * (coordinators, runs, functions): the batch collecting the step's effects,
+ * the step's time, the timer heap, the random source and the ready list.
+ *
+ * Engine-thread only. A module validates a command completely before it
+ * touches state or the batch, so a refused command changes nothing.
+ */
+#ifndef KF_ENGINE_CTX_H
+#define KF_ENGINE_CTX_H
+
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "base/crypto.h"
+#include "base/heap.h"
+#include "engine/engine.h"
+#include "storage/keys.h"
+#include "storage/store.h"
+
+/* Timer owner kinds (kf_timer_t.type). */
+enum {
+    KF_TIMER_COORDINATOR = 1,
+    KF_TIMER_RUN = 2,
+    KF_TIMER_POLL = 3,
+    KF_TIMER_FUNCTION = 4,
+};
+
+typedef struct kf_ctx {
+    const kf_engine_config_t *config;
+    kf_store_t *store;
+    kf_batch_t *batch;           /* this step's effects; replaced per group */
+    int64_t now_ms;              /* this step's time */
+    uint64_t group_id;           /* the group this step belongs to */
+    uint64_t durable_group_id;   /* every group <= this one is durable */
+    kf_heap_t heap;              /* processing-time timers */
+    kf_rng_t *rng;
+    kf_cmd_t *ready_head;        /* commands whose replies are complete */
+    kf_cmd_t *ready_tail;
+    uint8_t *scratch;            /* record encoding buffer */
+    size_t scratch_cap;
+} kf_ctx_t;
+
+/* Appends a command to the ready list (its reply goes with this group). */
+void kf_ctx_ready(kf_ctx_t *ctx, kf_cmd_t *cmd);
+/* Packs msg and puts it under key in cf, in this step's batch. */
+void kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const ProtobufCMessage *msg);
+void kf_ctx_put(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const void *value, size_t len);
+void kf_ctx_delete(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key);
+
+/* Moves a stored processing-time wake-up: deletes the record at old_due_ms
+ * (if not INT64_MIN) and writes one at new_due_ms (if not INT64_MIN), and
+ * arms or disarms the in-memory timer to match. */
+void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,
+                        const void *identity, size_t identity_len, int64_t *stored_due_ms,
+                        int64_t new_due_ms);
+
+#define KF_NO_WAKEUP INT64_MIN
+
+#endif

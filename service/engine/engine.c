@@ -1,0 +1,397 @@
+/*
+ * engine.c - the engine thread, the committer thread and group commit.
+ *
+ * Two groups alternate. The engine fills the open group (executes commands,
+ * fires timers) while the committer writes the other with sync = true. When
+ * the committer is free and the open group holds anything, the engine hands
+ * it over at once: under light load a group is one command (latency is one
+ * fsync); under heavy load a group is everything that arrived during the
+ * previous fsync (throughput grows with concurrency).
+ *
+ * The committer detaches a synced group's reply list before it frees the
+ * group, so the engine can refill that group while the replies go out.
+ *
+ * Locking: one mutex guards the inbox, the hand-off slot and the flags. The
+ * core is touched only by the engine thread (invariant 1 of engine.h).
+ */
+#include "engine/engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/assert.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "engine/core.h"
+
+typedef struct group {
+    uint64_t id;
+    kf_batch_t *batch;
+    kf_cmd_t *head;              /* replies released when the group is durable */
+    kf_cmd_t *tail;
+    size_t commands;
+} group_t;
+
+struct kf_engine {
+    kf_engine_config_t config;
+    kf_store_t *store;
+    kf_core_t *core;
+    pthread_t engine_thread;
+    pthread_t committer_thread;
+    bool threads_started;
+
+    pthread_mutex_t lock;
+    pthread_cond_t engine_cv;    /* inbox, committer free, stop */
+    pthread_cond_t committer_cv; /* a group was handed over, or exit */
+    kf_cmd_t *inbox_head;        /* guarded by lock */
+    kf_cmd_t *inbox_tail;
+    size_t inbox_count;
+    size_t inbox_max;
+    bool engine_sleeping;
+    group_t groups[2];
+    group_t *handed;             /* the group the committer owns, or NULL */
+    bool stopping;               /* no new commands */
+    bool committer_exit;
+    atomic_bool failed;          /* a sync failed: acknowledge nothing more */
+    atomic_uint_fast64_t durable_group;
+};
+
+static const char *const op_names[] = {
+#define KF_OP_NAME_(op, req, resp) #op,
+    KF_OP_TABLE(KF_OP_NAME_)
+#undef KF_OP_NAME_
+};
+
+const char *kf_op_name(kf_op_t op) {
+    KF_ASSERT((unsigned)op < KF_OP_COUNT);
+    return op_names[op];
+}
+
+static void default_fatal(const kf_error_t *err, void *ctx) {
+    (void)ctx;
+    kf_log(KF_LOG_ERROR, "engine", "durable write failed, stopping without acknowledging: %s",
+           err->message);
+    abort();
+}
+
+kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store,
+                             kf_engine_t **out, kf_error_t *err) {
+    kf_engine_t *e = calloc(1, sizeof *e);
+    if (e == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate the engine");
+    }
+    e->config = *config;
+    if (e->config.clock.now_ms == NULL) {
+        e->config.clock = kf_clock_system();
+    }
+    if (e->config.on_fatal == NULL) {
+        e->config.on_fatal = default_fatal;
+    }
+    e->inbox_max = config->queue_depth_max > 0 && config->queue_depth_max < KF_QUEUE_DEPTH_MAX
+                       ? (size_t)config->queue_depth_max
+                       : KF_QUEUE_DEPTH_MAX;
+    e->store = store;
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->engine_cv, &ca);
+    pthread_cond_init(&e->committer_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    for (int i = 0; i < 2; i++) {
+        e->groups[i].batch = kf_batch_create(store);
+        KF_ASSERT(e->groups[i].batch != NULL);
+    }
+    kf_status_t st = kf_core_create(&e->config, store, &e->core, err);
+    if (st != KF_OK) {
+        kf_engine_destroy(e);
+        return st;
+    }
+    *out = e;
+    return KF_OK;
+}
+
+bool kf_engine_failed(const kf_engine_t *e) { return atomic_load(&e->failed); }
+
+kf_status_t kf_engine_submit(kf_engine_t *e, kf_cmd_t *cmd) {
+    cmd->next = NULL;
+    cmd->submitted_ns = kf_mono_ns();
+    pthread_mutex_lock(&e->lock);
+    if (e->stopping || atomic_load(&e->failed)) {
+        pthread_mutex_unlock(&e->lock);
+        return kf_error_set(&cmd->error, KF_E_UNAVAILABLE, "the engine is shutting down");
+    }
+    if (e->inbox_count >= e->inbox_max) {
+        pthread_mutex_unlock(&e->lock);
+        kf_counter_add(KF_C_REJECTED_QUEUE_FULL, 1);
+        return kf_error_set(&cmd->error, KF_E_LIMIT,
+                            "engine queue full: %zu commands waiting (KF_QUEUE_DEPTH_MAX); retry later",
+                            e->inbox_max);
+    }
+    if (e->inbox_tail) {
+        e->inbox_tail->next = cmd;
+    } else {
+        e->inbox_head = cmd;
+    }
+    e->inbox_tail = cmd;
+    e->inbox_count++;
+    kf_gauge_set(KF_G_QUEUE_DEPTH, (int64_t)e->inbox_count);
+    bool wake = e->engine_sleeping;
+    pthread_mutex_unlock(&e->lock);
+    if (wake) {
+        pthread_cond_signal(&e->engine_cv);
+    }
+    return KF_OK;
+}
+
+static void group_append(group_t *g, kf_cmd_t *list) {
+    while (list != NULL) {
+        kf_cmd_t *next = list->next;
+        list->next = NULL;
+        if (g->tail) {
+            g->tail->next = list;
+        } else {
+            g->head = list;
+        }
+        g->tail = list;
+        g->commands++;
+        list = next;
+    }
+}
+
+static bool group_empty(const group_t *g) {
+    return g->head == NULL && kf_batch_count(g->batch) == 0;
+}
+
+static bool group_full(const group_t *g) {
+    return g->commands >= KF_GROUP_COMMANDS_MAX || kf_batch_bytes(g->batch) >= KF_GROUP_BYTES_MAX;
+}
+
+static void deadline_after_ms(struct timespec *ts, int64_t ms) {
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    if (ms > 3600 * 1000) {
+        ms = 3600 * 1000;
+    }
+    ts->tv_sec += (time_t)(ms / 1000);
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static void *engine_main(void *arg) {
+    kf_engine_t *e = arg;
+    group_t *open = &e->groups[0];
+    uint64_t next_id = 1;
+    open->id = next_id++;
+    uint64_t durable_seen = 0;
+    bool shutdown_done = false;
+    for (;;) {
+        pthread_mutex_lock(&e->lock);
+        kf_cmd_t *cmds = NULL;
+        if (!group_full(open)) {
+            /* Take at most what fits in this group; the rest waits. */
+            size_t room = KF_GROUP_COMMANDS_MAX - open->commands;
+            cmds = e->inbox_head;
+            kf_cmd_t *last = NULL, *c = cmds;
+            size_t n = 0;
+            while (c != NULL && n < room) {
+                last = c;
+                c = c->next;
+                n++;
+            }
+            if (last != NULL) {
+                last->next = NULL;
+                e->inbox_head = c;
+                if (c == NULL) {
+                    e->inbox_tail = NULL;
+                }
+                e->inbox_count -= n;
+                kf_gauge_set(KF_G_QUEUE_DEPTH, (int64_t)e->inbox_count);
+            } else {
+                cmds = NULL;
+            }
+        }
+        bool stopping = e->stopping;
+        pthread_mutex_unlock(&e->lock);
+
+        uint64_t durable = atomic_load(&e->durable_group);
+        if (durable != durable_seen) {
+            kf_core_durable(e->core, durable);
+            durable_seen = durable;
+        }
+        int64_t now = kf_clock_now_ms(&e->config.clock);
+        kf_core_begin(e->core, open->batch, open->id, now);
+        int64_t now_ns = kf_mono_ns();
+        for (kf_cmd_t *c = cmds; c != NULL;) {
+            kf_cmd_t *next = c->next;
+            kf_histogram_observe_us(KF_H_QUEUE_WAIT_SECONDS, (now_ns - c->submitted_ns) / 1000);
+            kf_core_execute(e->core, c);
+            c = next;
+        }
+        kf_core_tick(e->core, KF_TIMERS_PER_TURN_MAX);
+        if (stopping && !shutdown_done) {
+            kf_core_shutdown(e->core);
+            shutdown_done = true;
+        }
+        group_append(open, kf_core_take_ready(e->core));
+
+        pthread_mutex_lock(&e->lock);
+        if (e->handed == NULL && !group_empty(open) && !atomic_load(&e->failed)) {
+            e->handed = open;
+            pthread_cond_signal(&e->committer_cv);
+            open = open == &e->groups[0] ? &e->groups[1] : &e->groups[0];
+            KF_ASSERT(group_empty(open));
+            open->id = next_id++;
+        }
+        if (stopping && e->inbox_head == NULL && e->handed == NULL && group_empty(open)) {
+            pthread_mutex_unlock(&e->lock);
+            break;
+        }
+        if (atomic_load(&e->failed)) {
+            /* Nothing more will be acknowledged; wait to be stopped. */
+            while (!e->stopping) {
+                e->engine_sleeping = true;
+                pthread_cond_wait(&e->engine_cv, &e->lock);
+                e->engine_sleeping = false;
+            }
+            pthread_mutex_unlock(&e->lock);
+            break;
+        }
+        /* Sleep until there is work: commands (if the group has room), the
+         * committer free while this group holds something, a timer, a stop. */
+        for (;;) {
+            bool can_take = e->inbox_head != NULL && !group_full(open);
+            bool can_hand = e->handed == NULL && !group_empty(open);
+            if (can_take || can_hand || (e->stopping && !shutdown_done) ||
+                (e->stopping && e->inbox_head == NULL && e->handed == NULL)) {
+                break;
+            }
+            int64_t due = kf_core_next_due_ms(e->core);
+            int64_t wait_ms = due == INT64_MAX ? 1000 : due - kf_clock_now_ms(&e->config.clock);
+            if (wait_ms <= 0) {
+                break;
+            }
+            struct timespec ts;
+            deadline_after_ms(&ts, wait_ms);
+            e->engine_sleeping = true;
+            int rc = pthread_cond_timedwait(&e->engine_cv, &e->lock, &ts);
+            e->engine_sleeping = false;
+            if (rc == ETIMEDOUT) {
+                break;
+            }
+        }
+        pthread_mutex_unlock(&e->lock);
+    }
+    return NULL;
+}
+
+static void *committer_main(void *arg) {
+    kf_engine_t *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->lock);
+        while (e->handed == NULL && !e->committer_exit) {
+            pthread_cond_wait(&e->committer_cv, &e->lock);
+        }
+        group_t *g = e->handed;
+        pthread_mutex_unlock(&e->lock);
+        if (g == NULL) {
+            break;
+        }
+        if (kf_batch_count(g->batch) > 0) {
+            kf_error_t err;
+            int64_t t0 = kf_mono_us();
+            kf_status_t st = kf_store_write(e->store, g->batch, &err);
+            kf_histogram_observe_us(KF_H_SYNC_SECONDS, kf_mono_us() - t0);
+            if (st != KF_OK) {
+                atomic_store(&e->failed, true);
+                e->config.on_fatal(&err, e->config.on_fatal_ctx);
+                /* on_fatal returned (tests): acknowledge nothing, ever. The
+                 * group stays handed so the engine never hands another. */
+                pthread_mutex_lock(&e->lock);
+                pthread_cond_signal(&e->engine_cv);
+                while (!e->committer_exit) {
+                    pthread_cond_wait(&e->committer_cv, &e->lock);
+                }
+                pthread_mutex_unlock(&e->lock);
+                break;
+            }
+            kf_histogram_observe(KF_H_GROUP_BYTES, (double)kf_batch_bytes(g->batch));
+        }
+        kf_counter_add(KF_C_GROUPS, 1);
+        kf_histogram_observe(KF_H_GROUP_COMMANDS, (double)g->commands);
+        atomic_store(&e->durable_group, g->id);
+        kf_cmd_t *replies = g->head;
+        g->head = g->tail = NULL;
+        g->commands = 0;
+        kf_batch_clear(g->batch);
+        pthread_mutex_lock(&e->lock);
+        e->handed = NULL;
+        bool wake = e->engine_sleeping;
+        pthread_mutex_unlock(&e->lock);
+        if (wake) {
+            pthread_cond_signal(&e->engine_cv);
+        }
+        while (replies != NULL) {
+            kf_cmd_t *next = replies->next;
+            replies->next = NULL;
+            replies->done(replies);
+            replies = next;
+        }
+    }
+    return NULL;
+}
+
+kf_status_t kf_engine_start(kf_engine_t *e, kf_error_t *err) {
+    KF_ASSERT(!e->threads_started);
+    if (pthread_create(&e->committer_thread, NULL, committer_main, e) != 0) {
+        return kf_error_set(err, KF_E_INTERNAL, "cannot start the committer thread");
+    }
+    if (pthread_create(&e->engine_thread, NULL, engine_main, e) != 0) {
+        pthread_mutex_lock(&e->lock);
+        e->committer_exit = true;
+        pthread_cond_signal(&e->committer_cv);
+        pthread_mutex_unlock(&e->lock);
+        pthread_join(e->committer_thread, NULL);
+        return kf_error_set(err, KF_E_INTERNAL, "cannot start the engine thread");
+    }
+    e->threads_started = true;
+    return KF_OK;
+}
+
+void kf_engine_stop(kf_engine_t *e) {
+    if (!e->threads_started) {
+        return;
+    }
+    pthread_mutex_lock(&e->lock);
+    e->stopping = true;
+    pthread_cond_signal(&e->engine_cv);
+    pthread_mutex_unlock(&e->lock);
+    pthread_join(e->engine_thread, NULL);
+    pthread_mutex_lock(&e->lock);
+    e->committer_exit = true;
+    pthread_cond_signal(&e->committer_cv);
+    pthread_mutex_unlock(&e->lock);
+    pthread_join(e->committer_thread, NULL);
+    e->threads_started = false;
+}
+
+void kf_engine_destroy(kf_engine_t *e) {
+    if (e == NULL) {
+        return;
+    }
+    kf_engine_stop(e);
+    kf_core_destroy(e->core);
+    for (int i = 0; i < 2; i++) {
+        kf_batch_destroy(e->groups[i].batch);
+    }
+    pthread_cond_destroy(&e->engine_cv);
+    pthread_cond_destroy(&e->committer_cv);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}

@@ -1,0 +1,76 @@
+/*
+ * keys.h - the byte layout of every stored key.
+ *
+ * Integers are big-endian (signed times with the sign bit flipped) so that
+ * RocksDB's bytewise order is numeric order; strings are u16-length-prefixed
+ * so that no identity's key is a prefix of another identity's key. Each
+ * builder asserts its result fits KF_STORE_KEY_BYTES_MAX.
+ *
+ *   coord_snapshots  kind u8 | lp(workflow) | lp(key)                 -> snapshot
+ *   coord_journal    <coord key> | seq be64                           -> entry
+ *   runs             run_id bytes                                     -> run record
+ *   run_index        lp(workflow) | run_seq be64                      -> run_id
+ *   run_queue        run_seq be64                                     -> run_id
+ *   wakeups          due_ms ord64 | type u8 | identity bytes          -> (empty)
+ */
+#ifndef KF_STORAGE_KEYS_H
+#define KF_STORAGE_KEYS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/limits.h"
+
+#define KF_STORE_KEY_BYTES_MAX 1024
+
+_Static_assert(1 + 2 + KF_WORKFLOW_BYTES_MAX + 2 + KF_KEY_BYTES_MAX + 8 + 9 <= KF_STORE_KEY_BYTES_MAX,
+               "coordinator keys fit");
+
+typedef struct kf_key {
+    uint8_t bytes[KF_STORE_KEY_BYTES_MAX];
+    size_t len;
+} kf_key_t;
+
+void kf_key_reset(kf_key_t *k);
+void kf_key_u8(kf_key_t *k, uint8_t v);
+void kf_key_be64(kf_key_t *k, uint64_t v);
+void kf_key_time(kf_key_t *k, int64_t ms);
+void kf_key_lp(kf_key_t *k, const char *s, size_t len);   /* u16 length, bytes */
+void kf_key_raw(kf_key_t *k, const void *p, size_t len);
+
+/* A reader over a key; each getter returns false when the key is too short
+ * or malformed (a corrupt key is KF_E_CORRUPT to the caller). */
+typedef struct kf_key_reader {
+    const uint8_t *p;
+    size_t left;
+} kf_key_reader_t;
+
+static inline kf_key_reader_t kf_key_reader(const void *p, size_t len) {
+    return (kf_key_reader_t){(const uint8_t *)p, len};
+}
+bool kf_key_read_u8(kf_key_reader_t *r, uint8_t *v);
+bool kf_key_read_be64(kf_key_reader_t *r, uint64_t *v);
+bool kf_key_read_time(kf_key_reader_t *r, int64_t *ms);
+/* Points into the key: valid while the key is. */
+bool kf_key_read_lp(kf_key_reader_t *r, const char **s, size_t *len);
+
+/* The key that follows every key starting with `prefix` (prefix with its last
+ * non-0xff byte incremented). False when no such key exists (all 0xff). */
+bool kf_key_prefix_end(const kf_key_t *prefix, kf_key_t *end);
+
+/* Wake-up identities. */
+typedef enum kf_wakeup_type {
+    KF_WAKEUP_COORDINATOR = 1,   /* a window closes or remembered IDs expire */
+    KF_WAKEUP_RUN = 2,           /* a lease expires or a finished run's retention ends */
+} kf_wakeup_type_t;
+
+void kf_key_coord(kf_key_t *k, uint8_t kind, const char *workflow, size_t workflow_len,
+                  const char *key, size_t key_len);
+void kf_key_journal(kf_key_t *k, const kf_key_t *coord, uint64_t seq);
+void kf_key_wakeup(kf_key_t *k, int64_t due_ms, kf_wakeup_type_t type, const void *identity,
+                   size_t identity_len);
+void kf_key_run_index(kf_key_t *k, const char *workflow, size_t workflow_len, uint64_t run_seq);
+void kf_key_run_queue(kf_key_t *k, uint64_t run_seq);
+
+#endif

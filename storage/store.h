@@ -1,0 +1,155 @@
+/*
+ * store.h - the storage seam: ordered key/value column families, atomic
+ * durable write batches, ordered iteration.
+ *
+ * Two implementations: RocksDB (store_rocks.c, the only file that includes
+ * rocksdb/c.h) and an in-memory store with fault injection (store_mem.c)
+ * that tests swap in. Everything above this header is storage-agnostic.
+ *
+ * Invariants
+ *   1. kf_store_write is atomic and durable: when it returns KF_OK, every
+ *      operation of the batch is on stable storage (RocksDB: one WriteBatch
+ *      written with sync = true); when it fails, the store is poisoned and
+ *      refuses every later write (sticky error), because a failed fsync
+ *      leaves the disk state unknown. A failed write is never retried.
+ *   2. Reads observe every write that returned KF_OK before the read began.
+ *   3. Keys compare bytewise; the key encodings above this layer make that
+ *      numeric order (big-endian) and prefix-free (length-prefixed strings).
+ *   4. The stored format version is checked at open (KF_STORE_FORMAT_VERSION);
+ *      a store written by another format is refused, never reinterpreted.
+ *
+ * Threads: a store may be read from any thread and written from one thread
+ * at a time (the engine's committer). Batches and iterators belong to the
+ * thread that created them.
+ */
+#ifndef KF_STORAGE_STORE_H
+#define KF_STORAGE_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+#define KF_STORE_FORMAT_VERSION 1
+
+/* One column family per record kind (DESIGN.md section 3). The order is the
+ * on-disk identity of each family's name; append only. */
+#define KF_CF_TABLE(X)                                                         \
+    X(KF_CF_META, "default")             /* format version, global counters */ \
+    X(KF_CF_COORD_SNAPSHOTS, "coord_snapshots")                                \
+    X(KF_CF_COORD_JOURNAL, "coord_journal")                                    \
+    X(KF_CF_RUNS, "runs")                /* run_id -> run record */            \
+    X(KF_CF_RUN_INDEX, "run_index")      /* workflow, seq -> run_id */         \
+    X(KF_CF_RUN_QUEUE, "run_queue")      /* live (pending, leased) runs */     \
+    X(KF_CF_WAKEUPS, "wakeups")          /* processing-time timers */          \
+    X(KF_CF_FUNCTIONS, "functions")      /* descriptors */                     \
+    X(KF_CF_STATE, "state")              /* per-key value state */             \
+    X(KF_CF_TIMERS_BY_TIME, "timers_by_time")                                  \
+    X(KF_CF_TIMERS_BY_KEY, "timers_by_key")                                    \
+    X(KF_CF_OUTPUT, "output")            /* output row chunks */               \
+    X(KF_CF_PRODUCERS, "producers")      /* producer sequences and acks */     \
+    X(KF_CF_CHECKPOINTS, "checkpoints")  /* per-function checkpoints */
+
+typedef enum kf_cf {
+#define KF_CF_ENUM_(id, name) id,
+    KF_CF_TABLE(KF_CF_ENUM_)
+#undef KF_CF_ENUM_
+        KF_CF_COUNT
+} kf_cf_t;
+
+const char *kf_cf_name(kf_cf_t cf);
+
+typedef struct kf_store kf_store_t;
+typedef struct kf_batch kf_batch_t;
+typedef struct kf_iter kf_iter_t;
+
+/* A value read from the store. Owned by the caller; release with
+ * kf_store_value_free (safe on an empty value). */
+typedef struct kf_value {
+    void *data;
+    size_t len;
+} kf_value_t;
+
+/* ---- opening ---------------------------------------------------------- */
+
+typedef struct kf_rocks_options {
+    const char *path;            /* directory; created if missing */
+    size_t write_buffer_bytes;   /* per family memtable; 0 = default */
+} kf_rocks_options_t;
+
+/* Opens (creating if needed) a RocksDB store and checks its format version.
+ * Errors: KF_E_IO (cannot open, e.g. locked by another process),
+ * KF_E_CORRUPT (another format version). */
+kf_status_t kf_store_open_rocks(const kf_rocks_options_t *options, kf_store_t **out,
+                                kf_error_t *err) KF_MUST_USE;
+
+/* The in-memory store keeps its contents in a kf_memdisk_t that outlives
+ * store handles, so a test can "restart" by closing and reopening. */
+typedef struct kf_memdisk kf_memdisk_t;
+
+typedef struct kf_mem_faults {
+    /* Fail the write that would be the Nth successful one (1-based) and
+     * every write after it; 0 = never. Simulates a failed fsync. */
+    uint64_t fail_write_at;
+    /* Fail gets and iterator seeks with KF_E_IO when set. */
+    bool fail_reads;
+} kf_mem_faults_t;
+
+kf_memdisk_t *kf_memdisk_create(void);
+void kf_memdisk_destroy(kf_memdisk_t *disk);
+/* Writes that reached the memdisk so far (all of them durable). */
+uint64_t kf_memdisk_writes(const kf_memdisk_t *disk);
+
+kf_status_t kf_store_open_mem(kf_memdisk_t *disk, const kf_mem_faults_t *faults, kf_store_t **out,
+                              kf_error_t *err) KF_MUST_USE;
+
+/* Closes and frees the handle. Outstanding batches/iterators must be gone. */
+void kf_store_close(kf_store_t *store);
+
+/* ---- reading ---------------------------------------------------------- */
+
+/* *found is false (and value empty) when the key is absent. */
+kf_status_t kf_store_get(kf_store_t *store, kf_cf_t cf, const void *key, size_t key_len,
+                         kf_value_t *value, bool *found, kf_error_t *err) KF_MUST_USE;
+void kf_store_value_free(kf_value_t *value);
+
+/* An iterator over [lower, upper) of one family; either bound may be NULL.
+ * The bounds are copied. */
+kf_status_t kf_iter_create(kf_store_t *store, kf_cf_t cf, const void *lower, size_t lower_len,
+                           const void *upper, size_t upper_len, kf_iter_t **out,
+                           kf_error_t *err) KF_MUST_USE;
+void kf_iter_destroy(kf_iter_t *iter);
+void kf_iter_seek(kf_iter_t *iter, const void *key, size_t key_len);
+void kf_iter_seek_first(kf_iter_t *iter);
+bool kf_iter_valid(kf_iter_t *iter);
+void kf_iter_next(kf_iter_t *iter);
+/* Valid until the next move or destroy. */
+const void *kf_iter_key(kf_iter_t *iter, size_t *len);
+const void *kf_iter_value(kf_iter_t *iter, size_t *len);
+/* KF_OK unless the iteration hit an I/O error (then valid() is false). */
+kf_status_t kf_iter_status(kf_iter_t *iter, kf_error_t *err) KF_MUST_USE;
+
+/* ---- writing ---------------------------------------------------------- */
+
+kf_batch_t *kf_batch_create(kf_store_t *store);
+void kf_batch_destroy(kf_batch_t *batch);
+void kf_batch_put(kf_batch_t *batch, kf_cf_t cf, const void *key, size_t key_len, const void *value,
+                  size_t value_len);
+void kf_batch_delete(kf_batch_t *batch, kf_cf_t cf, const void *key, size_t key_len);
+/* Deletes every key in [begin, end). */
+void kf_batch_delete_range(kf_batch_t *batch, kf_cf_t cf, const void *begin, size_t begin_len,
+                           const void *end, size_t end_len);
+void kf_batch_clear(kf_batch_t *batch);
+size_t kf_batch_count(const kf_batch_t *batch);
+/* Approximate bytes the batch will write. */
+size_t kf_batch_bytes(const kf_batch_t *batch);
+
+/* Writes the batch atomically and durably (see invariant 1). The batch is
+ * left as it was; clear it to reuse. Errors: KF_E_IO, and from then on the
+ * store is poisoned. */
+kf_status_t kf_store_write(kf_store_t *store, kf_batch_t *batch, kf_error_t *err) KF_MUST_USE;
+
+/* ---- implementation seam (store_int.h) -------------------------------- */
+
+#endif

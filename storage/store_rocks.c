@@ -1,0 +1,290 @@
+/*
+ * store_rocks.c - the RocksDB implementation of the storage seam.
+ *
+ * The only file in keyflow that includes rocksdb/c.h. RocksDB errors are
+ * translated into statuses here, once. Every write uses sync = true; a failed
+ * write poisons the store (see store.h, invariant 1).
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rocksdb/c.h>
+
+#include "base/assert.h"
+#include "base/log.h"
+#include "storage/store_int.h"
+
+typedef struct rocks_store {
+    kf_store_t base;
+    rocksdb_t *db;
+    rocksdb_options_t *options;
+    rocksdb_options_t *cf_options[KF_CF_COUNT];
+    rocksdb_column_family_handle_t *cf[KF_CF_COUNT];
+    rocksdb_writeoptions_t *write_sync;
+    rocksdb_readoptions_t *read;
+    atomic_bool poisoned;        /* a write failed: refuse all later writes */
+} rocks_store_t;
+
+typedef struct rocks_batch {
+    kf_batch_t base;
+    rocks_store_t *store;
+    rocksdb_writebatch_t *wb;
+} rocks_batch_t;
+
+typedef struct rocks_iter {
+    kf_iter_t base;
+    rocksdb_iterator_t *it;
+    rocksdb_readoptions_t *read;
+    char *lower;                 /* bounds must outlive the iterator */
+    size_t lower_len;
+    char *upper;
+    size_t upper_len;
+} rocks_iter_t;
+
+static kf_status_t rocks_error(kf_error_t *err, char *rocks_err, const char *what) {
+    kf_status_t st = kf_error_set(err, KF_E_IO, "rocksdb %s: %s", what, rocks_err);
+    rocksdb_free(rocks_err);
+    return st;
+}
+
+/* ---- batches ---------------------------------------------------------- */
+
+static void rb_destroy(kf_batch_t *b) {
+    rocks_batch_t *rb = (rocks_batch_t *)b;
+    rocksdb_writebatch_destroy(rb->wb);
+    free(rb);
+}
+
+static void rb_put(kf_batch_t *b, kf_cf_t cf, const void *key, size_t key_len, const void *value,
+                   size_t value_len) {
+    rocks_batch_t *rb = (rocks_batch_t *)b;
+    rocksdb_writebatch_put_cf(rb->wb, rb->store->cf[cf], key, key_len, value, value_len);
+}
+
+static void rb_del(kf_batch_t *b, kf_cf_t cf, const void *key, size_t key_len) {
+    rocks_batch_t *rb = (rocks_batch_t *)b;
+    rocksdb_writebatch_delete_cf(rb->wb, rb->store->cf[cf], key, key_len);
+}
+
+static void rb_del_range(kf_batch_t *b, kf_cf_t cf, const void *begin, size_t begin_len,
+                         const void *end, size_t end_len) {
+    rocks_batch_t *rb = (rocks_batch_t *)b;
+    rocksdb_writebatch_delete_range_cf(rb->wb, rb->store->cf[cf], begin, begin_len, end, end_len);
+}
+
+static void rb_clear(kf_batch_t *b) { rocksdb_writebatch_clear(((rocks_batch_t *)b)->wb); }
+
+static const kf_batch_ops_t rocks_batch_ops = {
+    .destroy = rb_destroy,
+    .put = rb_put,
+    .del = rb_del,
+    .del_range = rb_del_range,
+    .clear = rb_clear,
+};
+
+static kf_batch_t *rs_batch_create(kf_store_t *s) {
+    rocks_batch_t *rb = calloc(1, sizeof *rb);
+    if (rb == NULL) {
+        return NULL;
+    }
+    rb->base.ops = &rocks_batch_ops;
+    rb->store = (rocks_store_t *)s;
+    rb->wb = rocksdb_writebatch_create();
+    return &rb->base;
+}
+
+/* ---- iterators -------------------------------------------------------- */
+
+static void ri_destroy(kf_iter_t *i) {
+    rocks_iter_t *ri = (rocks_iter_t *)i;
+    rocksdb_iter_destroy(ri->it);
+    rocksdb_readoptions_destroy(ri->read);
+    free(ri->lower);
+    free(ri->upper);
+    free(ri);
+}
+
+static void ri_seek(kf_iter_t *i, const void *key, size_t key_len) {
+    rocksdb_iter_seek(((rocks_iter_t *)i)->it, key, key_len);
+}
+
+static void ri_seek_first(kf_iter_t *i) { rocksdb_iter_seek_to_first(((rocks_iter_t *)i)->it); }
+static bool ri_valid(kf_iter_t *i) { return rocksdb_iter_valid(((rocks_iter_t *)i)->it) != 0; }
+static void ri_next(kf_iter_t *i) { rocksdb_iter_next(((rocks_iter_t *)i)->it); }
+
+static const void *ri_key(kf_iter_t *i, size_t *len) {
+    return rocksdb_iter_key(((rocks_iter_t *)i)->it, len);
+}
+
+static const void *ri_value(kf_iter_t *i, size_t *len) {
+    return rocksdb_iter_value(((rocks_iter_t *)i)->it, len);
+}
+
+static kf_status_t ri_status(kf_iter_t *i, kf_error_t *err) {
+    char *e = NULL;
+    rocksdb_iter_get_error(((rocks_iter_t *)i)->it, &e);
+    return e != NULL ? rocks_error(err, e, "iterate") : KF_OK;
+}
+
+static const kf_iter_ops_t rocks_iter_ops = {
+    .destroy = ri_destroy,
+    .seek = ri_seek,
+    .seek_first = ri_seek_first,
+    .valid = ri_valid,
+    .next = ri_next,
+    .key = ri_key,
+    .value = ri_value,
+    .status = ri_status,
+};
+
+static kf_status_t rs_iter_create(kf_store_t *s, kf_cf_t cf, const void *lower, size_t lower_len,
+                                  const void *upper, size_t upper_len, kf_iter_t **out,
+                                  kf_error_t *err) {
+    rocks_store_t *rs = (rocks_store_t *)s;
+    rocks_iter_t *ri = calloc(1, sizeof *ri);
+    if (ri == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate an iterator");
+    }
+    ri->base.ops = &rocks_iter_ops;
+    ri->read = rocksdb_readoptions_create();
+    if (lower != NULL) {
+        ri->lower = malloc(lower_len ? lower_len : 1);
+        memcpy(ri->lower, lower, lower_len);
+        ri->lower_len = lower_len;
+        rocksdb_readoptions_set_iterate_lower_bound(ri->read, ri->lower, ri->lower_len);
+    }
+    if (upper != NULL) {
+        ri->upper = malloc(upper_len ? upper_len : 1);
+        memcpy(ri->upper, upper, upper_len);
+        ri->upper_len = upper_len;
+        rocksdb_readoptions_set_iterate_upper_bound(ri->read, ri->upper, ri->upper_len);
+    }
+    ri->it = rocksdb_create_iterator_cf(rs->db, ri->read, rs->cf[cf]);
+    *out = &ri->base;
+    return KF_OK;
+}
+
+/* ---- store ------------------------------------------------------------ */
+
+static kf_status_t rs_get(kf_store_t *s, kf_cf_t cf, const void *key, size_t key_len,
+                          kf_value_t *value, bool *found, kf_error_t *err) {
+    rocks_store_t *rs = (rocks_store_t *)s;
+    char *e = NULL;
+    size_t len = 0;
+    char *data = rocksdb_get_cf(rs->db, rs->read, rs->cf[cf], key, key_len, &len, &e);
+    if (e != NULL) {
+        return rocks_error(err, e, "get");
+    }
+    if (data != NULL) {
+        value->data = data;  /* rocksdb_free is free() */
+        value->len = len;
+        *found = true;
+    }
+    return KF_OK;
+}
+
+static kf_status_t rs_write(kf_store_t *s, kf_batch_t *b, kf_error_t *err) {
+    rocks_store_t *rs = (rocks_store_t *)s;
+    rocks_batch_t *rb = (rocks_batch_t *)b;
+    KF_ASSERT(rb->store == rs);
+    if (atomic_load(&rs->poisoned)) {
+        return kf_error_set(err, KF_E_IO, "store refuses writes after an earlier write failed");
+    }
+    char *e = NULL;
+    rocksdb_write(rs->db, rs->write_sync, rb->wb, &e);
+    if (e != NULL) {
+        atomic_store(&rs->poisoned, true);
+        return rocks_error(err, e, "sync write");
+    }
+    return KF_OK;
+}
+
+static void rs_close(kf_store_t *s) {
+    rocks_store_t *rs = (rocks_store_t *)s;
+    for (int i = 0; i < KF_CF_COUNT; i++) {
+        if (rs->cf[i] != NULL) {
+            rocksdb_column_family_handle_destroy(rs->cf[i]);
+        }
+        if (rs->cf_options[i] != NULL) {
+            rocksdb_options_destroy(rs->cf_options[i]);
+        }
+    }
+    if (rs->db != NULL) {
+        rocksdb_close(rs->db);
+    }
+    if (rs->write_sync != NULL) {
+        rocksdb_writeoptions_destroy(rs->write_sync);
+    }
+    if (rs->read != NULL) {
+        rocksdb_readoptions_destroy(rs->read);
+    }
+    if (rs->options != NULL) {
+        rocksdb_options_destroy(rs->options);
+    }
+    free(rs);
+}
+
+static const kf_store_ops_t rocks_store_ops = {
+    .close = rs_close,
+    .get = rs_get,
+    .write = rs_write,
+    .batch_create = rs_batch_create,
+    .iter_create = rs_iter_create,
+};
+
+static rocksdb_options_t *family_options(const kf_rocks_options_t *o, kf_cf_t cf) {
+    rocksdb_options_t *opt = rocksdb_options_create();
+    size_t buffer = o->write_buffer_bytes ? o->write_buffer_bytes : 64u * 1024 * 1024;
+    /* The engine keeps live state in memory and reads point records rarely;
+     * bigger memtables mean fewer flushes under a write-heavy load. */
+    if (cf == KF_CF_META || cf == KF_CF_FUNCTIONS || cf == KF_CF_CHECKPOINTS) {
+        buffer = 4u * 1024 * 1024;
+    }
+    rocksdb_options_set_write_buffer_size(opt, buffer);
+    rocksdb_options_set_max_write_buffer_number(opt, 4);
+    return opt;
+}
+
+kf_status_t kf_store_open_rocks(const kf_rocks_options_t *o, kf_store_t **out, kf_error_t *err) {
+    rocks_store_t *rs = calloc(1, sizeof *rs);
+    if (rs == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate the store");
+    }
+    rs->base.ops = &rocks_store_ops;
+    rs->options = rocksdb_options_create();
+    rocksdb_options_set_create_if_missing(rs->options, 1);
+    rocksdb_options_set_create_missing_column_families(rs->options, 1);
+    rocksdb_options_set_keep_log_file_num(rs->options, 4);
+    rocksdb_options_set_max_background_jobs(rs->options, 2);
+    rocksdb_options_set_max_open_files(rs->options, 1024);
+    /* Bounded WAL: once the WAL passes this, RocksDB flushes the families
+     * that pin it, so recovery time after a crash stays bounded. */
+    rocksdb_options_set_max_total_wal_size(rs->options, 512u * 1024 * 1024);
+
+    const char *names[KF_CF_COUNT];
+    for (int i = 0; i < KF_CF_COUNT; i++) {
+        names[i] = kf_cf_name((kf_cf_t)i);
+        rs->cf_options[i] = family_options(o, (kf_cf_t)i);
+    }
+    char *e = NULL;
+    rs->db = rocksdb_open_column_families(rs->options, o->path, KF_CF_COUNT, names,
+                                          (const rocksdb_options_t *const *)rs->cf_options, rs->cf,
+                                          &e);
+    if (e != NULL) {
+        kf_status_t st = rocks_error(err, e, "open");
+        rs->db = NULL;
+        rs_close(&rs->base);
+        return st;
+    }
+    rs->write_sync = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_set_sync(rs->write_sync, 1);
+    rs->read = rocksdb_readoptions_create();
+    kf_status_t st = kf__store_check_format(&rs->base, err);
+    if (st != KF_OK) {
+        rs_close(&rs->base);
+        return st;
+    }
+    *out = &rs->base;
+    return KF_OK;
+}
