@@ -1,0 +1,418 @@
+/*
+ * gateway.c - h2o event loop, request dispatch and asynchronous replies.
+ *
+ * Request lifetime: h2o may dispose a request before the engine answers
+ * (an HTTP/2 client resets its stream). Each in-flight request therefore has
+ * a heap http_call_t owned by the gateway, and a small hook in the request's
+ * pool whose destructor clears call->req. When the engine's reply arrives on
+ * the loop thread, it is sent only if call->req is still set; the call is
+ * freed either way. The hook is only touched while call->req is set (then
+ * the pool, and so the hook, is alive).
+ */
+#include "http/gateway.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <h2o.h>
+
+#include "base/arena.h"
+#include "base/assert.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "http/json_map.h"
+#include "http/routes.h"
+
+typedef struct http_call http_call_t;
+
+typedef struct req_hook {
+    http_call_t *call;           /* cleared when the reply was sent */
+} req_hook_t;
+
+struct http_call {
+    h2o_multithread_message_t msg;
+    kf_gateway_t *gw;
+    h2o_req_t *req;              /* NULL once h2o disposed the request */
+    req_hook_t *hook;
+    const kf_method_t *method;
+    int metrics_id;
+    int64_t start_us;
+    kf_arena_t arena;
+    kf_cmd_t cmd;
+};
+
+struct kf_gateway {
+    h2o_globalconf_t config;
+    h2o_context_t ctx;
+    h2o_accept_ctx_t accept_ctx;
+    h2o_evloop_t *loop;
+    h2o_socket_t *listener;
+    int listen_fd;
+    h2o_multithread_queue_t *queue;
+    h2o_multithread_receiver_t replies;   /* engine -> loop: finished calls */
+    h2o_multithread_receiver_t control;   /* any thread -> loop: stop */
+    pthread_t thread;
+    bool started;
+    kf_engine_t *engine;
+    atomic_bool ready;
+    atomic_bool stopping;
+    atomic_int in_flight;
+    bool exit_loop;              /* loop thread only */
+    int metrics_ids[KF_METRICS_METHODS_MAX];
+};
+
+typedef struct control_msg {
+    h2o_multithread_message_t msg;
+    int what;                    /* 1: close the listener, 2: exit the loop */
+} control_msg_t;
+
+static const char *reason(int status) {
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 499: return "Client Closed Request";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Error";
+    }
+}
+
+static void send_body(h2o_req_t *req, int status, const char *content_type, const char *body,
+                      size_t len) {
+    req->res.status = status;
+    req->res.reason = reason(status);
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, content_type,
+                   strlen(content_type));
+    req->res.content_length = len;
+    h2o_send_inline(req, body, len);
+}
+
+static void send_error(h2o_req_t *req, kf_status_t status, const char *message, int http_status) {
+    json_t *body = json_pack("{s:i, s:s, s:s}", "code", kf_status_grpc_code(status), "status",
+                             kf_status_grpc_name(status), "message", message);
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    const char *out = text ? text : "{\"code\":13,\"status\":\"INTERNAL\",\"message\":\"\"}";
+    send_body(req, http_status ? http_status : kf_status_http(status), "application/json", out,
+              strlen(out));
+    free(text);
+}
+
+static void call_free(http_call_t *call) {
+    kf_arena_deinit(&call->arena);
+    atomic_fetch_sub(&call->gw->in_flight, 1);
+    free(call);
+}
+
+static void on_req_dispose(void *p) {
+    req_hook_t *hook = p;
+    if (hook->call != NULL) {
+        hook->call->req = NULL;
+    }
+}
+
+/* Loop thread: the engine answered. */
+static void finish_call(http_call_t *call) {
+    kf_cmd_t *cmd = &call->cmd;
+    int code = kf_status_grpc_code(cmd->error.status);
+    if (call->req != NULL) {
+        h2o_req_t *req = call->req;
+        call->hook->call = NULL;
+        if (cmd->error.status == KF_OK) {
+            size_t len;
+            char *json = kf_message_to_json(cmd->response, &call->arena, &len);
+            if (json != NULL) {
+                send_body(req, 200, "application/json", json, len);
+            } else {
+                code = kf_status_grpc_code(KF_E_TOO_LARGE);
+                send_error(req, KF_E_TOO_LARGE, "response: too large to render", 0);
+            }
+        } else {
+            send_error(req, cmd->error.status, cmd->error.message, 0);
+        }
+    }
+    kf_metrics_request(call->metrics_id, KF_TRANSPORT_HTTP, code, kf_mono_us() - call->start_us);
+    call_free(call);
+}
+
+static void on_replies(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages) {
+    (void)receiver;
+    while (!h2o_linklist_is_empty(messages)) {
+        h2o_multithread_message_t *m =
+            H2O_STRUCT_FROM_MEMBER(h2o_multithread_message_t, link, messages->next);
+        h2o_linklist_unlink(&m->link);
+        finish_call(H2O_STRUCT_FROM_MEMBER(http_call_t, msg, m));
+    }
+}
+
+static void on_control(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages) {
+    kf_gateway_t *gw = H2O_STRUCT_FROM_MEMBER(kf_gateway_t, control, receiver);
+    while (!h2o_linklist_is_empty(messages)) {
+        h2o_multithread_message_t *m =
+            H2O_STRUCT_FROM_MEMBER(h2o_multithread_message_t, link, messages->next);
+        h2o_linklist_unlink(&m->link);
+        control_msg_t *c = H2O_STRUCT_FROM_MEMBER(control_msg_t, msg, m);
+        if (c->what == 1 && gw->listener != NULL) {
+            h2o_socket_read_stop(gw->listener);
+            h2o_socket_close(gw->listener);
+            gw->listener = NULL;
+        } else if (c->what == 2) {
+            gw->exit_loop = true;
+        }
+        free(c);
+    }
+}
+
+/* Committer thread: hand the finished call to the loop. */
+static void engine_done(kf_cmd_t *cmd) {
+    http_call_t *call = cmd->owner;
+    h2o_multithread_send_message(&call->gw->replies, &call->msg);
+}
+
+static bool path_is(h2o_req_t *req, size_t path_len, const char *want) {
+    return path_len == strlen(want) && memcmp(req->path.base, want, path_len) == 0;
+}
+
+static int on_req(h2o_handler_t *self, h2o_req_t *req) {
+    kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
+    size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    bool is_get = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"));
+    if (path_is(req, path_len, "/healthz")) {
+        static const char ok[] = "{\"status\":\"ok\"}";
+        send_body(req, 200, "application/json", ok, sizeof ok - 1);
+        return 0;
+    }
+    if (path_is(req, path_len, "/readyz")) {
+        bool ready = atomic_load(&gw->ready) && !atomic_load(&gw->stopping) &&
+                     !kf_engine_failed(gw->engine);
+        if (ready) {
+            static const char ok[] = "{\"status\":\"ready\"}";
+            send_body(req, 200, "application/json", ok, sizeof ok - 1);
+        } else {
+            send_error(req, KF_E_UNAVAILABLE, "not ready", 0);
+        }
+        return 0;
+    }
+    if (path_is(req, path_len, "/metrics") && is_get) {
+        size_t len;
+        char *text = kf_metrics_render(&len);
+        if (text == NULL) {
+            send_error(req, KF_E_NOMEM, "metrics: out of memory", 0);
+            return 0;
+        }
+        send_body(req, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+        free(text);
+        return 0;
+    }
+    if (atomic_load(&gw->stopping)) {
+        send_error(req, KF_E_UNAVAILABLE, "the server is shutting down", 0);
+        return 0;
+    }
+    http_call_t *call = calloc(1, sizeof *call);
+    if (call == NULL) {
+        send_error(req, KF_E_NOMEM, "out of memory", 0);
+        return 0;
+    }
+    call->gw = gw;
+    call->start_us = kf_mono_us();
+    kf_arena_init(&call->arena, 0);
+    atomic_fetch_add(&gw->in_flight, 1);
+    kf_http_request_t hreq = {
+        .method = req->method.base,
+        .method_len = req->method.len,
+        .path = req->path.base,
+        .path_len = path_len,
+        .query = req->query_at != SIZE_MAX ? req->path.base + req->query_at + 1 : NULL,
+        .query_len = req->query_at != SIZE_MAX ? req->path.len - req->query_at - 1 : 0,
+        .body = req->entity.base,
+        .body_len = req->entity.base ? req->entity.len : 0,
+    };
+    ProtobufCMessage *msg;
+    kf_error_t err;
+    kf_status_t st = kf_http_route(&hreq, &call->arena, &call->method, &msg, &err);
+    if (st != KF_OK) {
+        send_error(req, st, err.message, st == KF_E_UNIMPLEMENTED ? 405 : 0);
+        call_free(call);
+        return 0;
+    }
+    call->metrics_id = gw->metrics_ids[call->method - kf_methods];
+    kf_cmd_t *cmd = &call->cmd;
+    cmd->op = call->method->op;
+    cmd->request = msg;
+    cmd->arena = &call->arena;
+    cmd->done = engine_done;
+    cmd->owner = call;
+    call->req = req;
+    call->hook = h2o_mem_alloc_shared(&req->pool, sizeof *call->hook, on_req_dispose);
+    call->hook->call = call;
+    if (kf_engine_submit(gw->engine, cmd) != KF_OK) {
+        call->hook->call = NULL;
+        send_error(req, cmd->error.status, cmd->error.message, 0);
+        kf_metrics_request(call->metrics_id, KF_TRANSPORT_HTTP, kf_status_grpc_code(cmd->error.status),
+                           kf_mono_us() - call->start_us);
+        call_free(call);
+    }
+    return 0;
+}
+
+static void on_accept(h2o_socket_t *listener, const char *err) {
+    if (err != NULL) {
+        return;
+    }
+    kf_gateway_t *gw = listener->data;
+    h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
+    if (sock == NULL) {
+        return;
+    }
+    h2o_accept(&gw->accept_ctx, sock);
+}
+
+static kf_status_t bind_listener(const char *address, int *fd_out, int *port, kf_error_t *err) {
+    char host[64];
+    const char *colon = strrchr(address, ':');
+    if (colon == NULL || (size_t)(colon - address) >= sizeof host) {
+        return kf_error_set(err, KF_E_INVALID, "http address: expected host:port, got %s", address);
+    }
+    memcpy(host, address, (size_t)(colon - address));
+    host[colon - address] = '\0';
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)atoi(colon + 1));
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
+        return kf_error_set(err, KF_E_INVALID, "http address: %s is not an IPv4 address", host);
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, SOMAXCONN) != 0) {
+        int e = errno;
+        if (fd >= 0) {
+            close(fd);
+        }
+        return kf_error_set(err, KF_E_IO, "http: cannot listen on %s: %s", address, strerror(e));
+    }
+    socklen_t len = sizeof addr;
+    getsockname(fd, (struct sockaddr *)&addr, &len);
+    *port = ntohs(addr.sin_port);
+    *fd_out = fd;
+    return KF_OK;
+}
+
+kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *engine,
+                              kf_gateway_t **out, int *port, kf_error_t *err) {
+    kf_gateway_t *gw = calloc(1, sizeof *gw);
+    if (gw == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate the gateway");
+    }
+    kf_status_t st = bind_listener(options->address, &gw->listen_fd, port, err);
+    if (st != KF_OK) {
+        free(gw);
+        return st;
+    }
+    gw->engine = engine;
+    for (size_t i = 0; i < kf_method_count; i++) {
+        gw->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name);
+    }
+    h2o_config_init(&gw->config);
+    /* Bodies past the request bound are refused by h2o itself (413). */
+    gw->config.max_request_entity_size = KF_REQUEST_BYTES_MAX;
+    h2o_hostconf_t *host =
+        h2o_config_register_host(&gw->config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
+    h2o_handler_t *handler = h2o_create_handler(path, sizeof *handler + sizeof(kf_gateway_t *));
+    handler->on_req = on_req;
+    *(kf_gateway_t **)(handler + 1) = gw;
+    gw->loop = h2o_evloop_create();
+    h2o_context_init(&gw->ctx, gw->loop, &gw->config);
+    gw->accept_ctx.ctx = &gw->ctx;
+    gw->accept_ctx.hosts = gw->config.hosts;
+    gw->queue = h2o_multithread_create_queue(gw->loop);
+    h2o_multithread_register_receiver(gw->queue, &gw->replies, on_replies);
+    h2o_multithread_register_receiver(gw->queue, &gw->control, on_control);
+    gw->listener = h2o_evloop_socket_create(gw->loop, gw->listen_fd, H2O_SOCKET_FLAG_DONT_READ);
+    gw->listener->data = gw;
+    *out = gw;
+    return KF_OK;
+}
+
+static void *loop_main(void *arg) {
+    kf_gateway_t *gw = arg;
+    while (!gw->exit_loop) {
+        h2o_evloop_run(gw->loop, INT32_MAX);
+    }
+    return NULL;
+}
+
+kf_status_t kf_gateway_start(kf_gateway_t *gw, kf_error_t *err) {
+    h2o_socket_read_start(gw->listener, on_accept);
+    if (pthread_create(&gw->thread, NULL, loop_main, gw) != 0) {
+        return kf_error_set(err, KF_E_INTERNAL, "cannot start the HTTP thread");
+    }
+    gw->started = true;
+    atomic_store(&gw->ready, true);
+    return KF_OK;
+}
+
+void kf_gateway_set_ready(kf_gateway_t *gw, bool ready) { atomic_store(&gw->ready, ready); }
+
+static void send_control(kf_gateway_t *gw, int what) {
+    control_msg_t *c = calloc(1, sizeof *c);
+    KF_ASSERT(c != NULL);
+    c->what = what;
+    h2o_multithread_send_message(&gw->control, &c->msg);
+}
+
+void kf_gateway_shutdown(kf_gateway_t *gw) {
+    if (atomic_exchange(&gw->stopping, true)) {
+        return;
+    }
+    if (gw->started) {
+        send_control(gw, 1);
+    }
+}
+
+void kf_gateway_destroy(kf_gateway_t *gw) {
+    if (gw == NULL) {
+        return;
+    }
+    kf_gateway_shutdown(gw);
+    if (gw->started) {
+        /* The engine has stopped, so every reply is queued or delivered
+         * (unless a failed sync stopped it: then give up after a while). */
+        int64_t deadline = kf_mono_us() + 5 * 1000 * 1000;
+        while (atomic_load(&gw->in_flight) > 0 && kf_mono_us() < deadline) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        send_control(gw, 2);
+        pthread_join(gw->thread, NULL);
+    } else if (gw->listener != NULL) {
+        h2o_socket_close(gw->listener);
+        gw->listener = NULL;
+    }
+    h2o_multithread_unregister_receiver(gw->queue, &gw->replies);
+    h2o_multithread_unregister_receiver(gw->queue, &gw->control);
+    h2o_multithread_destroy_queue(gw->queue);
+    h2o_context_dispose(&gw->ctx);
+    h2o_evloop_destroy(gw->loop);
+    h2o_config_dispose(&gw->config);
+    free(gw);
+}

@@ -1,0 +1,37 @@
+/*
+ * gateway.h - the HTTP/JSON gateway (h2o, HTTP/1.1 and h2c) on one event-loop
+ * thread: the REST routes of routes.h over the engine, plus GET /healthz,
+ * GET /readyz and GET /metrics (Prometheus text format).
+ *
+ * Only this module includes h2o.h. A request is decoded on the loop thread,
+ * executed by the engine, and answered on the loop thread once durable (the
+ * engine's committer hands the reply over through an h2o multithread queue).
+ * Errors are HTTP statuses from base/status.h's table with a JSON body
+ * {"code": <grpc code>, "status": "<GRPC_NAME>", "message": "..."}.
+ */
+#ifndef KF_HTTP_GATEWAY_H
+#define KF_HTTP_GATEWAY_H
+
+#include <stdbool.h>
+
+#include "base/status.h"
+#include "engine/engine.h"
+
+typedef struct kf_gateway kf_gateway_t;
+
+typedef struct kf_gateway_options {
+    const char *address;         /* "127.0.0.1:0" */
+} kf_gateway_options_t;
+
+/* Binds; *port receives the bound port. The engine is borrowed. */
+kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *engine,
+                              kf_gateway_t **out, int *port, kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_gateway_start(kf_gateway_t *gateway, kf_error_t *err) KF_MUST_USE;
+/* /readyz answers 200 only while ready. Any thread. */
+void kf_gateway_set_ready(kf_gateway_t *gateway, bool ready);
+/* Stops accepting new connections and requests (503 from then on). */
+void kf_gateway_shutdown(kf_gateway_t *gateway);
+/* After kf_engine_stop: delivers the last replies, stops the loop, frees. */
+void kf_gateway_destroy(kf_gateway_t *gateway);
+
+#endif

@@ -1,0 +1,78 @@
+/*
+ * json_map.h - the generic JSON <-> protobuf mapping of the HTTP gateway,
+ * driven by protobuf-c descriptors (no per-message code), following the
+ * proto3 JSON conventions:
+ *
+ *   - JSON names are lowerCamelCase (the descriptor's json_name, else the
+ *     field name converted); the original snake_case name is accepted too.
+ *   - int64/uint64/sint64/fixed64 are emitted as JSON strings; on input both
+ *     strings and numbers are accepted (numbers must be integral and exact).
+ *     int32 family: numbers (strings accepted). bool: true/false.
+ *     float/double: numbers ("NaN", "Infinity", "-Infinity" strings accepted).
+ *   - bytes are standard base64 (padded) when emitted; standard or URL-safe,
+ *     padded or not, on input.
+ *   - enums are emitted as their value name ("RULE_KIND_BATCH"); on input the
+ *     full name, the name without the enum's common prefix ("BATCH"), either
+ *     case-insensitively ("batch"), or the integer value are accepted.
+ *   - repeated fields are arrays; messages are objects; JSON null for a field
+ *     means "absent/default".
+ *   - oneof members: a member present in JSON sets the oneof case (so an
+ *     explicit 0 is distinguishable from absent). At most one member of a
+ *     oneof may appear, otherwise it is an error.
+ *   - keyflow convention: a `string` field whose name ends in `_json` holds
+ *     JSON text over gRPC; over HTTP it appears under the name without the
+ *     suffix (lowerCamelCase: `input_json` -> "input") as an embedded JSON
+ *     value of any type. On input the embedded value is re-serialized
+ *     compactly into the string; the string form under the full name
+ *     ("inputJson": "<text>") is accepted as well. On output the text is
+ *     parsed and embedded (empty text is omitted).
+ *   - Output omits fields at their default (proto3 default), except oneof
+ *     members whose case is set (they are emitted even when 0).
+ *   - Unknown JSON fields are an error naming the field (so typos are caught).
+ *
+ * Errors name the JSON path of the offending value, e.g.
+ * "event.rule.maxEvents: expected an integer, got \"ten\"" (KF_E_INVALID).
+ * Nesting deeper than KF_JSON_DEPTH_MAX is KF_E_INVALID.
+ *
+ * Memory: every message, string, array and bytes buffer is allocated from the
+ * arena (never freed individually); the result is valid until the arena is
+ * reset. Thread-safe (no shared state).
+ */
+#ifndef KF_HTTP_JSON_MAP_H
+#define KF_HTTP_JSON_MAP_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "base/arena.h"
+#include "base/status.h"
+
+/* Parses `json` (a JSON object; an empty body means {}) into a new message
+ * of type `desc`. Errors: KF_E_INVALID with the path and the problem. */
+kf_status_t kf_json_to_message(const char *json, size_t len, const ProtobufCMessageDescriptor *desc,
+                               kf_arena_t *arena, ProtobufCMessage **out, kf_error_t *err)
+    KF_MUST_USE;
+
+/* Merges a parsed JSON object into an existing message (fields present in
+ * `obj` overwrite). `path` prefixes error messages ("" at the top). */
+kf_status_t kf_json_merge(json_t *obj, ProtobufCMessage *msg, const char *path, kf_arena_t *arena,
+                          kf_error_t *err) KF_MUST_USE;
+
+/* Sets one field from text, as a path parameter or query parameter would:
+ * `name` is the JSON name or the field name, or a dotted path into nested
+ * messages ("coordinator.workflow"); `text` is converted to the field's type
+ * (integers, bools, enums by name, strings as-is). Repeated fields get the
+ * value appended. Errors: KF_E_INVALID naming the parameter. */
+kf_status_t kf_message_set_text(ProtobufCMessage *msg, const char *name, const char *text,
+                                kf_arena_t *arena, kf_error_t *err) KF_MUST_USE;
+
+/* Renders a message as compact JSON (NUL-terminated, in the arena). NULL
+ * only when the arena is exhausted. */
+char *kf_message_to_json(const ProtobufCMessage *msg, kf_arena_t *arena, size_t *len);
+
+/* The same, as a jansson value the caller owns (json_decref). */
+json_t *kf_message_to_jansson(const ProtobufCMessage *msg);
+
+#endif

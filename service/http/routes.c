@@ -1,0 +1,294 @@
+/*
+ * routes.c - REST route matching and request building (see routes.h).
+ */
+#include "http/routes.h"
+
+#include <string.h>
+
+#include <jansson.h>
+
+#include "base/assert.h"
+#include "base/limits.h"
+#include "http/json_map.h"
+
+typedef struct route {
+    const char *http_method;
+    const char *pattern;         /* segments; "{field.path}" captures one */
+    const char *verb;            /* ":verb" suffix of the last segment, or NULL */
+    const char *rpc;             /* method path in engine/methods.h */
+    const char *body;            /* "*", a field name, or NULL (no body) */
+} route_t;
+
+static const route_t routes[] = {
+    {"POST", "/v1/workflows/{workflow}/keys/{key}/events", NULL,
+     "/keyflow.v1.Coordinators/SendEvent", "event"},
+    {"GET", "/v1/coordinators/{coordinator.kind}/{coordinator.workflow}/{coordinator.key}", NULL,
+     "/keyflow.v1.Coordinators/DescribeCoordinator", NULL},
+    {"POST", "/v1/coordinators/{coordinator.kind}/{coordinator.workflow}/{coordinator.key}",
+     "flush", "/keyflow.v1.Coordinators/FlushWindow", "*"},
+    {"POST", "/v1/coordinators/{coordinator.kind}/{coordinator.workflow}/{coordinator.key}",
+     "cancel", "/keyflow.v1.Coordinators/CancelWindow", "*"},
+    {"POST", "/v1/runs", "poll", "/keyflow.v1.Runs/PollRuns", "*"},
+    {"POST", "/v1/runs/{run_id}", "heartbeat", "/keyflow.v1.Runs/HeartbeatRun", "*"},
+    {"POST", "/v1/runs/{run_id}", "complete", "/keyflow.v1.Runs/CompleteRun", "*"},
+    {"GET", "/v1/runs/{run_id}", NULL, "/keyflow.v1.Runs/GetRun", NULL},
+    {"GET", "/v1/runs", NULL, "/keyflow.v1.Runs/ListRuns", NULL},
+};
+
+#define SEGMENTS_MAX 16
+
+typedef struct span {
+    const char *p;
+    size_t len;
+} span_t;
+
+/* Splits "/a/b/c" into segments; false when there are too many. */
+static bool split(const char *path, size_t len, span_t *segs, size_t *n) {
+    *n = 0;
+    size_t i = 0;
+    while (i < len) {
+        if (path[i] == '/') {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < len && path[j] != '/') {
+            j++;
+        }
+        if (*n == SEGMENTS_MAX) {
+            return false;
+        }
+        segs[(*n)++] = (span_t){path + i, j - i};
+        i = j;
+    }
+    return true;
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decodes into the arena; '+' is a space only in query strings. */
+static char *decode(kf_arena_t *arena, const char *s, size_t len, bool plus_is_space) {
+    char *out = kf_arena_alloc(arena, len + 1);
+    if (out == NULL) {
+        return NULL;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '%' && i + 2 < len && hexval(s[i + 1]) >= 0 && hexval(s[i + 2]) >= 0) {
+            out[o++] = (char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
+            i += 2;
+        } else if (plus_is_space && s[i] == '+') {
+            out[o++] = ' ';
+        } else {
+            out[o++] = s[i];
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+typedef struct capture {
+    const char *field;           /* from the pattern, e.g. "coordinator.kind" */
+    size_t field_len;
+    span_t value;                /* raw, not yet decoded */
+} capture_t;
+
+/* Matches request segments against a route's pattern. */
+static bool match(const route_t *r, const span_t *segs, size_t n, capture_t *caps, size_t *ncaps) {
+    span_t pat[SEGMENTS_MAX];
+    size_t np;
+    bool ok = split(r->pattern, strlen(r->pattern), pat, &np);
+    KF_ASSERT(ok);
+    if (np != n) {
+        return false;
+    }
+    *ncaps = 0;
+    for (size_t i = 0; i < n; i++) {
+        span_t seg = segs[i];
+        if (i == n - 1) {
+            /* The verb is the text after the last ':' of the last segment. */
+            const char *colon = NULL;
+            for (size_t k = seg.len; k > 0; k--) {
+                if (seg.p[k - 1] == ':') {
+                    colon = seg.p + k - 1;
+                    break;
+                }
+            }
+            if (r->verb != NULL) {
+                size_t vlen = strlen(r->verb);
+                if (colon == NULL || (size_t)(seg.p + seg.len - colon - 1) != vlen ||
+                    memcmp(colon + 1, r->verb, vlen) != 0) {
+                    return false;
+                }
+                seg.len = (size_t)(colon - seg.p);
+            } else if (colon != NULL && pat[i].p[0] != '{') {
+                return false;
+            }
+        }
+        if (pat[i].p[0] == '{') {
+            if (seg.len == 0) {
+                return false;
+            }
+            caps[*ncaps].field = pat[i].p + 1;
+            caps[*ncaps].field_len = pat[i].len - 2;
+            caps[*ncaps].value = seg;
+            (*ncaps)++;
+        } else if (pat[i].len != seg.len || memcmp(pat[i].p, seg.p, seg.len) != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool method_is(const kf_http_request_t *req, const char *m) {
+    size_t n = strlen(m);
+    return req->method_len == n && memcmp(req->method, m, n) == 0;
+}
+
+/* Parses the body and merges it into msg, whole or under one field. */
+static kf_status_t merge_body(const kf_http_request_t *req, const char *body_field,
+                              ProtobufCMessage *msg, kf_arena_t *arena, kf_error_t *err) {
+    if (req->body == NULL || req->body_len == 0) {
+        return KF_OK;
+    }
+    json_error_t jerr;
+    json_t *doc = json_loadb(req->body, req->body_len, 0, &jerr);
+    if (doc == NULL) {
+        return kf_error_set(err, KF_E_INVALID, "body: not a JSON object: %s (line %d, column %d)",
+                            jerr.text, jerr.line, jerr.column);
+    }
+    if (!json_is_object(doc)) {
+        json_decref(doc);
+        return kf_error_set(err, KF_E_INVALID, "body: must be a JSON object");
+    }
+    json_t *root = doc;
+    if (strcmp(body_field, "*") != 0) {
+        root = json_object();
+        json_object_set_new(root, body_field, doc);
+    }
+    kf_status_t st = kf_json_merge(root, msg, "", arena, err);
+    json_decref(root);
+    return st;
+}
+
+static kf_status_t apply_query(const kf_http_request_t *req, ProtobufCMessage *msg,
+                               kf_arena_t *arena, kf_error_t *err) {
+    const char *q = req->query;
+    size_t left = req->query_len;
+    while (q != NULL && left > 0) {
+        const char *amp = memchr(q, '&', left);
+        size_t len = amp ? (size_t)(amp - q) : left;
+        if (len > 0) {
+            const char *eq = memchr(q, '=', len);
+            size_t name_len = eq ? (size_t)(eq - q) : len;
+            char *name = decode(arena, q, name_len, true);
+            char *value = eq ? decode(arena, eq + 1, len - name_len - 1, true) : "";
+            if (name == NULL || value == NULL) {
+                return kf_error_set(err, KF_E_TOO_LARGE, "query: too large");
+            }
+            kf_status_t st = kf_message_set_text(msg, name, value, arena, err);
+            if (st != KF_OK) {
+                return st;
+            }
+        }
+        if (amp == NULL) {
+            break;
+        }
+        left -= len + 1;
+        q = amp + 1;
+    }
+    return KF_OK;
+}
+
+static ProtobufCMessage *new_message(const ProtobufCMessageDescriptor *desc, kf_arena_t *arena) {
+    ProtobufCMessage *m = kf_arena_zalloc(arena, desc->sizeof_message);
+    if (m != NULL) {
+        desc->message_init(m);
+    }
+    return m;
+}
+
+/* POST /v1/{package.Service}/{Method}: every RPC by its gRPC name. */
+static const kf_method_t *generic_method(const span_t *segs, size_t n, kf_arena_t *arena) {
+    if (n != 3 || segs[0].len != 2 || memcmp(segs[0].p, "v1", 2) != 0) {
+        return NULL;
+    }
+    char *path = kf_arena_printf(arena, "/%.*s/%.*s", (int)segs[1].len, segs[1].p,
+                                 (int)segs[2].len, segs[2].p);
+    const kf_method_t *m = path ? kf_method_by_path(path) : NULL;
+    return m != NULL && m->kind == KF_METHOD_ENGINE ? m : NULL;
+}
+
+kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
+                          const kf_method_t **method_out, ProtobufCMessage **message_out,
+                          kf_error_t *err) {
+    span_t segs[SEGMENTS_MAX];
+    size_t n;
+    if (!split(req->path, req->path_len, segs, &n)) {
+        return kf_error_set(err, KF_E_NOT_FOUND, "path: no such route");
+    }
+    capture_t caps[SEGMENTS_MAX];
+    size_t ncaps = 0;
+    const route_t *found = NULL;
+    bool path_known = false;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (match(&routes[i], segs, n, caps, &ncaps)) {
+            path_known = true;
+            if (method_is(req, routes[i].http_method)) {
+                found = &routes[i];
+                break;
+            }
+        }
+    }
+    const kf_method_t *m;
+    const char *body_field;
+    if (found != NULL) {
+        m = kf_method_by_path(found->rpc);
+        KF_ASSERT(m != NULL);
+        body_field = found->body;
+    } else if ((m = generic_method(segs, n, arena)) != NULL) {
+        if (!method_is(req, "POST")) {
+            return kf_error_set(err, KF_E_UNIMPLEMENTED, "method: use POST for %s", m->path);
+        }
+        body_field = "*";
+        ncaps = 0;
+    } else if (path_known) {
+        return kf_error_set(err, KF_E_UNIMPLEMENTED, "method: %.*s is not allowed on this path",
+                            (int)req->method_len, req->method);
+    } else {
+        return kf_error_set(err, KF_E_NOT_FOUND, "path: no such route: %.*s", (int)req->path_len,
+                            req->path);
+    }
+    ProtobufCMessage *msg = new_message(m->request, arena);
+    if (msg == NULL) {
+        return kf_error_set(err, KF_E_TOO_LARGE, "request: too large");
+    }
+    kf_status_t st = KF_OK;
+    if (body_field != NULL) {
+        st = merge_body(req, body_field, msg, arena, err);
+    } else if (req->body_len > 0) {
+        st = kf_error_set(err, KF_E_INVALID, "body: %s takes no body", m->name);
+    }
+    if (st == KF_OK && req->query_len > 0) {
+        st = apply_query(req, msg, arena, err);
+    }
+    for (size_t i = 0; st == KF_OK && i < ncaps; i++) {
+        char *field = kf_arena_strndup(arena, caps[i].field, caps[i].field_len);
+        char *value = decode(arena, caps[i].value.p, caps[i].value.len, false);
+        if (field == NULL || value == NULL) {
+            return kf_error_set(err, KF_E_TOO_LARGE, "path: too large");
+        }
+        st = kf_message_set_text(msg, field, value, arena, err);
+    }
+    if (st != KF_OK) {
+        return st;
+    }
+    *method_out = m;
+    *message_out = msg;
+    return KF_OK;
+}

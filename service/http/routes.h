@@ -1,0 +1,51 @@
+/*
+ * routes.h - the gateway's REST routes: each maps an HTTP method and a path
+ * pattern onto one RPC of engine/methods.h, like grpc-gateway's HTTP rules.
+ * Path parameters and query parameters set request fields by name; the body
+ * is merged into the whole request ("*") or into one field ("event").
+ *
+ *   POST /v1/workflows/{workflow}/keys/{key}/events     SendEvent (body: event)
+ *   GET  /v1/coordinators/{kind}/{workflow}/{key}       DescribeCoordinator
+ *   POST /v1/coordinators/{kind}/{workflow}/{key}:flush FlushWindow
+ *   POST /v1/coordinators/{kind}/{workflow}/{key}:cancel CancelWindow
+ *   POST /v1/runs:poll                                  PollRuns (body: *)
+ *   POST /v1/runs/{run_id}:heartbeat                    HeartbeatRun (body: *)
+ *   POST /v1/runs/{run_id}:complete                     CompleteRun (body: *)
+ *   GET  /v1/runs/{run_id}                              GetRun
+ *   GET  /v1/runs                                       ListRuns (query)
+ *   POST /v1/{package.Service}/{Method}                 any RPC, body: * (generic)
+ *
+ * Path segments are percent-decoded after matching, so a key containing '/'
+ * travels as %2F. A ":verb" suffix is split at the segment's last ':'.
+ */
+#ifndef KF_HTTP_ROUTES_H
+#define KF_HTTP_ROUTES_H
+
+#include <stddef.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "base/arena.h"
+#include "base/status.h"
+#include "engine/methods.h"
+
+typedef struct kf_http_request {
+    const char *method;          /* "GET", "POST", ... (not NUL-terminated) */
+    size_t method_len;
+    const char *path;            /* without the query string */
+    size_t path_len;
+    const char *query;           /* after '?', or NULL */
+    size_t query_len;
+    const char *body;            /* NULL when none */
+    size_t body_len;
+} kf_http_request_t;
+
+/* Finds the route and builds the request message in the arena.
+ * Errors: KF_E_NOT_FOUND (no route: 404), KF_E_UNIMPLEMENTED (path known,
+ * method not allowed: mapped to 405 by the caller), KF_E_INVALID (body or
+ * parameter does not fit the message, naming the field). */
+kf_status_t kf_http_route(const kf_http_request_t *request, kf_arena_t *arena,
+                          const kf_method_t **method, ProtobufCMessage **message,
+                          kf_error_t *err) KF_MUST_USE;
+
+#endif

@@ -1,0 +1,234 @@
+/*
+ * keyflowd.c - the keyflow server: one process, one embedded RocksDB, the
+ * engine, the gRPC front end and the HTTP gateway.
+ *
+ * Start-up: open the store, recover the engine, bind both ports (port 0
+ * picks a free one; --port-file reports them), start serving.
+ * SIGTERM/SIGINT: stop accepting (gRPC and HTTP), let the engine finish and
+ * sync everything it accepted, answer those calls, close the store, exit 0.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/limits.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "engine/engine.h"
+#include "http/gateway.h"
+#include "rpc/grpc_server.h"
+#include "storage/store.h"
+
+#define DEFAULT_DATA_DIR "./data"
+#define DEFAULT_GRPC_ADDRESS "127.0.0.1:50051"
+#define DEFAULT_HTTP_ADDRESS "127.0.0.1:8070"
+
+typedef struct options {
+    const char *data_dir;
+    const char *grpc_address;
+    const char *http_address;
+    const char *port_file;
+    const char *plugin_dir;
+    int64_t retention_ms;
+    int64_t attempts_max;
+    int64_t queue_depth;
+    int grpc_threads;
+    kf_log_level_t log_level;
+} options_t;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: keyflowd [options]\n"
+            "  --data DIR            RocksDB directory (default " DEFAULT_DATA_DIR ", env KEYFLOW_DATA)\n"
+            "  --grpc HOST:PORT      gRPC address (default " DEFAULT_GRPC_ADDRESS
+            ", env KEYFLOW_GRPC_ADDRESS; port 0 = any)\n"
+            "  --http HOST:PORT      HTTP gateway address (default " DEFAULT_HTTP_ADDRESS
+            ", env KEYFLOW_HTTP_ADDRESS)\n"
+            "  --port-file FILE      write \"grpc=PORT\\nhttp=PORT\\n\" once listening\n"
+            "  --plugin-dir DIR      directory of native handler .so files (env KEYFLOW_PLUGIN_DIR)\n"
+            "  --run-retention-ms N  keep finished runs this long (default %lld)\n"
+            "  --run-attempts N      leases per run before it FAILS (default %d, max %d)\n"
+            "  --queue-depth N       engine queue bound (default and max %d)\n"
+            "  --grpc-threads N      completion-queue threads (default 1)\n"
+            "  --log-level LEVEL     debug, info, warn, error (default info)\n",
+            (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
+            KF_QUEUE_DEPTH_MAX);
+}
+
+static const char *env_or(const char *name, const char *fallback) {
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : fallback;
+}
+
+static bool parse_int(const char *flag, const char *text, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "keyflowd: %s must be an integer in %lld..%lld, got %s\n", flag,
+                (long long)lo, (long long)hi, text);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_args(int argc, char **argv, options_t *o) {
+    o->data_dir = env_or("KEYFLOW_DATA", DEFAULT_DATA_DIR);
+    o->grpc_address = env_or("KEYFLOW_GRPC_ADDRESS", DEFAULT_GRPC_ADDRESS);
+    o->http_address = env_or("KEYFLOW_HTTP_ADDRESS", DEFAULT_HTTP_ADDRESS);
+    o->plugin_dir = env_or("KEYFLOW_PLUGIN_DIR", NULL);
+    o->log_level = KF_LOG_INFO;
+    o->grpc_threads = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t n;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        }
+        if (v == NULL) {
+            fprintf(stderr, "keyflowd: %s needs a value\n", a);
+            return false;
+        }
+        i++;
+        if (strcmp(a, "--data") == 0) {
+            o->data_dir = v;
+        } else if (strcmp(a, "--grpc") == 0) {
+            o->grpc_address = v;
+        } else if (strcmp(a, "--http") == 0) {
+            o->http_address = v;
+        } else if (strcmp(a, "--port-file") == 0) {
+            o->port_file = v;
+        } else if (strcmp(a, "--plugin-dir") == 0) {
+            o->plugin_dir = v;
+        } else if (strcmp(a, "--run-retention-ms") == 0) {
+            if (!parse_int(a, v, 1000, KF_RETENTION_MS_MAX, &o->retention_ms)) return false;
+        } else if (strcmp(a, "--run-attempts") == 0) {
+            if (!parse_int(a, v, 1, KF_RUN_ATTEMPTS_MAX, &o->attempts_max)) return false;
+        } else if (strcmp(a, "--queue-depth") == 0) {
+            if (!parse_int(a, v, 1, KF_QUEUE_DEPTH_MAX, &o->queue_depth)) return false;
+        } else if (strcmp(a, "--grpc-threads") == 0) {
+            if (!parse_int(a, v, 1, 8, &n)) return false;
+            o->grpc_threads = (int)n;
+        } else if (strcmp(a, "--log-level") == 0) {
+            if (strcmp(v, "debug") == 0) o->log_level = KF_LOG_DEBUG;
+            else if (strcmp(v, "info") == 0) o->log_level = KF_LOG_INFO;
+            else if (strcmp(v, "warn") == 0) o->log_level = KF_LOG_WARN;
+            else if (strcmp(v, "error") == 0) o->log_level = KF_LOG_ERROR;
+            else {
+                fprintf(stderr, "keyflowd: --log-level must be debug, info, warn or error\n");
+                return false;
+            }
+        } else {
+            fprintf(stderr, "keyflowd: unknown option %s\n", a);
+            usage(stderr);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool write_port_file(const char *path, int grpc_port, int http_port) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL) {
+        return false;
+    }
+    fprintf(f, "grpc=%d\nhttp=%d\n", grpc_port, http_port);
+    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    return ok && rename(tmp, path) == 0; /* readers never see a partial file */
+}
+
+int main(int argc, char **argv) {
+    options_t o = {0};
+    if (!parse_args(argc, argv, &o)) {
+        return 2;
+    }
+    kf_log_set_level(o.log_level);
+    /* Signals are taken by sigwait in main; every thread inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (mkdir(o.data_dir, 0755) != 0 && errno != EEXIST) {
+        kf_log(KF_LOG_ERROR, "main", "cannot create %s: %s", o.data_dir, strerror(errno));
+        return 1;
+    }
+    kf_error_t err;
+    kf_store_t *store;
+    kf_rocks_options_t ro = {.path = o.data_dir};
+    if (kf_store_open_rocks(&ro, &store, &err) != KF_OK) {
+        kf_log(KF_LOG_ERROR, "main", "cannot open the store: %s", err.message);
+        return 1;
+    }
+    kf_engine_config_t ec = {
+        .clock = kf_clock_system(),
+        .run_retention_ms = o.retention_ms,
+        .run_attempts_max = o.attempts_max,
+        .queue_depth_max = o.queue_depth,
+        .plugin_dir = o.plugin_dir,
+    };
+    kf_engine_t *engine;
+    if (kf_engine_create(&ec, store, &engine, &err) != KF_OK) {
+        kf_log(KF_LOG_ERROR, "main", "cannot recover the engine: %s", err.message);
+        kf_store_close(store);
+        return 1;
+    }
+    kf_grpc_options_t go = {.address = o.grpc_address, .threads = o.grpc_threads};
+    kf_grpc_server_t *grpc;
+    int grpc_port;
+    if (kf_grpc_server_create(&go, engine, &grpc, &grpc_port, &err) != KF_OK) {
+        kf_log(KF_LOG_ERROR, "main", "%s", err.message);
+        kf_engine_destroy(engine);
+        kf_store_close(store);
+        return 1;
+    }
+    kf_gateway_options_t ho = {.address = o.http_address};
+    kf_gateway_t *gateway;
+    int http_port;
+    if (kf_gateway_create(&ho, engine, &gateway, &http_port, &err) != KF_OK) {
+        kf_log(KF_LOG_ERROR, "main", "%s", err.message);
+        kf_grpc_server_destroy(grpc, 0);
+        kf_engine_destroy(engine);
+        kf_store_close(store);
+        return 1;
+    }
+    if (kf_engine_start(engine, &err) != KF_OK || kf_grpc_server_start(grpc, &err) != KF_OK ||
+        kf_gateway_start(gateway, &err) != KF_OK) {
+        kf_log(KF_LOG_ERROR, "main", "cannot start: %s", err.message);
+        return 1;
+    }
+    kf_gauge_set(KF_G_READY, 1);
+    if (o.port_file != NULL && !write_port_file(o.port_file, grpc_port, http_port)) {
+        kf_log(KF_LOG_ERROR, "main", "cannot write %s", o.port_file);
+        return 1;
+    }
+    kf_log(KF_LOG_INFO, "main", "keyflowd serving data=%s grpc=127.0.0.1:%d http=127.0.0.1:%d",
+           o.data_dir, grpc_port, http_port);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    kf_log(KF_LOG_INFO, "main", "signal %d: stopping", sig);
+    kf_gauge_set(KF_G_READY, 0);
+    kf_gateway_shutdown(gateway);
+    kf_grpc_server_shutdown(grpc);
+    kf_engine_stop(engine);          /* finishes and syncs everything accepted */
+    kf_grpc_server_destroy(grpc, 2000);
+    kf_gateway_destroy(gateway);
+    bool failed = kf_engine_failed(engine);
+    kf_engine_destroy(engine);
+    kf_store_close(store);
+    kf_log(KF_LOG_INFO, "main", "stopped");
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,458 @@
+/*
+ * grpc_server.c - gRPC C core server for every method of engine/methods.h.
+ *
+ * Call lifecycle (one call_t per call, its tag on the completion queue):
+ *
+ *   REQUESTED --arrival--> (engine method) submitted to the engine
+ *       |                        | cmd->done (committer thread)
+ *       |                        v
+ *       |                   REPLYING --batch complete--> freed
+ *       +--(health)--> REPLYING
+ *       +--(watch)---> WATCHING (sent SERVING; open until client or shutdown)
+ *
+ * Every request is re-posted as soon as one arrives, so each method always
+ * has KF_GRPC_PENDING_PER_METHOD calls waiting. An unpack failure, a full
+ * engine queue or a stopped engine is answered at once with the status and
+ * a message naming the problem.
+ */
+#include "rpc/grpc_server.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/log.h>
+#include <grpc/support/time.h>
+
+#include "base/arena.h"
+#include "base/assert.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "engine/methods.h"
+#include "grpc/health/v1/health.pb-c.h"
+
+#define KF_GRPC_THREADS_MAX 8
+
+typedef enum call_state {
+    CALL_REQUESTED,
+    CALL_REPLYING,
+    CALL_WATCH_SENT,             /* watch: the SERVING message went out */
+    CALL_WATCH_CLOSED,           /* watch: the client closed or was cancelled */
+} call_state_t;
+
+typedef struct call call_t;
+
+/* A tag is a pointer to one of these, so one call can have two batches in
+ * flight (a watch: its send and its close) and tell them apart. */
+typedef struct call_tag {
+    call_t *call;
+    call_state_t state;
+} call_tag_t;
+
+struct call {
+    kf_grpc_server_t *server;
+    const kf_method_t *method;
+    void *registered;            /* grpc's handle for the method */
+    int metrics_id;
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array metadata;
+    grpc_byte_buffer *payload;
+    grpc_byte_buffer *reply;
+    grpc_slice details;
+    bool has_details;
+    int cancelled;
+    int refs;                    /* outstanding batches (watch: 2) */
+    bool refs_watch;             /* counted in server->watches */
+    int grpc_code;
+    int64_t start_us;
+    call_tag_t tag_main;
+    call_tag_t tag_close;
+    kf_arena_t arena;
+    kf_cmd_t cmd;
+};
+
+struct kf_grpc_server {
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    kf_engine_t *engine;
+    void *registered[KF_METRICS_METHODS_MAX];
+    int metrics_ids[KF_METRICS_METHODS_MAX];
+    pthread_t threads[KF_GRPC_THREADS_MAX];
+    int thread_count;
+    bool started;
+    atomic_bool serving;
+    atomic_bool shutting_down;
+    atomic_int live_calls;       /* calls handed out by grpc and not yet freed */
+    atomic_int watches;          /* of which Health/Watch streams (open until cancelled) */
+    call_tag_t shutdown_tag;
+    atomic_bool shutdown_done;
+};
+
+static void call_free(call_t *c) {
+    if (c->call != NULL) {
+        grpc_call_unref(c->call);
+    }
+    grpc_metadata_array_destroy(&c->metadata);
+    if (c->payload != NULL) {
+        grpc_byte_buffer_destroy(c->payload);
+    }
+    if (c->reply != NULL) {
+        grpc_byte_buffer_destroy(c->reply);
+    }
+    if (c->has_details) {
+        grpc_slice_unref(c->details);
+    }
+    kf_arena_deinit(&c->arena);
+    if (c->method->kind == KF_METHOD_HEALTH_WATCH && c->refs_watch) {
+        atomic_fetch_sub(&c->server->watches, 1);
+    }
+    if (c->call != NULL) {
+        atomic_fetch_sub(&c->server->live_calls, 1);
+    }
+    free(c);
+}
+
+static void request_call(kf_grpc_server_t *s, size_t method_index) {
+    if (atomic_load(&s->shutting_down)) {
+        return;
+    }
+    call_t *c = calloc(1, sizeof *c);
+    KF_ASSERT(c != NULL);
+    c->server = s;
+    c->method = &kf_methods[method_index];
+    c->registered = s->registered[method_index];
+    c->metrics_id = s->metrics_ids[method_index];
+    c->tag_main = (call_tag_t){c, CALL_REQUESTED};
+    c->tag_close = (call_tag_t){c, CALL_WATCH_CLOSED};
+    grpc_metadata_array_init(&c->metadata);
+    kf_arena_init(&c->arena, 0);
+    grpc_call_error rc = grpc_server_request_registered_call(
+        s->server, c->registered, &c->call, &c->deadline, &c->metadata, &c->payload, s->cq, s->cq,
+        &c->tag_main);
+    if (rc != GRPC_CALL_OK) {
+        kf_log(KF_LOG_ERROR, "grpc", "request_registered_call failed: %d", (int)rc);
+        c->call = NULL;
+        call_free(c);
+    }
+}
+
+/* Sends the reply (message when ok) and status; the batch's completion
+ * frees the call. Any thread. */
+static void send_reply(call_t *c, kf_status_t status, const char *message,
+                       const ProtobufCMessage *response) {
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    n++;
+    if (status == KF_OK && response != NULL) {
+        size_t len = protobuf_c_message_get_packed_size(response);
+        if (len > KF_RESPONSE_BYTES_MAX) {
+            status = KF_E_TOO_LARGE;
+            message = "response: larger than KF_RESPONSE_BYTES_MAX; ask for a smaller page";
+        } else {
+            grpc_slice slice = grpc_slice_malloc(len);
+            protobuf_c_message_pack(response, GRPC_SLICE_START_PTR(slice));
+            c->reply = grpc_raw_byte_buffer_create(&slice, 1);
+            grpc_slice_unref(slice);
+            ops[n].op = GRPC_OP_SEND_MESSAGE;
+            ops[n].data.send_message.send_message = c->reply;
+            n++;
+        }
+    }
+    c->grpc_code = kf_status_grpc_code(status);
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = (grpc_status_code)c->grpc_code;
+    if (status != KF_OK && message != NULL && message[0] != '\0') {
+        c->details = grpc_slice_from_copied_string(message);
+        c->has_details = true;
+        ops[n].data.send_status_from_server.status_details = &c->details;
+    }
+    n++;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+    n++;
+    c->tag_main.state = CALL_REPLYING;
+    c->refs = 1;
+    grpc_call_error rc = grpc_call_start_batch(c->call, ops, n, &c->tag_main, NULL);
+    if (rc != GRPC_CALL_OK) {
+        kf_log(KF_LOG_ERROR, "grpc", "start_batch for the reply failed: %d", (int)rc);
+        call_free(c);
+    }
+}
+
+/* The engine finished the command (its group is durable). Committer thread. */
+static void engine_done(kf_cmd_t *cmd) {
+    call_t *c = cmd->owner;
+    send_reply(c, cmd->error.status, cmd->error.message, cmd->response);
+}
+
+static ProtobufCMessage *unpack_payload(call_t *c, const ProtobufCMessageDescriptor *desc) {
+    if (c->payload == NULL) {
+        /* No message: the default (empty) request. */
+        ProtobufCMessage *m = kf_arena_zalloc(&c->arena, desc->sizeof_message);
+        KF_ASSERT(m != NULL);
+        desc->message_init(m);
+        return m;
+    }
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, c->payload)) {
+        return NULL;
+    }
+    grpc_slice slice = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    ProtobufCMessage *m = protobuf_c_message_unpack(desc, kf_arena_pb(&c->arena),
+                                                    GRPC_SLICE_LENGTH(slice),
+                                                    GRPC_SLICE_START_PTR(slice));
+    grpc_slice_unref(slice);
+    return m;
+}
+
+static void start_watch(call_t *c) {
+    /* First the close (it completes when the client goes away or at server
+     * shutdown), then the current status. */
+    grpc_op close_op;
+    memset(&close_op, 0, sizeof close_op);
+    close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    close_op.data.recv_close_on_server.cancelled = &c->cancelled;
+    c->refs = 2;
+    c->refs_watch = true;
+    atomic_fetch_add(&c->server->watches, 1);
+    if (grpc_call_start_batch(c->call, &close_op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
+        call_free(c);
+        return;
+    }
+    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    resp.status = atomic_load(&c->server->serving)
+                      ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                      : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    size_t len = grpc__health__v1__health_check_response__get_packed_size(&resp);
+    grpc_slice slice = grpc_slice_malloc(len);
+    grpc__health__v1__health_check_response__pack(&resp, GRPC_SLICE_START_PTR(slice));
+    c->reply = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = c->reply;
+    c->tag_main.state = CALL_WATCH_SENT;
+    if (grpc_call_start_batch(c->call, ops, 2, &c->tag_main, NULL) != GRPC_CALL_OK) {
+        c->refs--; /* the close batch still completes and frees */
+    }
+}
+
+static void on_arrival(kf_grpc_server_t *s, call_t *c) {
+    atomic_fetch_add(&s->live_calls, 1);
+    c->start_us = kf_mono_us();
+    request_call(s, (size_t)(c->method - kf_methods)); /* keep the method's backlog full */
+    const kf_method_t *m = c->method;
+    if (m->kind == KF_METHOD_HEALTH_WATCH) {
+        start_watch(c);
+        return;
+    }
+    ProtobufCMessage *req = unpack_payload(c, m->request);
+    if (req == NULL) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "request: not a valid %s message", m->request->name);
+        send_reply(c, KF_E_INVALID, msg, NULL);
+        return;
+    }
+    if (m->kind == KF_METHOD_HEALTH_CHECK) {
+        const Grpc__Health__V1__HealthCheckRequest *hreq = (const void *)req;
+        Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+        if (hreq->service[0] != '\0' && strcmp(hreq->service, "keyflow.v1.Coordinators") != 0 &&
+            strcmp(hreq->service, "keyflow.v1.Runs") != 0 &&
+            strcmp(hreq->service, "keyflow.v1.Functions") != 0) {
+            send_reply(c, KF_E_NOT_FOUND, "service: unknown service name", NULL);
+            return;
+        }
+        resp.status = atomic_load(&s->serving)
+                          ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                          : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+        send_reply(c, KF_OK, NULL, &resp.base);
+        return;
+    }
+    kf_cmd_t *cmd = &c->cmd;
+    cmd->op = m->op;
+    cmd->request = req;
+    cmd->arena = &c->arena;
+    cmd->done = engine_done;
+    cmd->owner = c;
+    if (kf_engine_submit(s->engine, cmd) != KF_OK) {
+        send_reply(c, cmd->error.status, cmd->error.message, NULL);
+    }
+}
+
+static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
+    if (tag == &s->shutdown_tag) {
+        atomic_store(&s->shutdown_done, true);
+        return;
+    }
+    call_t *c = tag->call;
+    switch (tag->state) {
+    case CALL_REQUESTED:
+        if (!ok) {
+            c->call = NULL; /* the server is shutting down: no call was created */
+            call_free(c);
+            return;
+        }
+        on_arrival(s, c);
+        return;
+    case CALL_REPLYING:
+        kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code, kf_mono_us() - c->start_us);
+        call_free(c);
+        return;
+    case CALL_WATCH_SENT:
+    case CALL_WATCH_CLOSED:
+        if (--c->refs == 0) {
+            call_free(c);
+        }
+        return;
+    }
+}
+
+static void *cq_main(void *arg) {
+    kf_grpc_server_t *s = arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) {
+            break;
+        }
+        if (ev.type == GRPC_OP_COMPLETE) {
+            on_event(s, ev.tag, ev.success != 0);
+        }
+    }
+    return NULL;
+}
+
+kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t *engine,
+                                  kf_grpc_server_t **out, int *port, kf_error_t *err) {
+    grpc_init();
+    gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+    kf_grpc_server_t *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate the gRPC server");
+    }
+    s->engine = engine;
+    s->thread_count = options->threads > 0 ? options->threads : 1;
+    if (s->thread_count > KF_GRPC_THREADS_MAX) {
+        s->thread_count = KF_GRPC_THREADS_MAX;
+    }
+    atomic_store(&s->serving, true);
+    s->shutdown_tag.call = NULL;
+    grpc_arg args[3];
+    memset(args, 0, sizeof args);
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = KF_REQUEST_BYTES_MAX;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = KF_RESPONSE_BYTES_MAX;
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = GRPC_ARG_ALLOW_REUSEPORT;
+    args[2].value.integer = 0;
+    grpc_channel_args channel_args = {3, args};
+    s->server = grpc_server_create(&channel_args, NULL);
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(s->server, s->cq, NULL);
+    KF_ASSERT(kf_method_count <= KF_METRICS_METHODS_MAX);
+    for (size_t i = 0; i < kf_method_count; i++) {
+        s->registered[i] = grpc_server_register_method(
+            s->server, kf_methods[i].path, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        s->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name);
+    }
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    int bound = grpc_server_add_http2_port(s->server, options->address, creds);
+    grpc_server_credentials_release(creds);
+    if (bound == 0) {
+        grpc_server_destroy(s->server);
+        grpc_completion_queue_shutdown(s->cq);
+        grpc_completion_queue_destroy(s->cq);
+        free(s);
+        grpc_shutdown();
+        return kf_error_set(err, KF_E_IO, "grpc: cannot bind %s", options->address);
+    }
+    *port = bound;
+    *out = s;
+    return KF_OK;
+}
+
+kf_status_t kf_grpc_server_start(kf_grpc_server_t *s, kf_error_t *err) {
+    grpc_server_start(s->server);
+    for (size_t i = 0; i < kf_method_count; i++) {
+        int backlog = kf_methods[i].kind == KF_METHOD_ENGINE ? KF_GRPC_PENDING_PER_METHOD : 8;
+        for (int k = 0; k < backlog; k++) {
+            request_call(s, i);
+        }
+    }
+    for (int i = 0; i < s->thread_count; i++) {
+        if (pthread_create(&s->threads[i], NULL, cq_main, s) != 0) {
+            return kf_error_set(err, KF_E_INTERNAL, "cannot start a gRPC thread");
+        }
+    }
+    s->started = true;
+    return KF_OK;
+}
+
+void kf_grpc_server_set_serving(kf_grpc_server_t *s, bool serving) {
+    atomic_store(&s->serving, serving);
+}
+
+void kf_grpc_server_shutdown(kf_grpc_server_t *s) {
+    if (atomic_exchange(&s->shutting_down, true)) {
+        return;
+    }
+    atomic_store(&s->serving, false);
+    grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+}
+
+void kf_grpc_server_destroy(kf_grpc_server_t *s, int grace_ms) {
+    if (s == NULL) {
+        return;
+    }
+    kf_grpc_server_shutdown(s);
+    /* Calls the engine answered are finishing; health watches stay open
+     * until cancelled. Give the rest a grace period, then cancel. */
+    int64_t deadline = kf_mono_us() + (int64_t)grace_ms * 1000;
+    bool cancelled = false;
+    while (s->started && !atomic_load(&s->shutdown_done)) {
+        int busy = atomic_load(&s->live_calls) - atomic_load(&s->watches);
+        if (!cancelled && (kf_mono_us() > deadline || busy <= 0)) {
+            grpc_server_cancel_all_calls(s->server);
+            cancelled = true;
+        }
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (!cancelled) {
+        grpc_server_cancel_all_calls(s->server);
+    }
+    while (s->started && atomic_load(&s->live_calls) > 0) {
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    grpc_server_destroy(s->server);
+    grpc_completion_queue_shutdown(s->cq);
+    if (s->started) {
+        for (int i = 0; i < s->thread_count; i++) {
+            pthread_join(s->threads[i], NULL);
+        }
+    } else {
+        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {
+        }
+    }
+    grpc_completion_queue_destroy(s->cq);
+    free(s);
+    grpc_shutdown();
+}

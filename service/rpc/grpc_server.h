@@ -1,0 +1,42 @@
+/*
+ * grpc_server.h - the gRPC front end (gRPC C core, protobuf-c).
+ *
+ * Serves every method of engine/methods.h: engine methods are unpacked on a
+ * completion-queue thread into a per-call arena, handed to the engine, and
+ * answered from the engine's committer thread once durable. The standard
+ * grpc.health.v1.Health service is answered here without the engine (it is
+ * also the no-op baseline of the benchmarks).
+ *
+ * Only this module includes grpc/. Statuses become gRPC codes through
+ * kf_status_grpc_code (one table, base/status.h).
+ */
+#ifndef KF_RPC_GRPC_SERVER_H
+#define KF_RPC_GRPC_SERVER_H
+
+#include <stdbool.h>
+
+#include "base/status.h"
+#include "engine/engine.h"
+
+typedef struct kf_grpc_server kf_grpc_server_t;
+
+typedef struct kf_grpc_options {
+    const char *address;         /* "127.0.0.1:0" binds an ephemeral port */
+    int threads;                 /* completion-queue threads; 0 = 1 */
+} kf_grpc_options_t;
+
+/* Binds the address; *port receives the bound port. The engine is borrowed
+ * and must outlive the server. Errors: KF_E_IO (bind failed). */
+kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t *engine,
+                                  kf_grpc_server_t **out, int *port, kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_grpc_server_start(kf_grpc_server_t *server, kf_error_t *err) KF_MUST_USE;
+/* Health status reported by Health/Check and Watch. Any thread. */
+void kf_grpc_server_set_serving(kf_grpc_server_t *server, bool serving);
+/* Stops accepting calls; calls already handed to the engine are answered
+ * when the engine finishes them. Call before kf_engine_stop. */
+void kf_grpc_server_shutdown(kf_grpc_server_t *server);
+/* After kf_engine_stop: waits for every call to finish (cancelling any left
+ * after grace_ms), joins the threads and frees everything. */
+void kf_grpc_server_destroy(kf_grpc_server_t *server, int grace_ms);
+
+#endif

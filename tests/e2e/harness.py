@@ -1,0 +1,159 @@
+"""End-to-end harness: starts the real keyflowd on 127.0.0.1 port 0 and
+gives tests its addresses, plus gRPC stubs generated from api/ at test time.
+
+Run with Debian's Python (PYENV_VERSION=system python3), which has grpcio.
+Environment:
+  KEYFLOW_BUILD_DIR  build tree holding service/main/keyflowd (default: build)
+  KEYFLOW_WRAPPER    optional command prefix for keyflowd (e.g. valgrind)
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("KEYFLOW_BUILD_DIR", os.path.join(ROOT, "build"))
+if not os.path.isabs(BUILD):
+    BUILD = os.path.join(ROOT, BUILD)
+KEYFLOWD = os.path.join(BUILD, "service", "main", "keyflowd")
+CLI = os.path.join(BUILD, "clients", "cli", "keyflow")
+
+_stubs_dir = None
+
+
+def stubs():
+    """Generates Python stubs for every .proto under api/ (once per process)
+    and returns the directory, already on sys.path."""
+    global _stubs_dir
+    if _stubs_dir is not None:
+        return _stubs_dir
+    out = tempfile.mkdtemp(prefix="kf-stubs-")
+    api = os.path.join(ROOT, "api")
+    protos = []
+    for base, _, files in os.walk(api):
+        for f in files:
+            if f.endswith(".proto"):
+                protos.append(os.path.relpath(os.path.join(base, f), api))
+    plugin = shutil.which("grpc_python_plugin")
+    if plugin is None:
+        raise RuntimeError("grpc_python_plugin not found (apt install protobuf-compiler-grpc)")
+    subprocess.run(["protoc", "-I" + api, "--python_out=" + out,
+                    "--plugin=protoc-gen-grpc_python=" + plugin, "--grpc_python_out=" + out]
+                   + sorted(protos), check=True)
+    # Make every generated directory a package.
+    for base, dirs, _ in os.walk(out):
+        for d in dirs:
+            init = os.path.join(base, d, "__init__.py")
+            if not os.path.exists(init):
+                open(init, "w").close()
+    sys.path.insert(0, out)
+    _stubs_dir = out
+    return out
+
+
+class Keyflowd:
+    """One keyflowd process over one data directory (kept across restarts)."""
+
+    def __init__(self, data_dir=None, args=()):
+        self.owns_dir = data_dir is None
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="kf-data-")
+        self.args = list(args)
+        self.proc = None
+        self.grpc_port = None
+        self.http_port = None
+        self.log_path = os.path.join(self.data_dir, "keyflowd.log")
+
+    @property
+    def grpc_target(self):
+        return "127.0.0.1:%d" % self.grpc_port
+
+    @property
+    def http_base(self):
+        return "http://127.0.0.1:%d" % self.http_port
+
+    def start(self, timeout=30):
+        port_file = os.path.join(self.data_dir, "ports")
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        cmd = os.environ.get("KEYFLOW_WRAPPER", "").split() + [
+            KEYFLOWD, "--data", os.path.join(self.data_dir, "db"),
+            "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
+            "--port-file", port_file] + self.args
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while not os.path.exists(port_file):
+            if self.proc.poll() is not None:
+                raise RuntimeError("keyflowd exited with %s; log:\n%s"
+                                   % (self.proc.returncode, self.read_log()))
+            if time.time() > deadline:
+                self.kill()
+                raise RuntimeError("keyflowd did not start; log:\n" + self.read_log())
+            time.sleep(0.02)
+        ports = dict(line.split("=") for line in open(port_file).read().split())
+        self.grpc_port = int(ports["grpc"])
+        self.http_port = int(ports["http"])
+        return self
+
+    def read_log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode(errors="replace")[-8000:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout=30):
+        """SIGTERM; returns the exit code."""
+        if self.proc is None:
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError("keyflowd did not stop on SIGTERM; log:\n" + self.read_log())
+        self.proc = None
+        self.log.close()
+        return code
+
+    def kill(self):
+        """SIGKILL: a crash."""
+        if self.proc is None:
+            return
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+        self.log.close()
+
+    def cleanup(self):
+        if self.proc is not None:
+            self.kill()
+        if self.owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    # --- HTTP helpers ---------------------------------------------------
+    def http(self, method, path, body=None, raw=None, headers=None):
+        """Returns (status, parsed JSON or text)."""
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.http_base + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                status, text = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read().decode()
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text

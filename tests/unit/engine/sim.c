@@ -1,0 +1,181 @@
+/* sim.c - the deterministic engine driver (see sim.h). */
+#include "sim.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/assert.h"
+
+static void recover(sim_t *sim) {
+    kf_error_t err;
+    cr_assert_eq(kf_store_open_mem(sim->disk, NULL, &sim->store, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(kf_core_create(&sim->config, sim->store, &sim->core, &err), KF_OK, "%s",
+                 err.message);
+    sim->batch = kf_batch_create(sim->store);
+    kf_core_begin(sim->core, sim->batch, ++sim->group, sim->now_ms);
+}
+
+void sim_open(sim_t *sim, uint64_t seed) {
+    memset(sim, 0, sizeof *sim);
+    sim->seed = seed;
+    sim->now_ms = 1700000000000LL;
+    sim->disk = kf_memdisk_create();
+    sim->config.clock = kf_clock_manual(&sim->now_ms);
+    sim->config.rng_seed = &sim->seed;
+    sim->config.rng_seed_len = sizeof sim->seed;
+    kf_arena_init(&sim->arena, 0);
+    recover(sim);
+}
+
+static void drop(sim_t *sim) {
+    kf_batch_destroy(sim->batch);
+    kf_core_destroy(sim->core);
+    kf_store_close(sim->store);
+    sim->batch = NULL;
+    sim->core = NULL;
+    sim->store = NULL;
+}
+
+void sim_close(sim_t *sim) {
+    drop(sim);
+    kf_memdisk_destroy(sim->disk);
+    kf_arena_deinit(&sim->arena);
+}
+
+void sim_step(sim_t *sim) {
+    if (kf_batch_count(sim->batch) > 0) {
+        kf_error_t err;
+        cr_assert_eq(kf_store_write(sim->store, sim->batch, &err), KF_OK, "%s", err.message);
+        kf_batch_clear(sim->batch);
+    }
+    (void)kf_core_take_ready(sim->core);
+    kf_core_durable(sim->core, sim->group);
+    kf_core_begin(sim->core, sim->batch, ++sim->group, sim->now_ms);
+}
+
+void sim_crash(sim_t *sim) {
+    drop(sim);
+    recover(sim);
+}
+
+void sim_advance(sim_t *sim, int64_t to_ms) {
+    cr_assert_geq(to_ms, sim->now_ms);
+    sim->now_ms = to_ms;
+    kf_core_begin(sim->core, sim->batch, sim->group, sim->now_ms);
+    while (kf_core_tick(sim->core, KF_TIMERS_PER_TURN_MAX) == KF_TIMERS_PER_TURN_MAX) {
+    }
+    sim_step(sim);
+}
+
+kf_cmd_t *sim_exec(sim_t *sim, kf_op_t op, const ProtobufCMessage *request) {
+    kf_cmd_t *cmd = kf_arena_zalloc(&sim->arena, sizeof *cmd);
+    cmd->op = op;
+    cmd->request = request;
+    cmd->arena = &sim->arena;
+    kf_core_begin(sim->core, sim->batch, sim->group, sim->now_ms);
+    kf_core_execute(sim->core, cmd);
+    sim_step(sim);
+    return cmd;
+}
+
+#define NEW(T, init) ({ T *p_ = kf_arena_zalloc(&sim->arena, sizeof(T)); init(p_); p_; })
+
+Keyflow__V1__Rule *sim_debounce(sim_t *sim, int64_t window_ms, int64_t max_wait_ms) {
+    Keyflow__V1__Rule *r = NEW(Keyflow__V1__Rule, keyflow__v1__rule__init);
+    r->kind = KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE;
+    r->window_ms_present_case = KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS;
+    r->window_ms = window_ms;
+    if (max_wait_ms >= 0) {
+        r->max_wait_ms_present_case = KEYFLOW__V1__RULE__MAX_WAIT_MS_PRESENT_MAX_WAIT_MS;
+        r->max_wait_ms = max_wait_ms;
+    }
+    return r;
+}
+
+Keyflow__V1__Rule *sim_batch(sim_t *sim, int64_t max_events, int64_t max_wait_ms) {
+    Keyflow__V1__Rule *r = NEW(Keyflow__V1__Rule, keyflow__v1__rule__init);
+    r->kind = KEYFLOW__V1__RULE_KIND__RULE_KIND_BATCH;
+    if (max_events >= 0) {
+        r->max_events_present_case = KEYFLOW__V1__RULE__MAX_EVENTS_PRESENT_MAX_EVENTS;
+        r->max_events = max_events;
+    }
+    if (max_wait_ms >= 0) {
+        r->max_wait_ms_present_case = KEYFLOW__V1__RULE__MAX_WAIT_MS_PRESENT_MAX_WAIT_MS;
+        r->max_wait_ms = max_wait_ms;
+    }
+    return r;
+}
+
+kf_cmd_t *sim_send(sim_t *sim, const char *workflow, const char *key, const char *id,
+                   Keyflow__V1__Rule *rule, const char *input_json) {
+    Keyflow__V1__SendEventRequest *req =
+        NEW(Keyflow__V1__SendEventRequest, keyflow__v1__send_event_request__init);
+    req->workflow = kf_arena_strdup(&sim->arena, workflow);
+    req->key = kf_arena_strdup(&sim->arena, key);
+    req->event = NEW(Keyflow__V1__Event, keyflow__v1__event__init);
+    if (id != NULL) {
+        req->event->id = kf_arena_strdup(&sim->arena, id);
+    }
+    req->event->rule = rule;
+    if (input_json != NULL) {
+        req->event->input_json = kf_arena_strdup(&sim->arena, input_json);
+    }
+    return sim_exec(sim, KF_OP_SEND_EVENT, &req->base);
+}
+
+static Keyflow__V1__CoordinatorRef *ref(sim_t *sim, int kind, const char *workflow,
+                                        const char *key) {
+    Keyflow__V1__CoordinatorRef *r =
+        NEW(Keyflow__V1__CoordinatorRef, keyflow__v1__coordinator_ref__init);
+    r->kind = kind == 'd' ? KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE
+                          : KEYFLOW__V1__RULE_KIND__RULE_KIND_BATCH;
+    r->workflow = kf_arena_strdup(&sim->arena, workflow);
+    r->key = kf_arena_strdup(&sim->arena, key);
+    return r;
+}
+
+kf_cmd_t *sim_describe(sim_t *sim, int kind, const char *workflow, const char *key) {
+    Keyflow__V1__DescribeCoordinatorRequest *req = NEW(
+        Keyflow__V1__DescribeCoordinatorRequest, keyflow__v1__describe_coordinator_request__init);
+    req->coordinator = ref(sim, kind, workflow, key);
+    return sim_exec(sim, KF_OP_DESCRIBE_COORDINATOR, &req->base);
+}
+
+kf_cmd_t *sim_poll(sim_t *sim, const char *workflow, int64_t lease_ms, int64_t max_runs,
+                   int64_t wait_ms) {
+    Keyflow__V1__PollRunsRequest *req =
+        NEW(Keyflow__V1__PollRunsRequest, keyflow__v1__poll_runs_request__init);
+    if (workflow != NULL) {
+        req->workflows = kf_arena_alloc(&sim->arena, sizeof(char *));
+        req->workflows[0] = kf_arena_strdup(&sim->arena, workflow);
+        req->n_workflows = 1;
+    }
+    req->worker_id = "worker-1";
+    req->lease_ms = lease_ms;
+    req->max_runs = max_runs;
+    req->wait_ms = wait_ms;
+    return sim_exec(sim, KF_OP_POLL_RUNS, &req->base);
+}
+
+kf_cmd_t *sim_complete(sim_t *sim, const char *run_id, const char *lease, const char *result,
+                       const char *error) {
+    Keyflow__V1__CompleteRunRequest *req =
+        NEW(Keyflow__V1__CompleteRunRequest, keyflow__v1__complete_run_request__init);
+    req->run_id = kf_arena_strdup(&sim->arena, run_id);
+    req->lease = kf_arena_strdup(&sim->arena, lease);
+    if (result != NULL) {
+        req->outcome_case = KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_RESULT_JSON;
+        req->result_json = kf_arena_strdup(&sim->arena, result);
+    } else if (error != NULL) {
+        req->outcome_case = KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_ERROR;
+        req->error = kf_arena_strdup(&sim->arena, error);
+    }
+    return sim_exec(sim, KF_OP_COMPLETE_RUN, &req->base);
+}
+
+kf_cmd_t *sim_get(sim_t *sim, const char *run_id) {
+    Keyflow__V1__GetRunRequest *req = NEW(Keyflow__V1__GetRunRequest, keyflow__v1__get_run_request__init);
+    req->run_id = kf_arena_strdup(&sim->arena, run_id);
+    return sim_exec(sim, KF_OP_GET_RUN, &req->base);
+}

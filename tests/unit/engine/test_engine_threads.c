@@ -1,0 +1,146 @@
+/*
+ * test_engine_threads.c - the threaded engine: replies only after the
+ * group is durable, group commit across concurrent submitters, and a
+ * failed sync that stops the engine without acknowledging anything.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "keyflow/v1/coordinators.pb-c.h"
+
+typedef struct waiter {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int done;
+    int fatal;
+    uint64_t writes_at_done[64];
+    kf_memdisk_t *disk;
+} waiter_t;
+
+static waiter_t w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, {0}, NULL};
+
+static void on_done(kf_cmd_t *cmd) {
+    (void)cmd;
+    pthread_mutex_lock(&w.lock);
+    if (w.done < 64) {
+        w.writes_at_done[w.done] = kf_memdisk_writes(w.disk);
+    }
+    w.done++;
+    pthread_cond_broadcast(&w.cond);
+    pthread_mutex_unlock(&w.lock);
+}
+
+static void on_fatal(const kf_error_t *err, void *ctx) {
+    (void)err;
+    (void)ctx;
+    pthread_mutex_lock(&w.lock);
+    w.fatal++;
+    pthread_cond_broadcast(&w.cond);
+    pthread_mutex_unlock(&w.lock);
+}
+
+typedef struct req_slot {
+    Keyflow__V1__SendEventRequest req;
+    Keyflow__V1__Event ev;
+    Keyflow__V1__Rule rule;
+    char key[16];
+    kf_arena_t arena;
+    kf_cmd_t cmd;
+} req_slot_t;
+
+static void fill(req_slot_t *s, int i) {
+    keyflow__v1__send_event_request__init(&s->req);
+    keyflow__v1__event__init(&s->ev);
+    keyflow__v1__rule__init(&s->rule);
+    s->rule.kind = KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE;
+    s->rule.window_ms_present_case = KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS;
+    s->rule.window_ms = 60000;
+    snprintf(s->key, sizeof s->key, "k%d", i);
+    s->req.workflow = "wf";
+    s->req.key = s->key;
+    s->ev.rule = &s->rule;
+    s->ev.input_json = "1";
+    s->req.event = &s->ev;
+    kf_arena_init(&s->arena, 0);
+    memset(&s->cmd, 0, sizeof s->cmd);
+    s->cmd.op = KF_OP_SEND_EVENT;
+    s->cmd.request = &s->req.base;
+    s->cmd.arena = &s->arena;
+    s->cmd.done = on_done;
+}
+
+static void wait_for(int *counter, int target) {
+    pthread_mutex_lock(&w.lock);
+    while (*counter < target) {
+        pthread_cond_wait(&w.cond, &w.lock);
+    }
+    pthread_mutex_unlock(&w.lock);
+}
+
+Test(engine_threads, replies_follow_durable_writes, .timeout = 30) {
+    kf_memdisk_t *disk = kf_memdisk_create();
+    w.disk = disk;
+    kf_store_t *store;
+    kf_error_t err;
+    cr_assert_eq(kf_store_open_mem(disk, NULL, &store, &err), KF_OK);
+    kf_engine_config_t cfg = {.clock = kf_clock_system()};
+    kf_engine_t *engine;
+    cr_assert_eq(kf_engine_create(&cfg, store, &engine, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(kf_engine_start(engine, &err), KF_OK);
+    static req_slot_t slots[32];
+    uint64_t before = kf_memdisk_writes(disk);
+    for (int i = 0; i < 32; i++) {
+        fill(&slots[i], i);
+        cr_assert_eq(kf_engine_submit(engine, &slots[i].cmd), KF_OK);
+    }
+    wait_for(&w.done, 32);
+    for (int i = 0; i < 32; i++) {
+        cr_assert_eq(slots[i].cmd.error.status, KF_OK, "%s", slots[i].cmd.error.message);
+        cr_assert_gt(w.writes_at_done[i], before, "each reply comes after a durable write");
+    }
+    uint64_t groups = kf_memdisk_writes(disk) - before;
+    cr_assert_leq(groups, 32, "never more writes than commands");
+    kf_engine_stop(engine);
+    kf_engine_destroy(engine);
+    for (int i = 0; i < 32; i++) {
+        kf_arena_deinit(&slots[i].arena);
+    }
+    kf_store_close(store);
+    kf_memdisk_destroy(disk);
+}
+
+Test(engine_threads, failed_sync_stops_without_acknowledging, .timeout = 30) {
+    kf_memdisk_t *disk = kf_memdisk_create();
+    w.disk = disk;
+    kf_store_t *store;
+    kf_error_t err;
+    kf_mem_faults_t faults = {.fail_write_at = 1};
+    cr_assert_eq(kf_store_open_mem(disk, &faults, &store, &err), KF_OK);
+    kf_engine_config_t cfg = {.clock = kf_clock_system(), .on_fatal = on_fatal};
+    kf_engine_t *engine;
+    cr_assert_eq(kf_engine_create(&cfg, store, &engine, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(kf_engine_start(engine, &err), KF_OK);
+    uint64_t before = kf_memdisk_writes(disk);
+    static req_slot_t slot;
+    fill(&slot, 1);
+    cr_assert_eq(kf_engine_submit(engine, &slot.cmd), KF_OK);
+    wait_for(&w.fatal, 1);
+    cr_assert(kf_engine_failed(engine));
+    static req_slot_t later;
+    fill(&later, 2);
+    cr_assert_eq(kf_engine_submit(engine, &later.cmd), KF_E_UNAVAILABLE, "no new work after a failure");
+    kf_engine_stop(engine);
+    pthread_mutex_lock(&w.lock);
+    int done = w.done;
+    pthread_mutex_unlock(&w.lock);
+    cr_assert_eq(done, 0, "nothing was acknowledged");
+    cr_assert_eq(kf_memdisk_writes(disk), before, "nothing reached the disk");
+    kf_engine_destroy(engine);
+    kf_arena_deinit(&slot.arena);
+    kf_arena_deinit(&later.arena);
+    kf_store_close(store);
+    kf_memdisk_destroy(disk);
+}

@@ -1,0 +1,217 @@
+/*
+ * test_runs.c - deterministic tests of runs: leases, expiry and attempts,
+ * completion and its retries, long polls, listing, retention.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "sim.h"
+
+static sim_t sim;
+static void setup(void) {
+    sim_open(&sim, 7);
+    sim.config.run_attempts_max = 2;
+    sim.config.run_retention_ms = 10000;
+}
+static void teardown(void) { sim_close(&sim); }
+
+TestSuite(runs, .init = setup, .fini = teardown, .timeout = 60);
+
+/* Creates one pending run in `workflow` (batch of one) and returns its ID. */
+static const char *make_run(const char *workflow, const char *key, const char *input) {
+    kf_cmd_t *c = sim_send(&sim, workflow, key, NULL, sim_batch(&sim, 1, 1000), input);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    cr_assert(SEND_RESP(c)->run_started);
+    return SEND_RESP(c)->receipt->run_id;
+}
+
+Test(runs, lease_expiry_requeues_then_fails_after_max_attempts) {
+    int64_t t0 = sim.now_ms;
+    const char *id = make_run("wf", "k", "1");
+    kf_cmd_t *p1 = sim_poll(&sim, "wf", 1000, 1, 0);
+    cr_assert_eq(POLL_RESP(p1)->n_runs, 1);
+    Keyflow__V1__Run *r1 = POLL_RESP(p1)->runs[0];
+    cr_assert_str_eq(r1->run_id, id);
+    cr_assert_eq(r1->attempts, 1);
+    cr_assert_eq(r1->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_LEASED);
+    cr_assert_eq(strlen(r1->lease), 36);
+    cr_assert_eq(r1->lease_expires_ms, t0 + 1000);
+    cr_assert_eq(POLL_RESP(sim_poll(&sim, "wf", 1000, 1, 0))->n_runs, 0, "leased runs are not handed out");
+
+    sim_advance(&sim, t0 + 1000);
+    cr_assert_eq(RUN_RESP(sim_get(&sim, id))->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_PENDING);
+    kf_cmd_t *p2 = sim_poll(&sim, "wf", 1000, 1, 0);
+    Keyflow__V1__Run *r2 = POLL_RESP(p2)->runs[0];
+    cr_assert_eq(r2->attempts, 2);
+    cr_assert_str_neq(r2->lease, r1->lease, "a new lease per attempt");
+    kf_cmd_t *stale = sim_complete(&sim, id, r1->lease, "1", NULL);
+    cr_assert_eq(stale->error.status, KF_E_PRECONDITION, "%s", stale->error.message);
+    cr_assert(strstr(stale->error.message, "lease") != NULL);
+
+    sim_advance(&sim, t0 + 2000);
+    Keyflow__V1__Run *failed = RUN_RESP(sim_get(&sim, id));
+    cr_assert_eq(failed->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_FAILED);
+    cr_assert(strstr(failed->error, "attempt 2 of 2") != NULL, "%s", failed->error);
+}
+
+Test(runs, complete_then_retry_is_idempotent_and_other_outcomes_refused) {
+    const char *id = make_run("wf", "k", "{\"x\":1}");
+    Keyflow__V1__Run *r = POLL_RESP(sim_poll(&sim, "wf", 30000, 1, 0))->runs[0];
+    cr_assert_str_eq(r->input_json, "[{\"x\":1}]");
+    kf_cmd_t *bad = sim_complete(&sim, id, r->lease, "{oops", NULL);
+    cr_assert_eq(bad->error.status, KF_E_INVALID);
+    cr_assert(strstr(bad->error.message, "result") != NULL);
+    kf_cmd_t *none = sim_complete(&sim, id, r->lease, NULL, NULL);
+    cr_assert_eq(none->error.status, KF_E_INVALID);
+    cr_assert(strstr(none->error.message, "outcome") != NULL);
+
+    kf_cmd_t *ok = sim_complete(&sim, id, r->lease, "{\"done\":true}", NULL);
+    cr_assert_eq(ok->error.status, KF_OK, "%s", ok->error.message);
+    Keyflow__V1__CompleteRunResponse *resp = (Keyflow__V1__CompleteRunResponse *)ok->response;
+    cr_assert_eq(resp->run->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_COMPLETED);
+    cr_assert_not(resp->already_finished);
+    kf_cmd_t *again = sim_complete(&sim, id, r->lease, "{\"done\":true}", NULL);
+    cr_assert_eq(again->error.status, KF_OK);
+    cr_assert(((Keyflow__V1__CompleteRunResponse *)again->response)->already_finished);
+    kf_cmd_t *flip = sim_complete(&sim, id, r->lease, NULL, "boom");
+    cr_assert_eq(flip->error.status, KF_E_PRECONDITION);
+    Keyflow__V1__Run *got = RUN_RESP(sim_get(&sim, id));
+    cr_assert_str_eq(got->result_json, "{\"done\":true}");
+    cr_assert_str_eq(got->lease, "", "the lease token is only for its holder");
+    /* The same answers after a crash (the run now lives on disk only). */
+    sim_crash(&sim);
+    again = sim_complete(&sim, id, r->lease, "{\"done\":true}", NULL);
+    cr_assert_eq(again->error.status, KF_OK, "%s", again->error.message);
+    cr_assert(((Keyflow__V1__CompleteRunResponse *)again->response)->already_finished);
+    cr_assert_eq(RUN_RESP(sim_get(&sim, id))->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_COMPLETED);
+}
+
+Test(runs, error_completion_fails_the_run) {
+    const char *id = make_run("wf", "k", "1");
+    Keyflow__V1__Run *r = POLL_RESP(sim_poll(&sim, "wf", 30000, 1, 0))->runs[0];
+    cr_assert_eq(sim_complete(&sim, id, r->lease, NULL, "worker crashed")->error.status, KF_OK);
+    Keyflow__V1__Run *got = RUN_RESP(sim_get(&sim, id));
+    cr_assert_eq(got->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_FAILED);
+    cr_assert_str_eq(got->error, "worker crashed");
+}
+
+Test(runs, oldest_first_across_workflows_and_filtered_by_workflow) {
+    const char *a = make_run("wf-a", "k", "1");
+    const char *b = make_run("wf-b", "k", "2");
+    const char *c = make_run("wf-a", "k2", "3");
+    cr_assert_str_eq(POLL_RESP(sim_poll(&sim, "wf-b", 30000, 5, 0))->runs[0]->run_id, b);
+    Keyflow__V1__PollRunsResponse *rest = POLL_RESP(sim_poll(&sim, NULL, 30000, 5, 0));
+    cr_assert_eq(rest->n_runs, 2);
+    cr_assert_str_eq(rest->runs[0]->run_id, a);
+    cr_assert_str_eq(rest->runs[1]->run_id, c);
+}
+
+Test(runs, parked_poll_is_woken_by_a_new_run_and_expires_empty) {
+    kf_cmd_t *parked = sim_poll(&sim, "wf", 30000, 1, 5000);
+    cr_assert_not_null(parked->parked, "nothing to hand out: the poll waits");
+    const char *id = make_run("wf", "k", "1");
+    cr_assert_null(parked->parked);
+    cr_assert_eq(POLL_RESP(parked)->n_runs, 1);
+    cr_assert_str_eq(POLL_RESP(parked)->runs[0]->run_id, id);
+
+    int64_t t0 = sim.now_ms;
+    kf_cmd_t *empty = sim_poll(&sim, "other", 30000, 1, 200);
+    cr_assert_not_null(empty->parked);
+    sim_advance(&sim, t0 + 199);
+    cr_assert_not_null(empty->parked);
+    sim_advance(&sim, t0 + 200);
+    cr_assert_null(empty->parked);
+    cr_assert_eq(empty->error.status, KF_OK);
+    cr_assert_eq(POLL_RESP(empty)->n_runs, 0);
+}
+
+Test(runs, poll_validates_its_fields) {
+    kf_cmd_t *c = sim_poll(&sim, "wf", 5, 1, 0);
+    cr_assert_eq(c->error.status, KF_E_INVALID);
+    cr_assert(strstr(c->error.message, "lease_ms") != NULL);
+    c = sim_poll(&sim, "wf", 1000, 1000, 0);
+    cr_assert_eq(c->error.status, KF_E_INVALID);
+    cr_assert(strstr(c->error.message, "max_runs") != NULL);
+    c = sim_poll(&sim, "wf", 1000, 1, KF_POLL_WAIT_MS_MAX + 1);
+    cr_assert(strstr(c->error.message, "wait_ms") != NULL);
+}
+
+Test(runs, list_pages_through_runs_with_a_status_filter) {
+    const char *ids[5];
+    for (int i = 0; i < 5; i++) {
+        char key[8];
+        snprintf(key, sizeof key, "k%d", i);
+        ids[i] = make_run("wf", key, "1");
+    }
+    /* Lease the first two. */
+    cr_assert_eq(POLL_RESP(sim_poll(&sim, "wf", 30000, 2, 0))->n_runs, 2);
+    Keyflow__V1__ListRunsRequest req = KEYFLOW__V1__LIST_RUNS_REQUEST__INIT;
+    req.workflow = "wf";
+    req.page_size = 2;
+    const char *seen[5];
+    int n = 0;
+    for (;;) {
+        kf_cmd_t *c = sim_exec(&sim, KF_OP_LIST_RUNS, &req.base);
+        cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+        Keyflow__V1__ListRunsResponse *resp = (Keyflow__V1__ListRunsResponse *)c->response;
+        for (size_t i = 0; i < resp->n_runs; i++) {
+            cr_assert_lt(n, 5);
+            seen[n++] = resp->runs[i]->run_id;
+        }
+        if (resp->next_page_token[0] == '\0') {
+            break;
+        }
+        req.page_token = resp->next_page_token;
+    }
+    cr_assert_eq(n, 5);
+    for (int i = 0; i < 5; i++) {
+        cr_assert_str_eq(seen[i], ids[i], "creation order");
+    }
+    req.page_token = "";
+    req.page_size = 100;
+    req.status = KEYFLOW__V1__RUN_STATUS__RUN_STATUS_PENDING;
+    Keyflow__V1__ListRunsResponse *pending = (Keyflow__V1__ListRunsResponse *)sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->response;
+    cr_assert_eq(pending->n_runs, 3);
+    cr_assert_str_eq(pending->runs[0]->run_id, ids[2]);
+    req.page_token = "zz";
+    cr_assert_eq(sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->error.status, KF_E_INVALID);
+}
+
+Test(runs, finished_runs_are_deleted_after_retention) {
+    int64_t t0 = sim.now_ms;
+    const char *id = make_run("wf", "k", "1");
+    Keyflow__V1__Run *r = POLL_RESP(sim_poll(&sim, "wf", 30000, 1, 0))->runs[0];
+    cr_assert_eq(sim_complete(&sim, id, r->lease, "2", NULL)->error.status, KF_OK);
+    sim_advance(&sim, t0 + 9000);
+    cr_assert_eq(sim_get(&sim, id)->error.status, KF_OK, "kept during retention");
+    sim_crash(&sim); /* retention must also work for runs known only on disk */
+    sim_advance(&sim, t0 + 10000 + 1);
+    sim_advance(&sim, t0 + 12000);
+    kf_cmd_t *g = sim_get(&sim, id);
+    cr_assert_eq(g->error.status, KF_E_NOT_FOUND, "%s", g->error.message);
+    Keyflow__V1__ListRunsRequest req = KEYFLOW__V1__LIST_RUNS_REQUEST__INIT;
+    cr_assert_eq(((Keyflow__V1__ListRunsResponse *)sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->response)->n_runs, 0);
+}
+
+Test(runs, leased_runs_survive_a_crash_with_their_lease) {
+    int64_t t0 = sim.now_ms;
+    const char *id = make_run("wf", "k", "1");
+    Keyflow__V1__Run *r = POLL_RESP(sim_poll(&sim, "wf", 3000, 1, 0))->runs[0];
+    char lease[40];
+    strcpy(lease, r->lease);
+    sim_crash(&sim);
+    cr_assert_eq(RUN_RESP(sim_get(&sim, id))->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_LEASED);
+    cr_assert_eq(sim_complete(&sim, id, lease, "1", NULL)->error.status, KF_OK);
+    (void)t0;
+}
+
+Test(runs, lease_expiry_survives_a_crash) {
+    int64_t t0 = sim.now_ms;
+    const char *id = make_run("wf", "k", "1");
+    cr_assert_eq(POLL_RESP(sim_poll(&sim, "wf", 3000, 1, 0))->n_runs, 1);
+    sim_crash(&sim);
+    sim_advance(&sim, t0 + 3000);
+    cr_assert_eq(RUN_RESP(sim_get(&sim, id))->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_PENDING);
+    cr_assert_eq(POLL_RESP(sim_poll(&sim, "wf", 3000, 1, 0))->runs[0]->attempts, 2);
+}
