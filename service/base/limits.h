@@ -95,6 +95,50 @@
 #define KF_TIMERS_PER_TURN_MAX 1024
 #define KF_TIMERS_MAX (KF_COORDINATORS_MAX + KF_LIVE_RUNS_MAX)
 
+/* ---- process functions ------------------------------------------------ */
+
+#define KF_FUNCTION_ID_BYTES_MAX 128
+#define KF_PRODUCER_ID_BYTES_MAX 128
+#define KF_FUNCTIONS_MAX 1024
+/* Schema width and name lengths: descriptors are small, reviewed objects. */
+#define KF_SCHEMA_FIELDS_MAX 64
+#define KF_FIELD_NAME_BYTES_MAX 64
+#define KF_KEY_COLUMNS_MAX 8
+#define KF_TIMER_NAMES_MAX 16
+/* A canonical key: every key column's value with a 4-byte length. */
+#define KF_FUNCTION_KEY_BYTES_MAX 4096
+/* Defaults (DESIGN.md section 1) and the hard ceilings a descriptor may ask for. */
+#define KF_FN_MAX_KEYS_DEFAULT 100000
+#define KF_FN_MAX_KEYS_MAX 10000000
+#define KF_FN_MAX_TIMERS_DEFAULT 100000
+#define KF_FN_MAX_TIMERS_MAX 10000000
+#define KF_FN_MAX_STATE_BYTES_DEFAULT (64LL * 1024 * 1024)
+#define KF_FN_MAX_STATE_BYTES_MAX (4LL * 1024 * 1024 * 1024)
+#define KF_FN_MAX_BATCH_ROWS_DEFAULT 256
+#define KF_FN_MAX_BATCH_ROWS_MAX 4096
+#define KF_FN_MAX_INPUT_ROWS_DEFAULT 4096
+#define KF_FN_MAX_INPUT_ROWS_MAX 65536
+#define KF_FN_MAX_INPUT_BYTES_DEFAULT (16LL * 1024 * 1024)
+#define KF_FN_MAX_INPUT_BYTES_MAX (16LL * 1024 * 1024)
+#define KF_FN_MAX_OUTPUT_ROWS_DEFAULT 4096
+#define KF_FN_MAX_OUTPUT_ROWS_MAX 65536
+#define KF_FN_MAX_OUTPUT_BYTES_DEFAULT (16LL * 1024 * 1024)
+#define KF_FN_MAX_OUTPUT_BYTES_MAX (64LL * 1024 * 1024)
+#define KF_FN_MAX_TIMER_CALLBACKS_DEFAULT 256
+#define KF_FN_MAX_TIMER_CALLBACKS_MAX 4096
+/* Producers remembered per function, and acknowledgements per producer kept
+ * for retries of recent sequences. */
+#define KF_PRODUCERS_MAX 10000
+#define KF_PRODUCER_ACKS_KEPT 16
+/* Output rows per stored chunk, and per ReadOutput page. */
+#define KF_OUTPUT_CHUNK_ROWS_MAX 4096
+#define KF_READ_OUTPUT_LIMIT_DEFAULT 1000
+#define KF_READ_OUTPUT_LIMIT_MAX 65536
+#define KF_PARKED_READS_MAX 4096
+/* Native handler plugins: files scanned and bytes read per file. */
+#define KF_PLUGIN_FILES_MAX 256
+#define KF_PLUGIN_BYTES_MAX (64LL * 1024 * 1024)
+
 /* ---- front ends ------------------------------------------------------- */
 
 /* One request message or HTTP body: a 16 MiB input batch plus framing. */
@@ -120,5 +164,9 @@ _Static_assert(KF_GROUP_COMMANDS_MAX <= KF_QUEUE_DEPTH_MAX, "a group drains at m
 _Static_assert(KF_LEASE_MS_DEFAULT >= KF_LEASE_MS_MIN && KF_LEASE_MS_DEFAULT <= KF_LEASE_MS_MAX,
                "default lease within bounds");
 _Static_assert(KF_DEDUP_MS_DEFAULT <= KF_DEDUP_MS_MAX, "default dedup within bound");
+_Static_assert(KF_FN_MAX_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX, "a full input batch fits a request");
+_Static_assert(KF_FN_MAX_BATCH_ROWS_DEFAULT <= KF_FN_MAX_BATCH_ROWS_MAX, "default within bound");
+_Static_assert(KF_FN_MAX_INPUT_ROWS_DEFAULT <= KF_FN_MAX_INPUT_ROWS_MAX, "default within bound");
+_Static_assert(KF_KEY_COLUMNS_MAX <= KF_SCHEMA_FIELDS_MAX, "key columns are input columns");
 
 #endif

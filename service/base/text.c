@@ -5,7 +5,7 @@
 #include <string.h>
 
 
-bool kf_utf8_clean(const char *s, size_t len) {
+static bool utf8_check(const char *s, size_t len, bool allow_control) {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < len) {
@@ -13,7 +13,7 @@ bool kf_utf8_clean(const char *s, size_t len) {
         size_t n;
         uint32_t cp;
         if (c < 0x80) {
-            if (c < 0x20 || c == 0x7f) {
+            if (!allow_control && (c < 0x20 || c == 0x7f)) {
                 return false;
             }
             i++;
@@ -44,6 +44,9 @@ bool kf_utf8_clean(const char *s, size_t len) {
     }
     return true;
 }
+
+bool kf_utf8_clean(const char *s, size_t len) { return utf8_check(s, len, false); }
+bool kf_utf8_valid(const char *s, size_t len) { return utf8_check(s, len, true); }
 
 kf_status_t kf_check_identifier(const char *field, const char *s, size_t max_bytes, bool required,
                                 kf_error_t *err) {

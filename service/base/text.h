@@ -12,6 +12,8 @@
 /* True when s[0..len) is valid UTF-8 (no overlongs, no surrogates) and has
  * no control characters. */
 bool kf_utf8_clean(const char *s, size_t len);
+/* True when s[0..len) is valid UTF-8 (control characters allowed). */
+bool kf_utf8_valid(const char *s, size_t len);
 
 /* An identifier (workflow, key, event ID, worker ID): at most max_bytes
  * (KF_E_TOO_LARGE), non-empty when required (KF_E_INVALID), clean UTF-8

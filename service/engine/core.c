@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "coord/coord.h"
+#include "functions/functions.h"
 #include "runs/runs.h"
 
 /* Finished runs are swept from disk at most this often. */
@@ -20,6 +21,7 @@ struct kf_core {
     kf_ctx_t ctx;
     kf_runs_t *runs;
     kf_coords_t *coords;
+    kf_functions_t *functions;
     int64_t next_sweep_ms;
 };
 
@@ -73,6 +75,7 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
     ctx->rng = kf_rng_create(config->rng_seed, config->rng_seed_len);
     core->runs = kf_runs_create();
     core->coords = kf_coords_create(core->runs);
+    core->functions = kf_functions_create(config->plugin_dir);
     kf_batch_t *batch = kf_batch_create(store);
     if (ctx->rng == NULL || batch == NULL) {
         kf_batch_destroy(batch);
@@ -84,6 +87,9 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
     kf_status_t st = kf_runs_recover(core->runs, ctx, err);
     if (st == KF_OK) {
         st = kf_coords_recover(core->coords, ctx, err);
+    }
+    if (st == KF_OK) {
+        st = kf_functions_recover(core->functions, ctx, err);
     }
     if (st == KF_OK) {
         st = attach_wakeups(core, err);
@@ -118,6 +124,7 @@ void kf_core_destroy(kf_core_t *core) {
         return;
     }
     kf_coords_destroy(core->coords);
+    kf_functions_destroy(core->functions);
     kf_runs_destroy(core->runs);
     kf_heap_deinit(&core->ctx.heap);
     kf_rng_destroy(core->ctx.rng);
@@ -147,6 +154,12 @@ void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd) {
     case KF_OP_COMPLETE_RUN: kf_runs_complete(core->runs, ctx, cmd); break;
     case KF_OP_GET_RUN: kf_runs_get(core->runs, ctx, cmd); break;
     case KF_OP_LIST_RUNS: kf_runs_list(core->runs, ctx, cmd); break;
+    case KF_OP_REGISTER_FUNCTION: kf_functions_register(core->functions, ctx, cmd); break;
+    case KF_OP_GET_FUNCTION: kf_functions_get(core->functions, ctx, cmd); break;
+    case KF_OP_LIST_FUNCTIONS: kf_functions_list(core->functions, ctx, cmd); break;
+    case KF_OP_PUSH_BATCH: kf_functions_push(core->functions, ctx, cmd); break;
+    case KF_OP_READ_OUTPUT: kf_functions_read(core->functions, ctx, cmd); break;
+    case KF_OP_GET_KEY_STATE: kf_functions_key_state(core->functions, ctx, cmd); break;
     default:
         kf_error_set(&cmd->error, KF_E_UNIMPLEMENTED, "operation %d is not implemented", (int)cmd->op);
         kf_ctx_ready(ctx, cmd);
@@ -168,6 +181,7 @@ uint32_t kf_core_tick(kf_core_t *core, uint32_t limit) {
         case KF_TIMER_COORDINATOR: kf_coords_fire(core->coords, ctx, t); break;
         case KF_TIMER_RUN:
         case KF_TIMER_POLL: kf_runs_fire(core->runs, ctx, t); break;
+        case KF_TIMER_FUNCTION: kf_functions_fire(core->functions, ctx, t); break;
         default: KF_UNREACHABLE();
         }
     }
@@ -199,6 +213,10 @@ void kf_core_durable(kf_core_t *core, uint64_t group_id) {
     KF_ASSERT(group_id >= core->ctx.durable_group_id);
     core->ctx.durable_group_id = group_id;
     kf_runs_evict(core->runs, &core->ctx);
+    kf_functions_durable(core->functions, &core->ctx);
 }
 
-void kf_core_shutdown(kf_core_t *core) { kf_runs_release_polls(core->runs, &core->ctx); }
+void kf_core_shutdown(kf_core_t *core) {
+    kf_runs_release_polls(core->runs, &core->ctx);
+    kf_functions_release_reads(core->functions, &core->ctx);
+}

@@ -48,7 +48,14 @@
     X(KF_OP_HEARTBEAT_RUN, Keyflow__V1__HeartbeatRunRequest, Keyflow__V1__HeartbeatRunResponse) \
     X(KF_OP_COMPLETE_RUN, Keyflow__V1__CompleteRunRequest, Keyflow__V1__CompleteRunResponse) \
     X(KF_OP_GET_RUN, Keyflow__V1__GetRunRequest, Keyflow__V1__Run)                        \
-    X(KF_OP_LIST_RUNS, Keyflow__V1__ListRunsRequest, Keyflow__V1__ListRunsResponse)
+    X(KF_OP_LIST_RUNS, Keyflow__V1__ListRunsRequest, Keyflow__V1__ListRunsResponse)       \
+    X(KF_OP_REGISTER_FUNCTION, Keyflow__V1__RegisterFunctionRequest,                      \
+      Keyflow__V1__RegisterFunctionResponse)                                              \
+    X(KF_OP_GET_FUNCTION, Keyflow__V1__GetFunctionRequest, Keyflow__V1__FunctionInfo)     \
+    X(KF_OP_LIST_FUNCTIONS, Keyflow__V1__ListFunctionsRequest, Keyflow__V1__ListFunctionsResponse) \
+    X(KF_OP_PUSH_BATCH, Keyflow__V1__PushBatchRequest, Keyflow__V1__PushBatchResponse)    \
+    X(KF_OP_READ_OUTPUT, Keyflow__V1__ReadOutputRequest, Keyflow__V1__ReadOutputResponse) \
+    X(KF_OP_GET_KEY_STATE, Keyflow__V1__GetKeyStateRequest, Keyflow__V1__GetKeyStateResponse)
 
 typedef enum kf_op {
 #define KF_OP_ENUM_(op, req, resp) op,

@@ -5,6 +5,7 @@
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "keyflow/v1/coordinators.pb-c.h"
+#include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
 
 #define ENGINE_METHOD(svc, meth, op_, req, resp)                                              \
@@ -29,6 +30,20 @@ const kf_method_t kf_methods[] = {
     ENGINE_METHOD("Runs", "GetRun", KF_OP_GET_RUN, keyflow__v1__get_run_request, keyflow__v1__run),
     ENGINE_METHOD("Runs", "ListRuns", KF_OP_LIST_RUNS, keyflow__v1__list_runs_request,
                   keyflow__v1__list_runs_response),
+    ENGINE_METHOD("Functions", "RegisterFunction", KF_OP_REGISTER_FUNCTION,
+                  keyflow__v1__register_function_request, keyflow__v1__register_function_response),
+    ENGINE_METHOD("Functions", "GetFunction", KF_OP_GET_FUNCTION, keyflow__v1__get_function_request,
+                  keyflow__v1__function_info),
+    ENGINE_METHOD("Functions", "ListFunctions", KF_OP_LIST_FUNCTIONS,
+                  keyflow__v1__list_functions_request, keyflow__v1__list_functions_response),
+    ENGINE_METHOD("Functions", "PushBatch", KF_OP_PUSH_BATCH, keyflow__v1__push_batch_request,
+                  keyflow__v1__push_batch_response),
+    ENGINE_METHOD("Functions", "ReadOutput", KF_OP_READ_OUTPUT, keyflow__v1__read_output_request,
+                  keyflow__v1__read_output_response),
+    ENGINE_METHOD("Functions", "GetKeyState", KF_OP_GET_KEY_STATE,
+                  keyflow__v1__get_key_state_request, keyflow__v1__get_key_state_response),
+    {"/keyflow.v1.Functions/TailOutput", "TailOutput", KF_METHOD_TAIL, KF_OP_READ_OUTPUT,
+     &keyflow__v1__tail_output_request__descriptor, &keyflow__v1__read_output_response__descriptor},
     {"/grpc.health.v1.Health/Check", "HealthCheck", KF_METHOD_HEALTH_CHECK, 0,
      &grpc__health__v1__health_check_request__descriptor,
      &grpc__health__v1__health_check_response__descriptor},

@@ -16,6 +16,7 @@ typedef enum kf_method_kind {
     KF_METHOD_ENGINE,            /* unary, executed by the engine */
     KF_METHOD_HEALTH_CHECK,      /* grpc.health.v1.Health/Check, answered by the front end */
     KF_METHOD_HEALTH_WATCH,      /* server streaming health */
+    KF_METHOD_TAIL,              /* server streaming: repeated engine reads (op) */
 } kf_method_kind_t;
 
 typedef struct kf_method {

@@ -34,6 +34,29 @@
  * "event.rule.maxEvents: expected an integer, got \"ten\"" (KF_E_INVALID).
  * Nesting deeper than KF_JSON_DEPTH_MAX is KF_E_INVALID.
  *
+ * Clarifications (decided with the implementation, json_map.c):
+ *   - protobuf-c 1.4.1 descriptors carry no json_name, so the JSON name is
+ *     always derived from the field name the way protoc derives json_name.
+ *   - Integral JSON reals are accepted for integers only up to 2^53 in
+ *     magnitude (beyond it the number may already be rounded): larger values
+ *     must come as strings. jansson cannot hold integers past INT64_MAX, so
+ *     uint64 values above it round-trip only as strings.
+ *   - Unknown enum numbers are refused on input; on output an enum number
+ *     without a name is emitted as a number.
+ *   - JSON null under a field's own name is "absent" (it clears the field;
+ *     a oneof member clears the oneof only if it is the member set). Under a
+ *     `_json` field's embedded name null is a JSON value like any other: it
+ *     is stored as the text "null" and sets the oneof case. A `_json` oneof
+ *     member whose case is set but whose text is empty is emitted as null.
+ *   - The `_json` convention applies to singular string fields only, and
+ *     only when no other field of the message answers to the short name.
+ *   - Present message fields merge into an existing sub-message; present
+ *     repeated fields replace the existing elements; null elements in an
+ *     array are an error. One field given under two spellings is an error.
+ *   - Depth counts containers: the body object is level 1.
+ *   - Errors about the document itself use the path "body". Running out of
+ *     arena is KF_E_TOO_LARGE, naming the path being decoded.
+ *
  * Memory: every message, string, array and bytes buffer is allocated from the
  * arena (never freed individually); the result is valid until the arena is
  * reset. Thread-safe (no shared state).
@@ -50,13 +73,15 @@
 #include "base/status.h"
 
 /* Parses `json` (a JSON object; an empty body means {}) into a new message
- * of type `desc`. Errors: KF_E_INVALID with the path and the problem. */
+ * of type `desc`. Errors: KF_E_INVALID with the path and the problem; `*out`
+ * is written only on success. Duplicate keys in one object are an error. */
 kf_status_t kf_json_to_message(const char *json, size_t len, const ProtobufCMessageDescriptor *desc,
                                kf_arena_t *arena, ProtobufCMessage **out, kf_error_t *err)
     KF_MUST_USE;
 
 /* Merges a parsed JSON object into an existing message (fields present in
- * `obj` overwrite). `path` prefixes error messages ("" at the top). */
+ * `obj` overwrite). `path` prefixes error messages ("" at the top). `obj` is
+ * borrowed. On failure `msg` may be partly merged and should be discarded. */
 kf_status_t kf_json_merge(json_t *obj, ProtobufCMessage *msg, const char *path, kf_arena_t *arena,
                           kf_error_t *err) KF_MUST_USE;
 
@@ -64,7 +89,12 @@ kf_status_t kf_json_merge(json_t *obj, ProtobufCMessage *msg, const char *path, 
  * `name` is the JSON name or the field name, or a dotted path into nested
  * messages ("coordinator.workflow"); `text` is converted to the field's type
  * (integers, bools, enums by name, strings as-is). Repeated fields get the
- * value appended. Errors: KF_E_INVALID naming the parameter. */
+ * value appended. Errors: KF_E_INVALID naming the parameter.
+ * Bools take true/false (any case) or 1/0; bytes are base64. Intermediate
+ * messages are created as needed. A oneof member switches the oneof to
+ * itself. The embedded name of a `_json` field ("input") takes JSON text;
+ * its full name ("inputJson") takes any text. A message-typed field cannot
+ * be set from text. */
 kf_status_t kf_message_set_text(ProtobufCMessage *msg, const char *name, const char *text,
                                 kf_arena_t *arena, kf_error_t *err) KF_MUST_USE;
 

@@ -1,0 +1,51 @@
+/*
+ * functions.h - keyed process functions (DESIGN.md section 1): the registry,
+ * per-key value state and event-time timers, input steps, the output stream.
+ *
+ * A PushBatch is one step:
+ *
+ *   rows (arrival order) --> handler calls (<= max_batch_rows activations,
+ *   at most one per key) --> watermark advance --> due timers in
+ *   (at_us, key, name) order, in calls of <= max_timer_callbacks_per_step
+ *   --> one atomic write (state, timers, output, checkpoint, producer)
+ *
+ * Invariants
+ *   1. Every handler response is validated before it is applied; a violation
+ *      or a limit anywhere in the step rolls back everything the step did
+ *      (undo log), so a refused batch changes nothing.
+ *   2. The handler is driven through calls that go out and come back (the
+ *      native one answers at once), so a remote handler fits the same path.
+ *   3. A retry of an accepted (producer, sequence) returns the stored
+ *      acknowledgement and changes nothing; a lower sequence is refused.
+ *   4. Output rows get contiguous per-function sequence numbers; reads see
+ *      only rows whose write is durable.
+ *
+ * Engine-thread only.
+ */
+#ifndef KF_FUNCTIONS_FUNCTIONS_H
+#define KF_FUNCTIONS_FUNCTIONS_H
+
+#include "base/status.h"
+#include "engine/ctx.h"
+
+typedef struct kf_functions kf_functions_t;
+
+kf_functions_t *kf_functions_create(const char *plugin_dir);
+void kf_functions_destroy(kf_functions_t *fns);
+kf_status_t kf_functions_recover(kf_functions_t *fns, kf_ctx_t *ctx, kf_error_t *err) KF_MUST_USE;
+
+void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+void kf_functions_get(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+void kf_functions_list(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+
+/* A KF_TIMER_FUNCTION timer fired: a parked read's deadline. */
+void kf_functions_fire(kf_functions_t *fns, kf_ctx_t *ctx, kf_timer_t *timer);
+/* Groups <= ctx->durable_group_id are durable: wake parked reads. */
+void kf_functions_durable(kf_functions_t *fns, kf_ctx_t *ctx);
+/* Answers parked reads (empty) - at shutdown. */
+void kf_functions_release_reads(kf_functions_t *fns, kf_ctx_t *ctx);
+
+#endif

@@ -1,0 +1,102 @@
+/*
+ * rows.h - row batches of process functions.
+ *
+ *   kf_rows_t    a read-only columnar view of input rows, checked against a
+ *                schema: built over a protobuf RowBatch (zero copy: it points
+ *                into the unpacked message) or from a JSON array of objects.
+ *   kf_outbuf_t  a growable row builder for output rows (cells, row-major),
+ *                encoded into a protobuf RowBatch (stored output chunks,
+ *                ReadOutput pages) or rendered as JSON objects.
+ *
+ * All memory comes from the arena given at creation; nothing is freed
+ * before the arena is. Engine-thread (or one request) only.
+ */
+#ifndef KF_FUNCTIONS_ROWS_H
+#define KF_FUNCTIONS_ROWS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/arena.h"
+#include "base/status.h"
+#include "keyflow/v1/functions.pb-c.h"
+
+typedef struct kf_column {
+    Keyflow__V1__FieldType type;
+    bool nullable;
+    const char *name;
+    const protobuf_c_boolean *nulls; /* NULL: no nulls */
+    const int64_t *i64;              /* INT64, TIMESTAMP_US */
+    const double *f64;
+    const protobuf_c_boolean *b;
+    char *const *str;                /* UTF8, NUL-terminated */
+    const uint32_t *str_len;
+    const ProtobufCBinaryData *bin;  /* BYTES */
+} kf_column_t;
+
+typedef struct kf_rows {
+    uint32_t count;
+    uint32_t ncols;
+    kf_column_t *cols;
+    uint64_t bytes;                  /* payload bytes, for max_input_bytes */
+} kf_rows_t;
+
+/* Errors name the column and row: KF_E_INVALID for shape or type problems,
+ * KF_E_TOO_LARGE past max_rows / max_bytes (naming the limit). */
+kf_status_t kf_rows_from_batch(const Keyflow__V1__RowBatch *batch, const Keyflow__V1__Schema *schema,
+                               int64_t max_rows, int64_t max_bytes, kf_arena_t *arena,
+                               kf_rows_t *out, kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_rows_from_json(const char *json, size_t len, const Keyflow__V1__Schema *schema,
+                              int64_t max_rows, int64_t max_bytes, kf_arena_t *arena,
+                              kf_rows_t *out, kf_error_t *err) KF_MUST_USE;
+
+static inline bool kf_rows_is_null(const kf_rows_t *r, uint32_t row, uint32_t col) {
+    return r->cols[col].nulls != NULL && r->cols[col].nulls[row];
+}
+
+/* ---- output rows --------------------------------------------------------- */
+
+typedef struct kf_cell {
+    union {
+        int64_t i;
+        double f;
+    } v;
+    const char *p;                   /* UTF8 / BYTES bytes (arena) */
+    uint32_t len;
+    uint8_t set;                     /* a value or an explicit null was given */
+    uint8_t null;
+} kf_cell_t;
+
+typedef struct kf_outbuf {
+    const Keyflow__V1__Schema *schema;
+    uint32_t ncols;
+    kf_cell_t *cells;                /* rows * ncols */
+    uint32_t rows;
+    uint32_t cap;
+    uint64_t bytes;                  /* payload bytes so far */
+    kf_arena_t *arena;
+} kf_outbuf_t;
+
+void kf_outbuf_init(kf_outbuf_t *out, const Keyflow__V1__Schema *schema, kf_arena_t *arena);
+/* Appends an empty row (every cell unset); NULL when the arena is full. */
+kf_cell_t *kf_outbuf_add_row(kf_outbuf_t *out);
+static inline kf_cell_t *kf_outbuf_row(const kf_outbuf_t *out, uint32_t row) {
+    return out->cells + (size_t)row * out->ncols;
+}
+/* Copies rows [from, from + n) of `rows` (same schema) into the builder. */
+kf_status_t kf_outbuf_append_rows(kf_outbuf_t *out, const kf_rows_t *rows, uint32_t from, uint32_t n,
+                                  kf_error_t *err) KF_MUST_USE;
+/* Copies rows [from, from + n) of another builder. */
+kf_status_t kf_outbuf_append_from(kf_outbuf_t *out, const kf_outbuf_t *src, uint32_t from, uint32_t n,
+                                  kf_error_t *err) KF_MUST_USE;
+
+/* Encodes rows [from, from + n) as a RowBatch (pointing into the builder's
+ * arena). */
+Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from, uint32_t n,
+                                          kf_arena_t *arena);
+/* Renders rows [from, from + n) as a JSON array of objects; when seq_base >
+ * 0 each object carries "_seq": "<seq_base + i>". NULL on arena exhaustion. */
+char *kf_outbuf_to_json(const kf_outbuf_t *out, uint32_t from, uint32_t n, int64_t seq_base,
+                        kf_arena_t *arena, size_t *len);
+
+#endif

@@ -1,0 +1,1600 @@
+/*
+ * json_map.c - the HTTP gateway's generic JSON <-> protobuf mapping (the
+ * rules are in json_map.h), driven only by protobuf-c descriptors: decoding
+ * walks a jansson tree and writes through the offsets of each
+ * ProtobufCFieldDescriptor; encoding reads through the same offsets and
+ * builds a jansson tree. No code here knows any particular message.
+ *
+ * Invariants:
+ *   1. Every message this file creates is initialized by its descriptor's
+ *      message_init before a field is written, so proto3 strings start as
+ *      protobuf_c_empty_string (never NULL) and message fields as NULL.
+ *   2. A oneof's shared storage is read only as the member its case names.
+ *      Before a different member is written the storage is zeroed, so a
+ *      pointer left by one member is never merged into as another.
+ *   3. Presence (a oneof case, a proto2 has_ flag) is set only after the
+ *      value decoded successfully. A failed merge may leave other fields
+ *      changed (json_map.h says so); it never leaves a case naming garbage.
+ *   4. Every decoded byte lives in the caller's arena. jansson values and
+ *      malloc'd scratch made here are released before each function returns.
+ *   5. Decoding recurses only along JSON nesting, and the nesting level is
+ *      checked against KF_JSON_DEPTH_MAX before each descent, so the stack is
+ *      bounded whatever the input. Encoding follows message nesting, which
+ *      the message's owner (our own code) bounds.
+ *   6. No mutable static state: every function may run on any thread.
+ *
+ * Depth is counted in containers: the body object is level 1, an object or
+ * array inside it level 2, and so on; a scalar adds no level.
+ */
+#include "http/json_map.h"
+
+#include <errno.h>
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/assert.h"
+#include "base/limits.h"
+
+/* Field names come from our own .proto files and are far shorter; a longer
+ * one is a programmer error that KF_ASSERT reports. */
+#define JSON_NAME_BYTES_MAX 128
+/* Longer error paths are cut: the whole message is bounded anyway. */
+#define PATH_BYTES_MAX 256
+/* How much of an offending value an error message quotes. */
+#define EXCERPT_BYTES_MAX 48
+/* The list of expected names in an error message. */
+#define NAME_LIST_BYTES_MAX 200
+/* Shown as the path of errors about the document itself. */
+#define ROOT_PATH "body"
+/* Up to 2^53 every integer is a double; beyond it a JSON number may already
+ * have been rounded by the parser, so large integers must come as strings. */
+#define EXACT_INTEGER_MAX 9007199254740992.0
+#define JSON_SUFFIX "_json"
+#define JSON_SUFFIX_BYTES (sizeof JSON_SUFFIX - 1)
+
+_Static_assert(PROTOBUF_C_TYPE_MESSAGE == 16, "the type table below follows ProtobufCType");
+_Static_assert(KF_JSON_DEPTH_MAX > 1, "a body object and at least one level inside it");
+
+/* ---- names ------------------------------------------------------------ */
+
+/* How a JSON key refers to a field: directly (by its name or lowerCamelCase
+ * name), or as the embedded value of a `_json` string field. */
+typedef enum form {
+    FORM_DIRECT,
+    FORM_EMBEDDED,
+} form_t;
+
+static const char *const type_names[] = {
+    "int32", "sint32", "sfixed32", "int64", "sint64", "sfixed64", "uint32", "fixed32",
+    "uint64", "fixed64", "float", "double", "bool", "enum", "string", "bytes", "message",
+};
+
+static const char *type_name(ProtobufCType type) {
+    KF_ASSERT((unsigned)type < sizeof type_names / sizeof type_names[0]);
+    return type_names[type];
+}
+
+/* The lowerCamelCase JSON name of name[0..len), as protoc computes json_name
+ * (protobuf-c 1.4.1 descriptors do not carry it): each '_' is dropped and the
+ * letter after it upper-cased. */
+static void camel_name(const char *name, size_t len, char out[JSON_NAME_BYTES_MAX]) {
+    KF_ASSERT(len < JSON_NAME_BYTES_MAX);
+    size_t o = 0;
+    bool upper = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        if (c == '_') {
+            upper = true;
+            continue;
+        }
+        if (upper && c >= 'a' && c <= 'z') {
+            c = (char)(c - 'a' + 'A');
+        }
+        upper = false;
+        out[o++] = c;
+    }
+    out[o] = '\0';
+}
+
+/* True when key is name[0..len) or its lowerCamelCase form. */
+static bool key_names(const char *key, const char *name, size_t len) {
+    if (strncmp(key, name, len) == 0 && key[len] == '\0') {
+        return true;
+    }
+    char camel[JSON_NAME_BYTES_MAX];
+    camel_name(name, len, camel);
+    return strcmp(key, camel) == 0;
+}
+
+/* The length of the embedded name of a `_json` field ("input" for
+ * "input_json"), or 0 when f does not use the convention: it must be a
+ * singular string, and no other field may answer to the embedded name (a
+ * message with both `input` and `input_json` keeps the string form). */
+static size_t json_text_base_len(const ProtobufCMessageDescriptor *desc,
+                                 const ProtobufCFieldDescriptor *f) {
+    if (f->type != PROTOBUF_C_TYPE_STRING || f->label == PROTOBUF_C_LABEL_REPEATED) {
+        return 0;
+    }
+    size_t len = strlen(f->name);
+    if (len <= JSON_SUFFIX_BYTES || strcmp(f->name + len - JSON_SUFFIX_BYTES, JSON_SUFFIX) != 0) {
+        return 0;
+    }
+    size_t base_len = len - JSON_SUFFIX_BYTES;
+    char base[JSON_NAME_BYTES_MAX];
+    char base_camel[JSON_NAME_BYTES_MAX];
+    KF_ASSERT(base_len < sizeof base);
+    memcpy(base, f->name, base_len);
+    base[base_len] = '\0';
+    camel_name(base, base_len, base_camel);
+    for (unsigned i = 0; i < desc->n_fields; i++) {
+        const ProtobufCFieldDescriptor *g = &desc->fields[i];
+        size_t g_len = strlen(g->name);
+        if (g != f && (key_names(base, g->name, g_len) || key_names(base_camel, g->name, g_len))) {
+            return 0;
+        }
+    }
+    return base_len;
+}
+
+/* The field a JSON key names, or NULL. Direct names win over embedded ones,
+ * which json_text_base_len already keeps from colliding. */
+static const ProtobufCFieldDescriptor *find_field(const ProtobufCMessageDescriptor *desc,
+                                                  const char *key, form_t *form) {
+    for (unsigned i = 0; i < desc->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &desc->fields[i];
+        if (key_names(key, f->name, strlen(f->name))) {
+            *form = FORM_DIRECT;
+            return f;
+        }
+    }
+    for (unsigned i = 0; i < desc->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &desc->fields[i];
+        size_t base_len = json_text_base_len(desc, f);
+        if (base_len > 0 && key_names(key, f->name, base_len)) {
+            *form = FORM_EMBEDDED;
+            return f;
+        }
+    }
+    return NULL;
+}
+
+/* The key a field is emitted under (and listed under in error messages). */
+static void emitted_name(const ProtobufCMessageDescriptor *desc,
+                         const ProtobufCFieldDescriptor *f, char out[JSON_NAME_BYTES_MAX]) {
+    size_t base_len = json_text_base_len(desc, f);
+    camel_name(f->name, base_len > 0 ? base_len : strlen(f->name), out);
+}
+
+static bool ascii_iequal(const char *a, const char *b) {
+    for (;; a++, b++) {
+        char ca = (*a >= 'A' && *a <= 'Z') ? (char)(*a - 'A' + 'a') : *a;
+        char cb = (*b >= 'A' && *b <= 'Z') ? (char)(*b - 'A' + 'a') : *b;
+        if (ca != cb) {
+            return false;
+        }
+        if (ca == '\0') {
+            return true;
+        }
+    }
+}
+
+/* Appends item to a ", "-separated list in buf, ending it with "..." once it
+ * would not fit, so that error messages stay bounded. */
+static void list_append(char *buf, size_t cap, const char *item) {
+    size_t len = strlen(buf);
+    if (len >= 3 && strcmp(buf + len - 3, "...") == 0) {
+        return;
+    }
+    const char *sep = len > 0 ? ", " : "";
+    if (len + strlen(sep) + strlen(item) + 5 < cap) {
+        snprintf(buf + len, cap - len, "%s%s", sep, item);
+    } else {
+        snprintf(buf + len, cap - len, "%s...", sep);
+    }
+}
+
+/* ---- field storage ---------------------------------------------------- */
+
+/* The size of one value of a type in a protobuf-c struct or repeated array. */
+static size_t value_size(ProtobufCType type) {
+    switch (type) {
+    case PROTOBUF_C_TYPE_INT32:
+    case PROTOBUF_C_TYPE_SINT32:
+    case PROTOBUF_C_TYPE_SFIXED32:
+    case PROTOBUF_C_TYPE_UINT32:
+    case PROTOBUF_C_TYPE_FIXED32:
+    case PROTOBUF_C_TYPE_FLOAT:
+    case PROTOBUF_C_TYPE_ENUM:
+        return 4;
+    case PROTOBUF_C_TYPE_INT64:
+    case PROTOBUF_C_TYPE_SINT64:
+    case PROTOBUF_C_TYPE_SFIXED64:
+    case PROTOBUF_C_TYPE_UINT64:
+    case PROTOBUF_C_TYPE_FIXED64:
+    case PROTOBUF_C_TYPE_DOUBLE:
+        return 8;
+    case PROTOBUF_C_TYPE_BOOL:
+        return sizeof(protobuf_c_boolean);
+    case PROTOBUF_C_TYPE_STRING:
+        return sizeof(char *);
+    case PROTOBUF_C_TYPE_BYTES:
+        return sizeof(ProtobufCBinaryData);
+    case PROTOBUF_C_TYPE_MESSAGE:
+        return sizeof(ProtobufCMessage *);
+    }
+    KF_UNREACHABLE();
+}
+
+static void *field_slot(ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f) {
+    return (char *)msg + f->offset;
+}
+
+static void *field_quantifier(ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f) {
+    return (char *)msg + f->quantifier_offset;
+}
+
+static const void *field_slot_const(const ProtobufCMessage *msg,
+                                    const ProtobufCFieldDescriptor *f) {
+    return (const char *)msg + f->offset;
+}
+
+static const void *field_quantifier_const(const ProtobufCMessage *msg,
+                                          const ProtobufCFieldDescriptor *f) {
+    return (const char *)msg + f->quantifier_offset;
+}
+
+/* proto2 optional scalars and bytes carry a has_ flag at quantifier_offset;
+ * strings and messages show presence by their pointer instead. */
+static bool has_flag_field(const ProtobufCFieldDescriptor *f) {
+    return f->label == PROTOBUF_C_LABEL_OPTIONAL && (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) == 0 &&
+           f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE;
+}
+
+static uint32_t oneof_case(const ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f) {
+    uint32_t which;
+    memcpy(&which, field_quantifier_const(msg, f), sizeof which);
+    return which;
+}
+
+static void set_oneof_case(ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f,
+                           uint32_t which) {
+    memcpy(field_quantifier(msg, f), &which, sizeof which);
+}
+
+/* Invariant 2: a member about to be written owns the shared storage. */
+static void prepare_member(ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f) {
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0 && oneof_case(msg, f) != f->id) {
+        memset(field_slot(msg, f), 0, value_size(f->type));
+    }
+}
+
+/* Invariant 3: called once the value is in place. */
+static void mark_present(ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f) {
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0) {
+        set_oneof_case(msg, f, f->id);
+    } else if (has_flag_field(f)) {
+        protobuf_c_boolean yes = 1;
+        memcpy(field_quantifier(msg, f), &yes, sizeof yes);
+    }
+}
+
+/* Puts a singular field back to what message_init gave it. */
+static void set_default(const ProtobufCFieldDescriptor *f, void *slot) {
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_STRING: {
+        /* default_value points at the default text itself (for proto3 at
+         * protobuf_c_empty_string); NULL for a proto2 string without one. */
+        const char *text = f->default_value;
+        memcpy(slot, &text, sizeof text);
+        return;
+    }
+    case PROTOBUF_C_TYPE_MESSAGE: {
+        ProtobufCMessage *none = NULL;
+        memcpy(slot, &none, sizeof none);
+        return;
+    }
+    default:
+        if (f->default_value != NULL) {
+            memcpy(slot, f->default_value, value_size(f->type));
+        } else {
+            memset(slot, 0, value_size(f->type));
+        }
+        return;
+    }
+}
+
+/* JSON null: the field becomes absent. A oneof member only clears the oneof
+ * when it is the member that is set. */
+static void clear_field(ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f) {
+    void *slot = field_slot(msg, f);
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+        size_t none = 0;
+        void *items = NULL;
+        memcpy(field_quantifier(msg, f), &none, sizeof none);
+        memcpy(slot, &items, sizeof items);
+        return;
+    }
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0) {
+        if (oneof_case(msg, f) == f->id) {
+            set_oneof_case(msg, f, 0);
+            memset(slot, 0, value_size(f->type));
+        }
+        return;
+    }
+    if (has_flag_field(f)) {
+        protobuf_c_boolean no = 0;
+        memcpy(field_quantifier(msg, f), &no, sizeof no);
+    }
+    set_default(f, slot);
+}
+
+static bool value_is_default(ProtobufCType type, const void *slot) {
+    switch (type) {
+    case PROTOBUF_C_TYPE_STRING: {
+        const char *text;
+        memcpy(&text, slot, sizeof text);
+        return text == NULL || text[0] == '\0';
+    }
+    case PROTOBUF_C_TYPE_MESSAGE: {
+        const ProtobufCMessage *sub;
+        memcpy(&sub, slot, sizeof sub);
+        return sub == NULL;
+    }
+    case PROTOBUF_C_TYPE_BYTES: {
+        ProtobufCBinaryData data;
+        memcpy(&data, slot, sizeof data);
+        return data.len == 0;
+    }
+    default: {
+        /* Bitwise, so that -0.0 (not the default bit pattern) round-trips. */
+        static const unsigned char zeros[8];
+        size_t size = value_size(type);
+        KF_ASSERT(size <= sizeof zeros);
+        return memcmp(slot, zeros, size) == 0;
+    }
+    }
+}
+
+/* Whether the encoder emits f: explicit presence where the message has it,
+ * otherwise (proto3) a value other than the default. */
+static bool field_is_present(const ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f) {
+    const void *slot = field_slot_const(msg, f);
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+        size_t count;
+        memcpy(&count, field_quantifier_const(msg, f), sizeof count);
+        return count > 0;
+    }
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0) {
+        return oneof_case(msg, f) == f->id;
+    }
+    if (has_flag_field(f)) {
+        protobuf_c_boolean has;
+        memcpy(&has, field_quantifier_const(msg, f), sizeof has);
+        return has != 0;
+    }
+    if (f->type == PROTOBUF_C_TYPE_STRING || f->type == PROTOBUF_C_TYPE_MESSAGE) {
+        const void *pointer;
+        memcpy(&pointer, slot, sizeof pointer);
+        if (f->label == PROTOBUF_C_LABEL_OPTIONAL) {
+            return pointer != NULL && pointer != f->default_value; /* proto2 */
+        }
+        if (f->label == PROTOBUF_C_LABEL_REQUIRED) {
+            return pointer != NULL;
+        }
+    } else if (f->label == PROTOBUF_C_LABEL_REQUIRED) {
+        return true;
+    }
+    return !value_is_default(f->type, slot);
+}
+
+/* ---- base64 (RFC 4648) ------------------------------------------------ */
+
+static const char base64_alphabet[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static size_t base64_encoded_len(size_t len) { return (len + 2) / 3 * 4; }
+
+/* Standard alphabet, padded; out has room for base64_encoded_len(len) + 1. */
+static void base64_encode(const uint8_t *in, size_t len, char *out) {
+    size_t i = 0;
+    size_t o = 0;
+    for (; i + 3 <= len; i += 3) {
+        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
+        out[o++] = base64_alphabet[v >> 18 & 63];
+        out[o++] = base64_alphabet[v >> 12 & 63];
+        out[o++] = base64_alphabet[v >> 6 & 63];
+        out[o++] = base64_alphabet[v & 63];
+    }
+    if (len - i == 1) {
+        uint32_t v = (uint32_t)in[i] << 16;
+        out[o++] = base64_alphabet[v >> 18 & 63];
+        out[o++] = base64_alphabet[v >> 12 & 63];
+        out[o++] = '=';
+        out[o++] = '=';
+    } else if (len - i == 2) {
+        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8;
+        out[o++] = base64_alphabet[v >> 18 & 63];
+        out[o++] = base64_alphabet[v >> 12 & 63];
+        out[o++] = base64_alphabet[v >> 6 & 63];
+        out[o++] = '=';
+    }
+    out[o] = '\0';
+}
+
+/* Both alphabets decode: clients that build URLs use the URL-safe one. */
+static int base64_digit(char c) {
+    if (c >= 'A' && c <= 'Z') {
+        return c - 'A';
+    }
+    if (c >= 'a' && c <= 'z') {
+        return c - 'a' + 26;
+    }
+    if (c >= '0' && c <= '9') {
+        return c - '0' + 52;
+    }
+    if (c == '+' || c == '-') {
+        return 62;
+    }
+    if (c == '/' || c == '_') {
+        return 63;
+    }
+    return -1;
+}
+
+/* Decodes padded or unpadded base64; out has room for len / 4 * 3 + 3. When
+ * padding is present it must be exactly what the length implies. Bits left
+ * over in the last digit are ignored, as most decoders do. */
+static bool base64_decode(const char *in, size_t len, uint8_t *out, size_t *out_len) {
+    size_t pad = 0;
+    while (pad < 2 && len > 0 && in[len - 1] == '=') {
+        len--;
+        pad++;
+    }
+    if ((pad > 0 && (len + pad) % 4 != 0) || len % 4 == 1) {
+        return false;
+    }
+    uint32_t acc = 0;
+    unsigned bits = 0;
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        int digit = base64_digit(in[i]);
+        if (digit < 0) {
+            return false;
+        }
+        acc = acc << 6 | (uint32_t)digit;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (uint8_t)(acc >> bits);
+            acc &= (1u << bits) - 1;
+        }
+    }
+    *out_len = o;
+    return true;
+}
+
+/* ---- numbers ---------------------------------------------------------- */
+
+typedef enum number_text {
+    NUMBER_OK,
+    NUMBER_MALFORMED,
+    NUMBER_OUT_OF_RANGE,
+} number_text_t;
+
+/* "-?[0-9]+" as sign and magnitude. Hand-rolled rather than strtoll, which
+ * would also take leading blanks, '+', and wrap "-5" for unsigned types. */
+static number_text_t parse_integer_text(const char *s, size_t len, bool *negative,
+                                        uint64_t *magnitude) {
+    size_t i = 0;
+    *negative = len > 0 && s[0] == '-';
+    if (*negative) {
+        i++;
+    }
+    if (i == len) {
+        return NUMBER_MALFORMED;
+    }
+    uint64_t m = 0;
+    bool overflow = false;
+    for (; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') {
+            return NUMBER_MALFORMED;
+        }
+        unsigned digit = (unsigned)(s[i] - '0');
+        if (m > (UINT64_MAX - digit) / 10) {
+            overflow = true; /* keep going: "99999999999999999999x" is malformed */
+        } else {
+            m = m * 10 + digit;
+        }
+    }
+    *magnitude = m;
+    return overflow ? NUMBER_OUT_OF_RANGE : NUMBER_OK;
+}
+
+/* A decimal number or one of proto3 JSON's names for the non-finite values.
+ * The character check keeps strtod's other spellings (hex, "inf", blanks)
+ * out. */
+static number_text_t parse_double_text(const char *s, size_t len, double *out) {
+    if (strcmp(s, "NaN") == 0) {
+        *out = NAN;
+        return NUMBER_OK;
+    }
+    if (strcmp(s, "Infinity") == 0 || strcmp(s, "-Infinity") == 0) {
+        *out = s[0] == '-' ? -INFINITY : INFINITY;
+        return NUMBER_OK;
+    }
+    if (len == 0 || !(s[0] == '-' || (s[0] >= '0' && s[0] <= '9'))) {
+        return NUMBER_MALFORMED;
+    }
+    if (strspn(s, "0123456789+-.eE") != len) {
+        return NUMBER_MALFORMED;
+    }
+    char *end;
+    errno = 0;
+    double value = strtod(s, &end);
+    if (end != s + len) {
+        return NUMBER_MALFORMED;
+    }
+    if (errno == ERANGE && isinf(value)) {
+        return NUMBER_OUT_OF_RANGE;
+    }
+    *out = value;
+    return NUMBER_OK;
+}
+
+/* The shortest "%g" text that reads back as the same double, for messages. */
+static void format_double(double value, char *buf, size_t cap) {
+    for (int precision = 1; precision <= 17; precision++) {
+        snprintf(buf, cap, "%.*g", precision, value);
+        if (strtod(buf, NULL) == value) {
+            return;
+        }
+    }
+}
+
+/* The decimal that a float was most likely written as ("0.1", not
+ * 0.100000001490116...), widened to double for jansson. */
+static double float_as_double(float value) {
+    char buf[32];
+    for (int precision = 6; precision <= 9; precision++) {
+        snprintf(buf, sizeof buf, "%.*g", precision, (double)value);
+        if (strtof(buf, NULL) == value) {
+            return strtod(buf, NULL);
+        }
+    }
+    return (double)value;
+}
+
+/* ---- decoding --------------------------------------------------------- */
+
+/* The JSON path of the value being decoded, for error messages. */
+typedef struct path {
+    char text[PATH_BYTES_MAX];
+    size_t len;                  /* strlen(text), at most PATH_BYTES_MAX - 1 */
+} path_t;
+
+/* Appends and returns the previous length, to hand to path_pop. */
+__attribute__((format(printf, 2, 3))) static size_t path_append(path_t *p, const char *fmt,
+                                                                 ...) {
+    size_t old_len = p->len;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(p->text + p->len, sizeof p->text - p->len, fmt, ap);
+    va_end(ap);
+    if (n > 0) {
+        p->len += (size_t)n;
+        if (p->len >= sizeof p->text) {
+            p->len = sizeof p->text - 1;
+        }
+    }
+    return old_len;
+}
+
+static size_t path_push_key(path_t *p, const char *key) {
+    return p->len == 0 ? path_append(p, "%s", key) : path_append(p, ".%s", key);
+}
+
+static size_t path_push_index(path_t *p, size_t index) {
+    return path_append(p, "[%zu]", index);
+}
+
+static void path_pop(path_t *p, size_t old_len) {
+    p->len = old_len;
+    p->text[old_len] = '\0';
+}
+
+typedef struct decoder {
+    kf_arena_t *arena;           /* borrowed: receives every decoded byte */
+    kf_error_t *err;             /* borrowed: may be NULL */
+    path_t path;
+} decoder_t;
+
+static void decoder_init(decoder_t *d, kf_arena_t *arena, kf_error_t *err, const char *path) {
+    d->arena = arena;
+    d->err = err;
+    d->path.len = 0;
+    d->path.text[0] = '\0';
+    if (path != NULL) {
+        path_append(&d->path, "%s", path);
+    }
+}
+
+__attribute__((format(printf, 3, 4))) static kf_status_t fail(decoder_t *d, kf_status_t status,
+                                                               const char *fmt, ...) {
+    char what[KF_ERROR_MESSAGE_BYTES_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return kf_error_set(d->err, status, "%s: %s", d->path.len > 0 ? d->path.text : ROOT_PATH,
+                        what);
+}
+
+static kf_status_t fail_memory(decoder_t *d) {
+    return fail(d, KF_E_TOO_LARGE, "the request does not fit in its %zu-byte memory limit",
+                d->arena->limit_bytes);
+}
+
+static kf_status_t fail_depth(decoder_t *d) {
+    return fail(d, KF_E_INVALID, "JSON nested deeper than %d levels", KF_JSON_DEPTH_MAX);
+}
+
+/* A short rendering of an offending value for "got ..." in messages. */
+typedef struct excerpt {
+    char text[EXCERPT_BYTES_MAX + 8];
+} excerpt_t;
+
+static const char *excerpt(const json_t *v, excerpt_t *e) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_TRUE:
+        return "true";
+    case JSON_FALSE:
+        return "false";
+    case JSON_NULL:
+        return "null";
+    case JSON_INTEGER:
+        snprintf(e->text, sizeof e->text, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return e->text;
+    case JSON_REAL:
+        format_double(json_real_value(v), e->text, sizeof e->text);
+        return e->text;
+    case JSON_STRING:
+        break;
+    }
+    /* Quoted and escaped by jansson, cut on a UTF-8 boundary if long. */
+    char *quoted = json_dumps(v, JSON_ENCODE_ANY);
+    if (quoted == NULL) {
+        return "a string";
+    }
+    size_t len = strlen(quoted);
+    if (len <= EXCERPT_BYTES_MAX) {
+        memcpy(e->text, quoted, len + 1);
+    } else {
+        size_t cut = EXCERPT_BYTES_MAX - 4;
+        while (cut > 1 && ((unsigned char)quoted[cut] & 0xc0) == 0x80) {
+            cut--;
+        }
+        snprintf(e->text, sizeof e->text, "%.*s...\"", (int)cut, quoted);
+    }
+    free(quoted);
+    return e->text;
+}
+
+/* True when v holds containers nested more than `levels` deep. */
+static bool json_deeper_than(json_t *v, int levels) {
+    if (!json_is_object(v) && !json_is_array(v)) {
+        return false;
+    }
+    if (levels <= 0) {
+        return true;
+    }
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *item;
+        json_array_foreach(v, i, item) {
+            if (json_deeper_than(item, levels - 1)) {
+                return true;
+            }
+        }
+        return false;
+    }
+    const char *key;
+    json_t *item;
+    json_object_foreach(v, key, item) {
+        if (json_deeper_than(item, levels - 1)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static ProtobufCMessage *new_message(decoder_t *d, const ProtobufCMessageDescriptor *desc) {
+    KF_ASSERT(desc->magic == PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC);
+    ProtobufCMessage *msg = kf_arena_alloc(d->arena, desc->sizeof_message);
+    if (msg != NULL) {
+        protobuf_c_message_init(desc, msg); /* invariant 1 */
+    }
+    return msg;
+}
+
+static kf_status_t merge_object(decoder_t *d, json_t *obj, ProtobufCMessage *msg, int level);
+
+static kf_status_t store_integer(decoder_t *d, ProtobufCType type, const json_t *v,
+                                 bool negative, uint64_t magnitude, bool overflow, void *slot) {
+    bool is_signed = type == PROTOBUF_C_TYPE_INT32 || type == PROTOBUF_C_TYPE_SINT32 ||
+                     type == PROTOBUF_C_TYPE_SFIXED32 || type == PROTOBUF_C_TYPE_INT64 ||
+                     type == PROTOBUF_C_TYPE_SINT64 || type == PROTOBUF_C_TYPE_SFIXED64;
+    bool wide = value_size(type) == 8;
+    uint64_t max_positive = is_signed ? (wide ? (uint64_t)INT64_MAX : (uint64_t)INT32_MAX)
+                                      : (wide ? UINT64_MAX : (uint64_t)UINT32_MAX);
+    uint64_t max_negative = is_signed ? max_positive + 1 : 0;
+    if (overflow || magnitude > (negative ? max_negative : max_positive)) {
+        excerpt_t e;
+        return fail(d, KF_E_INVALID, "out of range for %s, got %s", type_name(type),
+                    excerpt(v, &e));
+    }
+    if (is_signed) {
+        /* -(m - 1) - 1 reaches INT64_MIN without overflowing. */
+        int64_t value = negative && magnitude > 0 ? -(int64_t)(magnitude - 1) - 1
+                                                  : (int64_t)magnitude;
+        if (wide) {
+            memcpy(slot, &value, sizeof value);
+        } else {
+            int32_t narrow = (int32_t)value;
+            memcpy(slot, &narrow, sizeof narrow);
+        }
+    } else if (wide) {
+        memcpy(slot, &magnitude, sizeof magnitude);
+    } else {
+        uint32_t narrow = (uint32_t)magnitude;
+        memcpy(slot, &narrow, sizeof narrow);
+    }
+    return KF_OK;
+}
+
+/* Integers come as JSON integers, integral reals within 2^53, or decimal
+ * strings (the only way to send a uint64 above INT64_MAX: jansson cannot
+ * hold it as a number). */
+static kf_status_t decode_integer(decoder_t *d, ProtobufCType type, const json_t *v, void *slot) {
+    bool negative = false;
+    bool overflow = false;
+    uint64_t magnitude = 0;
+    excerpt_t e;
+    if (json_is_integer(v)) {
+        json_int_t x = json_integer_value(v);
+        negative = x < 0;
+        magnitude = negative ? (uint64_t)(-(x + 1)) + 1 : (uint64_t)x;
+    } else if (json_is_real(v)) {
+        double r = json_real_value(v);
+        if (r != floor(r)) {
+            return fail(d, KF_E_INVALID, "expected an integer, got %s", excerpt(v, &e));
+        }
+        if (fabs(r) > EXACT_INTEGER_MAX) {
+            return fail(d, KF_E_INVALID,
+                        "%s is past 2^53, where JSON numbers are not exact; send it as a string",
+                        excerpt(v, &e));
+        }
+        negative = r < 0;
+        magnitude = (uint64_t)fabs(r);
+    } else if (json_is_string(v)) {
+        number_text_t parsed = parse_integer_text(json_string_value(v), json_string_length(v),
+                                                  &negative, &magnitude);
+        if (parsed == NUMBER_MALFORMED) {
+            return fail(d, KF_E_INVALID, "expected an integer, got %s", excerpt(v, &e));
+        }
+        overflow = parsed == NUMBER_OUT_OF_RANGE;
+    } else {
+        return fail(d, KF_E_INVALID, "expected an integer, got %s", excerpt(v, &e));
+    }
+    return store_integer(d, type, v, negative, magnitude, overflow, slot);
+}
+
+static kf_status_t decode_floating(decoder_t *d, ProtobufCType type, const json_t *v,
+                                   void *slot) {
+    double value = 0;
+    excerpt_t e;
+    if (json_is_number(v)) {
+        value = json_number_value(v);
+    } else if (json_is_string(v)) {
+        switch (parse_double_text(json_string_value(v), json_string_length(v), &value)) {
+        case NUMBER_OK:
+            break;
+        case NUMBER_MALFORMED:
+            return fail(d, KF_E_INVALID, "expected a number, got %s", excerpt(v, &e));
+        case NUMBER_OUT_OF_RANGE:
+            return fail(d, KF_E_INVALID, "out of range for %s, got %s", type_name(type),
+                        excerpt(v, &e));
+        }
+    } else {
+        return fail(d, KF_E_INVALID, "expected a number, got %s", excerpt(v, &e));
+    }
+    if (type == PROTOBUF_C_TYPE_FLOAT) {
+        if (isfinite(value) && fabs(value) > FLT_MAX) {
+            return fail(d, KF_E_INVALID, "out of range for float, got %s", excerpt(v, &e));
+        }
+        float narrow = (float)value;
+        memcpy(slot, &narrow, sizeof narrow);
+    } else {
+        memcpy(slot, &value, sizeof value);
+    }
+    return KF_OK;
+}
+
+/* The enum value a name means: the full name, then the full name in any
+ * case, then the name without the values' common prefix in any case. */
+static const ProtobufCEnumValue *enum_by_name(const ProtobufCEnumDescriptor *ed,
+                                              const char *name) {
+    for (unsigned i = 0; i < ed->n_value_names; i++) {
+        if (strcmp(ed->values_by_name[i].name, name) == 0) {
+            return &ed->values[ed->values_by_name[i].index];
+        }
+    }
+    for (unsigned i = 0; i < ed->n_value_names; i++) {
+        if (ascii_iequal(ed->values_by_name[i].name, name)) {
+            return &ed->values[ed->values_by_name[i].index];
+        }
+    }
+    /* The common prefix, cut back to its last '_' ("RULE_KIND_"). Computed
+     * over values_by_name, which includes aliases. */
+    if (ed->n_value_names == 0) {
+        return NULL;
+    }
+    const char *first = ed->values_by_name[0].name;
+    size_t prefix_len = strlen(first);
+    for (unsigned i = 1; i < ed->n_value_names; i++) {
+        const char *other = ed->values_by_name[i].name;
+        size_t k = 0;
+        while (k < prefix_len && other[k] == first[k]) {
+            k++;
+        }
+        prefix_len = k;
+    }
+    while (prefix_len > 0 && first[prefix_len - 1] != '_') {
+        prefix_len--;
+    }
+    if (prefix_len == 0) {
+        return NULL;
+    }
+    for (unsigned i = 0; i < ed->n_value_names; i++) {
+        const char *full = ed->values_by_name[i].name;
+        if (strlen(full) > prefix_len && ascii_iequal(full + prefix_len, name)) {
+            return &ed->values[ed->values_by_name[i].index];
+        }
+    }
+    return NULL;
+}
+
+static kf_status_t fail_enum(decoder_t *d, const ProtobufCEnumDescriptor *ed, const json_t *v) {
+    char names[NAME_LIST_BYTES_MAX] = "";
+    for (unsigned i = 0; i < ed->n_values; i++) {
+        list_append(names, sizeof names, ed->values[i].name);
+    }
+    excerpt_t e;
+    return fail(d, KF_E_INVALID, "expected one of %s, got %s", names, excerpt(v, &e));
+}
+
+/* Names (see enum_by_name) or known numbers, as JSON integers or strings.
+ * Unknown numbers are refused: over HTTP they can only be typos. */
+static kf_status_t decode_enum(decoder_t *d, const ProtobufCEnumDescriptor *ed, const json_t *v,
+                               void *slot) {
+    bool negative = false;
+    uint64_t magnitude = 0;
+    if (json_is_string(v)) {
+        const ProtobufCEnumValue *ev = enum_by_name(ed, json_string_value(v));
+        if (ev != NULL) {
+            int value = ev->value;
+            memcpy(slot, &value, sizeof value);
+            return KF_OK;
+        }
+        if (parse_integer_text(json_string_value(v), json_string_length(v), &negative,
+                               &magnitude) != NUMBER_OK) {
+            return fail_enum(d, ed, v);
+        }
+    } else if (json_is_integer(v)) {
+        json_int_t x = json_integer_value(v);
+        negative = x < 0;
+        magnitude = negative ? (uint64_t)(-(x + 1)) + 1 : (uint64_t)x;
+    } else {
+        return fail_enum(d, ed, v);
+    }
+    if (magnitude > (negative ? (uint64_t)INT32_MAX + 1 : (uint64_t)INT32_MAX)) {
+        return fail_enum(d, ed, v);
+    }
+    int value = negative && magnitude > 0 ? -(int)(magnitude - 1) - 1 : (int)magnitude;
+    if (protobuf_c_enum_descriptor_get_value(ed, value) == NULL) {
+        return fail_enum(d, ed, v);
+    }
+    memcpy(slot, &value, sizeof value);
+    return KF_OK;
+}
+
+/* Decodes one value of f's type into slot (a struct member or an element of
+ * a repeated array). `level` is the level of the container holding v. */
+static kf_status_t decode_value(decoder_t *d, const ProtobufCFieldDescriptor *f, json_t *v,
+                                void *slot, int level) {
+    excerpt_t e;
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_INT32:
+    case PROTOBUF_C_TYPE_SINT32:
+    case PROTOBUF_C_TYPE_SFIXED32:
+    case PROTOBUF_C_TYPE_INT64:
+    case PROTOBUF_C_TYPE_SINT64:
+    case PROTOBUF_C_TYPE_SFIXED64:
+    case PROTOBUF_C_TYPE_UINT32:
+    case PROTOBUF_C_TYPE_FIXED32:
+    case PROTOBUF_C_TYPE_UINT64:
+    case PROTOBUF_C_TYPE_FIXED64:
+        return decode_integer(d, f->type, v, slot);
+    case PROTOBUF_C_TYPE_FLOAT:
+    case PROTOBUF_C_TYPE_DOUBLE:
+        return decode_floating(d, f->type, v, slot);
+    case PROTOBUF_C_TYPE_BOOL: {
+        if (!json_is_boolean(v)) {
+            return fail(d, KF_E_INVALID, "expected true or false, got %s", excerpt(v, &e));
+        }
+        protobuf_c_boolean value = json_is_true(v);
+        memcpy(slot, &value, sizeof value);
+        return KF_OK;
+    }
+    case PROTOBUF_C_TYPE_ENUM:
+        return decode_enum(d, f->descriptor, v, slot);
+    case PROTOBUF_C_TYPE_STRING: {
+        if (!json_is_string(v)) {
+            return fail(d, KF_E_INVALID, "expected a string, got %s", excerpt(v, &e));
+        }
+        size_t len = json_string_length(v);
+        if (memchr(json_string_value(v), '\0', len) != NULL) {
+            return fail(d, KF_E_INVALID, "must not contain a NUL character");
+        }
+        char *text = kf_arena_strndup(d->arena, json_string_value(v), len);
+        if (text == NULL) {
+            return fail_memory(d);
+        }
+        memcpy(slot, &text, sizeof text);
+        return KF_OK;
+    }
+    case PROTOBUF_C_TYPE_BYTES: {
+        if (!json_is_string(v)) {
+            return fail(d, KF_E_INVALID, "expected a base64 string, got %s", excerpt(v, &e));
+        }
+        size_t len = json_string_length(v);
+        ProtobufCBinaryData data = {0, NULL};
+        if (len > 0) {
+            data.data = kf_arena_alloc(d->arena, len / 4 * 3 + 3);
+            if (data.data == NULL) {
+                return fail_memory(d);
+            }
+            if (!base64_decode(json_string_value(v), len, data.data, &data.len)) {
+                return fail(d, KF_E_INVALID, "expected base64, got %s", excerpt(v, &e));
+            }
+        }
+        memcpy(slot, &data, sizeof data);
+        return KF_OK;
+    }
+    case PROTOBUF_C_TYPE_MESSAGE: {
+        if (!json_is_object(v)) {
+            return fail(d, KF_E_INVALID, "expected an object, got %s", excerpt(v, &e));
+        }
+        ProtobufCMessage *sub;
+        memcpy(&sub, slot, sizeof sub);
+        if (sub == NULL) {
+            sub = new_message(d, f->descriptor);
+            if (sub == NULL) {
+                return fail_memory(d);
+            }
+            memcpy(slot, &sub, sizeof sub);
+        }
+        return merge_object(d, v, sub, level + 1);
+    }
+    }
+    KF_UNREACHABLE();
+}
+
+static kf_status_t decode_singular(decoder_t *d, ProtobufCMessage *msg,
+                                   const ProtobufCFieldDescriptor *f, json_t *v, int level) {
+    prepare_member(msg, f);
+    kf_status_t status = decode_value(d, f, v, field_slot(msg, f), level);
+    if (status == KF_OK) {
+        mark_present(msg, f);
+    }
+    return status;
+}
+
+/* A JSON array replaces the repeated field's elements. */
+static kf_status_t decode_repeated(decoder_t *d, ProtobufCMessage *msg,
+                                   const ProtobufCFieldDescriptor *f, json_t *v, int level) {
+    excerpt_t e;
+    if (!json_is_array(v)) {
+        return fail(d, KF_E_INVALID, "expected an array, got %s", excerpt(v, &e));
+    }
+    if (level + 1 > KF_JSON_DEPTH_MAX) {
+        return fail_depth(d);
+    }
+    size_t count = json_array_size(v);
+    size_t size = value_size(f->type);
+    char *items = NULL;
+    if (count > 0) {
+        if (count > SIZE_MAX / size) {
+            return fail_memory(d);
+        }
+        items = kf_arena_zalloc(d->arena, count * size);
+        if (items == NULL) {
+            return fail_memory(d);
+        }
+    }
+    for (size_t i = 0; i < count; i++) {
+        json_t *item = json_array_get(v, i);
+        size_t mark = path_push_index(&d->path, i);
+        if (json_is_null(item)) {
+            return fail(d, KF_E_INVALID, "null is not allowed in a repeated field");
+        }
+        kf_status_t status = decode_value(d, f, item, items + i * size, level + 1);
+        if (status != KF_OK) {
+            return status;
+        }
+        path_pop(&d->path, mark);
+    }
+    memcpy(field_quantifier(msg, f), &count, sizeof count);
+    memcpy(field_slot(msg, f), &items, sizeof items);
+    return KF_OK;
+}
+
+/* Adds one element to a repeated field (kf_message_set_text). */
+static kf_status_t append_element(decoder_t *d, ProtobufCMessage *msg,
+                                  const ProtobufCFieldDescriptor *f, json_t *v, int level) {
+    size_t count;
+    char *old_items;
+    memcpy(&count, field_quantifier(msg, f), sizeof count);
+    memcpy(&old_items, field_slot(msg, f), sizeof old_items);
+    size_t size = value_size(f->type);
+    if (count >= SIZE_MAX / size - 1) {
+        return fail_memory(d);
+    }
+    char *items = kf_arena_zalloc(d->arena, (count + 1) * size);
+    if (items == NULL) {
+        return fail_memory(d);
+    }
+    if (count > 0) {
+        memcpy(items, old_items, count * size);
+    }
+    kf_status_t status = decode_value(d, f, v, items + count * size, level);
+    if (status != KF_OK) {
+        return status;
+    }
+    count++;
+    memcpy(field_quantifier(msg, f), &count, sizeof count);
+    memcpy(field_slot(msg, f), &items, sizeof items);
+    return KF_OK;
+}
+
+/* The embedded form of a `_json` field: any JSON value, null included (it is
+ * a value here, not absence), stored as compact JSON text. */
+static kf_status_t decode_embedded(decoder_t *d, ProtobufCMessage *msg,
+                                   const ProtobufCFieldDescriptor *f, json_t *v, int level) {
+    if (json_deeper_than(v, KF_JSON_DEPTH_MAX - level)) {
+        return fail_depth(d);
+    }
+    char *dumped = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (dumped == NULL) {
+        return fail(d, KF_E_NOMEM, "out of memory re-serializing the value");
+    }
+    char *text = kf_arena_strdup(d->arena, dumped);
+    free(dumped);
+    if (text == NULL) {
+        return fail_memory(d);
+    }
+    prepare_member(msg, f);
+    memcpy(field_slot(msg, f), &text, sizeof text);
+    mark_present(msg, f);
+    return KF_OK;
+}
+
+static kf_status_t merge_member(decoder_t *d, ProtobufCMessage *msg,
+                                const ProtobufCFieldDescriptor *f, form_t form, json_t *v,
+                                int level) {
+    if (form == FORM_EMBEDDED) {
+        return decode_embedded(d, msg, f, v, level);
+    }
+    if (json_is_null(v)) {
+        clear_field(msg, f);
+        return KF_OK;
+    }
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+        return decode_repeated(d, msg, f, v, level);
+    }
+    return decode_singular(d, msg, f, v, level);
+}
+
+/* What one object has said about each field, to refuse a field given twice
+ * under two spellings and two members of one oneof. */
+typedef struct seen {
+    const char *key;             /* the key that named the field; borrowed from the object */
+    bool valued;                 /* not JSON null: counts as a oneof member that is set */
+} seen_t;
+
+static kf_status_t fail_unknown(decoder_t *d, const ProtobufCMessageDescriptor *desc) {
+    char names[NAME_LIST_BYTES_MAX] = "";
+    for (unsigned i = 0; i < desc->n_fields; i++) {
+        char name[JSON_NAME_BYTES_MAX];
+        emitted_name(desc, &desc->fields[i], name);
+        list_append(names, sizeof names, name);
+    }
+    return fail(d, KF_E_INVALID, "unknown field (known: %s)", names[0] ? names : "none");
+}
+
+/* Merges the members of obj (at `level`) into msg. */
+static kf_status_t merge_object(decoder_t *d, json_t *obj, ProtobufCMessage *msg, int level) {
+    excerpt_t e;
+    if (!json_is_object(obj)) {
+        return fail(d, KF_E_INVALID, "expected an object, got %s", excerpt(obj, &e));
+    }
+    if (level > KF_JSON_DEPTH_MAX) {
+        return fail_depth(d);
+    }
+    const ProtobufCMessageDescriptor *desc = msg->descriptor;
+    KF_ASSERT(desc->magic == PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC);
+    seen_t *seen = kf_arena_zalloc(d->arena, (desc->n_fields + 1) * sizeof *seen);
+    if (seen == NULL) {
+        return fail_memory(d);
+    }
+    const char *key;
+    json_t *value;
+    json_object_foreach(obj, key, value) {
+        size_t mark = path_push_key(&d->path, key);
+        form_t form;
+        const ProtobufCFieldDescriptor *f = find_field(desc, key, &form);
+        if (f == NULL) {
+            return fail_unknown(d, desc);
+        }
+        size_t index = (size_t)(f - desc->fields);
+        if (seen[index].key != NULL) {
+            return fail(d, KF_E_INVALID, "the same field as \"%s\"; give it once",
+                        seen[index].key);
+        }
+        bool valued = form == FORM_EMBEDDED || !json_is_null(value);
+        if (valued && (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0) {
+            for (unsigned i = 0; i < desc->n_fields; i++) {
+                const ProtobufCFieldDescriptor *g = &desc->fields[i];
+                if (seen[i].valued && (g->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0 &&
+                    g->quantifier_offset == f->quantifier_offset) {
+                    return fail(d, KF_E_INVALID,
+                                "\"%s\" and \"%s\" are members of one oneof; set at most one",
+                                seen[i].key, key);
+                }
+            }
+        }
+        seen[index].key = key;
+        seen[index].valued = valued;
+        kf_status_t status = merge_member(d, msg, f, form, value, level);
+        if (status != KF_OK) {
+            return status;
+        }
+        path_pop(&d->path, mark);
+    }
+    return KF_OK;
+}
+
+/* ---- public: decoding ------------------------------------------------- */
+
+kf_status_t kf_json_to_message(const char *json, size_t len,
+                               const ProtobufCMessageDescriptor *desc, kf_arena_t *arena,
+                               ProtobufCMessage **out, kf_error_t *err) {
+    KF_ASSERT(desc != NULL && arena != NULL && out != NULL);
+    KF_ASSERT(json != NULL || len == 0);
+    decoder_t d;
+    decoder_init(&d, arena, err, "");
+    ProtobufCMessage *msg = new_message(&d, desc);
+    if (msg == NULL) {
+        return fail_memory(&d);
+    }
+    size_t blank = 0;
+    while (blank < len && (json[blank] == ' ' || json[blank] == '\t' || json[blank] == '\r' ||
+                           json[blank] == '\n')) {
+        blank++;
+    }
+    if (blank == len) {
+        *out = msg; /* an empty body is {} */
+        return KF_OK;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(json, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL) {
+        return fail(&d, KF_E_INVALID, "not valid JSON: %s (line %d, column %d)", jerr.text,
+                    jerr.line, jerr.column);
+    }
+    kf_status_t status = merge_object(&d, root, msg, 1);
+    json_decref(root);
+    if (status == KF_OK) {
+        *out = msg;
+    }
+    return status;
+}
+
+kf_status_t kf_json_merge(json_t *obj, ProtobufCMessage *msg, const char *path, kf_arena_t *arena,
+                          kf_error_t *err) {
+    KF_ASSERT(obj != NULL && msg != NULL && arena != NULL);
+    decoder_t d;
+    decoder_init(&d, arena, err, path);
+    return merge_object(&d, obj, msg, 1);
+}
+
+/* A parameter's text as the JSON value the body decoder expects: strings
+ * for everything (integers, enums, base64 and numbers are accepted as
+ * strings), true/false for bools, parsed JSON for an embedded `_json`. */
+static kf_status_t text_to_jansson(decoder_t *d, const ProtobufCFieldDescriptor *f, form_t form,
+                                   const char *text, json_t **out) {
+    size_t len = strlen(text);
+    if (form == FORM_EMBEDDED) {
+        json_error_t jerr;
+        *out = json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+        if (*out == NULL) {
+            return fail(d, KF_E_INVALID, "not valid JSON: %s", jerr.text);
+        }
+        return KF_OK;
+    }
+    if (f->type == PROTOBUF_C_TYPE_BOOL) {
+        if (ascii_iequal(text, "true") || strcmp(text, "1") == 0) {
+            *out = json_true();
+            return KF_OK;
+        }
+        if (ascii_iequal(text, "false") || strcmp(text, "0") == 0) {
+            *out = json_false();
+            return KF_OK;
+        }
+    }
+    *out = json_stringn(text, len);
+    if (*out == NULL) {
+        return fail(d, KF_E_INVALID, "not valid UTF-8");
+    }
+    return KF_OK;
+}
+
+kf_status_t kf_message_set_text(ProtobufCMessage *msg, const char *name, const char *text,
+                                kf_arena_t *arena, kf_error_t *err) {
+    KF_ASSERT(msg != NULL && name != NULL && text != NULL && arena != NULL);
+    decoder_t d;
+    decoder_init(&d, arena, err, "");
+    const char *segment = name;
+    for (int level = 1;; level++) {
+        const char *dot = strchr(segment, '.');
+        size_t segment_len = dot != NULL ? (size_t)(dot - segment) : strlen(segment);
+        char key[JSON_NAME_BYTES_MAX];
+        if (segment_len == 0 || segment_len >= sizeof key) {
+            decoder_init(&d, arena, err, name);
+            return fail(&d, KF_E_INVALID, "not a field name or dotted path of field names");
+        }
+        memcpy(key, segment, segment_len);
+        key[segment_len] = '\0';
+        path_push_key(&d.path, key);
+        form_t form;
+        const ProtobufCFieldDescriptor *f = find_field(msg->descriptor, key, &form);
+        if (f == NULL) {
+            return fail_unknown(&d, msg->descriptor);
+        }
+        if (dot == NULL) {
+            if (form == FORM_DIRECT && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                return fail(&d, KF_E_INVALID, "is a message; set one of its fields (%s.<field>)",
+                            name);
+            }
+            json_t *v;
+            kf_status_t status = text_to_jansson(&d, f, form, text, &v);
+            if (status != KF_OK) {
+                return status;
+            }
+            if (form == FORM_EMBEDDED) {
+                status = decode_embedded(&d, msg, f, v, level);
+            } else if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+                status = append_element(&d, msg, f, v, level);
+            } else {
+                status = decode_singular(&d, msg, f, v, level);
+            }
+            json_decref(v);
+            return status;
+        }
+        if (form != FORM_DIRECT || f->type != PROTOBUF_C_TYPE_MESSAGE ||
+            f->label == PROTOBUF_C_LABEL_REPEATED) {
+            return fail(&d, KF_E_INVALID, "not a singular message field, so \"%s\" cannot be set",
+                        name);
+        }
+        if (level >= KF_JSON_DEPTH_MAX) {
+            return fail_depth(&d);
+        }
+        prepare_member(msg, f);
+        ProtobufCMessage *sub;
+        memcpy(&sub, field_slot(msg, f), sizeof sub);
+        if (sub == NULL) {
+            sub = new_message(&d, f->descriptor);
+            if (sub == NULL) {
+                return fail_memory(&d);
+            }
+            memcpy(field_slot(msg, f), &sub, sizeof sub);
+        }
+        mark_present(msg, f);
+        msg = sub;
+        segment = dot + 1;
+    }
+}
+
+/* ---- encoding --------------------------------------------------------- */
+
+/* The length of the well-formed UTF-8 sequence (RFC 3629) at s, 0 if none. */
+static size_t utf8_sequence_len(const unsigned char *s, size_t avail) {
+    unsigned char c = s[0];
+    unsigned char low = 0x80;
+    unsigned char high = 0xbf;
+    size_t len;
+    if (c < 0x80) {
+        return 1;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        low = c == 0xe0 ? 0xa0 : low;  /* no overlongs */
+        high = c == 0xed ? 0x9f : high; /* no surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        low = c == 0xf0 ? 0x90 : low;
+        high = c == 0xf4 ? 0x8f : high; /* nothing past U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (avail < len || s[1] < low || s[1] > high) {
+        return 0;
+    }
+    for (size_t k = 2; k < len; k++) {
+        if ((s[k] & 0xc0) != 0x80) {
+            return 0;
+        }
+    }
+    return len;
+}
+
+/* A string value. protobuf-c does not check UTF-8, so a string that came in
+ * over gRPC may not be; jansson refuses those, and one bad string must not
+ * fail a whole response, so invalid bytes become U+FFFD. */
+static json_t *string_to_jansson(const char *text, size_t len) {
+    json_t *v = json_stringn(text, len);
+    if (v != NULL || len > SIZE_MAX / 3) {
+        return v;
+    }
+    char *fixed = malloc(len * 3 + 1);
+    if (fixed == NULL) {
+        return NULL;
+    }
+    const unsigned char *in = (const unsigned char *)text;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        size_t n = utf8_sequence_len(in + i, len - i);
+        if (n == 0) {
+            memcpy(fixed + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        } else {
+            memcpy(fixed + o, in + i, n);
+            o += n;
+            i += n;
+        }
+    }
+    v = json_stringn(fixed, o);
+    free(fixed);
+    return v;
+}
+
+/* proto3 JSON spells the non-finite values as strings. */
+static json_t *real_to_jansson(double value) {
+    if (isnan(value)) {
+        return json_string("NaN");
+    }
+    if (isinf(value)) {
+        return json_string(value > 0 ? "Infinity" : "-Infinity");
+    }
+    return json_real(value);
+}
+
+static json_t *bytes_to_jansson(const ProtobufCBinaryData *data) {
+    if (data->len == 0) {
+        return json_string("");
+    }
+    if (data->len > SIZE_MAX / 4 * 3 - 3) {
+        return NULL;
+    }
+    size_t len = base64_encoded_len(data->len);
+    char *text = malloc(len + 1);
+    if (text == NULL) {
+        return NULL;
+    }
+    base64_encode(data->data, data->len, text);
+    json_t *v = json_stringn_nocheck(text, len);
+    free(text);
+    return v;
+}
+
+static json_t *message_to_jansson(const ProtobufCMessage *msg);
+
+/* One value of f's type at slot; NULL when jansson is out of memory. */
+static json_t *value_to_jansson(const ProtobufCFieldDescriptor *f, const void *slot) {
+    char digits[24];
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_INT32:
+    case PROTOBUF_C_TYPE_SINT32:
+    case PROTOBUF_C_TYPE_SFIXED32: {
+        int32_t value;
+        memcpy(&value, slot, sizeof value);
+        return json_integer(value);
+    }
+    case PROTOBUF_C_TYPE_UINT32:
+    case PROTOBUF_C_TYPE_FIXED32: {
+        uint32_t value;
+        memcpy(&value, slot, sizeof value);
+        return json_integer((json_int_t)value);
+    }
+    case PROTOBUF_C_TYPE_INT64:
+    case PROTOBUF_C_TYPE_SINT64:
+    case PROTOBUF_C_TYPE_SFIXED64: {
+        /* As strings: JavaScript clients would round numbers past 2^53. */
+        int64_t value;
+        memcpy(&value, slot, sizeof value);
+        snprintf(digits, sizeof digits, "%" PRId64, value);
+        return json_string(digits);
+    }
+    case PROTOBUF_C_TYPE_UINT64:
+    case PROTOBUF_C_TYPE_FIXED64: {
+        uint64_t value;
+        memcpy(&value, slot, sizeof value);
+        snprintf(digits, sizeof digits, "%" PRIu64, value);
+        return json_string(digits);
+    }
+    case PROTOBUF_C_TYPE_FLOAT: {
+        float value;
+        memcpy(&value, slot, sizeof value);
+        return isfinite(value) ? real_to_jansson(float_as_double(value))
+                               : real_to_jansson((double)value);
+    }
+    case PROTOBUF_C_TYPE_DOUBLE: {
+        double value;
+        memcpy(&value, slot, sizeof value);
+        return real_to_jansson(value);
+    }
+    case PROTOBUF_C_TYPE_BOOL: {
+        protobuf_c_boolean value;
+        memcpy(&value, slot, sizeof value);
+        return json_boolean(value);
+    }
+    case PROTOBUF_C_TYPE_ENUM: {
+        /* Numbers this build does not know (proto3 enums are open) stay
+         * numbers rather than being dropped. */
+        int value;
+        memcpy(&value, slot, sizeof value);
+        const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(f->descriptor, value);
+        return ev != NULL ? json_string(ev->name) : json_integer(value);
+    }
+    case PROTOBUF_C_TYPE_STRING: {
+        const char *text;
+        memcpy(&text, slot, sizeof text);
+        return text != NULL ? string_to_jansson(text, strlen(text)) : json_string("");
+    }
+    case PROTOBUF_C_TYPE_BYTES: {
+        ProtobufCBinaryData data;
+        memcpy(&data, slot, sizeof data);
+        return bytes_to_jansson(&data);
+    }
+    case PROTOBUF_C_TYPE_MESSAGE: {
+        const ProtobufCMessage *sub;
+        memcpy(&sub, slot, sizeof sub);
+        KF_ASSERT(sub != NULL); /* a NULL element in a repeated message field */
+        return message_to_jansson(sub);
+    }
+    }
+    KF_UNREACHABLE();
+}
+
+static json_t *repeated_to_jansson(const ProtobufCMessage *msg,
+                                   const ProtobufCFieldDescriptor *f) {
+    size_t count;
+    const char *items;
+    memcpy(&count, field_quantifier_const(msg, f), sizeof count);
+    memcpy(&items, field_slot_const(msg, f), sizeof items);
+    json_t *array = json_array();
+    if (array == NULL) {
+        return NULL;
+    }
+    size_t size = value_size(f->type);
+    for (size_t i = 0; i < count; i++) {
+        if (json_array_append_new(array, value_to_jansson(f, items + i * size)) != 0) {
+            json_decref(array);
+            return NULL;
+        }
+    }
+    return array;
+}
+
+/* A `_json` field: its text embedded as a value under the short name, or,
+ * when the text is not JSON (it came in over gRPC unchecked), the text as a
+ * string under the full name, so that the response is still valid and says
+ * which form it is. Empty text reaches here only as a oneof member whose
+ * case is set, and is shown as null, which the engine takes it to mean. */
+static json_t *json_text_to_jansson(const ProtobufCFieldDescriptor *f, const void *slot,
+                                    size_t base_len, char key[JSON_NAME_BYTES_MAX]) {
+    const char *text;
+    memcpy(&text, slot, sizeof text);
+    camel_name(f->name, base_len, key);
+    if (text == NULL || text[0] == '\0') {
+        return json_null();
+    }
+    json_t *v = json_loads(text, JSON_DECODE_ANY, NULL);
+    if (v != NULL) {
+        return v;
+    }
+    camel_name(f->name, strlen(f->name), key);
+    return string_to_jansson(text, strlen(text));
+}
+
+static json_t *message_to_jansson(const ProtobufCMessage *msg) {
+    const ProtobufCMessageDescriptor *desc = msg->descriptor;
+    KF_ASSERT(desc->magic == PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC);
+    json_t *obj = json_object();
+    if (obj == NULL) {
+        return NULL;
+    }
+    for (unsigned i = 0; i < desc->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &desc->fields[i];
+        if (!field_is_present(msg, f)) {
+            continue;
+        }
+        char key[JSON_NAME_BYTES_MAX];
+        json_t *v;
+        size_t base_len = json_text_base_len(desc, f);
+        if (base_len > 0) {
+            v = json_text_to_jansson(f, field_slot_const(msg, f), base_len, key);
+        } else if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            camel_name(f->name, strlen(f->name), key);
+            v = repeated_to_jansson(msg, f);
+        } else {
+            camel_name(f->name, strlen(f->name), key);
+            v = value_to_jansson(f, field_slot_const(msg, f));
+        }
+        /* json_object_set_new takes v even when it fails. */
+        if (v == NULL || json_object_set_new(obj, key, v) != 0) {
+            json_decref(obj);
+            return NULL;
+        }
+    }
+    return obj;
+}
+
+/* ---- public: encoding ------------------------------------------------- */
+
+json_t *kf_message_to_jansson(const ProtobufCMessage *msg) {
+    KF_ASSERT(msg != NULL);
+    return message_to_jansson(msg);
+}
+
+char *kf_message_to_json(const ProtobufCMessage *msg, kf_arena_t *arena, size_t *len) {
+    KF_ASSERT(msg != NULL && arena != NULL);
+    json_t *v = message_to_jansson(msg);
+    if (v == NULL) {
+        return NULL;
+    }
+    char *dumped = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    if (dumped == NULL) {
+        return NULL;
+    }
+    size_t dumped_len = strlen(dumped);
+    char *text = kf_arena_strndup(arena, dumped, dumped_len);
+    free(dumped);
+    if (text != NULL && len != NULL) {
+        *len = dumped_len;
+    }
+    return text;
+}
