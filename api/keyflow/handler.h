@@ -25,10 +25,22 @@
  *     output event time before its activation's, an undeclared timer, a
  *     timer at or before the watermark, a limit) fails the whole input batch
  *     and nothing is applied.
- *   - Host functions return 0, or -1 when an argument is wrong; the call is
- *     then already marked failed with a message naming the problem.
- *   - Results must depend only on the activations and their state if the
- *     descriptor declares determinism REPLAY_SAFE.
+ *   - Builder functions (row_*, state_*, timer_*) return 0, or -1 when an
+ *     argument is wrong; the call is then already marked failed with a
+ *     message naming the problem. Their `activation` argument is the index
+ *     of the activation in this call's array (0..count-1), not its id.
+ *     Input accessors never fail the call: a wrong row or column reads as
+ *     null / 0 / NULL.
+ *   - Output UTF8 values must be valid UTF-8 (checked). fail() copies its
+ *     message (the first 300 bytes).
+ *   - key_text is the key column's value for one key column, else a JSON
+ *     array of the values.
+ *   - If the descriptor declares determinism REPLAY_SAFE, results must
+ *     depend only on the activations, their input rows, their state and
+ *     the watermark.
+ *   - kf_host_t only grows at its end; `size` says how much of it the host
+ *     provides, so a handler built against a newer header can check that
+ *     every member it uses lies within `size`.
  *
  * Types: BOOL=1, INT64=2, FLOAT64=3, UTF8=4, BYTES=5, TIMESTAMP_US=6 (as in
  * keyflow.v1.FieldType). Columns are addressed by their index in the input

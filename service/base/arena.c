@@ -53,7 +53,9 @@ static size_t align_up(size_t n) { return (n + (ARENA_ALIGN - 1)) & ~(size_t)(AR
 
 void *kf_arena_alloc(kf_arena_t *arena, size_t bytes) {
     size_t need = align_up(bytes == 0 ? 1 : bytes);
-    if (need < bytes || arena->used_bytes + need > arena->limit_bytes) {
+    /* Written so that no sum can wrap around for huge requests. */
+    if (need < bytes || arena->used_bytes > arena->limit_bytes ||
+        need > arena->limit_bytes - arena->used_bytes) {
         return NULL;
     }
     if (arena->chunks == NULL && arena->inline_used + need <= sizeof arena->inline_buf) {

@@ -23,7 +23,7 @@ typedef struct kf_arena {
     size_t used_bytes;           /* bytes handed out, for the limit */
     size_t limit_bytes;          /* allocation past this fails */
     ProtobufCAllocator pb;       /* protobuf-c view of this arena */
-    unsigned char inline_buf[1024]; /* first small allocations, no malloc */
+    _Alignas(16) unsigned char inline_buf[1024]; /* first small allocations, no malloc */
     size_t inline_used;
 } kf_arena_t;
 

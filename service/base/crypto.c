@@ -61,9 +61,12 @@ kf_rng_t *kf_rng_create(const void *seed, size_t seed_len) {
     int rc;
     static const unsigned char pers[] = "keyflow";
     if (seed != NULL) {
+        /* CTR_DRBG reads only 48 bytes of entropy, so hand it the SHA-256 of
+         * the whole seed: every seed byte then matters, whatever its length. */
         rng->fixed = 1;
-        rng->seed_len = seed_len < sizeof rng->seed ? seed_len : sizeof rng->seed;
-        memcpy(rng->seed, seed, rng->seed_len);
+        memset(rng->seed, 0, sizeof rng->seed);
+        kf_sha256(seed, seed_len, rng->seed);
+        rng->seed_len = KF_SHA256_BYTES;
         rc = mbedtls_ctr_drbg_seed(&rng->drbg, fixed_entropy, rng, pers, sizeof pers - 1);
         mbedtls_ctr_drbg_set_reseed_interval(&rng->drbg, INT32_MAX);
     } else {

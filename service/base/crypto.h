@@ -25,7 +25,8 @@ void kf_hex_encode(const uint8_t *bytes, size_t len, char *out);
 typedef struct kf_rng kf_rng_t;
 
 /* seed == NULL: seed from system entropy. Otherwise the stream is a pure
- * function of the seed bytes (for tests). NULL on failure. */
+ * function of all the seed bytes (hashed; any length), for tests. NULL on
+ * failure. */
 kf_rng_t *kf_rng_create(const void *seed, size_t seed_len);
 void kf_rng_destroy(kf_rng_t *rng);
 void kf_rng_bytes(kf_rng_t *rng, void *out, size_t len);

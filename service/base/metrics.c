@@ -106,6 +106,13 @@ void kf_metrics_reset(void) {
         for (int b = 0; b <= BUCKETS_MAX; b++) atomic_store(&histograms[i].counts[b], 0);
         atomic_store(&histograms[i].sum, 0);
     }
+    for (int m = 0; m < KF_METRICS_METHODS_MAX; m++) {
+        for (int t = 0; t < KF_TRANSPORT_COUNT; t++) {
+            for (int c = 0; c < GRPC_CODES; c++) atomic_store(&request_counts[m][t][c], 0);
+            for (int b = 0; b <= BUCKETS_MAX; b++) atomic_store(&request_latency[m][t].counts[b], 0);
+            atomic_store(&request_latency[m][t].sum, 0);
+        }
+    }
 }
 
 typedef struct out {
@@ -149,7 +156,7 @@ static void render_histogram(out_t *o, const histogram_t *h, const char *labels)
     for (int i = 0; i <= h->buckets->count; i++) {
         cumulative += atomic_load_explicit(&h->counts[i], memory_order_relaxed);
         if (i < h->buckets->count) {
-            outf(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", h->name, labels, sep, h->buckets->bounds[i],
+            outf(o, "%s_bucket{%s%sle=\"%.15g\"} %llu\n", h->name, labels, sep, h->buckets->bounds[i],
                  (unsigned long long)cumulative);
         } else {
             outf(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", h->name, labels, sep,

@@ -37,7 +37,8 @@ static bool utf8_check(const char *s, size_t len, bool allow_control) {
             cp = (cp << 6) | (p[i + k] & 0x3f);
         }
         if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-            cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+            cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ||
+            (!allow_control && cp >= 0x80 && cp <= 0x9f)) { /* C1 controls */
             return false;
         }
         i += n + 1;

@@ -20,6 +20,7 @@
 typedef struct loaded {
     char digest[KF_SHA256_HEX_BYTES + 1];
     void *dl;
+    int fd;                      /* the memfd stays open: its /proc path must stay unique */
     const kf_handler_t *handler;
     struct loaded *next;
 } loaded_t;
@@ -49,6 +50,7 @@ void kf_plugins_destroy(kf_plugins_t *p) {
         /* dlclose is deliberately not called: handlers may be referenced by
          * function objects until the very end, and unloading code at exit
          * buys nothing. */
+        close(l->fd);
         free(l);
         l = next;
     }
@@ -103,15 +105,22 @@ static kf_status_t load_bytes(kf_plugins_t *p, const char *path, const char *dig
     }
     char fd_path[64];
     snprintf(fd_path, sizeof fd_path, "/proc/self/fd/%d", fd);
+    /* The memfd stays open while the plugin is loaded: dlopen() recognises
+     * libraries by path, so a closed and reused descriptor number would make
+     * the next plugin's path name the one already loaded. */
     void *dl = dlopen(fd_path, RTLD_NOW | RTLD_LOCAL);
-    close(fd); /* the mapping keeps the memory file alive */
     if (dl == NULL) {
         const char *why = dlerror();
+        close(fd);
         return kf_error_set(err, KF_E_INVALID, "plugin %s: cannot load: %s", path, why ? why : "?");
+    }
+    for (loaded_t *l = p->loaded; l != NULL; l = l->next) {
+        KF_ASSERT(l->dl != dl); /* a new memfd path is a new library */
     }
     const kf_handler_t *h = dlsym(dl, KF_HANDLER_SYMBOL);
     if (h == NULL || h->abi_version != KF_HANDLER_ABI_VERSION || h->invoke == NULL) {
         dlclose(dl);
+        close(fd);
         return kf_error_set(err, KF_E_INVALID,
                             "plugin %s: does not export %s with ABI version %u", path,
                             KF_HANDLER_SYMBOL, KF_HANDLER_ABI_VERSION);
@@ -120,6 +129,7 @@ static kf_status_t load_bytes(kf_plugins_t *p, const char *path, const char *dig
     KF_ASSERT(l != NULL);
     memcpy(l->digest, digest, KF_SHA256_HEX_BYTES + 1);
     l->dl = dl;
+    l->fd = fd;
     l->handler = h;
     l->next = p->loaded;
     p->loaded = l;

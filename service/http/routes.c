@@ -17,6 +17,8 @@ typedef struct route {
     const char *verb;            /* ":verb" suffix of the last segment, or NULL */
     const char *rpc;             /* method path in engine/methods.h */
     const char *body;            /* "*", a field name, or NULL (no body) */
+    const char *defaults;        /* "field=value&..." applied before the query, or NULL */
+    const char *aliases;         /* "short=field&..." query names, or NULL */
 } route_t;
 
 static const route_t routes[] = {
@@ -33,6 +35,14 @@ static const route_t routes[] = {
     {"POST", "/v1/runs/{run_id}", "complete", "/keyflow.v1.Runs/CompleteRun", "*"},
     {"GET", "/v1/runs/{run_id}", NULL, "/keyflow.v1.Runs/GetRun", NULL},
     {"GET", "/v1/runs", NULL, "/keyflow.v1.Runs/ListRuns", NULL},
+    {"POST", "/v1/functions", NULL, "/keyflow.v1.Functions/RegisterFunction", "descriptor"},
+    {"GET", "/v1/functions", NULL, "/keyflow.v1.Functions/ListFunctions", NULL},
+    {"GET", "/v1/functions/{function_id}", NULL, "/keyflow.v1.Functions/GetFunction", NULL},
+    {"POST", "/v1/functions/{function_id}/batches", NULL, "/keyflow.v1.Functions/PushBatch", "*"},
+    {"GET", "/v1/functions/{function_id}/output", NULL, "/keyflow.v1.Functions/ReadOutput", NULL,
+     "format=ROW_FORMAT_JSON", "after=after_seq&wait=wait_ms"},
+    {"GET", "/v1/functions/{function_id}/keys/{key}", NULL, "/keyflow.v1.Functions/GetKeyState",
+     NULL},
 };
 
 #define SEGMENTS_MAX 16
@@ -176,10 +186,23 @@ static kf_status_t merge_body(const kf_http_request_t *req, const char *body_fie
     return st;
 }
 
-static kf_status_t apply_query(const kf_http_request_t *req, ProtobufCMessage *msg,
-                               kf_arena_t *arena, kf_error_t *err) {
-    const char *q = req->query;
-    size_t left = req->query_len;
+/* The field a query parameter names, after the route's aliases. */
+static const char *alias_of(const char *aliases, const char *name, kf_arena_t *arena) {
+    size_t n = strlen(name);
+    for (const char *a = aliases; a != NULL && *a != '\0';) {
+        const char *eq = strchr(a, '=');
+        const char *amp = strchr(a, '&');
+        size_t end = amp ? (size_t)(amp - a) : strlen(a);
+        if (eq != NULL && (size_t)(eq - a) == n && memcmp(a, name, n) == 0) {
+            return kf_arena_strndup(arena, eq + 1, end - n - 1);
+        }
+        a = amp ? amp + 1 : NULL;
+    }
+    return name;
+}
+
+static kf_status_t apply_query(const char *q, size_t left, const char *aliases,
+                               ProtobufCMessage *msg, kf_arena_t *arena, kf_error_t *err) {
     while (q != NULL && left > 0) {
         const char *amp = memchr(q, '&', left);
         size_t len = amp ? (size_t)(amp - q) : left;
@@ -191,7 +214,9 @@ static kf_status_t apply_query(const kf_http_request_t *req, ProtobufCMessage *m
             if (name == NULL || value == NULL) {
                 return kf_error_set(err, KF_E_TOO_LARGE, "query: too large");
             }
-            kf_status_t st = kf_message_set_text(msg, name, value, arena, err);
+            const char *field = alias_of(aliases, name, arena);
+            kf_status_t st = field ? kf_message_set_text(msg, field, value, arena, err)
+                                   : kf_error_set(err, KF_E_TOO_LARGE, "query: too large");
             if (st != KF_OK) {
                 return st;
             }
@@ -247,10 +272,13 @@ kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
     }
     const kf_method_t *m;
     const char *body_field;
+    const char *defaults = NULL, *aliases = NULL;
     if (found != NULL) {
         m = kf_method_by_path(found->rpc);
         KF_ASSERT(m != NULL);
         body_field = found->body;
+        defaults = found->defaults;
+        aliases = found->aliases;
     } else if ((m = generic_method(segs, n, arena)) != NULL) {
         if (!method_is(req, "POST")) {
             return kf_error_set(err, KF_E_UNIMPLEMENTED, "method: use POST for %s", m->path);
@@ -274,8 +302,11 @@ kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
     } else if (req->body_len > 0) {
         st = kf_error_set(err, KF_E_INVALID, "body: %s takes no body", m->name);
     }
+    if (st == KF_OK && defaults != NULL) {
+        st = apply_query(defaults, strlen(defaults), NULL, msg, arena, err);
+    }
     if (st == KF_OK && req->query_len > 0) {
-        st = apply_query(req, msg, arena, err);
+        st = apply_query(req->query, req->query_len, aliases, msg, arena, err);
     }
     for (size_t i = 0; st == KF_OK && i < ncaps; i++) {
         char *field = kf_arena_strndup(arena, caps[i].field, caps[i].field_len);

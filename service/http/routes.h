@@ -13,6 +13,13 @@
  *   POST /v1/runs/{run_id}:complete                     CompleteRun (body: *)
  *   GET  /v1/runs/{run_id}                              GetRun
  *   GET  /v1/runs                                       ListRuns (query)
+ *   POST /v1/functions                                  RegisterFunction (body: descriptor)
+ *   GET  /v1/functions                                  ListFunctions
+ *   GET  /v1/functions/{function_id}                    GetFunction
+ *   POST /v1/functions/{function_id}/batches            PushBatch (body: *, "rows": [{...}])
+ *   GET  /v1/functions/{function_id}/output             ReadOutput (?after=&limit=&wait=;
+ *                                                       rows as JSON objects by default)
+ *   GET  /v1/functions/{function_id}/keys/{key}         GetKeyState
  *   POST /v1/{package.Service}/{Method}                 any RPC, body: * (generic)
  *
  * Path segments are percent-decoded after matching, so a key containing '/'

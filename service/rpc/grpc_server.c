@@ -38,6 +38,7 @@
 #include "base/metrics.h"
 #include "engine/methods.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "keyflow/v1/functions.pb-c.h"
 
 #define KF_GRPC_THREADS_MAX 8
 
@@ -46,6 +47,9 @@ typedef enum call_state {
     CALL_REPLYING,
     CALL_WATCH_SENT,             /* watch: the SERVING message went out */
     CALL_WATCH_CLOSED,           /* watch: the client closed or was cancelled */
+    CALL_TAIL_SENT,              /* tail: a page went out */
+    CALL_TAIL_CLOSED,            /* tail: the client closed or was cancelled */
+    CALL_TAIL_DONE,              /* tail: the final status went out */
 } call_state_t;
 
 typedef struct call call_t;
@@ -78,6 +82,12 @@ struct call {
     call_tag_t tag_close;
     kf_arena_t arena;
     kf_cmd_t cmd;
+    /* TailOutput: repeated engine reads, one page in flight at a time. */
+    atomic_int tail_refs;        /* the close batch + the read or send in flight */
+    atomic_bool tail_closed;
+    bool tail_sent_metadata;
+    kf_arena_t page_arena;       /* one page's response; reset per read */
+    Keyflow__V1__ReadOutputRequest tail_read;
 };
 
 struct kf_grpc_server {
@@ -112,6 +122,7 @@ static void call_free(call_t *c) {
         grpc_slice_unref(c->details);
     }
     kf_arena_deinit(&c->arena);
+    kf_arena_deinit(&c->page_arena);
     if (c->method->kind == KF_METHOD_HEALTH_WATCH && c->refs_watch) {
         atomic_fetch_sub(&c->server->watches, 1);
     }
@@ -135,6 +146,7 @@ static void request_call(kf_grpc_server_t *s, size_t method_index) {
     c->tag_close = (call_tag_t){c, CALL_WATCH_CLOSED};
     grpc_metadata_array_init(&c->metadata);
     kf_arena_init(&c->arena, 0);
+    kf_arena_init(&c->page_arena, 0);
     grpc_call_error rc = grpc_server_request_registered_call(
         s->server, c->registered, &c->call, &c->deadline, &c->metadata, &c->payload, s->cq, s->cq,
         &c->tag_main);
@@ -251,6 +263,132 @@ static void start_watch(call_t *c) {
     }
 }
 
+/* ---- TailOutput ---------------------------------------------------------
+ * The stream is a loop of engine reads (ReadOutput with a long wait): each
+ * page with rows is sent, and the next read starts when the send completed,
+ * so a tail costs the engine one bounded read per page and never more than
+ * one page is buffered per stream. The call is freed when both the close
+ * batch and the last read or send are done (tail_refs). */
+
+static void tail_unref(call_t *c) {
+    if (atomic_fetch_sub(&c->tail_refs, 1) == 1) {
+        call_free(c);
+    }
+}
+
+static void tail_finish(call_t *c, kf_status_t status, const char *message) {
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!c->tail_sent_metadata) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->tail_sent_metadata = true;
+    }
+    c->grpc_code = kf_status_grpc_code(status);
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = (grpc_status_code)c->grpc_code;
+    if (status != KF_OK && message != NULL && message[0] != '\0') {
+        c->details = grpc_slice_from_copied_string(message);
+        c->has_details = true;
+        ops[n].data.send_status_from_server.status_details = &c->details;
+    }
+    n++;
+    c->tag_main.state = CALL_TAIL_DONE;
+    if (grpc_call_start_batch(c->call, ops, n, &c->tag_main, NULL) != GRPC_CALL_OK) {
+        tail_unref(c);
+    }
+}
+
+static void tail_done(kf_cmd_t *cmd);
+
+/* Starts the next read; the in-flight reference moves to it. */
+static void tail_next(call_t *c) {
+    if (atomic_load(&c->tail_closed)) {
+        tail_unref(c);
+        return;
+    }
+    kf_arena_reset(&c->page_arena);
+    kf_cmd_t *cmd = &c->cmd;
+    memset(cmd, 0, sizeof *cmd);
+    cmd->op = KF_OP_READ_OUTPUT;
+    cmd->request = &c->tail_read.base;
+    cmd->arena = &c->page_arena;
+    cmd->done = tail_done;
+    cmd->owner = c;
+    if (kf_engine_submit(c->server->engine, cmd) != KF_OK) {
+        tail_finish(c, cmd->error.status, cmd->error.message);
+    }
+}
+
+/* A read finished (committer thread). */
+static void tail_done(kf_cmd_t *cmd) {
+    call_t *c = cmd->owner;
+    if (atomic_load(&c->tail_closed)) {
+        tail_unref(c);
+        return;
+    }
+    if (cmd->error.status != KF_OK) {
+        tail_finish(c, cmd->error.status, cmd->error.message);
+        return;
+    }
+    const Keyflow__V1__ReadOutputResponse *resp = (const void *)cmd->response;
+    if (resp->first_seq == 0) {
+        tail_next(c); /* the wait ended empty: wait again */
+        return;
+    }
+    c->tail_read.after_seq = resp->last_seq;
+    size_t len = protobuf_c_message_get_packed_size(cmd->response);
+    grpc_slice slice = grpc_slice_malloc(len);
+    protobuf_c_message_pack(cmd->response, GRPC_SLICE_START_PTR(slice));
+    if (c->reply != NULL) {
+        grpc_byte_buffer_destroy(c->reply);
+    }
+    c->reply = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!c->tail_sent_metadata) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->tail_sent_metadata = true;
+    }
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = c->reply;
+    n++;
+    c->tag_main.state = CALL_TAIL_SENT;
+    if (grpc_call_start_batch(c->call, ops, n, &c->tag_main, NULL) != GRPC_CALL_OK) {
+        tail_unref(c);
+    }
+}
+
+static void start_tail(call_t *c, const Keyflow__V1__TailOutputRequest *req) {
+    if (req->max_rows_per_message < 0 || req->max_rows_per_message > KF_READ_OUTPUT_LIMIT_MAX ||
+        req->after_seq < 0) {
+        send_reply(c, KF_E_INVALID,
+                   req->after_seq < 0 ? "after_seq: must not be negative"
+                                      : "max_rows_per_message: must be in 0..65536 (0 = 1000)",
+                   NULL);
+        return;
+    }
+    keyflow__v1__read_output_request__init(&c->tail_read);
+    c->tail_read.function_id = req->function_id;
+    c->tail_read.after_seq = req->after_seq;
+    c->tail_read.limit = req->max_rows_per_message;
+    c->tail_read.format = req->format;
+    c->tail_read.wait_ms = KF_POLL_WAIT_MS_MAX / 2;
+    grpc_op close_op;
+    memset(&close_op, 0, sizeof close_op);
+    close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    close_op.data.recv_close_on_server.cancelled = &c->cancelled;
+    c->tag_close.state = CALL_TAIL_CLOSED;
+    atomic_store(&c->tail_refs, 2);
+    if (grpc_call_start_batch(c->call, &close_op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
+        call_free(c);
+        return;
+    }
+    tail_next(c);
+}
+
 static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     atomic_fetch_add(&s->live_calls, 1);
     c->start_us = kf_mono_us();
@@ -265,6 +403,10 @@ static void on_arrival(kf_grpc_server_t *s, call_t *c) {
         char msg[160];
         snprintf(msg, sizeof msg, "request: not a valid %s message", m->request->name);
         send_reply(c, KF_E_INVALID, msg, NULL);
+        return;
+    }
+    if (m->kind == KF_METHOD_TAIL) {
+        start_tail(c, (const Keyflow__V1__TailOutputRequest *)req);
         return;
     }
     if (m->kind == KF_METHOD_HEALTH_CHECK) {
@@ -317,6 +459,21 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
         if (--c->refs == 0) {
             call_free(c);
         }
+        return;
+    case CALL_TAIL_SENT:
+        if (ok) {
+            tail_next(c);
+        } else {
+            tail_unref(c);
+        }
+        return;
+    case CALL_TAIL_CLOSED:
+        atomic_store(&c->tail_closed, true);
+        tail_unref(c);
+        return;
+    case CALL_TAIL_DONE:
+        kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code, kf_mono_us() - c->start_us);
+        tail_unref(c);
         return;
     }
 }
@@ -390,7 +547,9 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t 
 kf_status_t kf_grpc_server_start(kf_grpc_server_t *s, kf_error_t *err) {
     grpc_server_start(s->server);
     for (size_t i = 0; i < kf_method_count; i++) {
-        int backlog = kf_methods[i].kind == KF_METHOD_ENGINE ? KF_GRPC_PENDING_PER_METHOD : 8;
+        int backlog = kf_methods[i].kind == KF_METHOD_ENGINE || kf_methods[i].kind == KF_METHOD_TAIL
+                          ? KF_GRPC_PENDING_PER_METHOD
+                          : 8;
         for (int k = 0; k < backlog; k++) {
             request_call(s, i);
         }

@@ -16,8 +16,11 @@ static void recover(sim_t *sim) {
     kf_core_begin(sim->core, sim->batch, ++sim->group, sim->now_ms);
 }
 
-void sim_open(sim_t *sim, uint64_t seed) {
+void sim_open(sim_t *sim, uint64_t seed) { sim_open_plugins(sim, seed, NULL); }
+
+void sim_open_plugins(sim_t *sim, uint64_t seed, const char *plugin_dir) {
     memset(sim, 0, sizeof *sim);
+    sim->config.plugin_dir = plugin_dir;
     sim->seed = seed;
     sim->now_ms = 1700000000000LL;
     sim->disk = kf_memdisk_create();

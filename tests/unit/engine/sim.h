@@ -30,6 +30,8 @@ typedef struct sim {
 } sim_t;
 
 void sim_open(sim_t *sim, uint64_t seed);
+/* The same, loading native handlers from plugin_dir. */
+void sim_open_plugins(sim_t *sim, uint64_t seed, const char *plugin_dir);
 void sim_close(sim_t *sim);
 /* Writes the open group (if anything) and marks it durable. */
 void sim_step(sim_t *sim);

@@ -1,0 +1,470 @@
+/*
+ * test_functions.c - process functions over the deterministic engine core
+ * with a real plugin (misbehaving.c): registration rules, absent / null /
+ * value state, every response rule (each refused batch changes nothing),
+ * idempotent retries, timers in order and in chunks, limits, recovery.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "../engine/sim.h"
+#include "base/crypto.h"
+#include "keyflow/v1/functions.pb-c.h"
+
+static sim_t sim;
+static char digest[KF_SHA256_HEX_BYTES + 1];
+
+static void setup(void) {
+    sim_open_plugins(&sim, 11, KF_TEST_PLUGIN_DIR);
+    uint8_t d[KF_SHA256_BYTES];
+    kf_error_t err;
+    cr_assert_eq(kf_sha256_file(KF_TEST_MISBEHAVING, d, &err), KF_OK, "%s", err.message);
+    kf_hex_encode(d, sizeof d, digest);
+}
+static void teardown(void) { sim_close(&sim); }
+
+TestSuite(functions, .init = setup, .fini = teardown, .timeout = 60);
+
+#define A(T) kf_arena_zalloc(&sim.arena, sizeof(T))
+
+static Keyflow__V1__Field *field(const char *name, Keyflow__V1__FieldType t, bool nullable) {
+    Keyflow__V1__Field *f = A(Keyflow__V1__Field);
+    keyflow__v1__field__init(f);
+    f->name = (char *)name;
+    f->type = t;
+    f->nullable = nullable;
+    return f;
+}
+
+static Keyflow__V1__FunctionLimits limits_storage;
+
+static Keyflow__V1__FunctionDescriptor *descriptor(const char *id, const char *state_id) {
+    Keyflow__V1__FunctionDescriptor *d = A(Keyflow__V1__FunctionDescriptor);
+    keyflow__v1__function_descriptor__init(d);
+    d->version = 1;
+    d->function_id = (char *)id;
+    d->pipeline_state_id = (char *)state_id;
+    d->runtime = KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE;
+    d->implementation_digest = digest;
+    Keyflow__V1__Schema *in = A(Keyflow__V1__Schema), *out = A(Keyflow__V1__Schema);
+    keyflow__v1__schema__init(in);
+    keyflow__v1__schema__init(out);
+    in->n_fields = 4;
+    in->fields = kf_arena_zalloc(&sim.arena, 4 * sizeof *in->fields);
+    in->fields[0] = field("k", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8, false);
+    in->fields[1] = field("ts", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US, false);
+    in->fields[2] = field("mode", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8, false);
+    in->fields[3] = field("amount", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64, true);
+    out->n_fields = 3;
+    out->fields = kf_arena_zalloc(&sim.arena, 3 * sizeof *out->fields);
+    out->fields[0] = field("key", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8, false);
+    out->fields[1] = field("ts", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US, false);
+    out->fields[2] = field("n", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64, false);
+    d->input_schema = in;
+    d->output_schema = out;
+    static char *keys[] = {"k"};
+    static char *timers[] = {"t"};
+    d->n_key_columns = 1;
+    d->key_columns = keys;
+    d->event_time_column = "ts";
+    d->output_event_time_column = "ts";
+    d->value_state_name = "v";
+    d->n_timer_names = 1;
+    d->timer_names = timers;
+    keyflow__v1__function_limits__init(&limits_storage);
+    d->limits = &limits_storage;
+    return d;
+}
+
+static kf_cmd_t *register_fn(Keyflow__V1__FunctionDescriptor *d) {
+    Keyflow__V1__RegisterFunctionRequest *req = A(Keyflow__V1__RegisterFunctionRequest);
+    keyflow__v1__register_function_request__init(req);
+    req->descriptor = d;
+    return sim_exec(&sim, KF_OP_REGISTER_FUNCTION, &req->base);
+}
+
+static void register_ok(void) {
+    kf_cmd_t *c = register_fn(descriptor("f", "f.v1"));
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+}
+
+/* rows: a JSON array text; watermark: INT64_MIN for none. */
+static kf_cmd_t *push(const char *producer, int64_t seq, const char *rows, int64_t watermark) {
+    Keyflow__V1__PushBatchRequest *req = A(Keyflow__V1__PushBatchRequest);
+    keyflow__v1__push_batch_request__init(req);
+    req->function_id = "f";
+    req->producer_id = (char *)producer;
+    req->sequence = seq;
+    if (rows != NULL) {
+        req->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON;
+        req->rows_json = kf_arena_strdup(&sim.arena, rows);
+    }
+    if (watermark != INT64_MIN) {
+        req->watermark_present_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
+        req->watermark_us = watermark;
+    }
+    return sim_exec(&sim, KF_OP_PUSH_BATCH, &req->base);
+}
+
+static Keyflow__V1__PushBatchResponse *push_ok(int64_t seq, const char *rows, int64_t watermark) {
+    kf_cmd_t *c = push("p", seq, rows, watermark);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    return (Keyflow__V1__PushBatchResponse *)c->response;
+}
+
+static Keyflow__V1__GetKeyStateResponse *state_of(const char *key) {
+    Keyflow__V1__GetKeyStateRequest *req = A(Keyflow__V1__GetKeyStateRequest);
+    keyflow__v1__get_key_state_request__init(req);
+    req->function_id = "f";
+    req->key = (char *)key;
+    kf_cmd_t *c = sim_exec(&sim, KF_OP_GET_KEY_STATE, &req->base);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    return (Keyflow__V1__GetKeyStateResponse *)c->response;
+}
+
+/* The output rows after `after`, as parsed JSON (caller decrefs). */
+static json_t *output(int64_t after, int64_t limit, Keyflow__V1__ReadOutputResponse **resp_out) {
+    Keyflow__V1__ReadOutputRequest *req = A(Keyflow__V1__ReadOutputRequest);
+    keyflow__v1__read_output_request__init(req);
+    req->function_id = "f";
+    req->after_seq = after;
+    req->limit = limit;
+    req->format = KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON;
+    kf_cmd_t *c = sim_exec(&sim, KF_OP_READ_OUTPUT, &req->base);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    Keyflow__V1__ReadOutputResponse *resp = (Keyflow__V1__ReadOutputResponse *)c->response;
+    if (resp_out) {
+        *resp_out = resp;
+    }
+    return json_loads(resp->rows_json[0] ? resp->rows_json : "[]", 0, NULL);
+}
+
+static int64_t out_int(json_t *rows, size_t i, const char *col) {
+    json_t *v = json_object_get(json_array_get(rows, i), col);
+    cr_assert_not_null(v, "row %zu has %s", i, col);
+    return strtoll(json_string_value(v), NULL, 10);
+}
+
+#define ROW(k, ts, mode, amount) "{\"k\":\"" k "\",\"ts\":" #ts ",\"mode\":\"" mode "\",\"amount\":" #amount "}"
+
+Test(functions, registration_is_idempotent_and_refuses_changes) {
+    kf_cmd_t *a = register_fn(descriptor("f", "f.v1"));
+    cr_assert_eq(a->error.status, KF_OK, "%s", a->error.message);
+    Keyflow__V1__RegisterFunctionResponse *ra = (Keyflow__V1__RegisterFunctionResponse *)a->response;
+    cr_assert(ra->function->available, "%s", ra->function->unavailable_reason);
+    cr_assert_eq(strlen(ra->function->descriptor_sha256), 64);
+    cr_assert_not(ra->already_registered);
+    kf_cmd_t *b = register_fn(descriptor("f", "f.v1"));
+    cr_assert_eq(b->error.status, KF_OK);
+    Keyflow__V1__RegisterFunctionResponse *rb = (Keyflow__V1__RegisterFunctionResponse *)b->response;
+    cr_assert(rb->already_registered);
+    cr_assert_str_eq(rb->function->descriptor_sha256, ra->function->descriptor_sha256);
+    Keyflow__V1__FunctionDescriptor *changed = descriptor("f", "f.v1");
+    changed->value_state_name = "other";
+    kf_cmd_t *c = register_fn(changed);
+    cr_assert_eq(c->error.status, KF_E_EXISTS);
+    cr_assert(strstr(c->error.message, "function_id") != NULL, "%s", c->error.message);
+    kf_cmd_t *d = register_fn(descriptor("g", "f.v1"));
+    cr_assert_eq(d->error.status, KF_E_EXISTS);
+    cr_assert(strstr(d->error.message, "pipeline_state_id") != NULL, "%s", d->error.message);
+    Keyflow__V1__FunctionDescriptor *missing = descriptor("h", "h.v1");
+    missing->implementation_digest = "1111111111111111111111111111111111111111111111111111111111111111";
+    kf_cmd_t *e = register_fn(missing);
+    cr_assert_eq(e->error.status, KF_E_PRECONDITION);
+    cr_assert(strstr(e->error.message, "implementation_digest") != NULL, "%s", e->error.message);
+    Keyflow__V1__ListFunctionsRequest lr = KEYFLOW__V1__LIST_FUNCTIONS_REQUEST__INIT;
+    kf_cmd_t *l = sim_exec(&sim, KF_OP_LIST_FUNCTIONS, &lr.base);
+    cr_assert_eq(((Keyflow__V1__ListFunctionsResponse *)l->response)->n_functions, 1);
+}
+
+Test(functions, absent_null_and_value_are_distinct) {
+    register_ok();
+    cr_assert_eq(state_of("a")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+    push_ok(1, "[" ROW("a", 10, "ok", 5) "," ROW("b", 10, "null", 0) "]", INT64_MIN);
+    Keyflow__V1__GetKeyStateResponse *a = state_of("a");
+    cr_assert_eq(a->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_VALUE);
+    cr_assert_eq(a->value, 5);
+    cr_assert_eq(state_of("b")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_NULL);
+    push_ok(2, "[" ROW("a", 11, "clear", 0) "]", INT64_MIN);
+    cr_assert_eq(state_of("a")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+    cr_assert_eq(state_of("b")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_NULL);
+    sim_crash(&sim);
+    cr_assert_eq(state_of("a")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+    cr_assert_eq(state_of("b")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_NULL);
+}
+
+/* A batch with a good row and one breaking `mode` is refused as a whole. */
+static void expect_refused(const char *mode, kf_status_t status, const char *words) {
+    register_ok();
+    Keyflow__V1__PushBatchResponse *first = push_ok(1, "[" ROW("a", 10, "ok", 5) "]", 100);
+    uint64_t writes = kf_memdisk_writes(sim.disk);
+    char rows[512];
+    /* The bad row is a's second row, so it lands in a second handler call:
+     * the first call (a=9, c=4) was applied and must be rolled back. */
+    snprintf(rows, sizeof rows,
+             "[" ROW("a", 20, "ok", 9) "," ROW("c", 20, "ok", 4) ",{\"k\":\"a\",\"ts\":30,\"mode\":\"%s\",\"amount\":1}]",
+             mode);
+    kf_cmd_t *c = push("p", 2, rows, 500);
+    cr_assert_eq(c->error.status, status, "%s: got %s: %s", mode, kf_status_name(c->error.status),
+                 c->error.message);
+    cr_assert(strstr(c->error.message, words) != NULL, "'%s' should say '%s'", c->error.message, words);
+    cr_assert_eq(kf_memdisk_writes(sim.disk), writes, "nothing was written");
+    cr_assert_eq(state_of("a")->value, 5, "the good rows of the refused batch were rolled back");
+    cr_assert_eq(state_of("c")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+    cr_assert_eq(state_of("a")->n_timers, 0);
+    Keyflow__V1__ReadOutputResponse *r;
+    json_t *rows_out = output(0, 100, &r);
+    cr_assert_eq(json_array_size(rows_out), 1);
+    cr_assert_eq(r->high_water_seq, first->last_output_seq);
+    json_decref(rows_out);
+    Keyflow__V1__GetFunctionRequest g = KEYFLOW__V1__GET_FUNCTION_REQUEST__INIT;
+    g.function_id = "f";
+    Keyflow__V1__FunctionInfo *info = (Keyflow__V1__FunctionInfo *)sim_exec(&sim, KF_OP_GET_FUNCTION, &g.base)->response;
+    cr_assert_eq(info->watermark_us, 100, "the watermark did not move");
+    /* The sequence was not consumed: the same sequence now succeeds. */
+    Keyflow__V1__PushBatchResponse *ok = push_ok(2, "[" ROW("a", 20, "ok", 9) "]", INT64_MIN);
+    cr_assert_eq(ok->first_output_seq, 2);
+    cr_assert_eq(state_of("a")->value, 9);
+}
+
+Test(functions, refuses_an_undeclared_timer) { expect_refused("undeclared_timer", KF_E_PRECONDITION, "not declared"); }
+Test(functions, refuses_a_timer_at_the_watermark) { expect_refused("past_timer", KF_E_PRECONDITION, "not after the watermark"); }
+Test(functions, refuses_output_before_the_event_time) { expect_refused("early_output", KF_E_PRECONDITION, "before the activation"); }
+Test(functions, refuses_a_missing_non_nullable_column) { expect_refused("missing_column", KF_E_PRECONDITION, "non-nullable column key"); }
+Test(functions, refuses_two_mutations) { expect_refused("two_mutations", KF_E_PRECONDITION, "already has a state mutation"); }
+Test(functions, refuses_a_wrong_type) { expect_refused("wrong_type", KF_E_PRECONDITION, "not of that type"); }
+Test(functions, refuses_an_unended_row) { expect_refused("unended_row", KF_E_PRECONDITION, "not ended"); }
+Test(functions, refuses_an_unknown_activation) { expect_refused("bad_index", KF_E_PRECONDITION, "activation index"); }
+Test(functions, refuses_a_failed_call) { expect_refused("fail", KF_E_PRECONDITION, "mode fail"); }
+Test(functions, refuses_a_nonzero_return) { expect_refused("return", KF_E_PRECONDITION, "returned 7"); }
+
+Test(functions, refuses_too_many_output_rows_with_the_limit_named) {
+    limits_storage.max_output_rows_present_case =
+        KEYFLOW__V1__FUNCTION_LIMITS__MAX_OUTPUT_ROWS_PRESENT_MAX_OUTPUT_ROWS;
+    limits_storage.max_output_rows = 4;
+    Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
+    d->limits->max_output_rows_present_case =
+        KEYFLOW__V1__FUNCTION_LIMITS__MAX_OUTPUT_ROWS_PRESENT_MAX_OUTPUT_ROWS;
+    d->limits->max_output_rows = 4;
+    cr_assert_eq(register_fn(d)->error.status, KF_OK);
+    kf_cmd_t *c = push("p", 1, "[" ROW("a", 10, "many_rows", 0) "]", INT64_MIN);
+    cr_assert_eq(c->error.status, KF_E_LIMIT, "%s", c->error.message);
+    cr_assert(strstr(c->error.message, "max_output_rows") != NULL, "%s", c->error.message);
+}
+
+Test(functions, a_retry_returns_the_original_ack_and_changes_nothing) {
+    register_ok();
+    Keyflow__V1__PushBatchResponse *a = push_ok(1, "[" ROW("a", 10, "ok", 5) "," ROW("b", 10, "ok", 6) "]", INT64_MIN);
+    cr_assert_eq(a->rows_accepted, 2);
+    cr_assert_eq(a->first_output_seq, 1);
+    cr_assert_eq(a->last_output_seq, 2);
+    uint64_t writes = kf_memdisk_writes(sim.disk);
+    kf_cmd_t *again = push("p", 1, "[" ROW("a", 10, "ok", 100) "]", INT64_MIN);
+    cr_assert_eq(again->error.status, KF_OK);
+    Keyflow__V1__PushBatchResponse *b = (Keyflow__V1__PushBatchResponse *)again->response;
+    cr_assert(b->duplicate);
+    cr_assert_eq(b->rows_accepted, 2);
+    cr_assert_eq(b->last_output_seq, 2);
+    cr_assert_eq(kf_memdisk_writes(sim.disk), writes);
+    cr_assert_eq(state_of("a")->value, 5);
+    /* Another producer has its own sequence. */
+    cr_assert_eq(push("q", 1, "[" ROW("a", 10, "ok", 7) "]", INT64_MIN)->error.status, KF_OK);
+    /* After a crash the acknowledgement is still there. */
+    sim_crash(&sim);
+    again = push("p", 1, "[]", INT64_MIN);
+    cr_assert(((Keyflow__V1__PushBatchResponse *)again->response)->duplicate);
+    cr_assert_eq(((Keyflow__V1__PushBatchResponse *)again->response)->last_output_seq, 2);
+    /* Sequences must go forward; very old ones are refused. */
+    for (int64_t s = 2; s < 2 + KF_PRODUCER_ACKS_KEPT; s++) {
+        push_ok(s, "[]", INT64_MIN);
+    }
+    kf_cmd_t *old = push("p", 1, "[]", INT64_MIN);
+    cr_assert_eq(old->error.status, KF_E_PRECONDITION, "%s", old->error.message);
+    cr_assert(strstr(old->error.message, "sequence") != NULL);
+    cr_assert_eq(push("p", 0, "[]", INT64_MIN)->error.status, KF_E_INVALID);
+}
+
+Test(functions, rows_of_one_key_take_separate_calls_in_arrival_order) {
+    Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
+    d->limits->max_batch_rows_present_case = KEYFLOW__V1__FUNCTION_LIMITS__MAX_BATCH_ROWS_PRESENT_MAX_BATCH_ROWS;
+    d->limits->max_batch_rows = 2;
+    cr_assert_eq(register_fn(d)->error.status, KF_OK);
+    Keyflow__V1__PushBatchResponse *r = push_ok(1,
+        "[" ROW("a", 1, "ok", 1) "," ROW("b", 2, "ok", 2) "," ROW("c", 3, "ok", 3) "," ROW("d", 4, "ok", 4) "," ROW("e", 5, "ok", 5) "]",
+        INT64_MIN);
+    cr_assert_eq(r->handler_calls, 3, "5 distinct keys in calls of 2");
+    r = push_ok(2, "[" ROW("a", 1, "ok", 10) "," ROW("a", 2, "ok", 11) "," ROW("a", 3, "ok", 12) "]", INT64_MIN);
+    cr_assert_eq(r->handler_calls, 3, "one activation per key per call");
+    cr_assert_eq(state_of("a")->value, 12, "the last row wins: arrival order kept");
+    json_t *rows = output(5, 100, NULL);
+    cr_assert_eq(json_array_size(rows), 3);
+    for (size_t i = 0; i < 3; i++) {
+        cr_assert_eq(out_int(rows, i, "n"), 10 + (int64_t)i);
+        cr_assert_eq(out_int(rows, i, "_seq"), 6 + (int64_t)i);
+    }
+    json_decref(rows);
+}
+
+Test(functions, timers_fire_in_order_when_the_watermark_passes_them) {
+    Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
+    d->limits->max_timer_callbacks_per_step_present_case =
+        KEYFLOW__V1__FUNCTION_LIMITS__MAX_TIMER_CALLBACKS_PER_STEP_PRESENT_MAX_TIMER_CALLBACKS_PER_STEP;
+    d->limits->max_timer_callbacks_per_step = 2;
+    cr_assert_eq(register_fn(d)->error.status, KF_OK);
+    /* a@150, b@120, c@150, d@300, e@150 */
+    push_ok(1, "[" ROW("a", 100, "timer", 50) "," ROW("b", 100, "timer", 20) "," ROW("c", 100, "timer", 50) ","
+               ROW("d", 100, "timer", 200) "," ROW("e", 100, "timer", 50) "]", INT64_MIN);
+    Keyflow__V1__GetKeyStateResponse *b = state_of("b");
+    cr_assert_eq(b->n_timers, 1);
+    cr_assert_eq(b->timers[0]->at_us, 120);
+    Keyflow__V1__PushBatchResponse *r = push_ok(2, NULL, 200);
+    cr_assert_eq(r->timer_callbacks, 4);
+    cr_assert_eq(r->handler_calls, 2, "chunks of max_timer_callbacks_per_step");
+    cr_assert_eq(r->watermark_us, 200);
+    json_t *rows = output(0, 100, NULL);
+    cr_assert_eq(json_array_size(rows), 4);
+    const char *order[] = {"b", "a", "c", "e"};
+    int64_t at[] = {120, 150, 150, 150};
+    for (size_t i = 0; i < 4; i++) {
+        cr_assert_str_eq(json_string_value(json_object_get(json_array_get(rows, i), "key")), order[i]);
+        cr_assert_eq(out_int(rows, i, "ts"), at[i]);
+    }
+    json_decref(rows);
+    cr_assert_eq(state_of("a")->n_timers, 0, "a fired timer is gone");
+    cr_assert_eq(state_of("d")->n_timers, 1);
+    /* The watermark never goes back; a lower one changes nothing. */
+    r = push_ok(3, NULL, 150);
+    cr_assert_eq(r->watermark_us, 200);
+    cr_assert_eq(r->timer_callbacks, 0);
+    /* Timers survive a crash. */
+    sim_crash(&sim);
+    cr_assert_eq(state_of("d")->timers[0]->at_us, 300);
+    r = push_ok(4, NULL, 1000);
+    cr_assert_eq(r->timer_callbacks, 1);
+}
+
+Test(functions, input_must_match_the_schema_and_limits) {
+    Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
+    d->limits->max_input_rows_present_case = KEYFLOW__V1__FUNCTION_LIMITS__MAX_INPUT_ROWS_PRESENT_MAX_INPUT_ROWS;
+    d->limits->max_input_rows = 2;
+    cr_assert_eq(register_fn(d)->error.status, KF_OK);
+    kf_cmd_t *c = push("p", 1, "[{\"k\":\"a\",\"ts\":1}]", INT64_MIN);
+    cr_assert_eq(c->error.status, KF_E_INVALID);
+    cr_assert(strstr(c->error.message, "rows[0].mode") != NULL, "%s", c->error.message);
+    c = push("p", 1, "[{\"k\":\"a\",\"ts\":\"soon\",\"mode\":\"ok\"}]", INT64_MIN);
+    cr_assert(strstr(c->error.message, "rows[0].ts") != NULL, "%s", c->error.message);
+    c = push("p", 1, "[{\"k\":\"a\",\"ts\":1,\"mode\":\"ok\",\"extra\":1}]", INT64_MIN);
+    cr_assert(strstr(c->error.message, "rows[0].extra") != NULL, "%s", c->error.message);
+    c = push("p", 1, "[" ROW("a", 1, "ok", 1) "," ROW("b", 1, "ok", 1) "," ROW("c", 1, "ok", 1) "]", INT64_MIN);
+    cr_assert_eq(c->error.status, KF_E_TOO_LARGE);
+    cr_assert(strstr(c->error.message, "max_input_rows") != NULL, "%s", c->error.message);
+    cr_assert_eq(state_of("a")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+}
+
+Test(functions, columnar_batches_are_checked_against_the_schema) {
+    register_ok();
+    Keyflow__V1__PushBatchRequest req = KEYFLOW__V1__PUSH_BATCH_REQUEST__INIT;
+    req.function_id = "f";
+    req.producer_id = "p";
+    req.sequence = 1;
+    req.rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH;
+    Keyflow__V1__RowBatch b = KEYFLOW__V1__ROW_BATCH__INIT;
+    Keyflow__V1__Column cols[4], *ptrs[4];
+    Keyflow__V1__StringValues keys = KEYFLOW__V1__STRING_VALUES__INIT, modes = KEYFLOW__V1__STRING_VALUES__INIT;
+    Keyflow__V1__Int64Values ts = KEYFLOW__V1__INT64_VALUES__INIT, amounts = KEYFLOW__V1__INT64_VALUES__INIT;
+    char *kv[] = {"x", "y"}, *mv[] = {"ok", "ok"};
+    int64_t tv[] = {5, 6}, av[] = {40, 2};
+    protobuf_c_boolean nulls[] = {0, 1};
+    keys.n_values = 2; keys.values = kv;
+    modes.n_values = 2; modes.values = mv;
+    ts.n_values = 2; ts.values = tv;
+    amounts.n_values = 2; amounts.values = av;
+    for (int i = 0; i < 4; i++) {
+        keyflow__v1__column__init(&cols[i]);
+        ptrs[i] = &cols[i];
+    }
+    cols[0].values_case = KEYFLOW__V1__COLUMN__VALUES_STRINGS; cols[0].strings = &keys;
+    cols[1].values_case = KEYFLOW__V1__COLUMN__VALUES_INT64S; cols[1].int64s = &ts;
+    cols[2].values_case = KEYFLOW__V1__COLUMN__VALUES_STRINGS; cols[2].strings = &modes;
+    cols[3].values_case = KEYFLOW__V1__COLUMN__VALUES_INT64S; cols[3].int64s = &amounts;
+    cols[3].n_nulls = 2; cols[3].nulls = nulls;
+    b.row_count = 2;
+    b.n_columns = 4;
+    b.columns = ptrs;
+    req.batch = &b;
+    kf_cmd_t *c = sim_exec(&sim, KF_OP_PUSH_BATCH, &req.base);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    cr_assert_eq(state_of("x")->value, 40);
+    cr_assert_eq(state_of("y")->value, 0, "a null amount reads as 0 in this handler");
+    /* A null in a non-nullable column is refused. */
+    cols[0].n_nulls = 2;
+    cols[0].nulls = nulls;
+    req.sequence = 2;
+    c = sim_exec(&sim, KF_OP_PUSH_BATCH, &req.base);
+    cr_assert_eq(c->error.status, KF_E_INVALID);
+    cr_assert(strstr(c->error.message, "(k)") != NULL, "%s", c->error.message);
+    /* A column of the wrong type is refused. */
+    cols[0].n_nulls = 0;
+    cols[1].values_case = KEYFLOW__V1__COLUMN__VALUES_STRINGS;
+    cols[1].strings = &keys;
+    c = sim_exec(&sim, KF_OP_PUSH_BATCH, &req.base);
+    cr_assert_eq(c->error.status, KF_E_INVALID);
+    cr_assert(strstr(c->error.message, "ts") != NULL, "%s", c->error.message);
+}
+
+Test(functions, max_keys_is_enforced_with_nothing_applied) {
+    Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
+    d->limits->max_keys_present_case = KEYFLOW__V1__FUNCTION_LIMITS__MAX_KEYS_PRESENT_MAX_KEYS;
+    d->limits->max_keys = 2;
+    cr_assert_eq(register_fn(d)->error.status, KF_OK);
+    push_ok(1, "[" ROW("a", 1, "ok", 1) "," ROW("b", 1, "ok", 1) "]", INT64_MIN);
+    kf_cmd_t *c = push("p", 2, "[" ROW("a", 2, "ok", 2) "," ROW("c", 2, "ok", 1) "]", INT64_MIN);
+    cr_assert_eq(c->error.status, KF_E_LIMIT);
+    cr_assert(strstr(c->error.message, "max_keys") != NULL, "%s", c->error.message);
+    cr_assert_eq(state_of("a")->value, 1);
+    cr_assert_eq(state_of("c")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+    /* Clearing a key frees its slot. */
+    push_ok(2, "[" ROW("a", 2, "clear", 0) "," ROW("c", 2, "ok", 3) "]", INT64_MIN);
+    cr_assert_eq(state_of("c")->value, 3);
+}
+
+Test(functions, output_pages_across_chunks) {
+    register_ok();
+    char rows[64 * 1024];
+    size_t o = 0;
+    o += (size_t)snprintf(rows + o, sizeof rows - o, "[");
+    for (int i = 0; i < 300; i++) {
+        o += (size_t)snprintf(rows + o, sizeof rows - o, "%s{\"k\":\"k%d\",\"ts\":%d,\"mode\":\"ok\",\"amount\":%d}",
+                              i ? "," : "", i, i, i);
+    }
+    snprintf(rows + o, sizeof rows - o, "]");
+    for (int64_t s = 1; s <= 3; s++) {
+        push_ok(s, rows, INT64_MIN);
+    }
+    int64_t after = 0, seen = 0;
+    for (;;) {
+        Keyflow__V1__ReadOutputResponse *r;
+        json_t *page = output(after, 128, &r);
+        if (json_array_size(page) == 0) {
+            json_decref(page);
+            break;
+        }
+        for (size_t i = 0; i < json_array_size(page); i++) {
+            cr_assert_eq(out_int(page, i, "_seq"), after + 1 + (int64_t)i);
+            cr_assert_eq(out_int(page, i, "n"), (after + (int64_t)i) % 300);
+        }
+        seen += (int64_t)json_array_size(page);
+        after = r->next_after_seq;
+        json_decref(page);
+    }
+    cr_assert_eq(seen, 900);
+    sim_crash(&sim);
+    Keyflow__V1__ReadOutputResponse *r;
+    json_t *tail = output(899, 10, &r);
+    cr_assert_eq(json_array_size(tail), 1);
+    cr_assert_eq(r->high_water_seq, 900);
+    json_decref(tail);
+}

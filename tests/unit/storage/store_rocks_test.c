@@ -1,0 +1,190 @@
+/*
+ * store_rocks_test.c - what only the RocksDB store does (storage/store.h):
+ * its directory lock, directory creation, errors at open, flushes to table
+ * files with a small memtable, and the sticky error after a failed write.
+ *
+ * Each test gets its own mkdtemp directory, removed afterwards. The failed
+ * write is real: the test lowers RLIMIT_FSIZE (with SIGXFSZ ignored) so that
+ * the write-ahead log append fails with EFBIG, then restores the limit.
+ * Criterion runs each test in its own process, so the limit cannot leak into
+ * another test.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "base/bytes.h"
+#include "store_harness.h"
+
+static store_harness_t h;
+
+static void setup(void) { harness_setup_rocks(&h); }
+static void teardown(void) { harness_teardown(&h); }
+
+TestSuite(store_rocks_only, .init = setup, .fini = teardown);
+
+Test(store_rocks_only, second_open_of_a_directory_fails_on_its_lock) {
+    harness_put_str(h.store, KF_CF_RUNS, "k", "v");
+    kf_rocks_options_t options = {.path = h.dir};
+    kf_store_t *second = NULL;
+    kf_error_t err;
+    kf_error_clear(&err);
+    kf_status_t st = kf_store_open_rocks(&options, &second, &err);
+    if (st == KF_OK) {
+        kf_store_close(second);
+    }
+    cr_assert_eq(st, KF_E_IO, "got %s: %s", kf_status_name(st), err.message);
+    cr_assert_null(second);
+    cr_assert_eq(err.status, KF_E_IO);
+    cr_assert_not_null(strstr(err.message, "LOCK"), "message '%s' does not mention the lock",
+                       err.message);
+    /* The first handle is unaffected. */
+    harness_put_str(h.store, KF_CF_RUNS, "k2", "v2");
+    char v[8];
+    cr_assert(harness_get_str(h.store, KF_CF_RUNS, "k", v, sizeof v));
+    cr_assert(harness_get_str(h.store, KF_CF_RUNS, "k2", v, sizeof v));
+    /* After close, the directory can be opened again. */
+    harness_reopen(&h);
+    cr_assert(harness_get_str(h.store, KF_CF_RUNS, "k2", v, sizeof v));
+}
+
+Test(store_rocks_only, missing_directory_is_created) {
+    char path[HARNESS_PATH_BYTES + 16];
+    snprintf(path, sizeof path, "%s/sub", h.dir);
+    kf_rocks_options_t options = {.path = path};
+    kf_store_t *store = NULL;
+    kf_error_t err;
+    kf_error_clear(&err);
+    kf_status_t st = kf_store_open_rocks(&options, &store, &err);
+    cr_assert_eq(st, KF_OK, "%s: %s", kf_status_name(st), err.message);
+    struct stat sb;
+    cr_assert_eq(stat(path, &sb), 0);
+    cr_assert(S_ISDIR(sb.st_mode));
+    harness_put_str(store, KF_CF_STATE, "x", "y");
+    kf_store_close(store);
+}
+
+Test(store_rocks_only, path_that_is_a_file_is_an_io_error) {
+    char path[HARNESS_PATH_BYTES + 16];
+    snprintf(path, sizeof path, "%s/file", h.dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("not a database\n", f);
+    fclose(f);
+    kf_rocks_options_t options = {.path = path};
+    kf_store_t *store = NULL;
+    kf_error_t err;
+    kf_error_clear(&err);
+    kf_status_t st = kf_store_open_rocks(&options, &store, &err);
+    if (st == KF_OK) {
+        kf_store_close(store);
+    }
+    cr_assert_eq(st, KF_E_IO, "got %s: %s", kf_status_name(st), err.message);
+    cr_assert_null(store);
+    cr_assert_gt(strlen(err.message), 0);
+}
+
+/* With a small memtable the data goes through flushes into table files; it
+ * must read back complete and in order, before and after a reopen. */
+Test(store_rocks_only, small_memtables_flush_and_read_back) {
+    char path[HARNESS_PATH_BYTES + 16];
+    snprintf(path, sizeof path, "%s/small", h.dir);
+    kf_rocks_options_t options = {.path = path, .write_buffer_bytes = 64 * 1024};
+    enum { BATCHES = 100, PER_BATCH = 40, VALUE_BYTES = 500 };
+    uint8_t value[VALUE_BYTES];
+    for (int pass = 0; pass < 2; pass++) {
+        kf_store_t *store = NULL;
+        kf_error_t err;
+        kf_error_clear(&err);
+        kf_status_t st = kf_store_open_rocks(&options, &store, &err);
+        cr_assert_eq(st, KF_OK, "pass %d: %s: %s", pass, kf_status_name(st), err.message);
+        if (pass == 0) {
+            for (int b = 0; b < BATCHES; b++) {
+                kf_batch_t *batch = kf_batch_create(store);
+                for (int i = 0; i < PER_BATCH; i++) {
+                    uint64_t n = (uint64_t)(b * PER_BATCH + i);
+                    uint8_t key[8];
+                    kf_put_be64(key, n * 7919 % (BATCHES * PER_BATCH)); /* scrambled order */
+                    memset(value, (int)(n & 0xff), sizeof value);
+                    kf_batch_put(batch, KF_CF_OUTPUT, key, sizeof key, value, sizeof value);
+                }
+                harness_write(store, batch);
+                kf_batch_destroy(batch);
+            }
+        }
+        kf_iter_t *iter = NULL;
+        st = kf_iter_create(store, KF_CF_OUTPUT, NULL, 0, NULL, 0, &iter, &err);
+        cr_assert_eq(st, KF_OK);
+        uint64_t expect = 0;
+        for (kf_iter_seek_first(iter); kf_iter_valid(iter); kf_iter_next(iter)) {
+            size_t len;
+            const uint8_t *key = kf_iter_key(iter, &len);
+            cr_assert_eq(len, 8);
+            cr_assert_eq(kf_get_be64(key), expect, "pass %d", pass);
+            kf_iter_value(iter, &len);
+            cr_assert_eq(len, VALUE_BYTES);
+            expect++;
+        }
+        cr_assert_eq(kf_iter_status(iter, &err), KF_OK, "%s", err.message);
+        kf_iter_destroy(iter);
+        cr_assert_eq(expect, BATCHES * PER_BATCH, "pass %d", pass);
+        kf_store_close(store);
+    }
+}
+
+/* A write whose log append fails is refused with KF_E_IO, and the store then
+ * refuses every later write, even once the disk would accept it again, until
+ * it is reopened. What was acknowledged before stays. */
+Test(store_rocks_only, failed_write_poisons_the_store) {
+    harness_put_str(h.store, KF_CF_RUNS, "before", "acknowledged");
+
+    size_t big_len = 2u * 1024 * 1024;
+    uint8_t *big = malloc(big_len);
+    cr_assert_not_null(big);
+    memset(big, 0x42, big_len);
+    kf_batch_t *batch = kf_batch_create(h.store);
+    kf_batch_put(batch, KF_CF_OUTPUT, "big", 3, big, big_len);
+    free(big);
+
+    struct rlimit saved;
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &saved), 0);
+    cr_assert_eq(signal(SIGXFSZ, SIG_IGN) == SIG_ERR, 0);
+    struct rlimit low = saved;
+    low.rlim_cur = 512 * 1024;
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &low), 0);
+    kf_error_t err;
+    kf_error_clear(&err);
+    kf_status_t st = kf_store_write(h.store, batch, &err);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &saved), 0);
+    kf_batch_destroy(batch);
+    cr_assert_eq(st, KF_E_IO, "a write past RLIMIT_FSIZE gave %s: %s", kf_status_name(st),
+                 err.message);
+    cr_assert_eq(err.status, KF_E_IO);
+
+    /* The limit is back; the store must still refuse. */
+    for (int i = 0; i < 3; i++) {
+        batch = kf_batch_create(h.store);
+        kf_batch_put(batch, KF_CF_RUNS, "after", 5, "x", 1);
+        kf_error_clear(&err);
+        st = kf_store_write(h.store, batch, &err);
+        kf_batch_destroy(batch);
+        cr_assert_eq(st, KF_E_IO, "write %d after the failure gave %s", i, kf_status_name(st));
+    }
+    char v[32];
+    cr_assert(harness_get_str(h.store, KF_CF_RUNS, "before", v, sizeof v));
+    cr_assert_not(harness_get_str(h.store, KF_CF_RUNS, "after", v, sizeof v));
+
+    /* Reopening recovers: acknowledged data is there and writes work. */
+    harness_reopen(&h);
+    cr_assert(harness_get_str(h.store, KF_CF_RUNS, "before", v, sizeof v));
+    cr_assert_str_eq(v, "acknowledged");
+    cr_assert_not(harness_get_str(h.store, KF_CF_RUNS, "after", v, sizeof v));
+    harness_put_str(h.store, KF_CF_RUNS, "after", "x");
+    cr_assert(harness_get_str(h.store, KF_CF_RUNS, "after", v, sizeof v));
+}
