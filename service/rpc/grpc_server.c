@@ -63,7 +63,8 @@ typedef struct call_tag {
 
 struct call {
     kf_grpc_server_t *server;
-    const kf_method_t *method;
+    const kf_method_t *method;   /* NULL: a generic call for an unknown method */
+    grpc_call_details call_details; /* generic calls only */
     void *registered;            /* grpc's handle for the method */
     int metrics_id;
     grpc_call *call;
@@ -123,7 +124,9 @@ static void call_free(call_t *c) {
     }
     kf_arena_deinit(&c->arena);
     kf_arena_deinit(&c->page_arena);
-    if (c->method->kind == KF_METHOD_HEALTH_WATCH && c->refs_watch) {
+    if (c->method == NULL) {
+        grpc_call_details_destroy(&c->call_details);
+    } else if (c->method->kind == KF_METHOD_HEALTH_WATCH && c->refs_watch) {
         atomic_fetch_sub(&c->server->watches, 1);
     }
     if (c->call != NULL) {
@@ -152,6 +155,28 @@ static void request_call(kf_grpc_server_t *s, size_t method_index) {
         &c->tag_main);
     if (rc != GRPC_CALL_OK) {
         kf_log(KF_LOG_ERROR, "grpc", "request_registered_call failed: %d", (int)rc);
+        c->call = NULL;
+        call_free(c);
+    }
+}
+
+/* Keeps one generic call posted so that a call for a method that is not in
+ * the table is answered UNIMPLEMENTED at once instead of waiting forever. */
+static void request_generic(kf_grpc_server_t *s) {
+    if (atomic_load(&s->shutting_down)) {
+        return;
+    }
+    call_t *c = calloc(1, sizeof *c);
+    KF_ASSERT(c != NULL);
+    c->server = s;
+    c->metrics_id = -1;
+    c->tag_main = (call_tag_t){c, CALL_REQUESTED};
+    grpc_metadata_array_init(&c->metadata);
+    grpc_call_details_init(&c->call_details);
+    kf_arena_init(&c->arena, 0);
+    kf_arena_init(&c->page_arena, 0);
+    if (grpc_server_request_call(s->server, &c->call, &c->call_details, &c->metadata, s->cq, s->cq,
+                                 &c->tag_main) != GRPC_CALL_OK) {
         c->call = NULL;
         call_free(c);
     }
@@ -392,6 +417,15 @@ static void start_tail(call_t *c, const Keyflow__V1__TailOutputRequest *req) {
 static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     atomic_fetch_add(&s->live_calls, 1);
     c->start_us = kf_mono_us();
+    if (c->method == NULL) {
+        request_generic(s);
+        char msg[256];
+        snprintf(msg, sizeof msg, "method %.*s is not implemented",
+                 (int)GRPC_SLICE_LENGTH(c->call_details.method),
+                 (const char *)GRPC_SLICE_START_PTR(c->call_details.method));
+        send_reply(c, KF_E_UNIMPLEMENTED, msg, NULL);
+        return;
+    }
     request_call(s, (size_t)(c->method - kf_methods)); /* keep the method's backlog full */
     const kf_method_t *m = c->method;
     if (m->kind == KF_METHOD_HEALTH_WATCH) {
@@ -451,6 +485,10 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
         on_arrival(s, c);
         return;
     case CALL_REPLYING:
+        if (c->method == NULL) {
+            call_free(c);
+            return;
+        }
         kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code, kf_mono_us() - c->start_us);
         call_free(c);
         return;
@@ -554,6 +592,7 @@ kf_status_t kf_grpc_server_start(kf_grpc_server_t *s, kf_error_t *err) {
             request_call(s, i);
         }
     }
+    request_generic(s);
     for (int i = 0; i < s->thread_count; i++) {
         if (pthread_create(&s->threads[i], NULL, cq_main, s) != 0) {
             return kf_error_set(err, KF_E_INTERNAL, "cannot start a gRPC thread");

@@ -97,7 +97,8 @@ class Keyflowd:
                 self.kill()
                 raise RuntimeError("keyflowd did not start; log:\n" + self.read_log())
             time.sleep(0.02)
-        ports = dict(line.split("=") for line in open(port_file).read().split())
+        with open(port_file) as f:
+            ports = dict(line.split("=") for line in f.read().split())
         self.grpc_port = int(ports["grpc"])
         self.http_port = int(ports["http"])
         return self

@@ -1,0 +1,363 @@
+/*
+ * keyflow_client.c - one gRPC channel, unary calls on per-call completion
+ * queues, protobuf-c (un)packing into the caller's arena.
+ *
+ * Invariants
+ *   1. The client's only state is its channel and its target text, both
+ *      fixed at create: calls share nothing else, so any number of threads
+ *      may call at once (gRPC's channel is itself thread-safe).
+ *   2. Each call owns its completion queue, call object, byte buffers and
+ *      metadata arrays, and frees all of them before it returns: nothing a
+ *      call allocated outside the caller's arena outlives it.
+ *   3. A call either stores a decoded response and returns KF_OK, or stores
+ *      NULL and returns the status of the one place it failed (packing, the
+ *      gRPC status, or decoding), with a message naming that place.
+ *   4. A gRPC status is translated to a kf_status_t once, here, through
+ *      status_by_grpc_code; the server's message is copied unchanged.
+ */
+#include "keyflow_client.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/status.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "base/assert.h"
+#include "base/limits.h"
+
+struct kf_client {
+    grpc_channel *channel;       /* shared by every call; thread-safe */
+    char target[KF_CLIENT_TARGET_BYTES_MAX + 1];
+};
+
+/*
+ * gRPC code -> kf_status_t: the inverse of KF_STATUS_TABLE's grpc column.
+ * Where several statuses share a code the general one is chosen; UNKNOWN
+ * and UNAUTHENTICATED have no status of their own (keyflowd never sends
+ * them; a client-side failure in gRPC itself may produce UNKNOWN).
+ */
+static const kf_status_t status_by_grpc_code[] = {
+    [GRPC_STATUS_OK] = KF_OK,
+    [GRPC_STATUS_CANCELLED] = KF_E_CANCELLED,
+    [GRPC_STATUS_UNKNOWN] = KF_E_INTERNAL,
+    [GRPC_STATUS_INVALID_ARGUMENT] = KF_E_INVALID,
+    [GRPC_STATUS_DEADLINE_EXCEEDED] = KF_E_TIMEOUT,
+    [GRPC_STATUS_NOT_FOUND] = KF_E_NOT_FOUND,
+    [GRPC_STATUS_ALREADY_EXISTS] = KF_E_EXISTS,
+    [GRPC_STATUS_PERMISSION_DENIED] = KF_E_PERMISSION,
+    [GRPC_STATUS_RESOURCE_EXHAUSTED] = KF_E_LIMIT,
+    [GRPC_STATUS_FAILED_PRECONDITION] = KF_E_PRECONDITION,
+    [GRPC_STATUS_ABORTED] = KF_E_ABORTED,
+    [GRPC_STATUS_OUT_OF_RANGE] = KF_E_RANGE,
+    [GRPC_STATUS_UNIMPLEMENTED] = KF_E_UNIMPLEMENTED,
+    [GRPC_STATUS_INTERNAL] = KF_E_INTERNAL,
+    [GRPC_STATUS_UNAVAILABLE] = KF_E_UNAVAILABLE,
+    [GRPC_STATUS_DATA_LOSS] = KF_E_CORRUPT,
+    [GRPC_STATUS_UNAUTHENTICATED] = KF_E_PERMISSION,
+};
+
+#define GRPC_CODE_COUNT (sizeof status_by_grpc_code / sizeof status_by_grpc_code[0])
+_Static_assert(GRPC_CODE_COUNT == GRPC_STATUS_UNAUTHENTICATED + 1, "one row per gRPC code");
+
+kf_status_t kf_client_status_from_grpc(int grpc_code) {
+    if (grpc_code < 0 || (size_t)grpc_code >= GRPC_CODE_COUNT) {
+        return KF_E_INTERNAL;
+    }
+    return status_by_grpc_code[grpc_code];
+}
+
+/* The table must round-trip through status.h for every code keyflowd can
+ * send, or the CLI would print a different code name than the server sent.
+ * Checked at run time because status.h's codes are not constant
+ * expressions that _Static_assert can see through. */
+static void check_status_table(void) {
+    for (size_t code = 0; code < GRPC_CODE_COUNT; code++) {
+        if (code == GRPC_STATUS_UNKNOWN || code == GRPC_STATUS_UNAUTHENTICATED) {
+            continue;
+        }
+        KF_ASSERT((size_t)kf_status_grpc_code(status_by_grpc_code[code]) == code);
+    }
+}
+
+kf_status_t kf_client_create(const char *target, kf_client_t **out, kf_error_t *err) {
+    KF_ASSERT(target != NULL && out != NULL);
+    *out = NULL;
+    size_t target_len = strlen(target);
+    if (target_len == 0) {
+        return kf_error_set(err, KF_E_INVALID, "target: required, e.g. 127.0.0.1:50051");
+    }
+    if (target_len > KF_CLIENT_TARGET_BYTES_MAX) {
+        return kf_error_set(err, KF_E_INVALID, "target: at most %d bytes, got %zu",
+                            KF_CLIENT_TARGET_BYTES_MAX, target_len);
+    }
+    check_status_table();
+    kf_client_t *client = calloc(1, sizeof *client);
+    if (client == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate the client");
+    }
+    memcpy(client->target, target, target_len + 1);
+
+    grpc_init();
+    /* Explicit message bounds, matching the server's: gRPC's default 4 MiB
+     * receive limit would refuse a legal run list or batch input. */
+    grpc_arg args[3];
+    memset(args, 0, sizeof args);
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = KF_RESPONSE_BYTES_MAX;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = KF_REQUEST_BYTES_MAX;
+    args[2].type = GRPC_ARG_STRING;
+    args[2].key = GRPC_ARG_PRIMARY_USER_AGENT_STRING;
+    args[2].value.string = "keyflow-c";
+    grpc_channel_args channel_args = {sizeof args / sizeof args[0], args};
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    client->channel = grpc_channel_create(client->target, creds, &channel_args);
+    grpc_channel_credentials_release(creds);
+    if (client->channel == NULL) {
+        free(client);
+        grpc_shutdown();
+        return kf_error_set(err, KF_E_INTERNAL, "cannot create a gRPC channel to %s", target);
+    }
+    *out = client;
+    return KF_OK;
+}
+
+void kf_client_destroy(kf_client_t *client) {
+    if (client == NULL) {
+        return;
+    }
+    grpc_channel_destroy(client->channel);
+    free(client);
+    grpc_shutdown();
+}
+
+const char *kf_client_target(const kf_client_t *client) { return client->target; }
+
+/* protobuf-c allocator over the caller's arena that remembers whether an
+ * allocation failed, so that an exhausted arena is told apart from a
+ * malformed message (protobuf-c reports both as NULL). */
+typedef struct decode_alloc {
+    kf_arena_t *arena;
+    bool exhausted;
+} decode_alloc_t;
+
+static void *decode_alloc(void *data, size_t size) {
+    decode_alloc_t *d = data;
+    void *p = kf_arena_alloc(d->arena, size);
+    if (p == NULL) {
+        d->exhausted = true;
+    }
+    return p;
+}
+
+static void decode_free(void *data, void *ptr) {
+    /* The arena frees everything at once at reset. */
+    (void)data;
+    (void)ptr;
+}
+
+/* Unpacks the received message into the arena. */
+static kf_status_t decode_response(grpc_byte_buffer *payload,
+                                   const ProtobufCMessageDescriptor *desc, kf_arena_t *arena,
+                                   ProtobufCMessage **response, kf_error_t *err) {
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, payload)) {
+        return kf_error_set(err, KF_E_INTERNAL,
+                            "response: cannot read the %s message (unsupported compression)",
+                            desc->name);
+    }
+    grpc_slice slice = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    decode_alloc_t state = {arena, false};
+    ProtobufCAllocator allocator = {decode_alloc, decode_free, &state};
+    size_t len = GRPC_SLICE_LENGTH(slice);
+    ProtobufCMessage *msg =
+        protobuf_c_message_unpack(desc, &allocator, len, GRPC_SLICE_START_PTR(slice));
+    grpc_slice_unref(slice);
+    if (msg == NULL) {
+        if (state.exhausted) {
+            return kf_error_set(err, KF_E_LIMIT,
+                                "response: the arena's limit of %zu bytes was reached decoding "
+                                "%zu bytes of %s",
+                                arena->limit_bytes, len, desc->name);
+        }
+        return kf_error_set(err, KF_E_INTERNAL, "response: %zu bytes that are not a valid %s",
+                            len, desc->name);
+    }
+    KF_ASSERT(msg->descriptor == desc);
+    *response = msg;
+    return KF_OK;
+}
+
+kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
+                           const ProtobufCMessage *request,
+                           const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
+                           int64_t timeout_ms, ProtobufCMessage **response, kf_error_t *err) {
+    KF_ASSERT(client != NULL && method_path != NULL && method_path[0] == '/');
+    KF_ASSERT(request != NULL && request->descriptor != NULL);
+    KF_ASSERT(request->descriptor->magic == PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC);
+    KF_ASSERT(response_desc != NULL);
+    KF_ASSERT(response_desc->magic == PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC);
+    KF_ASSERT(arena != NULL && response != NULL && timeout_ms >= 0);
+    *response = NULL;
+
+    size_t request_len = protobuf_c_message_get_packed_size(request);
+    if (request_len > KF_REQUEST_BYTES_MAX) {
+        return kf_error_set(err, KF_E_TOO_LARGE,
+                            "request: %zu bytes packed, more than KF_REQUEST_BYTES_MAX (%d)",
+                            request_len, KF_REQUEST_BYTES_MAX);
+    }
+    grpc_slice request_slice = grpc_slice_malloc(request_len);
+    size_t packed = protobuf_c_message_pack(request, GRPC_SLICE_START_PTR(request_slice));
+    KF_ASSERT(packed == request_len);
+    grpc_byte_buffer *send_buffer = grpc_raw_byte_buffer_create(&request_slice, 1);
+    grpc_slice_unref(request_slice);
+
+    /* A queue per call: pluck needs no shared poller, and no other thread's
+     * call can ever show up on it. */
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    gpr_timespec deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    if (timeout_ms > 0) {
+        deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+    }
+    grpc_slice method = grpc_slice_from_copied_string(method_path);
+    grpc_call *call = grpc_channel_create_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                               method, NULL, deadline, NULL);
+    grpc_slice_unref(method);
+    KF_ASSERT(call != NULL);
+
+    grpc_metadata_array initial_metadata;
+    grpc_metadata_array trailing_metadata;
+    grpc_metadata_array_init(&initial_metadata);
+    grpc_metadata_array_init(&trailing_metadata);
+    grpc_byte_buffer *recv_buffer = NULL;
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    const char *error_string = NULL;
+
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send_buffer;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_metadata;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &recv_buffer;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trailing_metadata;
+    ops[5].data.recv_status_on_client.status = &code;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    ops[5].data.recv_status_on_client.error_string = &error_string;
+
+    kf_status_t st = KF_OK;
+    void *tag = &ops; /* any address unique to this call */
+    grpc_call_error rc = grpc_call_start_batch(call, ops, sizeof ops / sizeof ops[0], tag, NULL);
+    if (rc != GRPC_CALL_OK) {
+        st = kf_error_set(err, KF_E_INTERNAL, "%s: grpc_call_start_batch failed (%d)", method_path,
+                          (int)rc);
+        goto release_call;
+    }
+    /* The call's deadline bounds this wait; RECV_STATUS always completes. */
+    grpc_event ev = grpc_completion_queue_pluck(cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    KF_ASSERT(ev.type == GRPC_OP_COMPLETE && ev.tag == tag);
+
+    if (code != GRPC_STATUS_OK) {
+        size_t details_len = GRPC_SLICE_LENGTH(details);
+        if (details_len > KF_ERROR_MESSAGE_BYTES_MAX) {
+            details_len = KF_ERROR_MESSAGE_BYTES_MAX;
+        }
+        if (details_len == 0) {
+            st = kf_error_set(err, kf_client_status_from_grpc((int)code),
+                              "%s failed with no status message", method_path);
+        } else {
+            st = kf_error_set(err, kf_client_status_from_grpc((int)code), "%.*s", (int)details_len,
+                              (const char *)GRPC_SLICE_START_PTR(details));
+        }
+    } else if (recv_buffer == NULL) {
+        st = kf_error_set(err, KF_E_INTERNAL, "response: %s returned OK without a message",
+                          method_path);
+    } else {
+        st = decode_response(recv_buffer, response_desc, arena, response, err);
+    }
+
+release_call:
+    grpc_call_unref(call);
+    /* Nothing is pending on the queue now, so shutdown needs no drain. */
+    grpc_completion_queue_shutdown(cq);
+    grpc_completion_queue_destroy(cq);
+    if (recv_buffer != NULL) {
+        grpc_byte_buffer_destroy(recv_buffer);
+    }
+    grpc_byte_buffer_destroy(send_buffer);
+    grpc_slice_unref(details);
+    if (error_string != NULL) {
+        gpr_free((void *)error_string);
+    }
+    grpc_metadata_array_destroy(&initial_metadata);
+    grpc_metadata_array_destroy(&trailing_metadata);
+    KF_ASSERT((st == KF_OK) == (*response != NULL));
+    return st;
+}
+
+/* One typed wrapper: checks the request's type (an uninitialized or wrong
+ * message is a programmer error) and narrows the response's. */
+#define KF_CLIENT_WRAPPER(fn, path, Req, req_desc, Resp, resp_desc)                             \
+    kf_status_t fn(kf_client_t *client, const Req *request, kf_arena_t *arena,                  \
+                   int64_t timeout_ms, Resp **response, kf_error_t *err) {                      \
+        KF_ASSERT(request != NULL && request->base.descriptor == &req_desc);                    \
+        ProtobufCMessage *msg = NULL;                                                          \
+        kf_status_t st = kf_client_call(client, path, &request->base, &resp_desc, arena,       \
+                                        timeout_ms, &msg, err);                                \
+        *response = (Resp *)msg;                                                               \
+        return st;                                                                             \
+    }
+
+KF_CLIENT_WRAPPER(kf_client_send_event, KF_CLIENT_PATH_SEND_EVENT, Keyflow__V1__SendEventRequest,
+                  keyflow__v1__send_event_request__descriptor, Keyflow__V1__SendEventResponse,
+                  keyflow__v1__send_event_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_describe_coordinator, KF_CLIENT_PATH_DESCRIBE_COORDINATOR,
+                  Keyflow__V1__DescribeCoordinatorRequest,
+                  keyflow__v1__describe_coordinator_request__descriptor,
+                  Keyflow__V1__DescribeCoordinatorResponse,
+                  keyflow__v1__describe_coordinator_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_flush_window, KF_CLIENT_PATH_FLUSH_WINDOW,
+                  Keyflow__V1__FlushWindowRequest, keyflow__v1__flush_window_request__descriptor,
+                  Keyflow__V1__FlushWindowResponse, keyflow__v1__flush_window_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_cancel_window, KF_CLIENT_PATH_CANCEL_WINDOW,
+                  Keyflow__V1__CancelWindowRequest, keyflow__v1__cancel_window_request__descriptor,
+                  Keyflow__V1__CancelWindowResponse,
+                  keyflow__v1__cancel_window_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_poll_runs, KF_CLIENT_PATH_POLL_RUNS, Keyflow__V1__PollRunsRequest,
+                  keyflow__v1__poll_runs_request__descriptor, Keyflow__V1__PollRunsResponse,
+                  keyflow__v1__poll_runs_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_heartbeat_run, KF_CLIENT_PATH_HEARTBEAT_RUN,
+                  Keyflow__V1__HeartbeatRunRequest, keyflow__v1__heartbeat_run_request__descriptor,
+                  Keyflow__V1__HeartbeatRunResponse,
+                  keyflow__v1__heartbeat_run_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_complete_run, KF_CLIENT_PATH_COMPLETE_RUN,
+                  Keyflow__V1__CompleteRunRequest, keyflow__v1__complete_run_request__descriptor,
+                  Keyflow__V1__CompleteRunResponse, keyflow__v1__complete_run_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_get_run, KF_CLIENT_PATH_GET_RUN, Keyflow__V1__GetRunRequest,
+                  keyflow__v1__get_run_request__descriptor, Keyflow__V1__Run,
+                  keyflow__v1__run__descriptor)
+KF_CLIENT_WRAPPER(kf_client_list_runs, KF_CLIENT_PATH_LIST_RUNS, Keyflow__V1__ListRunsRequest,
+                  keyflow__v1__list_runs_request__descriptor, Keyflow__V1__ListRunsResponse,
+                  keyflow__v1__list_runs_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_health_check, KF_CLIENT_PATH_HEALTH_CHECK,
+                  Grpc__Health__V1__HealthCheckRequest,
+                  grpc__health__v1__health_check_request__descriptor,
+                  Grpc__Health__V1__HealthCheckResponse,
+                  grpc__health__v1__health_check_response__descriptor)

@@ -1,0 +1,141 @@
+/*
+ * cli.h - private interface between the files of the `keyflow` CLI:
+ * command-line flags (cli_args.c), the shared per-invocation context and
+ * output helpers (keyflow.c), and the worker loop (cli_work.c).
+ *
+ * Exit codes are the CLI's contract with scripts: 0 success, 1 an RPC or
+ * run-time error ("keyflow: <GRPC_CODE_NAME>: <message>" on stderr), 2 a
+ * usage error (the message names the offending flag or argument).
+ */
+#ifndef KF_CLI_CLI_H
+#define KF_CLI_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/arena.h"
+#include "base/status.h"
+#include "keyflow_client.h"
+
+#define KF__CLI_EXIT_OK 0
+#define KF__CLI_EXIT_ERROR 1
+#define KF__CLI_EXIT_USAGE 2
+
+/* Input read from a file or stdin (--input-file, call's JSON): a 16 MiB
+ * input batch is the largest payload any request carries. */
+#define KF__CLI_INPUT_BYTES_MAX (16 * 1024 * 1024)
+/* Flag occurrences on one command line; a repeatable flag such as
+ * --workflow may appear KF_POLL_WORKFLOWS_MAX times, plus the others. */
+#define KF__CLI_OCCURRENCES_MAX 64
+#define KF__CLI_POSITIONAL_MAX 4
+/* Deadline of an ordinary call; a long poll gets this much past its
+ * wait_ms before the client gives up on it. */
+#define KF__CLI_TIMEOUT_MS_DEFAULT 30000
+/* The largest --timeout-ms: a day is longer than any call should take. */
+#define KF__CLI_TIMEOUT_MS_MAX (24LL * 3600 * 1000)
+
+typedef enum kf__cli_flag_kind {
+    KF__CLI_SWITCH,              /* --once: no value */
+    KF__CLI_VALUE,               /* --key K: at most once */
+    KF__CLI_LIST,                /* --workflow W: repeatable, kept in order */
+} kf__cli_flag_kind_t;
+
+typedef struct kf__cli_flag {
+    const char *name;            /* "--window-ms" */
+    kf__cli_flag_kind_t kind;
+    const char *value_name;      /* "N", shown in help; NULL for switches */
+    const char *help;
+} kf__cli_flag_t;
+
+/* One parsed command line. Every string points into argv (borrowed for the
+ * life of the process). */
+typedef struct kf__cli_args {
+    const char *command;         /* "send", for messages */
+    const kf__cli_flag_t *flags; /* the command's flags, then the globals */
+    size_t flag_count;
+    struct {
+        const kf__cli_flag_t *flag;
+        const char *value;       /* NULL for a switch */
+    } occurrences[KF__CLI_OCCURRENCES_MAX];
+    size_t occurrence_count;
+    const char *positional[KF__CLI_POSITIONAL_MAX];
+    size_t positional_count;
+    char **rest;                 /* after "--"; NULL when there was none */
+    int rest_count;
+    bool help;                   /* -h or --help was given */
+} kf__cli_args_t;
+
+/* The flags every command accepts (--addr, --timeout-ms). */
+extern const kf__cli_flag_t kf__cli_global_flags[];
+extern const size_t kf__cli_global_flag_count;
+
+/*
+ * Parses argv[0..argc) (the words after the command name) against `flags`
+ * plus the global flags. Returns KF__CLI_EXIT_OK, or KF__CLI_EXIT_USAGE after
+ * printing a message that names the bad flag. `allow_rest`: whether "--"
+ * may introduce a trailing command.
+ */
+int kf__cli_parse(const char *command, const kf__cli_flag_t *flags, size_t flag_count, int argc,
+                  char **argv, bool allow_rest, kf__cli_args_t *out);
+
+/* Prints "keyflow: <command>: <message>" and the help hint to stderr;
+ * returns KF__CLI_EXIT_USAGE. */
+int kf__cli_usage_error(const char *command, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Whether the switch or value flag `name` was given. */
+bool kf__cli_has(const kf__cli_args_t *args, const char *name);
+/* The value of `name`, or NULL when it was not given. */
+const char *kf__cli_value(const kf__cli_args_t *args, const char *name);
+/* Every value of the list flag `name`, in order, into out[0..max). Returns
+ * the count (at most max; kf__cli_parse already bounded it). */
+size_t kf__cli_list(const kf__cli_args_t *args, const char *name, const char **out, size_t max);
+/* The value of `name` when it is required: a usage error naming it when
+ * it is absent. */
+int kf__cli_require(const kf__cli_args_t *args, const char *name, const char **out);
+
+/*
+ * An integer flag: *present tells whether it was given; *out is set only
+ * then. The text must be a whole base-10 int64 (strtoll, with overflow,
+ * empty text and trailing characters all refused) within [min, max].
+ * Returns KF__CLI_EXIT_OK or a usage error naming the flag.
+ */
+int kf__cli_int64(const kf__cli_args_t *args, const char *name, int64_t min, int64_t max,
+                  bool *present, int64_t *out);
+
+/*
+ * Reads all of fd into a new NUL-terminated malloc'd buffer (*out, caller
+ * frees; *len excludes the NUL). Errors: KF_E_TOO_LARGE past max_bytes,
+ * KF_E_INVALID when the bytes contain a NUL (they become C strings), KF_E_IO.
+ * On error nothing is allocated.
+ */
+kf_status_t kf__cli_read_fd(int fd, size_t max_bytes, char **out, size_t *len,
+                            kf_error_t *err) KF_MUST_USE;
+/* The same for a path ("-" is stdin). */
+kf_status_t kf__cli_read_path(const char *path, size_t max_bytes, char **out, size_t *len,
+                              kf_error_t *err) KF_MUST_USE;
+
+/* Per invocation: the connection and the arena responses live in. */
+typedef struct kf__cli {
+    const char *command;
+    const char *addr;            /* --addr, $KEYFLOW_ADDR, or the default */
+    int64_t timeout_ms;          /* --timeout-ms; meaningful when timeout_set */
+    bool timeout_set;
+    kf_client_t *client;         /* owned; created before a command runs */
+    kf_arena_t arena;            /* responses and JSON text; reset per call */
+} kf__cli_t;
+
+/* Prints `msg` as one line of JSON on stdout. Returns an exit code. */
+int kf__cli_print_json(kf__cli_t *cli, const ProtobufCMessage *msg);
+/* Prints "keyflow: <GRPC_CODE_NAME>: <message>"; returns KF__CLI_EXIT_ERROR. */
+int kf__cli_fail(const kf_error_t *err);
+/* The deadline for a call: --timeout-ms when given, else the default plus
+ * the call's own wait (a long poll's wait_ms, clamped to the server's bound). */
+int64_t kf__cli_timeout_ms(const kf__cli_t *cli, int64_t wait_ms);
+
+/* `keyflow work`: the worker loop (cli_work.c); its flags are declared
+ * with the other commands' in keyflow.c. */
+int kf__cli_work(kf__cli_t *cli, const kf__cli_args_t *args);
+
+#endif

@@ -1,0 +1,758 @@
+/*
+ * keyflow.c - the `keyflow` command-line client: one command per RPC of
+ * the Coordinators, Runs and Health services, a generic `call`, and a
+ * worker loop (`work`, in cli_work.c), all over the C client library.
+ *
+ * Invariants
+ *   1. Output: every response is one JSON document on one line of stdout,
+ *      rendered by the gateway's mapping (kf_message_to_json), so the CLI
+ *      and `curl` against the HTTP gateway print the same shapes.
+ *   2. Errors: an RPC error prints "keyflow: <GRPC_CODE_NAME>: <message>"
+ *      with the server's message unchanged and exits 1; a usage error names
+ *      the flag or argument at fault and exits 2; nothing is sent then.
+ *   3. Requests carry only what the user gave: a rule field is set (its
+ *      oneof case chosen) only when its flag is present, so the server's
+ *      defaults and the server's validation apply, in one place. The CLI
+ *      checks syntax (integers, enum words, which flags go together) only.
+ *   4. All memory of one invocation lives in one arena, plus input buffers
+ *      read from files, which are freed before the command returns.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "base/assert.h"
+#include "base/limits.h"
+#include "cli.h"
+#include "engine/methods.h"
+#include "http/json_map.h"
+
+#define DEFAULT_ADDR "127.0.0.1:50051"
+
+typedef int (*command_fn)(kf__cli_t *cli, const kf__cli_args_t *args);
+
+typedef struct command {
+    const char *name;
+    const char *synopsis;        /* what follows "keyflow NAME" in usage */
+    const char *summary;         /* one line, for `keyflow --help` */
+    const char *details;         /* paragraphs for `keyflow NAME --help`, or NULL */
+    const kf__cli_flag_t *flags;
+    size_t flag_count;
+    size_t positional_min;
+    size_t positional_max;
+    bool allow_rest;             /* "-- CMD ARGS..." */
+    command_fn run;
+} command_t;
+
+/* ---- output ------------------------------------------------------------ */
+
+int kf__cli_print_json(kf__cli_t *cli, const ProtobufCMessage *msg) {
+    size_t len = 0;
+    char *text = kf_message_to_json(msg, &cli->arena, &len);
+    if (text == NULL) {
+        fprintf(stderr, "keyflow: RESOURCE_EXHAUSTED: cannot render the %s response as JSON "
+                        "(arena limit reached)\n",
+                msg->descriptor->name);
+        return KF__CLI_EXIT_ERROR;
+    }
+    if (fwrite(text, 1, len, stdout) != len || fputc('\n', stdout) == EOF || fflush(stdout) != 0) {
+        fprintf(stderr, "keyflow: cannot write to stdout: %s\n", strerror(errno));
+        return KF__CLI_EXIT_ERROR;
+    }
+    return KF__CLI_EXIT_OK;
+}
+
+int kf__cli_fail(const kf_error_t *err) {
+    fprintf(stderr, "keyflow: %s: %s\n", kf_status_grpc_name(err->status), err->message);
+    return KF__CLI_EXIT_ERROR;
+}
+
+int64_t kf__cli_timeout_ms(const kf__cli_t *cli, int64_t wait_ms) {
+    if (cli->timeout_set) {
+        return cli->timeout_ms;
+    }
+    /* The server caps a long poll at KF_POLL_WAIT_MS_MAX (and refuses more),
+     * so a larger wait never needs a longer deadline. */
+    if (wait_ms < 0) {
+        wait_ms = 0;
+    }
+    if (wait_ms > KF_POLL_WAIT_MS_MAX) {
+        wait_ms = KF_POLL_WAIT_MS_MAX;
+    }
+    return KF__CLI_TIMEOUT_MS_DEFAULT + wait_ms;
+}
+
+/* ---- shared request pieces --------------------------------------------- */
+
+static int parse_kind(const kf__cli_args_t *args, Keyflow__V1__RuleKind *out) {
+    const char *text = NULL;
+    int rc = kf__cli_require(args, "--kind", &text);
+    if (rc != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    if (strcasecmp(text, "debounce") == 0) {
+        *out = KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE;
+    } else if (strcasecmp(text, "batch") == 0) {
+        *out = KEYFLOW__V1__RULE_KIND__RULE_KIND_BATCH;
+    } else {
+        return kf__cli_usage_error(args->command, "--kind: expected debounce or batch, got \"%s\"",
+                                   text);
+    }
+    return KF__CLI_EXIT_OK;
+}
+
+/* ---- send -------------------------------------------------------------- */
+
+static const kf__cli_flag_t send_flags[] = {
+    {"--workflow", KF__CLI_VALUE, "W", "workflow the window's run belongs to (required)"},
+    {"--key", KF__CLI_VALUE, "K", "coordinator key (required)"},
+    {"--id", KF__CLI_VALUE, "ID", "event ID: a retry with the same ID gets the first receipt"},
+    {"--debounce", KF__CLI_SWITCH, NULL, "debounce rule (one of --debounce, --batch)"},
+    {"--batch", KF__CLI_SWITCH, NULL, "batch rule (one of --debounce, --batch)"},
+    {"--window-ms", KF__CLI_VALUE, "N", "debounce: quiet time after the latest event"},
+    {"--max-wait-ms", KF__CLI_VALUE, "N",
+     "longest a window stays open (debounce default 0 = unbounded, batch 1000)"},
+    {"--max-events", KF__CLI_VALUE, "N", "batch: events that fill a window (default 100)"},
+    {"--dedup-ms", KF__CLI_VALUE, "N", "how long the event ID is remembered (default 600000)"},
+    {"--input", KF__CLI_VALUE, "JSON", "the event's input, any JSON value"},
+    {"--input-file", KF__CLI_VALUE, "F", "read the input from file F ('-' for stdin)"},
+};
+
+static int cmd_send(kf__cli_t *cli, const kf__cli_args_t *args) {
+    const char *workflow = NULL;
+    const char *key = NULL;
+    int rc;
+    if ((rc = kf__cli_require(args, "--workflow", &workflow)) != KF__CLI_EXIT_OK ||
+        (rc = kf__cli_require(args, "--key", &key)) != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    bool debounce = kf__cli_has(args, "--debounce");
+    bool batch = kf__cli_has(args, "--batch");
+    if (debounce == batch) {
+        return kf__cli_usage_error(args->command,
+                                   debounce ? "--debounce and --batch exclude each other"
+                                            : "one of --debounce or --batch is required");
+    }
+    Keyflow__V1__Rule rule = KEYFLOW__V1__RULE__INIT;
+    rule.kind = debounce ? KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE
+                         : KEYFLOW__V1__RULE_KIND__RULE_KIND_BATCH;
+    bool present = false;
+    int64_t v = 0;
+    /* Full int64 range: the server owns the bounds and names them. */
+    if ((rc = kf__cli_int64(args, "--window-ms", INT64_MIN, INT64_MAX, &present, &v)) != 0) {
+        return rc;
+    }
+    if (present) {
+        rule.window_ms_present_case = KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS;
+        rule.window_ms = v;
+    }
+    if ((rc = kf__cli_int64(args, "--max-wait-ms", INT64_MIN, INT64_MAX, &present, &v)) != 0) {
+        return rc;
+    }
+    if (present) {
+        rule.max_wait_ms_present_case = KEYFLOW__V1__RULE__MAX_WAIT_MS_PRESENT_MAX_WAIT_MS;
+        rule.max_wait_ms = v;
+    }
+    if ((rc = kf__cli_int64(args, "--max-events", INT64_MIN, INT64_MAX, &present, &v)) != 0) {
+        return rc;
+    }
+    if (present) {
+        rule.max_events_present_case = KEYFLOW__V1__RULE__MAX_EVENTS_PRESENT_MAX_EVENTS;
+        rule.max_events = v;
+    }
+    if ((rc = kf__cli_int64(args, "--dedup-ms", INT64_MIN, INT64_MAX, &present, &v)) != 0) {
+        return rc;
+    }
+    if (present) {
+        rule.dedup_ms_present_case = KEYFLOW__V1__RULE__DEDUP_MS_PRESENT_DEDUP_MS;
+        rule.dedup_ms = v;
+    }
+
+    const char *input = kf__cli_value(args, "--input");
+    const char *input_file = kf__cli_value(args, "--input-file");
+    char *input_buf = NULL;
+    if (input != NULL && input_file != NULL) {
+        return kf__cli_usage_error(args->command, "--input and --input-file exclude each other");
+    }
+    if (input_file != NULL) {
+        size_t len = 0;
+        kf_error_t err;
+        if (kf__cli_read_path(input_file, KF__CLI_INPUT_BYTES_MAX, &input_buf, &len, &err) !=
+            KF_OK) {
+            return kf__cli_usage_error(args->command, "--input-file: %s", err.message);
+        }
+        input = input_buf;
+    }
+
+    Keyflow__V1__Event event = KEYFLOW__V1__EVENT__INIT;
+    const char *id = kf__cli_value(args, "--id");
+    if (id != NULL) {
+        event.id = (char *)id;
+    }
+    event.rule = &rule;
+    if (input != NULL) {
+        event.input_json = (char *)input;
+    }
+    Keyflow__V1__SendEventRequest req = KEYFLOW__V1__SEND_EVENT_REQUEST__INIT;
+    req.workflow = (char *)workflow;
+    req.key = (char *)key;
+    req.event = &event;
+    Keyflow__V1__SendEventResponse *resp = NULL;
+    kf_error_t err;
+    kf_status_t st = kf_client_send_event(cli->client, &req, &cli->arena,
+                                          kf__cli_timeout_ms(cli, 0), &resp, &err);
+    free(input_buf);
+    if (st != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print_json(cli, &resp->base);
+}
+
+/* ---- describe / flush / cancel ----------------------------------------- */
+
+static const kf__cli_flag_t coordinator_flags[] = {
+    {"--kind", KF__CLI_VALUE, "debounce|batch", "which coordinator of the key (required)"},
+    {"--workflow", KF__CLI_VALUE, "W", "workflow (required)"},
+    {"--key", KF__CLI_VALUE, "K", "key (required)"},
+};
+
+static int cmd_coordinator(kf__cli_t *cli, const kf__cli_args_t *args) {
+    Keyflow__V1__CoordinatorRef ref = KEYFLOW__V1__COORDINATOR_REF__INIT;
+    const char *workflow = NULL;
+    const char *key = NULL;
+    int rc;
+    if ((rc = parse_kind(args, &ref.kind)) != KF__CLI_EXIT_OK ||
+        (rc = kf__cli_require(args, "--workflow", &workflow)) != KF__CLI_EXIT_OK ||
+        (rc = kf__cli_require(args, "--key", &key)) != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    ref.workflow = (char *)workflow;
+    ref.key = (char *)key;
+    int64_t timeout_ms = kf__cli_timeout_ms(cli, 0);
+    kf_error_t err;
+    kf_status_t st;
+    const ProtobufCMessage *out = NULL;
+    if (strcmp(args->command, "describe") == 0) {
+        Keyflow__V1__DescribeCoordinatorRequest req =
+            KEYFLOW__V1__DESCRIBE_COORDINATOR_REQUEST__INIT;
+        Keyflow__V1__DescribeCoordinatorResponse *resp = NULL;
+        req.coordinator = &ref;
+        st = kf_client_describe_coordinator(cli->client, &req, &cli->arena, timeout_ms, &resp,
+                                            &err);
+        out = resp != NULL ? &resp->base : NULL;
+    } else if (strcmp(args->command, "flush") == 0) {
+        Keyflow__V1__FlushWindowRequest req = KEYFLOW__V1__FLUSH_WINDOW_REQUEST__INIT;
+        Keyflow__V1__FlushWindowResponse *resp = NULL;
+        req.coordinator = &ref;
+        st = kf_client_flush_window(cli->client, &req, &cli->arena, timeout_ms, &resp, &err);
+        out = resp != NULL ? &resp->base : NULL;
+    } else {
+        KF_ASSERT(strcmp(args->command, "cancel") == 0);
+        Keyflow__V1__CancelWindowRequest req = KEYFLOW__V1__CANCEL_WINDOW_REQUEST__INIT;
+        Keyflow__V1__CancelWindowResponse *resp = NULL;
+        req.coordinator = &ref;
+        st = kf_client_cancel_window(cli->client, &req, &cli->arena, timeout_ms, &resp, &err);
+        out = resp != NULL ? &resp->base : NULL;
+    }
+    if (st != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print_json(cli, out);
+}
+
+/* ---- poll -------------------------------------------------------------- */
+
+static const kf__cli_flag_t poll_flags[] = {
+    {"--worker", KF__CLI_VALUE, "ID", "worker ID the lease is held by (required)"},
+    {"--workflow", KF__CLI_LIST, "W", "only runs of workflow W (repeatable; default: any)"},
+    {"--lease-ms", KF__CLI_VALUE, "N", "lease length (default 30000)"},
+    {"--max-runs", KF__CLI_VALUE, "N", "most runs to lease at once (default 1)"},
+    {"--wait-ms", KF__CLI_VALUE, "N", "long poll: wait up to N ms for a run (default 0)"},
+};
+
+static int cmd_poll(kf__cli_t *cli, const kf__cli_args_t *args) {
+    Keyflow__V1__PollRunsRequest req = KEYFLOW__V1__POLL_RUNS_REQUEST__INIT;
+    const char *worker = NULL;
+    int rc = kf__cli_require(args, "--worker", &worker);
+    if (rc != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    req.worker_id = (char *)worker;
+    const char *workflows[KF__CLI_OCCURRENCES_MAX];
+    size_t n = kf__cli_list(args, "--workflow", workflows, KF__CLI_OCCURRENCES_MAX);
+    req.n_workflows = n;
+    req.workflows = n > 0 ? (char **)workflows : NULL;
+    bool present = false;
+    if ((rc = kf__cli_int64(args, "--lease-ms", INT64_MIN, INT64_MAX, &present, &req.lease_ms)) !=
+            0 ||
+        (rc = kf__cli_int64(args, "--max-runs", INT64_MIN, INT64_MAX, &present, &req.max_runs)) !=
+            0 ||
+        (rc = kf__cli_int64(args, "--wait-ms", INT64_MIN, INT64_MAX, &present, &req.wait_ms)) !=
+            0) {
+        return rc;
+    }
+    Keyflow__V1__PollRunsResponse *resp = NULL;
+    kf_error_t err;
+    if (kf_client_poll_runs(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, req.wait_ms),
+                            &resp, &err) != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print_json(cli, &resp->base);
+}
+
+/* ---- heartbeat / complete ---------------------------------------------- */
+
+static const kf__cli_flag_t heartbeat_flags[] = {
+    {"--lease", KF__CLI_VALUE, "L", "the lease token poll returned (required)"},
+    {"--lease-ms", KF__CLI_VALUE, "N", "new lease length (default: the original length)"},
+};
+
+static int cmd_heartbeat(kf__cli_t *cli, const kf__cli_args_t *args) {
+    Keyflow__V1__HeartbeatRunRequest req = KEYFLOW__V1__HEARTBEAT_RUN_REQUEST__INIT;
+    const char *lease = NULL;
+    int rc = kf__cli_require(args, "--lease", &lease);
+    if (rc != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    bool present = false;
+    rc = kf__cli_int64(args, "--lease-ms", INT64_MIN, INT64_MAX, &present, &req.lease_ms);
+    if (rc != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    req.run_id = (char *)args->positional[0];
+    req.lease = (char *)lease;
+    Keyflow__V1__HeartbeatRunResponse *resp = NULL;
+    kf_error_t err;
+    if (kf_client_heartbeat_run(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &resp,
+                                &err) != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print_json(cli, &resp->base);
+}
+
+static const kf__cli_flag_t complete_flags[] = {
+    {"--lease", KF__CLI_VALUE, "L", "the lease token poll returned (required)"},
+    {"--result", KF__CLI_VALUE, "JSON", "success: the run's result, any JSON value"},
+    {"--error", KF__CLI_VALUE, "TEXT", "failure: the run becomes FAILED with this error"},
+};
+
+static int cmd_complete(kf__cli_t *cli, const kf__cli_args_t *args) {
+    Keyflow__V1__CompleteRunRequest req = KEYFLOW__V1__COMPLETE_RUN_REQUEST__INIT;
+    const char *lease = NULL;
+    int rc = kf__cli_require(args, "--lease", &lease);
+    if (rc != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    const char *result = kf__cli_value(args, "--result");
+    const char *error = kf__cli_value(args, "--error");
+    if ((result == NULL) == (error == NULL)) {
+        return kf__cli_usage_error(args->command,
+                                   result != NULL ? "--result and --error exclude each other"
+                                                  : "one of --result or --error is required");
+    }
+    req.run_id = (char *)args->positional[0];
+    req.lease = (char *)lease;
+    if (result != NULL) {
+        req.outcome_case = KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_RESULT_JSON;
+        req.result_json = (char *)result;
+    } else {
+        req.outcome_case = KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_ERROR;
+        req.error = (char *)error;
+    }
+    Keyflow__V1__CompleteRunResponse *resp = NULL;
+    kf_error_t err;
+    if (kf_client_complete_run(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &resp,
+                               &err) != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print_json(cli, &resp->base);
+}
+
+/* ---- get / list -------------------------------------------------------- */
+
+static int cmd_get(kf__cli_t *cli, const kf__cli_args_t *args) {
+    Keyflow__V1__GetRunRequest req = KEYFLOW__V1__GET_RUN_REQUEST__INIT;
+    req.run_id = (char *)args->positional[0];
+    Keyflow__V1__Run *run = NULL;
+    kf_error_t err;
+    if (kf_client_get_run(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &run,
+                          &err) != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print_json(cli, &run->base);
+}
+
+static const kf__cli_flag_t list_flags[] = {
+    {"--workflow", KF__CLI_VALUE, "W", "only runs of workflow W"},
+    {"--status", KF__CLI_VALUE, "S", "only runs in status pending|leased|completed|failed"},
+    {"--page-size", KF__CLI_VALUE, "N", "runs per page (default 100, at most 1000)"},
+    {"--page-token", KF__CLI_VALUE, "T", "continue from a previous page's nextPageToken"},
+};
+
+static const struct {
+    const char *word;
+    Keyflow__V1__RunStatus status;
+} run_statuses[] = {
+    {"pending", KEYFLOW__V1__RUN_STATUS__RUN_STATUS_PENDING},
+    {"leased", KEYFLOW__V1__RUN_STATUS__RUN_STATUS_LEASED},
+    {"completed", KEYFLOW__V1__RUN_STATUS__RUN_STATUS_COMPLETED},
+    {"failed", KEYFLOW__V1__RUN_STATUS__RUN_STATUS_FAILED},
+};
+
+static int cmd_list(kf__cli_t *cli, const kf__cli_args_t *args) {
+    Keyflow__V1__ListRunsRequest req = KEYFLOW__V1__LIST_RUNS_REQUEST__INIT;
+    const char *workflow = kf__cli_value(args, "--workflow");
+    const char *status = kf__cli_value(args, "--status");
+    const char *token = kf__cli_value(args, "--page-token");
+    if (workflow != NULL) {
+        req.workflow = (char *)workflow;
+    }
+    if (token != NULL) {
+        req.page_token = (char *)token;
+    }
+    if (status != NULL) {
+        size_t i = 0;
+        size_t count = sizeof run_statuses / sizeof run_statuses[0];
+        while (i < count && strcasecmp(run_statuses[i].word, status) != 0) {
+            i++;
+        }
+        if (i == count) {
+            return kf__cli_usage_error(args->command,
+                                       "--status: expected pending, leased, completed or "
+                                       "failed, got \"%s\"",
+                                       status);
+        }
+        req.status = run_statuses[i].status;
+    }
+    bool present = false;
+    int rc = kf__cli_int64(args, "--page-size", INT64_MIN, INT64_MAX, &present, &req.page_size);
+    if (rc != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    Keyflow__V1__ListRunsResponse *resp = NULL;
+    kf_error_t err;
+    if (kf_client_list_runs(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &resp,
+                            &err) != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print_json(cli, &resp->base);
+}
+
+/* ---- health ------------------------------------------------------------ */
+
+static const kf__cli_flag_t health_flags[] = {
+    {"--service", KF__CLI_VALUE, "NAME", "one service, e.g. keyflow.v1.Runs (default: the server)"},
+};
+
+static int cmd_health(kf__cli_t *cli, const kf__cli_args_t *args) {
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    const char *service = kf__cli_value(args, "--service");
+    if (service != NULL) {
+        req.service = (char *)service;
+    }
+    Grpc__Health__V1__HealthCheckResponse *resp = NULL;
+    kf_error_t err;
+    if (kf_client_health_check(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &resp,
+                               &err) != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    int rc = kf__cli_print_json(cli, &resp->base);
+    if (rc == KF__CLI_EXIT_OK &&
+        resp->status != GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING) {
+        /* A script's `keyflow health && ...` must not go on against a
+         * server that answers but is not serving (e.g. shutting down). */
+        fprintf(stderr, "keyflow: health: the server is not serving\n");
+        return KF__CLI_EXIT_ERROR;
+    }
+    return rc;
+}
+
+/* ---- work (the loop is in cli_work.c) ---------------------------------- */
+
+static const kf__cli_flag_t work_flags[] = {
+    {"--worker", KF__CLI_VALUE, "ID", "worker ID the leases are held by (required)"},
+    {"--workflow", KF__CLI_LIST, "W", "take runs of workflow W (required; repeatable)"},
+    {"--lease-ms", KF__CLI_VALUE, "N", "lease length (default 30000)"},
+    {"--wait-ms", KF__CLI_VALUE, "N", "long-poll wait per poll (default 30000)"},
+    {"--once", KF__CLI_SWITCH, NULL, "handle one run, then exit (1 if none arrived)"},
+    {"--max-runs", KF__CLI_VALUE, "N", "exit after handling N runs"},
+};
+
+/* ---- call -------------------------------------------------------------- */
+
+/* Whether kf_client_call can make the method's call: one request, one
+ * response. Listed by kind, so a new streaming kind is refused until the
+ * client learns to stream. */
+static bool method_is_unary(const kf_method_t *method) {
+    return method->kind == KF_METHOD_ENGINE || method->kind == KF_METHOD_HEALTH_CHECK;
+}
+
+static int cmd_call(kf__cli_t *cli, const kf__cli_args_t *args) {
+    const char *path = args->positional[0];
+    const kf_method_t *method = kf_method_by_path(path);
+    if (method == NULL) {
+        return kf__cli_usage_error(args->command,
+                                   "unknown method %s ('keyflow call --help' lists them)", path);
+    }
+    if (!method_is_unary(method)) {
+        return kf__cli_usage_error(args->command,
+                                   "%s streams its responses; only unary methods can be called",
+                                   path);
+    }
+    char *stdin_buf = NULL;
+    const char *json = NULL;
+    size_t json_len = 0;
+    if (args->positional_count == 2) {
+        json = args->positional[1];
+        json_len = strlen(json);
+    } else {
+        kf_error_t read_err;
+        if (kf__cli_read_fd(STDIN_FILENO, KF__CLI_INPUT_BYTES_MAX, &stdin_buf, &json_len,
+                            &read_err) != KF_OK) {
+            return kf__cli_usage_error(args->command, "stdin: %s", read_err.message);
+        }
+        json = stdin_buf;
+    }
+    ProtobufCMessage *req = NULL;
+    kf_error_t err;
+    kf_status_t st = kf_json_to_message(json, json_len, method->request, &cli->arena, &req, &err);
+    free(stdin_buf);
+    if (st != KF_OK) {
+        return kf__cli_usage_error(args->command, "JSON request for %s: %s", path, err.message);
+    }
+    int64_t wait_ms = 0;
+    if (method->request == &keyflow__v1__poll_runs_request__descriptor) {
+        wait_ms = ((const Keyflow__V1__PollRunsRequest *)req)->wait_ms;
+    }
+    ProtobufCMessage *resp = NULL;
+    if (kf_client_call(cli->client, method->path, req, method->response, &cli->arena,
+                       kf__cli_timeout_ms(cli, wait_ms), &resp, &err) != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print_json(cli, resp);
+}
+
+/* ---- the command table ------------------------------------------------- */
+
+#define FLAGS(a) a, sizeof a / sizeof a[0]
+
+static const command_t commands[] = {
+    {"send",
+     "--workflow W --key K [--id ID] (--debounce --window-ms N [--max-wait-ms N] | --batch "
+     "[--max-events N] [--max-wait-ms N]) [--dedup-ms N] [--input JSON | --input-file F]",
+     "send an event to a debounce or batch coordinator",
+     "Prints the receipt: {\"receipt\": {\"runId\": \"<key>@<uuid>\", \"dueMs\": ...}} plus\n"
+     "\"duplicate\" (a retry of a known --id) and \"runStarted\" (the event filled a batch).\n"
+     "Only the rule flags given are sent; the server applies its defaults to the rest.",
+     FLAGS(send_flags), 0, 0, false, cmd_send},
+    {"describe", "--kind debounce|batch --workflow W --key K",
+     "show a coordinator: its open window, remembered IDs and journal", NULL,
+     FLAGS(coordinator_flags), 0, 0, false, cmd_coordinator},
+    {"flush", "--kind debounce|batch --workflow W --key K",
+     "close a coordinator's open window now, starting its run", NULL, FLAGS(coordinator_flags), 0,
+     0, false, cmd_coordinator},
+    {"cancel", "--kind debounce|batch --workflow W --key K",
+     "drop a coordinator's open window; its run will never exist", NULL,
+     FLAGS(coordinator_flags), 0, 0, false, cmd_coordinator},
+    {"poll", "--worker ID [--workflow W ...] [--lease-ms N] [--max-runs N] [--wait-ms N]",
+     "lease pending runs (long poll with --wait-ms)",
+     "Prints {\"runs\": [...]}, each run with its \"lease\" token for heartbeat and complete.",
+     FLAGS(poll_flags), 0, 0, false, cmd_poll},
+    {"heartbeat", "RUN_ID --lease L [--lease-ms N]", "extend a run's lease", NULL,
+     FLAGS(heartbeat_flags), 1, 1, false, cmd_heartbeat},
+    {"complete", "RUN_ID --lease L (--result JSON | --error TEXT)",
+     "finish a leased run with a result or an error", NULL, FLAGS(complete_flags), 1, 1, false,
+     cmd_complete},
+    {"get", "RUN_ID", "show one run", NULL, NULL, 0, 1, 1, false, cmd_get},
+    {"list", "[--workflow W] [--status pending|leased|completed|failed] [--page-size N] "
+             "[--page-token T]",
+     "list runs, one page at a time", NULL, FLAGS(list_flags), 0, 0, false, cmd_list},
+    {"health", "[--service NAME]", "check that the server is serving (grpc.health.v1)",
+     "Exits 1 when the server answers but is not SERVING.", FLAGS(health_flags), 0, 0, false,
+     cmd_health},
+    {"work",
+     "--worker ID --workflow W [--lease-ms N] [--wait-ms N] [--once] [--max-runs N] -- CMD "
+     "[ARGS...]",
+     "run CMD for each run of a workflow (a worker loop)",
+     "Long-polls for runs and, for each, runs CMD with the run's input JSON on stdin and\n"
+     "KEYFLOW_RUN_ID, KEYFLOW_WORKFLOW and KEYFLOW_KEY in its environment. When CMD exits 0\n"
+     "its stdout is the result (as is when it is JSON, else as a JSON string without its\n"
+     "trailing newlines); otherwise the run fails with \"exit status N: <last stderr line>\".\n"
+     "CMD's stderr is passed through. The lease is renewed every half lease while CMD runs;\n"
+     "if the lease is lost, CMD gets SIGTERM and the run is left to its next attempt.\n"
+     "Prints each finished run as one JSON line. --once handles one run and exits 1 if none\n"
+     "arrived within --wait-ms; --max-runs N exits 0 after N runs.",
+     FLAGS(work_flags), 0, 0, true, kf__cli_work},
+    {"call", "METHOD_PATH [JSON]", "call any method with a JSON request (stdin without JSON)",
+     NULL, NULL, 0, 1, 2, false, cmd_call},
+};
+
+static const size_t command_count = sizeof commands / sizeof commands[0];
+
+static const command_t *find_command(const char *name) {
+    for (size_t i = 0; i < command_count; i++) {
+        if (strcmp(commands[i].name, name) == 0) {
+            return &commands[i];
+        }
+    }
+    return NULL;
+}
+
+/* ---- help -------------------------------------------------------------- */
+
+static void print_flags(FILE *out, const kf__cli_flag_t *flags, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s", flags[i].name, flags[i].value_name ? " " : "",
+                 flags[i].value_name ? flags[i].value_name : "");
+        fprintf(out, "  %-24s %s\n", left, flags[i].help);
+    }
+}
+
+static void print_main_help(FILE *out) {
+    fprintf(out,
+            "Usage: keyflow [--addr HOST:PORT] [--timeout-ms N] COMMAND [FLAGS] [ARGS]\n"
+            "\n"
+            "The command-line client of keyflowd. Each response is printed as one line of\n"
+            "JSON on stdout; an error as \"keyflow: <GRPC_CODE>: <message>\" on stderr.\n"
+            "Exit status: 0 success, 1 an RPC or run-time error, 2 a usage error.\n"
+            "\n"
+            "Commands:\n");
+    for (size_t i = 0; i < command_count; i++) {
+        fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].summary);
+    }
+    fprintf(out, "\nGlobal flags (before or after the command):\n");
+    print_flags(out, kf__cli_global_flags, kf__cli_global_flag_count);
+    fprintf(out, "\nRun 'keyflow COMMAND --help' for a command's flags.\n");
+}
+
+static void print_command_help(FILE *out, const command_t *cmd) {
+    fprintf(out, "Usage: keyflow %s %s\n\n%s.\n", cmd->name, cmd->synopsis, cmd->summary);
+    if (cmd->details != NULL) {
+        fprintf(out, "\n%s\n", cmd->details);
+    }
+    if (cmd->run == cmd_call) {
+        fprintf(out, "\nMethods:\n");
+        for (size_t i = 0; i < kf_method_count; i++) {
+            if (method_is_unary(&kf_methods[i])) {
+                fprintf(out, "  %-46s %s -> %s\n", kf_methods[i].path,
+                        kf_methods[i].request->short_name, kf_methods[i].response->short_name);
+            }
+        }
+    }
+    if (cmd->flag_count > 0) {
+        fprintf(out, "\nFlags:\n");
+        print_flags(out, cmd->flags, cmd->flag_count);
+    }
+    fprintf(out, "\nGlobal flags:\n");
+    print_flags(out, kf__cli_global_flags, kf__cli_global_flag_count);
+}
+
+/* ---- main -------------------------------------------------------------- */
+
+static bool is_global_flag_word(const char *word, bool *takes_next) {
+    for (size_t i = 0; i < kf__cli_global_flag_count; i++) {
+        size_t n = strlen(kf__cli_global_flags[i].name);
+        if (strncmp(word, kf__cli_global_flags[i].name, n) == 0 &&
+            (word[n] == '\0' || word[n] == '=')) {
+            *takes_next = word[n] == '\0';
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Runs one parsed command: resolves the address and deadline, connects,
+ * runs, disconnects. */
+static int run_command(const command_t *cmd, const kf__cli_args_t *args) {
+    if (args->positional_count < cmd->positional_min) {
+        return kf__cli_usage_error(cmd->name, "missing argument (usage: keyflow %s %s)", cmd->name,
+                                   cmd->synopsis);
+    }
+    if (args->positional_count > cmd->positional_max) {
+        return kf__cli_usage_error(cmd->name, "unexpected argument '%s'",
+                                   args->positional[cmd->positional_max]);
+    }
+    if (cmd->allow_rest && args->rest_count == 0) {
+        return kf__cli_usage_error(cmd->name, "missing the command to run after '--'");
+    }
+    kf__cli_t cli;
+    memset(&cli, 0, sizeof cli);
+    cli.command = cmd->name;
+    cli.addr = kf__cli_value(args, "--addr");
+    if (cli.addr == NULL) {
+        const char *env = getenv("KEYFLOW_ADDR");
+        cli.addr = env != NULL && env[0] != '\0' ? env : DEFAULT_ADDR;
+    }
+    int rc = kf__cli_int64(args, "--timeout-ms", 1, KF__CLI_TIMEOUT_MS_MAX, &cli.timeout_set,
+                           &cli.timeout_ms);
+    if (rc != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    kf_error_t err;
+    if (kf_client_create(cli.addr, &cli.client, &err) != KF_OK) {
+        return kf__cli_usage_error(cmd->name, "--addr: %s", err.message);
+    }
+    kf_arena_init(&cli.arena, 0);
+    rc = cmd->run(&cli, args);
+    kf_arena_deinit(&cli.arena);
+    kf_client_destroy(cli.client);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    /* Global flags may come before the command; they are moved after it so
+     * that one parser sees all flags (and "--addr twice" is caught). */
+    int i = 1;
+    while (i < argc && argv[i][0] == '-') {
+        bool takes_next = false;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            print_main_help(stdout);
+            return KF__CLI_EXIT_OK;
+        }
+        if (!is_global_flag_word(argv[i], &takes_next)) {
+            fprintf(stderr, "keyflow: unknown flag %s\nRun 'keyflow --help' for usage.\n",
+                    argv[i]);
+            return KF__CLI_EXIT_USAGE;
+        }
+        if (takes_next && i + 1 >= argc) {
+            fprintf(stderr, "keyflow: %s requires a value\n", argv[i]);
+            return KF__CLI_EXIT_USAGE;
+        }
+        i += takes_next ? 2 : 1;
+    }
+    if (i >= argc) {
+        print_main_help(stderr);
+        return KF__CLI_EXIT_USAGE;
+    }
+    const command_t *cmd = find_command(argv[i]);
+    if (cmd == NULL) {
+        fprintf(stderr, "keyflow: unknown command '%s'\nRun 'keyflow --help' for usage.\n",
+                argv[i]);
+        return KF__CLI_EXIT_USAGE;
+    }
+    /* words = [global flags before the command] + [everything after it]. */
+    int global_words = i - 1;
+    int command_words = argc - i - 1;
+    char **words = calloc((size_t)argc, sizeof *words);
+    if (words == NULL) {
+        fprintf(stderr, "keyflow: out of memory\n");
+        return KF__CLI_EXIT_ERROR;
+    }
+    memcpy(words, &argv[1], (size_t)global_words * sizeof *words);
+    memcpy(words + global_words, &argv[i + 1], (size_t)command_words * sizeof *words);
+
+    kf__cli_args_t args;
+    int rc = kf__cli_parse(cmd->name, cmd->flags, cmd->flag_count, global_words + command_words,
+                           words, cmd->allow_rest, &args);
+    if (rc == KF__CLI_EXIT_OK && args.help) {
+        print_command_help(stdout, cmd);
+    } else if (rc == KF__CLI_EXIT_OK) {
+        rc = run_command(cmd, &args);
+    }
+    free(words);
+    return rc;
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# keyflow developer entry point.
+#
+#   ./dev.sh start [keyflowd flags]   install missing packages, build, run keyflowd
+#                                     (RocksDB under ./data, gRPC 127.0.0.1:50051,
+#                                     HTTP 127.0.0.1:8070, example handlers loaded)
+#   ./dev.sh test                     install, build, and run every test: unit,
+#                                     end-to-end and crash suites, then the whole
+#                                     suite again under AddressSanitizer + UBSan
+#   ./dev.sh build                    install and build only (build/)
+#
+# Debian 12. Packages come from Debian's repositories only.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")" && pwd)
+cd "$ROOT"
+JOBS=$(nproc)
+
+PACKAGES=(build-essential cmake pkg-config
+  libgrpc-dev protobuf-compiler protobuf-compiler-grpc protobuf-c-compiler libprotobuf-c-dev
+  libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev
+  python3 python3-grpcio python3-protobuf curl)
+
+log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
+
+install_deps() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    return
+  fi
+  log "installing: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -q \
+    --no-install-recommends "${missing[@]}"
+}
+
+build() { # build DIR TYPE [cmake args...]
+  local dir=$1 type=$2
+  shift 2
+  log "building $dir ($type $*)"
+  cmake -S "$ROOT" -B "$ROOT/$dir" -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
+  cmake --build "$ROOT/$dir" -j"$JOBS"
+}
+
+run_suite() { # run_suite DIR
+  log "testing $1"
+  (cd "$ROOT/$1" && ctest --output-on-failure -j"$JOBS" --timeout 900)
+}
+
+cmd=${1:-start}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  start)
+    install_deps
+    build build RelWithDebInfo
+    mkdir -p "$ROOT/data"
+    log "starting keyflowd (Ctrl-C stops it)"
+    exec "$ROOT/build/service/main/keyflowd" --data "$ROOT/data" \
+      --plugin-dir "$ROOT/build/handlers" "$@"
+    ;;
+  build)
+    install_deps
+    build build RelWithDebInfo
+    ;;
+  test)
+    install_deps
+    start=$(date +%s)
+    build build RelWithDebInfo
+    run_suite build
+    build build-asan Debug -DKF_SANITIZE=ON
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+      LSAN_OPTIONS=suppressions="$ROOT/tests/lsan.supp":print_suppressions=0 \
+      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      run_suite build-asan
+    log "all tests passed in $(( $(date +%s) - start )) s"
+    ;;
+  *)
+    echo "usage: $0 start [keyflowd flags] | test | build" >&2
+    exit 2
+    ;;
+esac
