@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <float.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -45,8 +46,11 @@
 /* Field names come from our own .proto files and are far shorter; a longer
  * one is a programmer error that KF_ASSERT reports. */
 #define JSON_NAME_BYTES_MAX 128
-/* Longer error paths are cut: the whole message is bounded anyway. */
+/* Longer error paths are shortened (keeping their end): the whole message
+ * is bounded anyway. */
 #define PATH_BYTES_MAX 256
+/* A key per object level and an index per array level, plus a prefix. */
+#define PATH_SEGMENTS_MAX (2 * KF_JSON_DEPTH_MAX + 2)
 /* How much of an offending value an error message quotes. */
 #define EXCERPT_BYTES_MAX 48
 /* The list of expected names in an error message. */
@@ -573,40 +577,90 @@ static double float_as_double(float value) {
 
 /* ---- decoding --------------------------------------------------------- */
 
-/* The JSON path of the value being decoded, for error messages. */
+/* The JSON path of the value being decoded, for error messages: a stack of
+ * segments that borrow their names (from the JSON object's keys, or from the
+ * parameter name in kf_message_set_text), rendered only when an error is
+ * reported. Decoding pushes at most one key per object level and one index
+ * per array level, and both are bounded by KF_JSON_DEPTH_MAX. */
+typedef struct segment {
+    const char *name;            /* borrowed; NULL for an array index */
+    size_t name_len;
+    size_t index;
+} segment_t;
+
 typedef struct path {
-    char text[PATH_BYTES_MAX];
-    size_t len;                  /* strlen(text), at most PATH_BYTES_MAX - 1 */
+    segment_t segments[PATH_SEGMENTS_MAX];
+    size_t count;
 } path_t;
 
-/* Appends and returns the previous length, to hand to path_pop. */
-__attribute__((format(printf, 2, 3))) static size_t path_append(path_t *p, const char *fmt,
-                                                                 ...) {
-    size_t old_len = p->len;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(p->text + p->len, sizeof p->text - p->len, fmt, ap);
-    va_end(ap);
-    if (n > 0) {
-        p->len += (size_t)n;
-        if (p->len >= sizeof p->text) {
-            p->len = sizeof p->text - 1;
-        }
-    }
-    return old_len;
-}
-
-static size_t path_push_key(path_t *p, const char *key) {
-    return p->len == 0 ? path_append(p, "%s", key) : path_append(p, ".%s", key);
+/* Pushes return the previous count, to hand to path_pop. */
+static size_t path_push_key(path_t *p, const char *name, size_t name_len) {
+    KF_ASSERT(p->count < PATH_SEGMENTS_MAX);
+    p->segments[p->count] = (segment_t){name, name_len, 0};
+    return p->count++;
 }
 
 static size_t path_push_index(path_t *p, size_t index) {
-    return path_append(p, "[%zu]", index);
+    KF_ASSERT(p->count < PATH_SEGMENTS_MAX);
+    p->segments[p->count] = (segment_t){NULL, 0, index};
+    return p->count++;
 }
 
-static void path_pop(path_t *p, size_t old_len) {
-    p->len = old_len;
-    p->text[old_len] = '\0';
+static void path_pop(path_t *p, size_t count) {
+    KF_ASSERT(count <= p->count);
+    p->count = count;
+}
+
+/* Segment i as text: "name", ".name" or "[index]"; returns its length,
+ * writing at most cap bytes (snprintf rules; out may be NULL when cap is 0). */
+static size_t path_piece(const path_t *p, size_t i, bool first, char *out, size_t cap) {
+    const segment_t *s = &p->segments[i];
+    int n = s->name == NULL ? snprintf(out, cap, "[%zu]", s->index)
+                            : snprintf(out, cap, "%s%.*s", first ? "" : ".",
+                                       (int)(s->name_len < INT_MAX ? s->name_len : INT_MAX),
+                                       s->name);
+    return n > 0 ? (size_t)n : 0;
+}
+
+/* The path as text in out (cap bytes). When it does not fit, the end is
+ * kept, since the last segments name the offending value: "...rule.kind". */
+static void path_render(const path_t *p, char *out, size_t cap) {
+    KF_ASSERT(cap > 8);
+    if (p->count == 0) {
+        snprintf(out, cap, "%s", ROOT_PATH);
+        return;
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < p->count; i++) {
+        total += path_piece(p, i, i == 0, NULL, 0);
+    }
+    size_t first = 0;
+    size_t o = 0;
+    if (total >= cap) {
+        /* Keep the longest tail that fits after "...": rendering from
+         * segment `first` costs its piece without a dot plus the rest. */
+        size_t rest = 0;
+        first = p->count;
+        while (first > 0 && 3 + path_piece(p, first - 1, true, NULL, 0) + rest < cap) {
+            first--;
+            rest += path_piece(p, first, false, NULL, 0);
+        }
+        if (first == p->count) {
+            /* Even the last segment is too long: show its start, cut on a
+             * UTF-8 boundary. */
+            size_t n = path_piece(p, p->count - 1, true, out, cap - 3);
+            size_t cut = n < cap - 4 ? n : cap - 4;
+            while (cut > 0 && ((unsigned char)out[cut] & 0xc0) == 0x80) {
+                cut--;
+            }
+            snprintf(out + cut, 4, "...");
+            return;
+        }
+        o = (size_t)snprintf(out, cap, "...");
+    }
+    for (size_t i = first; i < p->count && o < cap; i++) {
+        o += path_piece(p, i, i == first, out + o, cap - o);
+    }
 }
 
 typedef struct decoder {
@@ -615,25 +669,26 @@ typedef struct decoder {
     path_t path;
 } decoder_t;
 
-static void decoder_init(decoder_t *d, kf_arena_t *arena, kf_error_t *err, const char *path) {
+/* `prefix` (borrowed for the decoder's life) starts every error path. */
+static void decoder_init(decoder_t *d, kf_arena_t *arena, kf_error_t *err, const char *prefix) {
     d->arena = arena;
     d->err = err;
-    d->path.len = 0;
-    d->path.text[0] = '\0';
-    if (path != NULL) {
-        path_append(&d->path, "%s", path);
+    d->path.count = 0;
+    if (prefix != NULL && prefix[0] != '\0') {
+        path_push_key(&d->path, prefix, strlen(prefix));
     }
 }
 
 __attribute__((format(printf, 3, 4))) static kf_status_t fail(decoder_t *d, kf_status_t status,
                                                                const char *fmt, ...) {
+    char where[PATH_BYTES_MAX];
     char what[KF_ERROR_MESSAGE_BYTES_MAX];
+    path_render(&d->path, where, sizeof where);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return kf_error_set(d->err, status, "%s: %s", d->path.len > 0 ? d->path.text : ROOT_PATH,
-                        what);
+    return kf_error_set(d->err, status, "%s: %s", where, what);
 }
 
 static kf_status_t fail_memory(decoder_t *d) {
@@ -1150,7 +1205,7 @@ static kf_status_t merge_object(decoder_t *d, json_t *obj, ProtobufCMessage *msg
     const char *key;
     json_t *value;
     json_object_foreach(obj, key, value) {
-        size_t mark = path_push_key(&d->path, key);
+        size_t mark = path_push_key(&d->path, key, strlen(key));
         form_t form;
         const ProtobufCFieldDescriptor *f = find_field(desc, key, &form);
         if (f == NULL) {
@@ -1275,7 +1330,7 @@ kf_status_t kf_message_set_text(ProtobufCMessage *msg, const char *name, const c
         }
         memcpy(key, segment, segment_len);
         key[segment_len] = '\0';
-        path_push_key(&d.path, key);
+        path_push_key(&d.path, segment, segment_len);
         form_t form;
         const ProtobufCFieldDescriptor *f = find_field(msg->descriptor, key, &form);
         if (f == NULL) {

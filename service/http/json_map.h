@@ -54,8 +54,10 @@
  *     repeated fields replace the existing elements; null elements in an
  *     array are an error. One field given under two spellings is an error.
  *   - Depth counts containers: the body object is level 1.
- *   - Errors about the document itself use the path "body". Running out of
- *     arena is KF_E_TOO_LARGE, naming the path being decoded.
+ *   - Errors about the document itself use the path "body". A path too long
+ *     for the message keeps its end ("...next.many"). Running out of arena is
+ *     KF_E_TOO_LARGE, naming the path being decoded; jansson running out of
+ *     memory is KF_E_NOMEM.
  *
  * Memory: every message, string, array and bytes buffer is allocated from the
  * arena (never freed individually); the result is valid until the arena is

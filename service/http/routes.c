@@ -167,7 +167,7 @@ static kf_status_t merge_body(const kf_http_request_t *req, const char *body_fie
         return KF_OK;
     }
     json_error_t jerr;
-    json_t *doc = json_loadb(req->body, req->body_len, 0, &jerr);
+    json_t *doc = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &jerr);
     if (doc == NULL) {
         return kf_error_set(err, KF_E_INVALID, "body: not a JSON object: %s (line %d, column %d)",
                             jerr.text, jerr.line, jerr.column);
