@@ -42,8 +42,11 @@
 
 /* ---- in-memory structures ---------------------------------------------- */
 
-typedef struct fn_key fn_key_t;
 typedef struct function function_t;
+static bool key_text_of(const function_t *fn, const uint8_t *key, size_t len, char **text,
+                        size_t *text_len);
+
+typedef struct fn_key fn_key_t;
 
 typedef struct ev_timer {
     fn_key_t *owner;
@@ -1844,7 +1847,12 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     }
     Keyflow__V1__GetKeyStateResponse *resp = anew(cmd->arena, sizeof *resp);
     keyflow__v1__get_key_state_response__init(resp);
-    resp->key_text = kf_arena_strdup(cmd->arena, req->key);
+    char *readable;
+    size_t readable_len;
+    bool well_formed = key_text_of(fn, key, klen, &readable, &readable_len);
+    KF_ASSERT(well_formed); /* built from well-formed columns just above */
+    resp->key_text = kf_arena_strndup(cmd->arena, readable, readable_len);
+    free(readable);
     resp->value_state_name = fn->desc->value_state_name;
     resp->state = KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT;
     fn_key_t *k = key_find(fn, key, klen);

@@ -16,6 +16,7 @@
  * a message naming the problem.
  */
 #include "rpc/grpc_server.h"
+#include "rpc/wire_check.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -233,7 +234,8 @@ static void engine_done(kf_cmd_t *cmd) {
     send_reply(c, cmd->error.status, cmd->error.message, cmd->response);
 }
 
-static ProtobufCMessage *unpack_payload(call_t *c, const ProtobufCMessageDescriptor *desc) {
+static ProtobufCMessage *unpack_payload(call_t *c, const ProtobufCMessageDescriptor *desc,
+                                        kf_error_t *err) {
     if (c->payload == NULL) {
         /* No message: the default (empty) request. */
         ProtobufCMessage *m = kf_arena_zalloc(&c->arena, desc->sizeof_message);
@@ -247,9 +249,14 @@ static ProtobufCMessage *unpack_payload(call_t *c, const ProtobufCMessageDescrip
     }
     grpc_slice slice = grpc_byte_buffer_reader_readall(&reader);
     grpc_byte_buffer_reader_destroy(&reader);
-    ProtobufCMessage *m = protobuf_c_message_unpack(desc, kf_arena_pb(&c->arena),
-                                                    GRPC_SLICE_LENGTH(slice),
-                                                    GRPC_SLICE_START_PTR(slice));
+    ProtobufCMessage *m = NULL;
+    if (kf_wire_check(desc, GRPC_SLICE_START_PTR(slice), GRPC_SLICE_LENGTH(slice), err) == KF_OK) {
+        m = protobuf_c_message_unpack(desc, kf_arena_pb(&c->arena), GRPC_SLICE_LENGTH(slice),
+                                      GRPC_SLICE_START_PTR(slice));
+        if (m == NULL) {
+            kf_error_set(err, KF_E_INVALID, "request: not a valid %s message", desc->name);
+        }
+    }
     grpc_slice_unref(slice);
     return m;
 }
@@ -432,11 +439,12 @@ static void on_arrival(kf_grpc_server_t *s, call_t *c) {
         start_watch(c);
         return;
     }
-    ProtobufCMessage *req = unpack_payload(c, m->request);
+    kf_error_t err;
+    kf_error_clear(&err);
+    ProtobufCMessage *req = unpack_payload(c, m->request, &err);
     if (req == NULL) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "request: not a valid %s message", m->request->name);
-        send_reply(c, KF_E_INVALID, msg, NULL);
+        send_reply(c, err.status != KF_OK ? err.status : KF_E_INVALID,
+                   err.message[0] ? err.message : "request: unreadable", NULL);
         return;
     }
     if (m->kind == KF_METHOD_TAIL) {

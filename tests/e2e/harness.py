@@ -34,6 +34,9 @@ def stubs():
     global _stubs_dir
     if _stubs_dir is not None:
         return _stubs_dir
+    # The real grpcio package first: the generated grpc/health/v1 stubs must
+    # not shadow it (they are grafted onto its __path__ below).
+    import grpc as real_grpc
     out = tempfile.mkdtemp(prefix="kf-stubs-")
     api = os.path.join(ROOT, "api")
     protos = []
@@ -47,13 +50,18 @@ def stubs():
     subprocess.run(["protoc", "-I" + api, "--python_out=" + out,
                     "--plugin=protoc-gen-grpc_python=" + plugin, "--grpc_python_out=" + out]
                    + sorted(protos), check=True)
-    # Make every generated directory a package.
+    # Make every generated directory a package (except the top-level grpc/,
+    # which extends the real grpc package instead of replacing it).
     for base, dirs, _ in os.walk(out):
         for d in dirs:
+            if base == out and d == "grpc":
+                continue
             init = os.path.join(base, d, "__init__.py")
             if not os.path.exists(init):
                 open(init, "w").close()
     sys.path.insert(0, out)
+    if os.path.isdir(os.path.join(out, "grpc")):
+        real_grpc.__path__.append(os.path.join(out, "grpc"))
     _stubs_dir = out
     return out
 

@@ -1,0 +1,478 @@
+"""End-to-end tests of the HTTP/JSON gateway through curl against the real
+keyflowd: coordinators and runs under /v1/..., the DESIGN.md JSON forms, the
+gateway's JSON conventions (lowerCamelCase, int64 as strings, `input_json`
+as an embedded "input" value, enums by name or alias), error bodies
+({"code", "status", "message"} naming the field), /healthz, /readyz and
+/metrics (Prometheus text).
+
+Run (Debian's Python):
+  cd /work/main && KEYFLOW_BUILD_DIR=build-e2e PYENV_VERSION=system \
+      python3 -m unittest discover -s tests/e2e -p 'test_http_gateway.py' -v
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import unittest
+import uuid
+from urllib.parse import quote
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+CLOCK_SLACK_MS = 5
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+def enc(segment):
+    """Percent-encodes one path segment (a '/' in a key becomes %2F)."""
+    return quote(segment, safe="")
+
+
+def wait_until(fn, timeout, what, interval=0.02):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError("timed out after %.1fs waiting for %s (last value: %r)" % (timeout, what, last))
+
+
+class Response:
+    def __init__(self, status, body, text, content_type, http_version):
+        self.status = status
+        self.body = body
+        self.text = text
+        self.content_type = content_type
+        self.http_version = http_version
+
+    def __repr__(self):
+        return "HTTP %s %s" % (self.status, self.text[:500])
+
+
+@unittest.skipIf(shutil.which("curl") is None, "curl is not installed")
+class GatewayTest(unittest.TestCase):
+    def setUp(self):
+        self.server = harness.Keyflowd().start()
+        self.addCleanup(self.server.cleanup)
+        self.wf = "wf-" + uuid.uuid4().hex[:8]
+
+    def tearDown(self):
+        result = getattr(getattr(self, "_outcome", None), "result", None)
+        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
+        if any(t is self for t, _ in bad):
+            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+
+    # --- curl ------------------------------------------------------------
+    def curl(self, method, path, body=None, raw=None, http2=False, extra=()):
+        """Runs curl; returns a Response (body parsed as JSON when it is)."""
+        cmd = ["curl", "-s", "-S", "--max-time", "30", "-X", method,
+               "-w", "\n%{http_code} %{http_version} %{content_type}"]
+        if http2:
+            cmd.append("--http2-prior-knowledge")
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        if data is not None:
+            cmd += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+        cmd += list(extra)
+        cmd.append(self.server.http_base + path)
+        proc = subprocess.run(cmd, input=(data or "").encode(), capture_output=True, timeout=60)
+        self.assertEqual(proc.returncode, 0, "curl failed: %s" % proc.stderr.decode(errors="replace"))
+        out = proc.stdout.decode()
+        text, _, trailer = out.rpartition("\n")
+        parts = trailer.split(" ", 2)
+        status, version = int(parts[0]), parts[1]
+        ctype = parts[2] if len(parts) > 2 else ""
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        return Response(status, parsed, text, ctype, version)
+
+    def ok(self, method, path, body=None, **kw):
+        r = self.curl(method, path, body, **kw)
+        self.assertEqual(r.status, 200, "%s %s -> %r" % (method, path, r))
+        self.assertTrue(r.content_type.startswith("application/json"), r.content_type)
+        return r.body
+
+    def assert_error(self, resp, http_status, grpc_code, status_name, field=None):
+        self.assertEqual(resp.status, http_status, repr(resp))
+        self.assertIsInstance(resp.body, dict, "an error has a JSON body: %r" % resp)
+        self.assertEqual(resp.body.get("code"), grpc_code, repr(resp))
+        self.assertEqual(resp.body.get("status"), status_name, repr(resp))
+        self.assertIsInstance(resp.body.get("message"), str)
+        if field is not None:
+            if isinstance(field, str):  # else a compiled regex
+                self.assertIn(field, resp.body["message"], "the message should name %r" % field)
+            else:
+                self.assertRegex(resp.body["message"], field, "the message should name the field")
+
+    # --- API helpers -----------------------------------------------------
+    def events_path(self, key, workflow=None):
+        return "/v1/workflows/%s/keys/%s/events" % (enc(workflow or self.wf), enc(key))
+
+    def send(self, key, event, workflow=None):
+        return self.ok("POST", self.events_path(key, workflow), event)
+
+    def coord_path(self, kind, key, verb=""):
+        return "/v1/coordinators/%s/%s/%s%s" % (kind, enc(self.wf), enc(key), verb)
+
+    def describe(self, kind, key):
+        return self.ok("GET", self.coord_path(kind, key))
+
+    def poll(self, wait_ms=0, lease_ms=None, max_runs=None, worker="w1"):
+        body = {"workflows": [self.wf], "workerId": worker, "waitMs": wait_ms}
+        if lease_ms is not None:
+            body["leaseMs"] = lease_ms
+        if max_runs is not None:
+            body["maxRuns"] = max_runs
+        return self.ok("POST", "/v1/runs:poll", body).get("runs", [])
+
+    def run_path(self, run_id, verb=""):
+        return "/v1/runs/%s%s" % (enc(run_id), verb)
+
+    def metrics(self):
+        r = self.curl("GET", "/metrics")
+        self.assertEqual(r.status, 200)
+        self.assertTrue(r.content_type.startswith("text/plain"), r.content_type)
+        return r.text
+
+    def sample(self, text, name, labels=None):
+        """The value of one sample, or 0 when it is absent (a counter not yet
+        incremented is not listed)."""
+        want = name + ("{" + labels + "}" if labels else "")
+        for line in text.splitlines():
+            if line.startswith(want + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    # --- tests -----------------------------------------------------------
+    def test_batch_event_in_design_json_form(self):
+        event = {"id": "e-1", "rule": {"kind": "batch", "maxEvents": 10, "maxWaitMs": 1000,
+                                        "dedupMs": 600000}, "input": {"order": 17, "items": ["a", "b"]}}
+        t0 = now_ms()
+        r = self.send("cust-1", event)
+        self.assertEqual(set(r), {"receipt"}, "defaults (duplicate/runStarted false) are omitted: %r" % r)
+        self.assertRegex(r["receipt"]["runId"], "^cust-1@" + UUID_RE + "$")
+        self.assertIsInstance(r["receipt"]["dueMs"], str, "int64 is emitted as a string")
+        due = int(r["receipt"]["dueMs"])
+        self.assertGreaterEqual(due, t0 + 1000 - CLOCK_SLACK_MS)
+        self.assertLessEqual(due, now_ms() + 1000 + CLOCK_SLACK_MS)
+        d = self.describe("batch", "cust-1")
+        self.assertTrue(d["exists"])
+        self.assertEqual(d["coordinator"], {"kind": "RULE_KIND_BATCH", "workflow": self.wf, "key": "cust-1"})
+        w = d["window"]
+        self.assertEqual(w["runId"], r["receipt"]["runId"])
+        self.assertEqual(w["eventCount"], "1")
+        self.assertEqual(w["dueMs"], r["receipt"]["dueMs"])
+        self.assertEqual(int(w["dueMs"]), int(w["openedMs"]) + 1000)
+        self.assertEqual(w["rule"], {"kind": "RULE_KIND_BATCH", "maxEvents": "10", "maxWaitMs": "1000",
+                                     "dedupMs": "600000"})
+        self.assertEqual([m["id"] for m in d["rememberedIds"]], ["e-1"])
+        self.assertEqual(d["journal"][0]["what"], "event_accepted")
+        self.assertEqual(d["journal"][0]["eventId"], "e-1")
+        # A retry of e-1 is a duplicate with the first receipt.
+        dup = self.send("cust-1", dict(event, input={"changed": True}))
+        self.assertEqual(dup, {"receipt": r["receipt"], "duplicate": True})
+        e2 = self.send("cust-1", {"id": "e-2", "rule": event["rule"], "input": [1, None, "x"]})
+        self.assertEqual(e2["receipt"]["runId"], r["receipt"]["runId"])
+        # The window closes after maxWaitMs; a long poll gets the run with the
+        # batch input embedded as a JSON array.
+        runs = self.poll(wait_ms=10000)
+        self.assertGreaterEqual(now_ms(), due - CLOCK_SLACK_MS)
+        self.assertEqual(len(runs), 1)
+        run = runs[0]
+        self.assertEqual(run["runId"], r["receipt"]["runId"])
+        self.assertEqual(run["input"], [{"order": 17, "items": ["a", "b"]}, [1, None, "x"]])
+        self.assertEqual(run["kind"], "RULE_KIND_BATCH")
+        self.assertEqual(run["status"], "RUN_STATUS_LEASED")
+        self.assertEqual(run["eventCount"], "2")
+        self.assertEqual(run["attempts"], "1")
+        self.assertEqual(run["workflow"], self.wf)
+        self.assertEqual(run["key"], "cust-1")
+        self.assertRegex(run["lease"], "^" + UUID_RE + "$")
+
+    def test_batch_full_starts_run_in_the_same_request(self):
+        rule = {"kind": "BATCH", "maxEvents": "2", "maxWaitMs": 60000}
+        r1 = self.send("k", {"rule": rule, "input": "a"})
+        r2 = self.send("k", {"rule": rule, "input": "b"})
+        self.assertNotIn("runStarted", r1)
+        self.assertIs(r2.get("runStarted"), True)
+        self.assertEqual(r2["receipt"]["runId"], r1["receipt"]["runId"])
+        run = self.ok("GET", self.run_path(r1["receipt"]["runId"]))
+        self.assertEqual(run["input"], ["a", "b"])
+        self.assertEqual(run["status"], "RUN_STATUS_PENDING")
+        self.assertEqual(run["createdMs"], r2["receipt"]["dueMs"], "due = the filling event's time")
+
+    def test_debounce_event_in_design_json_form(self):
+        r = self.send("d", {"rule": {"kind": "debounce", "windowMs": 50}, "input": 7})
+        self.assertRegex(r["receipt"]["runId"], "^d@" + UUID_RE + "$")
+        runs = self.poll(wait_ms=10000)
+        self.assertEqual(len(runs), 1)
+        self.assertEqual(runs[0]["runId"], r["receipt"]["runId"])
+        self.assertEqual(runs[0]["input"], 7)
+        self.assertEqual(runs[0]["kind"], "RULE_KIND_DEBOUNCE")
+        self.assertGreaterEqual(int(runs[0]["createdMs"]), int(r["receipt"]["dueMs"]))
+
+    def test_debounce_defaults_aliases_and_latest_input(self):
+        for i, kind in enumerate(["debounce", "DEBOUNCE", "RULE_KIND_DEBOUNCE", "Debounce", 1]):
+            r = self.send("k", {"rule": {"kind": kind, "windowMs": "60000"}, "input": {"n": i}})
+            if i == 0:
+                first = r
+            self.assertEqual(r["receipt"]["runId"], first["receipt"]["runId"], "kind %r" % (kind,))
+        d = self.describe("debounce", "k")
+        self.assertEqual(d["window"]["eventCount"], "5")
+        self.assertEqual(d["window"]["rule"], {"kind": "RULE_KIND_DEBOUNCE", "windowMs": "60000",
+                                               "maxWaitMs": "0", "dedupMs": "600000"})
+        self.assertEqual(int(d["window"]["dueMs"]), int(d["window"]["lastMs"]) + 60000)
+        # Snake-case names and the inputJson string form are accepted too.
+        self.send("k", {"rule": {"kind": "debounce", "window_ms": 60000}, "inputJson": '{"n": "last"}'})
+        f = self.ok("POST", self.coord_path("debounce", "k", ":flush"))
+        self.assertEqual(f, {"flushed": True, "runId": first["receipt"]["runId"]})
+        run = self.ok("GET", self.run_path(f["runId"]))
+        self.assertEqual(run["input"], {"n": "last"}, "a debounce run gets the latest input")
+        self.assertEqual(run["eventCount"], "6")
+        # The coordinator path takes the kind's aliases too.
+        self.assertEqual(self.ok("GET", "/v1/coordinators/RULE_KIND_DEBOUNCE/%s/k" % enc(self.wf)).get("exists"),
+                         None, "no IDs were remembered, so the coordinator is gone (exists false is omitted)")
+        self.assertIs(self.ok("GET", "/v1/coordinators/1/%s/never" % enc(self.wf)).get("exists", False), False)
+
+    def test_key_with_slash_and_colon_in_path(self):
+        for key in ["tenant/42/orders", "user:42", "a b/ü?#%"]:
+            with self.subTest(key=key):
+                r = self.send(key, {"id": "x", "rule": {"kind": "batch", "maxEvents": 5, "maxWaitMs": 60000},
+                                    "input": {"key": key}})
+                run_id = r["receipt"]["runId"]
+                self.assertTrue(run_id.startswith(key + "@"), run_id)
+                d = self.describe("batch", key)
+                self.assertEqual(d["coordinator"]["key"], key)
+                self.assertEqual(d["window"]["runId"], run_id)
+                f = self.ok("POST", self.coord_path("batch", key, ":flush"), {})
+                self.assertEqual(f["runId"], run_id)
+                run = self.ok("GET", self.run_path(run_id))
+                self.assertEqual(run["key"], key)
+                self.assertEqual(run["input"], [{"key": key}])
+                leased = self.poll(wait_ms=0)
+                self.assertEqual([x["runId"] for x in leased], [run_id])
+                hb = self.ok("POST", self.run_path(run_id, ":heartbeat"), {"lease": leased[0]["lease"]})
+                self.assertIn("leaseExpiresMs", hb)
+                done = self.ok("POST", self.run_path(run_id, ":complete"),
+                               {"lease": leased[0]["lease"], "result": {"key": key}})
+                self.assertEqual(done["run"]["status"], "RUN_STATUS_COMPLETED")
+                self.assertEqual(done["run"]["result"], {"key": key})
+
+    def test_flush_and_cancel(self):
+        # Event IDs keep the coordinator (and its journal) after the window.
+        r = self.send("k", {"id": "1", "rule": {"kind": "batch", "maxEvents": 10, "maxWaitMs": 60000}, "input": 1})
+        self.send("k", {"id": "2", "rule": {"kind": "batch", "maxEvents": 10, "maxWaitMs": 60000}, "input": 2})
+        c = self.ok("POST", self.coord_path("batch", "k", ":cancel"), {})
+        self.assertEqual(c, {"cancelled": True, "runId": r["receipt"]["runId"], "eventsDropped": "2"})
+        self.assertEqual(self.ok("POST", self.coord_path("batch", "k", ":cancel")), {})
+        self.assertEqual(self.ok("POST", self.coord_path("batch", "k", ":flush")), {})
+        resp = self.curl("GET", self.run_path(r["receipt"]["runId"]))
+        self.assert_error(resp, 404, 5, "NOT_FOUND", "run_id")
+        d = self.describe("batch", "k")
+        self.assertNotIn("window", d)
+        self.assertEqual(d["journal"][-1]["what"], "window_cancelled")
+        r2 = self.send("k", {"rule": {"kind": "batch", "maxEvents": 10, "maxWaitMs": 60000}, "input": 3})
+        self.assertNotEqual(r2["receipt"]["runId"], r["receipt"]["runId"])
+        f = self.ok("POST", self.coord_path("batch", "k", ":flush"))
+        self.assertEqual(f, {"flushed": True, "runId": r2["receipt"]["runId"]})
+        self.assertEqual([x["input"] for x in self.poll(max_runs=10)], [[3]])
+
+    def test_runs_heartbeat_complete_get_list(self):
+        ids = []
+        for i in range(5):
+            r = self.send("k%d" % i, {"rule": {"kind": "batch", "maxEvents": 1}, "input": i})
+            self.assertTrue(r["runStarted"])
+            ids.append(r["receipt"]["runId"])
+        leased = self.poll(max_runs=3, lease_ms=5000)
+        self.assertEqual([x["runId"] for x in leased], ids[:3])
+        before = now_ms()
+        hb = self.ok("POST", self.run_path(ids[0], ":heartbeat"), {"lease": leased[0]["lease"], "leaseMs": 60000})
+        self.assertGreaterEqual(int(hb["leaseExpiresMs"]), before + 60000 - CLOCK_SLACK_MS)
+        done = self.ok("POST", self.run_path(ids[0], ":complete"),
+                       {"lease": leased[0]["lease"], "result": {"answer": 42}})
+        self.assertEqual(done["run"]["status"], "RUN_STATUS_COMPLETED")
+        self.assertEqual(done["run"]["result"], {"answer": 42})
+        again = self.ok("POST", self.run_path(ids[0], ":complete"),
+                        {"lease": leased[0]["lease"], "result": {"answer": 42}})
+        self.assertIs(again["alreadyFinished"], True)
+        failed = self.ok("POST", self.run_path(ids[1], ":complete"), {"lease": leased[1]["lease"], "error": "boom"})
+        self.assertEqual(failed["run"]["status"], "RUN_STATUS_FAILED")
+        self.assertEqual(failed["run"]["error"], "boom")
+        # Wrong lease: 409 FAILED_PRECONDITION, and nothing changes.
+        wrong = str(uuid.uuid4())
+        self.assert_error(self.curl("POST", self.run_path(ids[2], ":complete"), {"lease": wrong, "result": 1}),
+                          409, 9, "FAILED_PRECONDITION", "lease")
+        self.assert_error(self.curl("POST", self.run_path(ids[2], ":heartbeat"), {"lease": wrong}),
+                          409, 9, "FAILED_PRECONDITION", "lease")
+        self.assert_error(self.curl("POST", self.run_path(ids[2], ":complete"), {"lease": leased[2]["lease"]}),
+                          400, 3, "INVALID_ARGUMENT", "outcome")
+        got = self.ok("GET", self.run_path(ids[2]))
+        self.assertEqual(got["status"], "RUN_STATUS_LEASED")
+        self.assertNotIn("lease", got, "GetRun must not reveal the lease")
+        got = self.ok("GET", self.run_path(ids[0]))
+        self.assertEqual(got["result"], {"answer": 42})
+        self.assertEqual(got["input"], [0])
+        self.assertIn("finishedMs", got)
+
+        # ListRuns: paging with pageToken, filters by query parameters.
+        seen, token, pages = [], None, 0
+        while True:
+            q = "?workflow=%s&pageSize=2" % enc(self.wf) + ("&pageToken=%s" % enc(token) if token else "")
+            page = self.ok("GET", "/v1/runs" + q)
+            pages += 1
+            seen += page.get("runs", [])
+            token = page.get("nextPageToken")
+            if not token:
+                break
+            self.assertLess(pages, 20)
+        self.assertEqual([x["runId"] for x in seen], ids)
+        self.assertGreaterEqual(pages, 3)
+        status = {x["runId"]: x["status"] for x in seen}
+        self.assertEqual([status[i] for i in ids], ["RUN_STATUS_COMPLETED", "RUN_STATUS_FAILED", "RUN_STATUS_LEASED",
+                                                    "RUN_STATUS_PENDING", "RUN_STATUS_PENDING"])
+        for q, want in [("status=pending", ids[3:]), ("status=RUN_STATUS_COMPLETED", ids[:1]),
+                        ("status=failed", ids[1:2]), ("status=LEASED&page_size=1", ids[2:3])]:
+            with self.subTest(q=q):
+                page = self.ok("GET", "/v1/runs?workflow=%s&%s" % (enc(self.wf), q))
+                self.assertEqual([x["runId"] for x in page.get("runs", [])], want)
+        self.assertEqual(self.ok("GET", "/v1/runs?workflow=other-" + self.wf), {})
+        self.assert_error(self.curl("GET", "/v1/runs?pageToken=zz"), 400, 3, "INVALID_ARGUMENT", "page_token")
+        self.assert_error(self.curl("GET", "/v1/runs?pageSize=many"), 400, 3, "INVALID_ARGUMENT", "pageSize")
+        self.assert_error(self.curl("GET", "/v1/runs?status=bogus"), 400, 3, "INVALID_ARGUMENT", "status")
+        self.assert_error(self.curl("GET", "/v1/runs?nosuch=1"), 400, 3, "INVALID_ARGUMENT", "nosuch")
+
+    def test_errors_name_the_field_and_change_nothing(self):
+        path = self.events_path("bad")
+        cases = [
+            ("bad JSON body", dict(raw='{"rule": {"kind": "batch",'), 400, 3, "INVALID_ARGUMENT", "body"),
+            ("body not an object", dict(raw='[1, 2]'), 400, 3, "INVALID_ARGUMENT", "body"),
+            ("unknown field", dict(body={"rule": {"kind": "batch", "maxEventz": 3}}), 400, 3, "INVALID_ARGUMENT",
+             "maxEventz"),
+            ("unknown top-level field", dict(body={"rule": {"kind": "batch"}, "inptu": 1}), 400, 3,
+             "INVALID_ARGUMENT", "inptu"),
+            ("maxEvents not a number", dict(body={"rule": {"kind": "batch", "maxEvents": "ten"}}), 400, 3,
+             "INVALID_ARGUMENT", "maxEvents"),
+            ("maxEvents 0", dict(body={"rule": {"kind": "batch", "maxEvents": 0}}), 400, 3, "INVALID_ARGUMENT",
+             re.compile(r"max_?[eE]vents")),
+            ("maxEvents 10001", dict(body={"rule": {"kind": "batch", "maxEvents": 10001}}), 400, 3,
+             "INVALID_ARGUMENT", re.compile(r"max_?[eE]vents")),
+            ("windowMs 0", dict(body={"rule": {"kind": "debounce", "windowMs": 0}}), 400, 3, "INVALID_ARGUMENT",
+             re.compile(r"window_?[mM]s")),
+            ("unknown kind", dict(body={"rule": {"kind": "throttle", "windowMs": 5}}), 400, 3, "INVALID_ARGUMENT",
+             "kind"),
+            ("missing rule", dict(body={"input": 1}), 400, 3, "INVALID_ARGUMENT", "rule"),
+            ("invalid JSON input text", dict(body={"rule": {"kind": "batch"}, "inputJson": "{nope"}), 400, 3,
+             "INVALID_ARGUMENT", "input"),
+            ("oversized key", dict(path=self.events_path("k" * 300)), 413, 8, "RESOURCE_EXHAUSTED", "key"),
+            ("oversized input", dict(body={"rule": {"kind": "batch"}, "input": "x" * (256 * 1024)}), 413, 8,
+             "RESOURCE_EXHAUSTED", "input"),
+        ]
+        for name, kw, http_status, code, status_name, field in cases:
+            with self.subTest(name):
+                resp = self.curl("POST", kw.get("path", path),
+                                 kw.get("body", {"rule": {"kind": "batch"}} if "raw" not in kw else None),
+                                 raw=kw.get("raw"))
+                self.assert_error(resp, http_status, code, status_name, field)
+        for kind in ("batch", "debounce"):
+            d = self.describe(kind, "bad")
+            self.assertFalse(d.get("exists", False), "a refused event creates no coordinator: %r" % d)
+        self.assertEqual(self.sample(self.metrics(), "keyflow_coordinators"), 0)
+        # Routes and methods.
+        self.assert_error(self.curl("GET", "/v1/nope"), 404, 5, "NOT_FOUND", "/v1/nope")
+        self.assert_error(self.curl("GET", "/v1/workflows/w/keys/k/evnts"), 404, 5, "NOT_FOUND")
+        self.assert_error(self.curl("DELETE", "/v1/runs"), 405, 12, "UNIMPLEMENTED", "DELETE")
+        self.assert_error(self.curl("GET", self.events_path("k")), 405, 12, "UNIMPLEMENTED")
+        self.assert_error(self.curl("PUT", self.coord_path("batch", "k")), 405, 12, "UNIMPLEMENTED")
+        # "k:explode" is a legal key: the path is the Describe route, which is GET only.
+        self.assert_error(self.curl("POST", self.coord_path("batch", "k", ":explode")), 405, 12, "UNIMPLEMENTED")
+        self.assert_error(self.curl("GET", "/v1/runs/x@y", raw="{}"), 400, 3, "INVALID_ARGUMENT", "body")
+        self.assert_error(self.curl("POST", "/v1/runs:poll", {"workerId": "w", "waitMs": 0, "lease": 1}),
+                          400, 3, "INVALID_ARGUMENT", "lease")
+        self.assert_error(self.curl("POST", "/v1/runs:poll", {"waitMs": 0}), 400, 3, "INVALID_ARGUMENT",
+                          "worker_id")
+        self.assert_error(self.curl("GET", self.coord_path("sometimes", "k")), 400, 3, "INVALID_ARGUMENT",
+                          "kind")
+
+    def test_generic_rpc_route(self):
+        r = self.ok("POST", "/v1/keyflow.v1.Coordinators/SendEvent",
+                    {"workflow": self.wf, "key": "g", "event": {"rule": {"kind": "debounce", "windowMs": 60000},
+                                                                 "input": {"via": "generic"}}})
+        d = self.ok("POST", "/v1/keyflow.v1.Coordinators/DescribeCoordinator",
+                    {"coordinator": {"kind": "debounce", "workflow": self.wf, "key": "g"}})
+        self.assertEqual(d["window"]["runId"], r["receipt"]["runId"])
+        self.assert_error(self.curl("GET", "/v1/keyflow.v1.Coordinators/DescribeCoordinator"), 405, 12,
+                          "UNIMPLEMENTED", "POST")
+
+    def test_http2_prior_knowledge(self):
+        r = self.curl("POST", self.events_path("h2"), {"rule": {"kind": "debounce", "windowMs": 60000},
+                                                       "input": "over h2c"}, http2=True)
+        self.assertEqual(r.status, 200, repr(r))
+        self.assertEqual(r.http_version, "2")
+        d = self.curl("GET", self.coord_path("debounce", "h2"), http2=True)
+        self.assertEqual(d.http_version, "2")
+        self.assertEqual(d.body["window"]["runId"], r.body["receipt"]["runId"])
+        err = self.curl("GET", "/v1/nope", http2=True)
+        self.assert_error(err, 404, 5, "NOT_FOUND")
+
+    def test_healthz_readyz(self):
+        r = self.curl("GET", "/healthz")
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.body, {"status": "ok"})
+        r = self.curl("GET", "/readyz")
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.body, {"status": "ready"})
+
+    def test_metrics(self):
+        sample = 'keyflow_requests_total'
+        ok_labels = 'method="SendEvent",transport="http",code="OK"'
+        bad_labels = 'method="SendEvent",transport="http",code="INVALID_ARGUMENT"'
+        before = self.metrics()
+        self.assertIn("# TYPE keyflow_requests_total counter", before)
+        n0 = self.sample(before, sample, ok_labels)
+        bad0 = self.sample(before, sample, bad_labels)
+        for i in range(3):
+            self.send("m", {"rule": {"kind": "batch", "maxEvents": 100, "maxWaitMs": 60000}, "input": i})
+        self.curl("POST", self.events_path("m"), {"rule": {"kind": "batch", "maxEvents": 0}})
+        after = self.metrics()
+        self.assertEqual(self.sample(after, sample, ok_labels), n0 + 3, "one OK sample per request")
+        self.assertEqual(self.sample(after, sample, bad_labels), bad0 + 1)
+        self.assertGreaterEqual(self.sample(after, "keyflow_events_accepted_total"), 3)
+        self.assertEqual(self.sample(after, "keyflow_open_windows"), 1)
+        # Every TYPE line names a known type; every sample line parses.
+        for line in after.splitlines():
+            if line.startswith("# TYPE "):
+                self.assertRegex(line, r"^# TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge|histogram|summary|untyped)$")
+            elif line and not line.startswith("#"):
+                self.assertRegex(line, r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})? [0-9.eE+-]+$|^\S+ (NaN|\+Inf|-Inf)$')
+        self.assertIn("# TYPE keyflow_request_duration_seconds histogram", after)
+        # The SendEvent/http latency histogram: cumulative buckets ending in
+        # le="+Inf", whose count equals _count.
+        prefix = 'keyflow_request_duration_seconds_bucket{method="SendEvent",transport="http",le="'
+        buckets = [(line[len(prefix):].split('"', 1)[0], float(line.rsplit(" ", 1)[1]))
+                   for line in after.splitlines() if line.startswith(prefix)]
+        self.assertGreater(len(buckets), 1)
+        self.assertEqual(buckets[-1][0], "+Inf")
+        counts = [c for _, c in buckets]
+        self.assertEqual(counts, sorted(counts), "buckets are cumulative")
+        bounds = [float(b) for b, _ in buckets[:-1]]
+        self.assertEqual(bounds, sorted(bounds))
+        total = self.sample(after, "keyflow_request_duration_seconds_count",
+                            'method="SendEvent",transport="http"')
+        self.assertEqual(buckets[-1][1], total)
+        self.assertGreaterEqual(total, 4)
+
+
+if __name__ == "__main__":
+    unittest.main()
