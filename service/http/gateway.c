@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -285,33 +286,51 @@ static void on_accept(h2o_socket_t *listener, const char *err) {
 }
 
 static kf_status_t bind_listener(const char *address, int *fd_out, int *port, kf_error_t *err) {
-    char host[64];
+    /* "host:port", "[v6]:port"; the host may be a name (resolved once). */
+    char host[256], service[16];
     const char *colon = strrchr(address, ':');
-    if (colon == NULL || (size_t)(colon - address) >= sizeof host) {
+    if (colon == NULL || strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof service) {
         return kf_error_set(err, KF_E_INVALID, "http address: expected host:port, got %s", address);
     }
-    memcpy(host, address, (size_t)(colon - address));
-    host[colon - address] = '\0';
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)atoi(colon + 1));
-    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
-        return kf_error_set(err, KF_E_INVALID, "http address: %s is not an IPv4 address", host);
+    const char *h = address;
+    size_t hl = (size_t)(colon - address);
+    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+        h++;
+        hl -= 2;
     }
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (hl == 0 || hl >= sizeof host) {
+        return kf_error_set(err, KF_E_INVALID, "http address: expected host:port, got %s", address);
+    }
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    snprintf(service, sizeof service, "%s", colon + 1);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    int rc = getaddrinfo(host, service, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        return kf_error_set(err, KF_E_INVALID, "http address: cannot resolve %s: %s", address,
+                            gai_strerror(rc));
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, SOMAXCONN) != 0) {
+        bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
         int e = errno;
         if (fd >= 0) {
             close(fd);
         }
+        freeaddrinfo(res);
         return kf_error_set(err, KF_E_IO, "http: cannot listen on %s: %s", address, strerror(e));
     }
-    socklen_t len = sizeof addr;
-    getsockname(fd, (struct sockaddr *)&addr, &len);
-    *port = ntohs(addr.sin_port);
+    freeaddrinfo(res);
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &len);
+    *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                           : ((struct sockaddr_in *)&ss)->sin_port);
     *fd_out = fd;
     return KF_OK;
 }

@@ -54,7 +54,10 @@ static void usage(FILE *out) {
             "  --run-attempts N      leases per run before it FAILS (default %d, max %d)\n"
             "  --queue-depth N       engine queue bound (default and max %d)\n"
             "  --grpc-threads N      completion-queue threads (default 1)\n"
-            "  --log-level LEVEL     debug, info, warn, error (default info)\n",
+            "  --log-level LEVEL     debug, info, warn, error (default info)\n"
+            "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_GRPC_ADDRESS,\n"
+            "KEYFLOW_HTTP_ADDRESS, KEYFLOW_PORT_FILE, KEYFLOW_PLUGIN_DIR, KEYFLOW_RUN_RETENTION_MS,\n"
+            "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_LOG_LEVEL.\n",
             (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
             KF_QUEUE_DEPTH_MAX);
 }
@@ -77,13 +80,48 @@ static bool parse_int(const char *flag, const char *text, int64_t lo, int64_t hi
     return true;
 }
 
-static bool parse_args(int argc, char **argv, options_t *o) {
+static bool parse_level(const char *v, kf_log_level_t *out) {
+    if (strcmp(v, "debug") == 0) *out = KF_LOG_DEBUG;
+    else if (strcmp(v, "info") == 0) *out = KF_LOG_INFO;
+    else if (strcmp(v, "warn") == 0) *out = KF_LOG_WARN;
+    else if (strcmp(v, "error") == 0) *out = KF_LOG_ERROR;
+    else {
+        fprintf(stderr, "keyflowd: log level must be debug, info, warn or error, got %s\n", v);
+        return false;
+    }
+    return true;
+}
+
+/* Every flag also has an environment variable (containers, systemd units);
+ * flags win over the environment. */
+static bool parse_env(options_t *o) {
+    int64_t n;
+    const char *v;
     o->data_dir = env_or("KEYFLOW_DATA", DEFAULT_DATA_DIR);
     o->grpc_address = env_or("KEYFLOW_GRPC_ADDRESS", DEFAULT_GRPC_ADDRESS);
     o->http_address = env_or("KEYFLOW_HTTP_ADDRESS", DEFAULT_HTTP_ADDRESS);
     o->plugin_dir = env_or("KEYFLOW_PLUGIN_DIR", NULL);
+    o->port_file = env_or("KEYFLOW_PORT_FILE", NULL);
     o->log_level = KF_LOG_INFO;
     o->grpc_threads = 1;
+    if ((v = env_or("KEYFLOW_LOG_LEVEL", NULL)) != NULL && !parse_level(v, &o->log_level)) return false;
+    if ((v = env_or("KEYFLOW_RUN_RETENTION_MS", NULL)) != NULL &&
+        !parse_int("KEYFLOW_RUN_RETENTION_MS", v, 1000, KF_RETENTION_MS_MAX, &o->retention_ms)) return false;
+    if ((v = env_or("KEYFLOW_RUN_ATTEMPTS", NULL)) != NULL &&
+        !parse_int("KEYFLOW_RUN_ATTEMPTS", v, 1, KF_RUN_ATTEMPTS_MAX, &o->attempts_max)) return false;
+    if ((v = env_or("KEYFLOW_QUEUE_DEPTH", NULL)) != NULL &&
+        !parse_int("KEYFLOW_QUEUE_DEPTH", v, 1, KF_QUEUE_DEPTH_MAX, &o->queue_depth)) return false;
+    if ((v = env_or("KEYFLOW_GRPC_THREADS", NULL)) != NULL) {
+        if (!parse_int("KEYFLOW_GRPC_THREADS", v, 1, 8, &n)) return false;
+        o->grpc_threads = (int)n;
+    }
+    return true;
+}
+
+static bool parse_args(int argc, char **argv, options_t *o) {
+    if (!parse_env(o)) {
+        return false;
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -117,14 +155,7 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             if (!parse_int(a, v, 1, 8, &n)) return false;
             o->grpc_threads = (int)n;
         } else if (strcmp(a, "--log-level") == 0) {
-            if (strcmp(v, "debug") == 0) o->log_level = KF_LOG_DEBUG;
-            else if (strcmp(v, "info") == 0) o->log_level = KF_LOG_INFO;
-            else if (strcmp(v, "warn") == 0) o->log_level = KF_LOG_WARN;
-            else if (strcmp(v, "error") == 0) o->log_level = KF_LOG_ERROR;
-            else {
-                fprintf(stderr, "keyflowd: --log-level must be debug, info, warn or error\n");
-                return false;
-            }
+            if (!parse_level(v, &o->log_level)) return false;
         } else {
             fprintf(stderr, "keyflowd: unknown option %s\n", a);
             usage(stderr);
@@ -147,6 +178,35 @@ static bool write_port_file(const char *path, int grpc_port, int http_port) {
     return ok && rename(tmp, path) == 0; /* readers never see a partial file */
 }
 
+/* mkdir -p: the data directory and any missing parents. */
+static bool make_dirs(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) {
+        errno = ENAMETOOLONG;
+        return false;
+    }
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char saved = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+                return false;
+            }
+            buf[i] = saved;
+        }
+    }
+    return true;
+}
+
+/* "host:port" with the bound port, for the log. */
+static void bound_address(const char *configured, int port, char *out, size_t cap) {
+    const char *colon = strrchr(configured, ':');
+    int host_len = colon ? (int)(colon - configured) : (int)strlen(configured);
+    snprintf(out, cap, "%.*s:%d", host_len, configured, port);
+}
+
 int main(int argc, char **argv) {
     options_t o = {0};
     if (!parse_args(argc, argv, &o)) {
@@ -161,7 +221,7 @@ int main(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (mkdir(o.data_dir, 0755) != 0 && errno != EEXIST) {
+    if (!make_dirs(o.data_dir)) {
         kf_log(KF_LOG_ERROR, "main", "cannot create %s: %s", o.data_dir, strerror(errno));
         return 1;
     }
@@ -214,8 +274,11 @@ int main(int argc, char **argv) {
         kf_log(KF_LOG_ERROR, "main", "cannot write %s", o.port_file);
         return 1;
     }
-    kf_log(KF_LOG_INFO, "main", "keyflowd serving data=%s grpc=127.0.0.1:%d http=127.0.0.1:%d",
-           o.data_dir, grpc_port, http_port);
+    char grpc_at[160], http_at[160];
+    bound_address(o.grpc_address, grpc_port, grpc_at, sizeof grpc_at);
+    bound_address(o.http_address, http_port, http_at, sizeof http_at);
+    kf_log(KF_LOG_INFO, "main", "keyflowd serving data=%s grpc=%s http=%s", o.data_dir, grpc_at,
+           http_at);
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -1,0 +1,111 @@
+#!/usr/bin/python3
+"""Rewrite Kubernetes manifests for `podman kube play` (podman 4.3) on a host-network-only machine.
+
+    kube_hostnet.py deploy/kubernetes/keyflow.yaml [--image IMAGE] [--env KEY=VALUE ...]
+                    [--port NAME=NUMBER ...] > out.yaml
+
+podman 4.3 plays only Pod, Deployment, PersistentVolumeClaim, ConfigMap and
+Secret objects and silently skips the rest, and it publishes every
+containerPort, which host networking forbids. So:
+  - a StatefulSet becomes what its controller would create for ordinal 0:
+    one PersistentVolumeClaim per volumeClaimTemplate, named
+    <template>-<statefulset>-0, and a Pod <statefulset>-0 whose volumes point
+    at those claims;
+  - Services and other kinds podman cannot play are dropped;
+  - every pod gets hostNetwork: true; container ports are dropped; named probe
+    ports are resolved to numbers (--port NAME=NUMBER overrides a named port's
+    number first, for pods moved to free ports with --env);
+  - imagePullPolicy: Never (there is no registry); --image replaces every
+    container's image; --env sets or overrides container environment variables.
+The result goes to stdout.
+"""
+import argparse
+import copy
+import sys
+
+import yaml
+
+PLAYABLE = {"Pod", "Deployment", "PersistentVolumeClaim", "ConfigMap", "Secret"}
+
+
+def statefulset_to_pod(sts):
+    """The PVCs and the pod a StatefulSet controller creates for ordinal 0."""
+    name = sts["metadata"]["name"]
+    spec = sts["spec"]
+    template = copy.deepcopy(spec["template"])
+    out = []
+    volumes = template["spec"].setdefault("volumes", [])
+    for claim in spec.get("volumeClaimTemplates", []):
+        claim_name = f"{claim['metadata']['name']}-{name}-0"
+        out.append({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim_name, "labels": claim["metadata"].get("labels", {})},
+            "spec": claim["spec"],
+        })
+        volumes.append({"name": claim["metadata"]["name"],
+                        "persistentVolumeClaim": {"claimName": claim_name}})
+    meta = template.get("metadata", {})
+    meta["name"] = f"{name}-0"
+    out.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("manifests", nargs="+")
+    ap.add_argument("--image", help="image for every container")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--port", action="append", default=[], metavar="NAME=NUMBER")
+    args = ap.parse_args()
+    extra_env = dict(kv.split("=", 1) for kv in args.env)
+    port_override = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.port)}
+
+    docs = []
+    for path in args.manifests:
+        with open(path) as f:
+            for d in yaml.safe_load_all(f):
+                if not d:
+                    continue
+                if d.get("kind") == "StatefulSet":
+                    docs.extend(statefulset_to_pod(d))
+                elif d.get("kind") in PLAYABLE:
+                    docs.append(d)
+                else:
+                    print(f"kube_hostnet.py: dropping {d.get('kind')} {d.get('metadata', {}).get('name')}",
+                          file=sys.stderr)
+
+    for d in docs:
+        kind = d["kind"]
+        if kind == "Deployment":
+            pod = d["spec"]["template"]["spec"]
+        elif kind == "Pod":
+            pod = d["spec"]
+        else:
+            continue
+        pod["hostNetwork"] = True
+        for c in pod.get("containers", []) + pod.get("initContainers", []):
+            named = {p["name"]: port_override.get(p["name"], p["containerPort"])
+                     for p in c.get("ports", []) if p.get("name")}
+            c.pop("ports", None)
+            c["imagePullPolicy"] = "Never"
+            if args.image:
+                c["image"] = args.image
+            if extra_env:
+                env = c.setdefault("env", [])
+                for e in env:
+                    if e.get("name") in extra_env:
+                        e.pop("valueFrom", None)
+                        e["value"] = extra_env[e["name"]]
+                present = {e.get("name") for e in env}
+                env += [{"name": k, "value": v} for k, v in extra_env.items() if k not in present]
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                for handler in ("httpGet", "tcpSocket", "grpc"):
+                    h = (c.get(probe) or {}).get(handler)
+                    if h and isinstance(h.get("port"), str):
+                        h["port"] = named[h["port"]]
+    yaml.safe_dump_all(docs, sys.stdout, sort_keys=False)
+
+
+if __name__ == "__main__":
+    main()
