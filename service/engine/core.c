@@ -216,6 +216,12 @@ void kf_core_durable(kf_core_t *core, uint64_t group_id) {
     kf_functions_durable(core->functions, &core->ctx);
 }
 
+void kf_core_cancel(kf_core_t *core, kf_cmd_t *cmd, uint64_t id) {
+    if (!kf_runs_cancel_poll(core->runs, &core->ctx, cmd, id)) {
+        kf_functions_cancel_read(core->functions, &core->ctx, cmd, id);
+    }
+}
+
 void kf_core_shutdown(kf_core_t *core) {
     kf_runs_release_polls(core->runs, &core->ctx);
     kf_functions_release_reads(core->functions, &core->ctx);

@@ -40,6 +40,9 @@ int64_t kf_core_next_due_ms(const kf_core_t *core);
 kf_cmd_t *kf_core_take_ready(kf_core_t *core);
 /* Every group <= group_id is durable. */
 void kf_core_durable(kf_core_t *core, uint64_t group_id);
+/* Cancels a parked command (a long poll whose client left); no-op when
+ * `cmd` is not parked under `id`. */
+void kf_core_cancel(kf_core_t *core, kf_cmd_t *cmd, uint64_t id);
 /* Answers parked polls (empty) in the current step: call at shutdown. */
 void kf_core_shutdown(kf_core_t *core);
 

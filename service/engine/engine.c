@@ -57,6 +57,13 @@ struct kf_engine {
     bool stopping;               /* no new commands */
     bool committer_exit;
     atomic_bool failed;          /* a sync failed: acknowledge nothing more */
+    uint64_t next_id;            /* guarded by lock */
+    struct cancel {
+        kf_cmd_t *cmd;
+        uint64_t id;
+    } cancels[256];              /* guarded by lock; a full list drops the cancel
+                                    (the poll then just runs to its wait_ms) */
+    size_t ncancels;
     atomic_uint_fast64_t durable_group;
 };
 
@@ -132,6 +139,7 @@ kf_status_t kf_engine_submit(kf_engine_t *e, kf_cmd_t *cmd) {
                             "engine queue full: %zu commands waiting (KF_QUEUE_DEPTH_MAX); retry later",
                             e->inbox_max);
     }
+    cmd->id = ++e->next_id;
     if (e->inbox_tail) {
         e->inbox_tail->next = cmd;
     } else {
@@ -146,6 +154,21 @@ kf_status_t kf_engine_submit(kf_engine_t *e, kf_cmd_t *cmd) {
         pthread_cond_signal(&e->engine_cv);
     }
     return KF_OK;
+}
+
+void kf_engine_cancel(kf_engine_t *e, kf_cmd_t *cmd) {
+    pthread_mutex_lock(&e->lock);
+    if (e->ncancels < sizeof e->cancels / sizeof e->cancels[0]) {
+        /* The id is read now, while the submitter still owns the command. */
+        e->cancels[e->ncancels].cmd = cmd;
+        e->cancels[e->ncancels].id = cmd->id;
+        e->ncancels++;
+    }
+    bool wake = e->engine_sleeping;
+    pthread_mutex_unlock(&e->lock);
+    if (wake) {
+        pthread_cond_signal(&e->engine_cv);
+    }
 }
 
 static void group_append(group_t *g, kf_cmd_t *list) {
@@ -218,6 +241,10 @@ static void *engine_main(void *arg) {
             }
         }
         bool stopping = e->stopping;
+        struct cancel cancels[sizeof e->cancels / sizeof e->cancels[0]];
+        size_t ncancels = e->ncancels;
+        memcpy(cancels, e->cancels, ncancels * sizeof cancels[0]);
+        e->ncancels = 0;
         pthread_mutex_unlock(&e->lock);
 
         uint64_t durable = atomic_load(&e->durable_group);
@@ -233,6 +260,9 @@ static void *engine_main(void *arg) {
             kf_histogram_observe_us(KF_H_QUEUE_WAIT_SECONDS, (now_ns - c->submitted_ns) / 1000);
             kf_core_execute(e->core, c);
             c = next;
+        }
+        for (size_t i = 0; i < ncancels; i++) {
+            kf_core_cancel(e->core, cancels[i].cmd, cancels[i].id);
         }
         kf_core_tick(e->core, KF_TIMERS_PER_TURN_MAX);
         if (stopping && !shutdown_done) {
@@ -266,7 +296,7 @@ static void *engine_main(void *arg) {
         /* Sleep until there is work: commands (if the group has room), the
          * committer free while this group holds something, a timer, a stop. */
         for (;;) {
-            bool can_take = e->inbox_head != NULL && !group_full(open);
+            bool can_take = (e->inbox_head != NULL && !group_full(open)) || e->ncancels > 0;
             bool can_hand = e->handed == NULL && !group_empty(open);
             if (can_take || can_hand || (e->stopping && !shutdown_done) ||
                 (e->stopping && e->inbox_head == NULL && e->handed == NULL)) {

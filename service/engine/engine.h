@@ -81,6 +81,7 @@ struct kf_cmd {
     /* Engine-private. */
     kf_cmd_t *next;
     int64_t submitted_ns;
+    uint64_t id;                     /* unique per submission, for cancellation */
     void *parked;                    /* engine state while the command waits */
 };
 
@@ -111,6 +112,11 @@ kf_status_t kf_engine_start(kf_engine_t *engine, kf_error_t *err) KF_MUST_USE;
  * otherwise (KF_E_LIMIT: queue full, KF_E_UNAVAILABLE: stopping) done() will
  * not be called and cmd->error says why. Any thread. */
 kf_status_t kf_engine_submit(kf_engine_t *engine, kf_cmd_t *cmd) KF_MUST_USE;
+/* The submitter's client went away: if `cmd` is still waiting in the engine
+ * (a long poll), answer it now with KF_E_CANCELLED instead of letting it
+ * take work. Harmless when the command already finished. Any thread; the
+ * engine never touches `cmd` unless it is still one of its parked commands. */
+void kf_engine_cancel(kf_engine_t *engine, kf_cmd_t *cmd);
 /* Stops accepting, finishes every accepted command (parked polls answer
  * empty), syncs the last group and joins the threads. Idempotent. */
 void kf_engine_stop(kf_engine_t *engine);

@@ -1787,6 +1787,25 @@ void kf_functions_durable(kf_functions_t *fns, kf_ctx_t *ctx) {
     }
 }
 
+bool kf_functions_cancel_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd, uint64_t id) {
+    size_t b;
+    for (kf_map_node_t *n = kf_map_first(&fns->by_id, &b); n; n = kf_map_next(&fns->by_id, &b, n)) {
+        function_t *fn = KF_CONTAINER_OF(n, function_t, node);
+        for (reader_t *r = fn->readers; r != NULL; r = r->next) {
+            if (r->cmd == cmd && cmd->id == id) {
+                reader_unlink(fns, r);
+                kf_heap_disarm(&ctx->heap, &r->timer);
+                cmd->parked = NULL;
+                cmd->response = NULL;
+                kf_error_set(&cmd->error, KF_E_CANCELLED, "ReadOutput: the client went away");
+                kf_ctx_ready(ctx, cmd);
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 void kf_functions_release_reads(kf_functions_t *fns, kf_ctx_t *ctx) {
     size_t b;
     for (kf_map_node_t *n = kf_map_first(&fns->by_id, &b); n; n = kf_map_next(&fns->by_id, &b, n)) {

@@ -45,6 +45,8 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_fire(kf_functions_t *fns, kf_ctx_t *ctx, kf_timer_t *timer);
 /* Groups <= ctx->durable_group_id are durable: wake parked reads. */
 void kf_functions_durable(kf_functions_t *fns, kf_ctx_t *ctx);
+/* Answers a parked read with KF_E_CANCELLED; false when not parked. */
+bool kf_functions_cancel_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd, uint64_t id);
 /* Answers parked reads (empty) - at shutdown. */
 void kf_functions_release_reads(kf_functions_t *fns, kf_ctx_t *ctx);
 

@@ -31,12 +31,15 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "http/json_map.h"
+#include "keyflow/v1/functions.pb-c.h"
+#include "keyflow/v1/runs.pb-c.h"
 #include "http/routes.h"
 
 typedef struct http_call http_call_t;
 
 typedef struct req_hook {
     http_call_t *call;           /* cleared when the reply was sent */
+    kf_engine_t *engine;
 } req_hook_t;
 
 struct http_call {
@@ -49,6 +52,9 @@ struct http_call {
     int64_t start_us;
     kf_arena_t arena;
     kf_cmd_t cmd;
+    int watch_fd;                /* HTTP/1 long poll: its socket, or -1 */
+    http_call_t *watch_prev;     /* on gw->watched while watch_fd >= 0 */
+    http_call_t *watch_next;
 };
 
 struct kf_gateway {
@@ -69,7 +75,15 @@ struct kf_gateway {
     atomic_int in_flight;
     bool exit_loop;              /* loop thread only */
     int metrics_ids[KF_METRICS_METHODS_MAX];
+    /* HTTP/1 long polls: h2o does not read a connection while its request is
+     * being handled, so a client that leaves is noticed only by peeking at
+     * the socket now and then (loop thread only). */
+    http_call_t *watched;
+    h2o_timeout_t watch_timeout;
+    h2o_timeout_entry_t watch_entry;
 };
+
+#define WATCH_INTERVAL_MS 200
 
 typedef struct control_msg {
     h2o_multithread_message_t msg;
@@ -116,16 +130,80 @@ static void send_error(h2o_req_t *req, kf_status_t status, const char *message, 
     free(text);
 }
 
+static void watch_unlink(kf_gateway_t *gw, http_call_t *call) {
+    if (call->watch_fd < 0) {
+        return;
+    }
+    if (call->watch_prev) {
+        call->watch_prev->watch_next = call->watch_next;
+    } else {
+        gw->watched = call->watch_next;
+    }
+    if (call->watch_next) {
+        call->watch_next->watch_prev = call->watch_prev;
+    }
+    call->watch_fd = -1;
+}
+
+/* Peeks at each watched socket: 0 bytes means the client closed it. The
+ * peek never consumes data, so a pipelined request is left for h2o. */
+static void on_watch_tick(h2o_timeout_entry_t *entry) {
+    kf_gateway_t *gw = H2O_STRUCT_FROM_MEMBER(kf_gateway_t, watch_entry, entry);
+    http_call_t *c = gw->watched;
+    while (c != NULL) {
+        http_call_t *next = c->watch_next;
+        char b;
+        ssize_t n = recv(c->watch_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            watch_unlink(gw, c);
+            kf_engine_cancel(gw->engine, &c->cmd);
+        }
+        c = next;
+    }
+    if (gw->watched != NULL) {
+        h2o_timeout_link(gw->loop, &gw->watch_timeout, &gw->watch_entry);
+    }
+}
+
+static void watch_add(kf_gateway_t *gw, http_call_t *call, int fd) {
+    call->watch_fd = fd;
+    call->watch_prev = NULL;
+    call->watch_next = gw->watched;
+    if (gw->watched) {
+        gw->watched->watch_prev = call;
+    }
+    gw->watched = call;
+    if (!h2o_timeout_is_linked(&gw->watch_entry)) {
+        h2o_timeout_link(gw->loop, &gw->watch_timeout, &gw->watch_entry);
+    }
+}
+
+/* PollRuns / ReadOutput with a wait may sit in the engine for a while. */
+static bool is_long_poll(const kf_method_t *m, const ProtobufCMessage *msg) {
+    if (m->op == KF_OP_POLL_RUNS) {
+        return ((const Keyflow__V1__PollRunsRequest *)msg)->wait_ms > 0;
+    }
+    if (m->op == KF_OP_READ_OUTPUT) {
+        return ((const Keyflow__V1__ReadOutputRequest *)msg)->wait_ms > 0;
+    }
+    return false;
+}
+
 static void call_free(http_call_t *call) {
+    watch_unlink(call->gw, call);
     kf_arena_deinit(&call->arena);
     atomic_fetch_sub(&call->gw->in_flight, 1);
     free(call);
 }
 
+/* h2o disposes the request (the client went away, or the reply was sent).
+ * If the command still waits in the engine (a long poll), cancel it so that
+ * it takes no run; the reply, when it comes, is dropped. Loop thread. */
 static void on_req_dispose(void *p) {
     req_hook_t *hook = p;
     if (hook->call != NULL) {
         hook->call->req = NULL;
+        kf_engine_cancel(hook->engine, &hook->call->cmd);
     }
 }
 
@@ -232,6 +310,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         return 0;
     }
     call->gw = gw;
+    call->watch_fd = -1;
     call->start_us = kf_mono_us();
     kf_arena_init(&call->arena, 0);
     atomic_fetch_add(&gw->in_flight, 1);
@@ -263,6 +342,13 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     call->req = req;
     call->hook = h2o_mem_alloc_shared(&req->pool, sizeof *call->hook, on_req_dispose);
     call->hook->call = call;
+    call->hook->engine = gw->engine;
+    if (req->version < 0x200 && is_long_poll(call->method, msg)) {
+        h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+        if (sock != NULL) {
+            watch_add(gw, call, h2o_socket_get_fd(sock));
+        }
+    }
     if (kf_engine_submit(gw->engine, cmd) != KF_OK) {
         call->hook->call = NULL;
         send_error(req, cmd->error.status, cmd->error.message, 0);
@@ -366,6 +452,8 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *
     gw->queue = h2o_multithread_create_queue(gw->loop);
     h2o_multithread_register_receiver(gw->queue, &gw->replies, on_replies);
     h2o_multithread_register_receiver(gw->queue, &gw->control, on_control);
+    h2o_timeout_init(gw->loop, &gw->watch_timeout, WATCH_INTERVAL_MS);
+    gw->watch_entry.cb = on_watch_tick;
     gw->listener = h2o_evloop_socket_create(gw->loop, gw->listen_fd, H2O_SOCKET_FLAG_DONT_READ);
     gw->listener->data = gw;
     *out = gw;
@@ -427,6 +515,10 @@ void kf_gateway_destroy(kf_gateway_t *gw) {
         h2o_socket_close(gw->listener);
         gw->listener = NULL;
     }
+    if (h2o_timeout_is_linked(&gw->watch_entry)) {
+        h2o_timeout_unlink(&gw->watch_entry);
+    }
+    h2o_timeout_dispose(gw->loop, &gw->watch_timeout);
     h2o_multithread_unregister_receiver(gw->queue, &gw->replies);
     h2o_multithread_unregister_receiver(gw->queue, &gw->control);
     h2o_multithread_destroy_queue(gw->queue);

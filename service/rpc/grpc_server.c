@@ -40,6 +40,7 @@
 #include "engine/methods.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
+#include "keyflow/v1/runs.pb-c.h"
 
 #define KF_GRPC_THREADS_MAX 8
 
@@ -51,6 +52,7 @@ typedef enum call_state {
     CALL_TAIL_SENT,              /* tail: a page went out */
     CALL_TAIL_CLOSED,            /* tail: the client closed or was cancelled */
     CALL_TAIL_DONE,              /* tail: the final status went out */
+    CALL_POLL_CLOSED,            /* long poll: the client closed or was cancelled */
 } call_state_t;
 
 typedef struct call call_t;
@@ -76,7 +78,11 @@ struct call {
     grpc_slice details;
     bool has_details;
     int cancelled;
-    int refs;                    /* outstanding batches (watch: 2) */
+    atomic_int refs;             /* outstanding batches: the reply, plus a close
+                                    watch (long polls: the engine's hold on the
+                                    command counts until it becomes the reply) */
+    atomic_bool in_engine;       /* the command is with the engine */
+    bool close_watched;          /* RECV_CLOSE was started on its own */
     bool refs_watch;             /* counted in server->watches */
     int grpc_code;
     int64_t start_us;
@@ -216,21 +222,28 @@ static void send_reply(call_t *c, kf_status_t status, const char *message,
         ops[n].data.send_status_from_server.status_details = &c->details;
     }
     n++;
-    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
-    n++;
+    if (!c->close_watched) {
+        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+        n++;
+    }
     c->tag_main.state = CALL_REPLYING;
-    c->refs = 1;
+    if (!c->close_watched) {
+        atomic_fetch_add(&c->refs, 1); /* else the engine's reference becomes the reply's */
+    }
     grpc_call_error rc = grpc_call_start_batch(c->call, ops, n, &c->tag_main, NULL);
     if (rc != GRPC_CALL_OK) {
         kf_log(KF_LOG_ERROR, "grpc", "start_batch for the reply failed: %d", (int)rc);
-        call_free(c);
+        if (atomic_fetch_sub(&c->refs, 1) == 1) {
+            call_free(c);
+        }
     }
 }
 
 /* The engine finished the command (its group is durable). Committer thread. */
 static void engine_done(kf_cmd_t *cmd) {
     call_t *c = cmd->owner;
+    atomic_store(&c->in_engine, false);
     send_reply(c, cmd->error.status, cmd->error.message, cmd->response);
 }
 
@@ -268,7 +281,7 @@ static void start_watch(call_t *c) {
     memset(&close_op, 0, sizeof close_op);
     close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     close_op.data.recv_close_on_server.cancelled = &c->cancelled;
-    c->refs = 2;
+    atomic_store(&c->refs, 2);
     c->refs_watch = true;
     atomic_fetch_add(&c->server->watches, 1);
     if (grpc_call_start_batch(c->call, &close_op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
@@ -291,7 +304,7 @@ static void start_watch(call_t *c) {
     ops[1].data.send_message.send_message = c->reply;
     c->tag_main.state = CALL_WATCH_SENT;
     if (grpc_call_start_batch(c->call, ops, 2, &c->tag_main, NULL) != GRPC_CALL_OK) {
-        c->refs--; /* the close batch still completes and frees */
+        atomic_fetch_sub(&c->refs, 1); /* the close batch still completes and frees */
     }
 }
 
@@ -421,6 +434,30 @@ static void start_tail(call_t *c, const Keyflow__V1__TailOutputRequest *req) {
     tail_next(c);
 }
 
+/* A request that may wait in the engine (PollRuns, ReadOutput with
+ * wait_ms): its wait is capped at the call's deadline (the client would not
+ * see a later answer), and the caller watches for the client leaving. */
+static bool prepare_long_poll(call_t *c, ProtobufCMessage *req) {
+    int64_t *wait_ms = NULL;
+    if (c->method->op == KF_OP_POLL_RUNS) {
+        wait_ms = &((Keyflow__V1__PollRunsRequest *)req)->wait_ms;
+    } else if (c->method->op == KF_OP_READ_OUTPUT) {
+        wait_ms = &((Keyflow__V1__ReadOutputRequest *)req)->wait_ms;
+    }
+    if (wait_ms == NULL || *wait_ms <= 0 || *wait_ms > KF_POLL_WAIT_MS_MAX) {
+        return false; /* nothing to wait for, or out of range: the engine says so */
+    }
+    gpr_timespec deadline = gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC);
+    gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
+    if (gpr_time_cmp(deadline, gpr_inf_future(GPR_CLOCK_MONOTONIC)) != 0) {
+        int64_t left_ms = gpr_time_to_millis(gpr_time_sub(deadline, now)) - 5;
+        if (left_ms < *wait_ms) {
+            *wait_ms = left_ms > 0 ? left_ms : 0;
+        }
+    }
+    return *wait_ms > 0;
+}
+
 static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     atomic_fetch_add(&s->live_calls, 1);
     c->start_us = kf_mono_us();
@@ -472,7 +509,22 @@ static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     cmd->arena = &c->arena;
     cmd->done = engine_done;
     cmd->owner = c;
+    if (prepare_long_poll(c, req)) {
+        c->close_watched = true;
+        atomic_store(&c->refs, 2); /* the close watch, and the command in the engine */
+        grpc_op close_op;
+        memset(&close_op, 0, sizeof close_op);
+        close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        close_op.data.recv_close_on_server.cancelled = &c->cancelled;
+        c->tag_close.state = CALL_POLL_CLOSED;
+        if (grpc_call_start_batch(c->call, &close_op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
+            c->close_watched = false;
+            atomic_store(&c->refs, 0);
+        }
+    }
+    atomic_store(&c->in_engine, true);
     if (kf_engine_submit(s->engine, cmd) != KF_OK) {
+        atomic_store(&c->in_engine, false);
         send_reply(c, cmd->error.status, cmd->error.message, NULL);
     }
 }
@@ -493,16 +545,27 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
         on_arrival(s, c);
         return;
     case CALL_REPLYING:
-        if (c->method == NULL) {
-            call_free(c);
-            return;
+        if (c->method != NULL) {
+            kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code,
+                               kf_mono_us() - c->start_us);
         }
-        kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code, kf_mono_us() - c->start_us);
-        call_free(c);
+        if (atomic_fetch_sub(&c->refs, 1) == 1) {
+            call_free(c);
+        }
         return;
     case CALL_WATCH_SENT:
     case CALL_WATCH_CLOSED:
-        if (--c->refs == 0) {
+        if (atomic_fetch_sub(&c->refs, 1) == 1) {
+            call_free(c);
+        }
+        return;
+    case CALL_POLL_CLOSED:
+        /* The client left while its long poll may still wait in the engine:
+         * tell the engine, so that no run is leased to nobody. */
+        if (c->cancelled && atomic_load(&c->in_engine)) {
+            kf_engine_cancel(s->engine, &c->cmd);
+        }
+        if (atomic_fetch_sub(&c->refs, 1) == 1) {
             call_free(c);
         }
         return;

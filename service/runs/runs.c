@@ -485,6 +485,22 @@ static void serve_parked(kf_runs_t *rs, kf_ctx_t *ctx) {
     publish(rs);
 }
 
+bool kf_runs_cancel_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd, uint64_t id) {
+    for (poller_t *p = rs->polls_head; p != NULL; p = p->next) {
+        if (p->cmd == cmd && cmd->id == id) {
+            poll_unlink(rs, p);
+            kf_heap_disarm(&ctx->heap, &p->timer);
+            cmd->parked = NULL;
+            cmd->response = NULL;
+            kf_error_set(&cmd->error, KF_E_CANCELLED, "PollRuns: the client went away");
+            kf_ctx_ready(ctx, cmd);
+            publish(rs);
+            return true;
+        }
+    }
+    return false;
+}
+
 void kf_runs_release_polls(kf_runs_t *rs, kf_ctx_t *ctx) {
     while (rs->polls_head != NULL) {
         poller_t *p = rs->polls_head;
@@ -653,7 +669,8 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         fail(ctx, cmd);
         return;
     }
-    if (r->status != ST_LEASED || strcmp(r->lease, req->lease) != 0) {
+    if (r->status != ST_LEASED || strcmp(r->lease, req->lease) != 0 ||
+        ctx->now_ms >= r->lease_expires_ms) {
         kf_error_set(err, KF_E_PRECONDITION,
                      "lease: does not hold run %s (it is %s; the lease expired or belongs to another attempt)",
                      req->run_id, status_word(r->status));
@@ -749,6 +766,14 @@ void kf_runs_complete(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         }
         complete_finished(ctx, cmd, rec);
         keyflow__records__run_rec__free_unpacked(rec, NULL);
+        return;
+    }
+    if (r->status == ST_LEASED && strcmp(r->lease, req->lease) == 0 &&
+        ctx->now_ms >= r->lease_expires_ms) {
+        /* Expired by the clock though its timer has not fired yet this turn. */
+        kf_error_set(err, KF_E_PRECONDITION, "lease: expired at %lld for run %s",
+                     (long long)r->lease_expires_ms, req->run_id);
+        fail(ctx, cmd);
         return;
     }
     if (r->status != ST_LEASED || strcmp(r->lease, req->lease) != 0) {

@@ -78,6 +78,9 @@ void kf_runs_fire(kf_runs_t *runs, kf_ctx_t *ctx, kf_timer_t *timer);
 uint32_t kf_runs_sweep(kf_runs_t *runs, kf_ctx_t *ctx, uint32_t limit);
 /* Forgets finished runs whose finishing write is durable. */
 void kf_runs_evict(kf_runs_t *runs, kf_ctx_t *ctx);
+/* Answers a parked poll with KF_E_CANCELLED; false when `cmd` (with `id`)
+ * is not one of the parked polls. Only pointers are compared until found. */
+bool kf_runs_cancel_poll(kf_runs_t *runs, kf_ctx_t *ctx, kf_cmd_t *cmd, uint64_t id);
 /* Answers every parked poll (empty) - at shutdown. */
 void kf_runs_release_polls(kf_runs_t *runs, kf_ctx_t *ctx);
 

@@ -304,6 +304,17 @@ class CrashTest(unittest.TestCase):
                 self.assertEqual(receipts[eid].receipt.run_id, run.run_id,
                                  "debounce receipt of %s names another run" % eid)
 
+        # ---- each coordinator counted exactly the runs that were drained.
+        per_key = collections.Counter(int(r.key.split("-")[1]) for r in drained.values())
+        for i in range(KEYS):
+            d = coords.DescribeCoordinator(C.DescribeCoordinatorRequest(coordinator=C.CoordinatorRef(
+                kind=C.RULE_KIND_BATCH if is_batch(i) else C.RULE_KIND_DEBOUNCE,
+                workflow=self.wf, key=key_name(i))), timeout=10)
+            if acked_order[i]:
+                self.assertTrue(d.exists, key_name(i))
+                self.assertFalse(d.HasField("window"), "%s still has a window after the flush" % key_name(i))
+                self.assertEqual(d.runs_started, per_key[i], "%s: runs_started vs runs drained" % key_name(i))
+
         # ---- nothing else: every run in the store was drained, once.
         listed, token = [], ""
         while True:
@@ -334,6 +345,106 @@ class CrashTest(unittest.TestCase):
                                                         page_token=page.next_page_token), timeout=30)
             listed2.extend(page.runs)
         self.assertEqual(sorted(r.run_id for r in listed2), sorted(drained))
+
+
+    def test_sigkill_during_journal_compaction_on_a_hot_key(self):
+        """8 threads on ONE batch key (max_events 10000, so the window stays
+        open): the journal compacts every 256 entries while the load runs,
+        and the SIGKILL lands among compactions. Every acknowledged event
+        must be in the window exactly once after the restart."""
+        cluster = Cluster(self.server)
+        rule = C.Rule(kind=C.RULE_KIND_BATCH, max_events=10000, max_wait_ms=3600000, dedup_ms=3600000)
+        lock = threading.Lock()
+        receipts, failures = {}, []
+        start_load = time.monotonic()
+
+        def client(t):
+            target, gen = cluster.current()
+            channel = grpc.insecure_channel(target)
+            stub = CG.CoordinatorsStub(channel)
+            n = 0
+            try:
+                while not cluster.restarted.is_set() or n % 10 != 0:
+                    n += 1
+                    eid = "t%d-%d" % (t, n)
+                    req = C.SendEventRequest(workflow=self.wf, key="hot", event=C.Event(
+                        id=eid, rule=rule, input_json=json.dumps(eid)))
+                    deadline = time.monotonic() + RETRY_SECONDS
+                    while True:
+                        try:
+                            resp = stub.SendEvent(req, timeout=5)
+                            break
+                        except grpc.RpcError as e:
+                            if time.monotonic() > deadline:
+                                failures.append("%s never acknowledged: %s" % (eid, e.code()))
+                                return
+                            cluster.restarted.wait(RETRY_SECONDS)
+                            new_target, new_gen = cluster.current()
+                            if new_gen != gen:
+                                channel.close()
+                                target, gen = new_target, new_gen
+                                channel = grpc.insecure_channel(target)
+                                stub = CG.CoordinatorsStub(channel)
+                            else:
+                                time.sleep(0.05)
+                    with lock:
+                        receipts[eid] = resp
+            except Exception as e:  # noqa: BLE001
+                failures.append("thread %d: %r" % (t, e))
+            finally:
+                channel.close()
+
+        def killer():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with lock:
+                    n = len(receipts)
+                if time.monotonic() - start_load >= 1.0 and n >= 600:
+                    break
+                time.sleep(0.005)
+            try:
+                cluster.crash_and_restart()
+            except Exception as e:  # noqa: BLE001
+                failures.append("restart failed: %r" % e)
+                cluster.restarted.set()
+
+        threads = [threading.Thread(target=client, args=(t,)) for t in range(THREADS)]
+        for th in threads:
+            th.start()
+        kt = threading.Thread(target=killer)
+        kt.start()
+        kt.join(90)
+        for th in threads:
+            th.join(120)
+        self.assertEqual(failures, [])
+        channel = grpc.insecure_channel(self.server.grpc_target)
+        self.addCleanup(channel.close)
+        coords, runs_stub = CG.CoordinatorsStub(channel), RG.RunsStub(channel)
+        ref = C.CoordinatorRef(kind=C.RULE_KIND_BATCH, workflow=self.wf, key="hot")
+        d = coords.DescribeCoordinator(C.DescribeCoordinatorRequest(coordinator=ref), timeout=10)
+        sys.stderr.write("\n[hot key] %d events acknowledged, journal_seq %d, %d compactions\n"
+                         % (len(receipts), d.journal_seq, d.compactions))
+        self.assertGreaterEqual(d.compactions, 2, "the load should have compacted the journal")
+        run_ids = {r.receipt.run_id for r in receipts.values()}
+        self.assertEqual(run_ids, {d.window.run_id}, "every receipt names the one open window")
+        self.assertEqual(d.window.event_count, len(receipts),
+                         "the window holds exactly the acknowledged events (all were retried until acked)")
+        self.assertEqual(d.journal_seq, d.compactions * 256 + d.journal_length)
+        f = coords.FlushWindow(C.FlushWindowRequest(coordinator=ref), timeout=10)
+        self.assertTrue(f.flushed)
+        opts_channel = grpc.insecure_channel(self.server.grpc_target,
+                                             options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.addCleanup(opts_channel.close)
+        run = RG.RunsStub(opts_channel).GetRun(R.GetRunRequest(run_id=f.run_id), timeout=30)
+        items = json.loads(run.input_json)
+        counts = collections.Counter(items)
+        self.assertEqual([e for e, c in counts.items() if c > 1], [], "events applied twice")
+        self.assertEqual(set(items), set(receipts), "acknowledged events lost or unknown events present")
+        for t in range(THREADS):
+            mine = [int(e.split("-")[1]) for e in items if e.startswith("t%d-" % t)]
+            self.assertEqual(mine, sorted(mine), "thread %d's events out of order" % t)
+        self.assertEqual([r.run_id for r in runs_stub.PollRuns(R.PollRunsRequest(
+            workflows=[self.wf], worker_id="w", max_runs=100), timeout=10).runs], [f.run_id])
 
 
 if __name__ == "__main__":

@@ -74,8 +74,9 @@ class GatewayTest(unittest.TestCase):
             sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
 
     # --- curl ------------------------------------------------------------
-    def curl(self, method, path, body=None, raw=None, http2=False, extra=()):
-        """Runs curl; returns a Response (body parsed as JSON when it is)."""
+    def curl(self, method, path, body=None, raw=None, http2=False, extra=(), check=True):
+        """Runs curl; returns a Response (body parsed as JSON when it is).
+        With check=False a failed transfer (e.g. --max-time) returns None."""
         cmd = ["curl", "-s", "-S", "--max-time", "30", "-X", method,
                "-w", "\n%{http_code} %{http_version} %{content_type}"]
         if http2:
@@ -86,6 +87,8 @@ class GatewayTest(unittest.TestCase):
         cmd += list(extra)
         cmd.append(self.server.http_base + path)
         proc = subprocess.run(cmd, input=(data or "").encode(), capture_output=True, timeout=60)
+        if not check and proc.returncode != 0:
+            return None
         self.assertEqual(proc.returncode, 0, "curl failed: %s" % proc.stderr.decode(errors="replace"))
         out = proc.stdout.decode()
         text, _, trailer = out.rpartition("\n")
@@ -270,6 +273,22 @@ class GatewayTest(unittest.TestCase):
                 self.assertEqual(done["run"]["status"], "RUN_STATUS_COMPLETED")
                 self.assertEqual(done["run"]["result"], {"key": key})
 
+    def test_abandoned_http_long_poll_does_not_take_a_run(self):
+        # curl gives up on a 30 s long poll after 0.5 s (the connection is
+        # closed). A run created afterwards must go to a live worker.
+        r = self.curl("POST", "/v1/runs:poll", {"workflows": [self.wf], "workerId": "gone", "waitMs": 30000},
+                      extra=["--max-time", "0.5"], check=False)
+        self.assertIsNone(r, "curl was expected to time out")
+        deadline = time.time() + 3
+        while time.time() < deadline and self.sample(self.metrics(), "keyflow_parked_polls") > 0:
+            time.sleep(0.05)
+        created = self.send("k", {"rule": {"kind": "batch", "maxEvents": 1}, "input": "work"})
+        run_id = created["receipt"]["runId"]
+        runs = self.poll(wait_ms=5000, worker="live")
+        got = self.ok("GET", self.run_path(run_id))
+        self.assertEqual([x["runId"] for x in runs], [run_id],
+                         "the run went to the abandoned HTTP long poll: %r" % got)
+
     def test_flush_and_cancel(self):
         # Event IDs keep the coordinator (and its journal) after the window.
         r = self.send("k", {"id": "1", "rule": {"kind": "batch", "maxEvents": 10, "maxWaitMs": 60000}, "input": 1})
@@ -360,6 +379,15 @@ class GatewayTest(unittest.TestCase):
             ("body not an object", dict(raw='[1, 2]'), 400, 3, "INVALID_ARGUMENT", "body"),
             ("unknown field", dict(body={"rule": {"kind": "batch", "maxEventz": 3}}), 400, 3, "INVALID_ARGUMENT",
              "maxEventz"),
+            ("duplicate key", dict(raw='{"rule": {"kind": "batch"}, "rule": {"kind": "debounce", "windowMs": 5}}'),
+             400, 3, "INVALID_ARGUMENT", "rule"),
+            ("one field under two spellings", dict(body={"rule": {"kind": "debounce", "windowMs": 5,
+                                                                  "window_ms": 6}}), 400, 3,
+             "INVALID_ARGUMENT", re.compile(r"window_?[mM]s")),
+            ("integer with a fraction", dict(body={"rule": {"kind": "debounce", "windowMs": 1.5}}), 400, 3,
+             "INVALID_ARGUMENT", "windowMs"),
+            ("event id not a string", dict(body={"id": 5, "rule": {"kind": "batch"}}), 400, 3,
+             "INVALID_ARGUMENT", "id"),
             ("unknown top-level field", dict(body={"rule": {"kind": "batch"}, "inptu": 1}), 400, 3,
              "INVALID_ARGUMENT", "inptu"),
             ("maxEvents not a number", dict(body={"rule": {"kind": "batch", "maxEvents": "ten"}}), 400, 3,

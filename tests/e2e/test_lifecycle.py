@@ -171,6 +171,44 @@ class LifecycleTest(unittest.TestCase):
         self.assertEqual(inputs[:len(acked)], acked)
         self.assertEqual(inputs, list(range(1, len(inputs) + 1)))
 
+    def test_sigterm_answers_parked_http_poll_and_health_watch(self):
+        from grpc.health.v1 import health_pb2, health_pb2_grpc
+        import subprocess
+        res = {}
+        url = self.server.http_base + "/v1/runs:poll"
+
+        def http_poll():
+            p = subprocess.run(["curl", "-s", "--max-time", "40", "-w", "\n%{http_code}", "-X", "POST",
+                                "--data-binary", json.dumps({"workerId": "w", "waitMs": 30000}), url],
+                               capture_output=True, timeout=60)
+            res["http"] = p.stdout.decode()
+
+        def watch():
+            stub = health_pb2_grpc.HealthStub(self.channel)
+            try:
+                for m in stub.Watch(health_pb2.HealthCheckRequest(), timeout=40):
+                    res.setdefault("watch", []).append(m.status)
+                res["watch_end"] = "eof"
+            except grpc.RpcError as e:
+                res["watch_end"] = e.code()
+
+        threads = [threading.Thread(target=http_poll), threading.Thread(target=watch)]
+        for th in threads:
+            th.start()
+        wait_until(lambda: "watch" in res and self.server.http("GET", "/metrics")[1].count(
+            "\nkeyflow_parked_polls 1\n") == 1, 10, "the HTTP long poll to park and the watch to start")
+        t = time.monotonic()
+        self.assertEqual(self.server.stop(), 0)
+        for th in threads:
+            th.join(45)
+        self.assertLess(time.monotonic() - t, 15, "shutdown waited for the long poll or the watch")
+        self.assertEqual(res["watch"][0], health_pb2.HealthCheckResponse.SERVING)
+        self.assertIn("watch_end", res, "the health watch stream was not ended by the shutdown")
+        body, _, code = res["http"].rpartition("\n")
+        self.assertIn(code, ("200", "503"), res["http"])
+        if code == "200":
+            self.assertEqual(json.loads(body), {}, "a parked poll ends empty at shutdown")
+
     def check_restart_keeps_state(self, crash):
         deb = C.Rule(kind=DEBOUNCE, window_ms=600000)
         bat = C.Rule(kind=BATCH, max_events=10, max_wait_ms=600000)
@@ -328,6 +366,28 @@ class LifecycleTest(unittest.TestCase):
         self.assertEqual(f.run_id, before.window.run_id)
         items = json.loads(self.get_run(f.run_id).input_json)
         self.assertEqual(sorted(items), list(range(600)), "every acknowledged input, once")
+
+    def test_remembered_ids_expire_across_restart(self):
+        short = C.Rule(kind=BATCH, max_events=1, dedup_ms=300)
+        long_ = C.Rule(kind=BATCH, max_events=1, dedup_ms=600000)
+        s1 = self.send("both", short, '"s"', event_id="short")
+        l1 = self.send("both", long_, '"l"', event_id="long")
+        self.send("only-short", short, '"s"', event_id="short")
+        expiry = max(m.expires_ms for m in self.describe(BATCH, "only-short").remembered_ids)
+        self.assertEqual(self.server.stop(), 0)
+        wait_until(lambda: now_ms() > expiry + 50, 10, "the short dedup span to pass while the server is down")
+        self.server.start()
+        self.connect()
+        d = self.describe(BATCH, "both")
+        self.assertEqual([m.id for m in d.remembered_ids], ["long"])
+        wait_until(lambda: not self.describe(BATCH, "only-short").exists, 10,
+                   "the coordinator whose only remembered ID expired to be deleted after the restart")
+        again_long = self.send("both", long_, '"l2"', event_id="long")
+        self.assertTrue(again_long.duplicate)
+        self.assertEqual(again_long.receipt, l1.receipt)
+        again_short = self.send("both", short, '"s2"', event_id="short")
+        self.assertFalse(again_short.duplicate, "an expired ID is new again after the restart")
+        self.assertNotEqual(again_short.receipt.run_id, s1.receipt.run_id)
 
     def test_lease_expiring_while_down_makes_run_pending_after_restart(self):
         r = self.send("k", C.Rule(kind=BATCH, max_events=1), '"job"')
