@@ -174,7 +174,9 @@ static void parse_labels(const char **p, const char *line, char *other, size_t o
         value[v] = '\0';
         (*p)++;
         if (strcmp(lname, "le") == 0) {
-            snprintf(le, le_cap, "%s", value);
+            size_t value_len = strlen(value);
+            cr_assert_lt(value_len, le_cap, "le label too long: %s", value);
+            memcpy(le, value, value_len + 1);
         } else {
             int w = snprintf(other + used, other_cap - used, "%s%s=\"%s\"", used ? "," : "",
                              lname, value);
