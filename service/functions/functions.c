@@ -672,8 +672,9 @@ static int set_bytes(kf_call_t *call, int column, const void *value, size_t len,
     if (value == NULL && len > 0) {
         return call_fail(call, KF_E_PRECONDITION, "%s: NULL value with length %zu", what, len);
     }
-    if (type == KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8 && !kf_utf8_valid(value, len)) {
-        return call_fail(call, KF_E_PRECONDITION, "%s: not valid UTF-8", what);
+    if (type == KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8 &&
+        (!kf_utf8_valid(value, len) || (len > 0 && memchr(value, 0, len) != NULL))) {
+        return call_fail(call, KF_E_PRECONDITION, "%s: not valid UTF-8 without NUL bytes", what);
     }
     char *copy = kf_arena_alloc(call->step->arena, len + 1);
     if (copy == NULL) {
@@ -1189,13 +1190,19 @@ static void commit(step_t *s, Keyflow__V1__PushBatchResponse *ack) {
             if (n > KF_OUTPUT_CHUNK_ROWS_MAX) {
                 n = KF_OUTPUT_CHUNK_ROWS_MAX;
             }
-            Keyflow__V1__RowBatch *chunk = kf_outbuf_to_batch(&s->out, from, n, s->arena);
-            KF_ASSERT(chunk != NULL);
+            /* Each chunk is encoded in its own short-lived arena, so a step
+             * with very many output rows (a timer storm) needs memory for
+             * one chunk's encoding at a time. */
+            kf_arena_t chunk_arena;
+            kf_arena_init(&chunk_arena, 0);
+            Keyflow__V1__RowBatch *chunk = kf_outbuf_to_batch(&s->out, from, n, &chunk_arena);
+            KF_ASSERT(chunk != NULL); /* one chunk is bounded by KF_OUTPUT_CHUNK_ROWS_MAX rows */
             fn->output_seq += n;
             kf_key_t k;
             key_prefix(&k, fn);
             kf_key_be64(&k, fn->output_seq);
             kf_ctx_put_msg(ctx, KF_CF_OUTPUT, &k, &chunk->base);
+            kf_arena_deinit(&chunk_arena);
         }
         ack->last_output_seq = (int64_t)fn->output_seq;
         kf_counter_add(KF_C_OUTPUT_ROWS, s->out.rows);

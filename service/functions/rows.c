@@ -302,8 +302,13 @@ kf_status_t kf_rows_from_json(const char *json, size_t len, const Keyflow__V1__S
                         st = kf_error_set(err, KF_E_TOO_LARGE, "rows: too large");
                         break;
                     }
+                    if (strlen(s) != sl) {
+                        st = kf_error_set(err, KF_E_INVALID, "rows[%zu].%s: contains a NUL character",
+                                          i, k->name);
+                        break;
+                    }
                     ((char **)k->str)[i] = s;
-                    ((uint32_t *)k->str_len)[i] = (uint32_t)strlen(s);
+                    ((uint32_t *)k->str_len)[i] = (uint32_t)sl;
                     r.bytes += sl;
                 }
                 break;
@@ -503,9 +508,10 @@ Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from,
             if (v == NULL || vals == NULL) return NULL;
             keyflow__v1__string_values__init(v);
             for (uint32_t i = 0; i < n; i++) {
+                /* Cell strings are NUL-terminated copies or protobuf-c strings. */
                 const kf_cell_t *cell = &kf_outbuf_row(out, from + i)[c];
-                vals[i] = cell->p ? kf_arena_strndup(a, cell->p, cell->len) : (char *)"";
-                if (vals[i] == NULL) return NULL;
+                KF_ASSERT(cell->p == NULL || cell->p[cell->len] == '\0');
+                vals[i] = cell->p ? (char *)cell->p : (char *)"";
             }
             v->n_values = n;
             v->values = vals;
