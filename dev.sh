@@ -20,7 +20,8 @@ PACKAGES=(build-essential cmake pkg-config
   libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev
   python3 python3-grpcio python3-protobuf curl)
 
-log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
+T0=$(date +%s)
+log() { printf '\033[1m== [%4ss] %s\033[0m\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
 
 install_deps() {
   local missing=()

@@ -1,6 +1,6 @@
 /*
- * keyflow_client.c - one gRPC channel, unary calls on per-call completion
- * queues, protobuf-c (un)packing into the caller's arena.
+ * keyflow_client.c - one gRPC channel, unary calls and server streams on
+ * per-call completion queues, protobuf-c (un)packing into the caller's arena.
  *
  * Invariants
  *   1. The client's only state is its channel and its target text, both
@@ -14,6 +14,13 @@
  *      gRPC status, or decoding), with a message naming that place.
  *   4. A gRPC status is translated to a kf_status_t once, here, through
  *      status_by_grpc_code; the server's message is copied unchanged.
+ *   5. A stream has at most one batch of each kind in flight (start, one
+ *      receive, status), counted in `pending`; close cancels the call and
+ *      collects every pending batch before it frees what they write into.
+ *   6. A stream reads what a batch wrote only after collecting that batch's
+ *      completion from its queue: gRPC may fill recv_buffer (on another
+ *      thread) well before the event arrives, and a buffer taken early
+ *      would make the event look like the end of the messages.
  */
 #include "keyflow_client.h"
 
@@ -199,18 +206,20 @@ static kf_status_t decode_response(grpc_byte_buffer *payload,
     return KF_OK;
 }
 
-kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
-                           const ProtobufCMessage *request,
-                           const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
-                           int64_t timeout_ms, ProtobufCMessage **response, kf_error_t *err) {
-    KF_ASSERT(client != NULL && method_path != NULL && method_path[0] == '/');
+static void check_call_args(const char *method_path, const ProtobufCMessage *request,
+                            const ProtobufCMessageDescriptor *response_desc, int64_t timeout_ms) {
+    KF_ASSERT(method_path != NULL && method_path[0] == '/');
     KF_ASSERT(request != NULL && request->descriptor != NULL);
     KF_ASSERT(request->descriptor->magic == PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC);
     KF_ASSERT(response_desc != NULL);
     KF_ASSERT(response_desc->magic == PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC);
-    KF_ASSERT(arena != NULL && response != NULL && timeout_ms >= 0);
-    *response = NULL;
+    KF_ASSERT(timeout_ms >= 0);
+}
 
+/* Packs the request into a new byte buffer (*out; the caller destroys it),
+ * refusing one past KF_REQUEST_BYTES_MAX before anything is allocated. */
+static kf_status_t pack_request(const ProtobufCMessage *request, grpc_byte_buffer **out,
+                                kf_error_t *err) {
     size_t request_len = protobuf_c_message_get_packed_size(request);
     if (request_len > KF_REQUEST_BYTES_MAX) {
         return kf_error_set(err, KF_E_TOO_LARGE,
@@ -220,17 +229,55 @@ kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
     grpc_slice request_slice = grpc_slice_malloc(request_len);
     size_t packed = protobuf_c_message_pack(request, GRPC_SLICE_START_PTR(request_slice));
     KF_ASSERT(packed == request_len);
-    grpc_byte_buffer *send_buffer = grpc_raw_byte_buffer_create(&request_slice, 1);
+    *out = grpc_raw_byte_buffer_create(&request_slice, 1);
     grpc_slice_unref(request_slice);
+    return KF_OK;
+}
+
+/* The call deadline for timeout_ms (0: none). */
+static gpr_timespec deadline_after(int64_t timeout_ms) {
+    if (timeout_ms == 0) {
+        return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    }
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                        gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+}
+
+/* A non-OK gRPC status as the error: the code translated once, the
+ * server's message copied verbatim (bounded). */
+static kf_status_t status_error(grpc_status_code code, grpc_slice details, const char *method_path,
+                                kf_error_t *err) {
+    KF_ASSERT(code != GRPC_STATUS_OK);
+    size_t details_len = GRPC_SLICE_LENGTH(details);
+    if (details_len > KF_ERROR_MESSAGE_BYTES_MAX) {
+        details_len = KF_ERROR_MESSAGE_BYTES_MAX;
+    }
+    if (details_len == 0) {
+        return kf_error_set(err, kf_client_status_from_grpc((int)code),
+                            "%s failed with no status message", method_path);
+    }
+    return kf_error_set(err, kf_client_status_from_grpc((int)code), "%.*s", (int)details_len,
+                        (const char *)GRPC_SLICE_START_PTR(details));
+}
+
+kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
+                           const ProtobufCMessage *request,
+                           const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
+                           int64_t timeout_ms, ProtobufCMessage **response, kf_error_t *err) {
+    KF_ASSERT(client != NULL && arena != NULL && response != NULL);
+    check_call_args(method_path, request, response_desc, timeout_ms);
+    *response = NULL;
+
+    grpc_byte_buffer *send_buffer = NULL;
+    kf_status_t pack_st = pack_request(request, &send_buffer, err);
+    if (pack_st != KF_OK) {
+        return pack_st;
+    }
 
     /* A queue per call: pluck needs no shared poller, and no other thread's
      * call can ever show up on it. */
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    gpr_timespec deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
-    if (timeout_ms > 0) {
-        deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
-    }
+    gpr_timespec deadline = deadline_after(timeout_ms);
     grpc_slice method = grpc_slice_from_copied_string(method_path);
     grpc_call *call = grpc_channel_create_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
                                                method, NULL, deadline, NULL);
@@ -275,17 +322,7 @@ kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
     KF_ASSERT(ev.type == GRPC_OP_COMPLETE && ev.tag == tag);
 
     if (code != GRPC_STATUS_OK) {
-        size_t details_len = GRPC_SLICE_LENGTH(details);
-        if (details_len > KF_ERROR_MESSAGE_BYTES_MAX) {
-            details_len = KF_ERROR_MESSAGE_BYTES_MAX;
-        }
-        if (details_len == 0) {
-            st = kf_error_set(err, kf_client_status_from_grpc((int)code),
-                              "%s failed with no status message", method_path);
-        } else {
-            st = kf_error_set(err, kf_client_status_from_grpc((int)code), "%.*s", (int)details_len,
-                              (const char *)GRPC_SLICE_START_PTR(details));
-        }
+        st = status_error(code, details, method_path, err);
     } else if (recv_buffer == NULL) {
         st = kf_error_set(err, KF_E_INTERNAL, "response: %s returned OK without a message",
                           method_path);
@@ -309,6 +346,301 @@ release_call:
     grpc_metadata_array_destroy(&initial_metadata);
     grpc_metadata_array_destroy(&trailing_metadata);
     KF_ASSERT((st == KF_OK) == (*response != NULL));
+    return st;
+}
+
+/* ---- streams ------------------------------------------------------------
+ *
+ *   open: START (send metadata, the request, half-close) and STATUS batches
+ *     |
+ *   next: RECV batch (the first also takes the initial metadata); its
+ *     |   buffer counts only once its completion is collected (invariant 6)
+ *     |   --message--> decode into the caller's arena, return it
+ *     |   --none-----> messages_ended; with STATUS in: finish
+ *     |   --timeout--> KF_AGAIN, the RECV stays in flight for the next call
+ *     v
+ *   finished: the outcome (OK end or error) is kept and returned again
+ *   close: cancel, collect every pending batch, free
+ *
+ * The stream finishes only once the status is in and the messages have
+ * ended, so every message the server sent before its status is handed out
+ * first (after the status, a receive completes at once).
+ */
+
+/* Method paths are short constants; this bounds the copy kept for errors. */
+#define STREAM_METHOD_PATH_BYTES_MAX 128
+
+typedef enum stream_batch {
+    STREAM_START,                /* send metadata, the request, half-close */
+    STREAM_RECV,                 /* one message (the first: initial metadata too) */
+    STREAM_STATUS,               /* the final status */
+    STREAM_BATCH_KINDS,
+} stream_batch_t;
+
+struct kf_client_stream {
+    grpc_call *call;
+    grpc_completion_queue *cq;   /* this stream's alone; drained at close */
+    const ProtobufCMessageDescriptor *response_desc;
+    char method_path[STREAM_METHOD_PATH_BYTES_MAX];
+    grpc_byte_buffer *send_buffer; /* the request, until close */
+    grpc_metadata_array initial_metadata;
+    grpc_metadata_array trailing_metadata;
+    grpc_byte_buffer *recv_buffer; /* written by the RECV batch in flight */
+    grpc_byte_buffer *message;   /* a collected RECV's message, until next takes it */
+    grpc_status_code code;       /* written by the STATUS batch */
+    grpc_slice details;
+    const char *error_string;
+    char tags[STREAM_BATCH_KINDS]; /* one distinct address per batch kind */
+    int pending;                 /* batches started and not yet collected */
+    bool recv_pending;
+    bool initial_metadata_asked;
+    bool messages_ended;         /* a RECV completed without a message */
+    bool status_received;
+    bool finished;               /* `outcome` is final */
+    kf_error_t outcome;          /* KF_OK: the server ended the stream with OK */
+};
+
+static grpc_call_error stream_start_batch(kf_client_stream_t *stream, stream_batch_t kind,
+                                          const grpc_op *ops, size_t count) {
+    grpc_call_error rc =
+        grpc_call_start_batch(stream->call, ops, count, &stream->tags[kind], NULL);
+    if (rc == GRPC_CALL_OK) {
+        stream->pending++;
+    }
+    return rc;
+}
+
+/* Books one completed batch. */
+static void stream_collect(kf_client_stream_t *stream, const grpc_event *ev) {
+    KF_ASSERT(ev->type == GRPC_OP_COMPLETE && stream->pending > 0);
+    const char *tag = ev->tag;
+    KF_ASSERT(tag >= stream->tags && tag < stream->tags + STREAM_BATCH_KINDS);
+    stream->pending--;
+    switch ((stream_batch_t)(tag - stream->tags)) {
+    case STREAM_START:
+        break; /* a failed send shows up in the status */
+    case STREAM_RECV:
+        /* Only now is recv_buffer this batch's answer (invariant 6). */
+        KF_ASSERT(stream->recv_pending && stream->message == NULL);
+        stream->recv_pending = false;
+        stream->message = stream->recv_buffer;
+        stream->recv_buffer = NULL;
+        if (stream->message == NULL) {
+            stream->messages_ended = true;
+        }
+        break;
+    case STREAM_STATUS:
+        stream->status_received = true;
+        break;
+    case STREAM_BATCH_KINDS:
+        KF_UNREACHABLE();
+    }
+}
+
+/* Makes `st` with err's message the stream's final outcome. */
+static kf_status_t stream_finish(kf_client_stream_t *stream, kf_status_t st,
+                                 const kf_error_t *err) {
+    KF_ASSERT(!stream->finished);
+    stream->finished = true;
+    stream->outcome = *err;
+    stream->outcome.status = st;
+    return st;
+}
+
+kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
+                                  const ProtobufCMessage *request,
+                                  const ProtobufCMessageDescriptor *response_desc,
+                                  int64_t timeout_ms, kf_client_stream_t **out, kf_error_t *err) {
+    KF_ASSERT(client != NULL && out != NULL);
+    check_call_args(method_path, request, response_desc, timeout_ms);
+    KF_ASSERT(strlen(method_path) < STREAM_METHOD_PATH_BYTES_MAX);
+    *out = NULL;
+    grpc_byte_buffer *send_buffer = NULL;
+    kf_status_t st = pack_request(request, &send_buffer, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    kf_client_stream_t *stream = calloc(1, sizeof *stream);
+    if (stream == NULL) {
+        grpc_byte_buffer_destroy(send_buffer);
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate a stream");
+    }
+    stream->send_buffer = send_buffer;
+    stream->response_desc = response_desc;
+    memcpy(stream->method_path, method_path, strlen(method_path) + 1);
+    grpc_metadata_array_init(&stream->initial_metadata);
+    grpc_metadata_array_init(&stream->trailing_metadata);
+    stream->code = GRPC_STATUS_UNKNOWN;
+    stream->details = grpc_empty_slice();
+    /* A next-queue of its own: a stream waits with a timeout and may leave
+     * a receive in flight between calls, which pluck could not express. */
+    stream->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_slice method = grpc_slice_from_copied_string(method_path);
+    stream->call = grpc_channel_create_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS,
+                                            stream->cq, method, NULL,
+                                            deadline_after(timeout_ms), NULL);
+    grpc_slice_unref(method);
+    KF_ASSERT(stream->call != NULL);
+
+    grpc_op start[3];
+    memset(start, 0, sizeof start);
+    start[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    start[1].op = GRPC_OP_SEND_MESSAGE;
+    start[1].data.send_message.send_message = stream->send_buffer;
+    start[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    grpc_op status[1];
+    memset(status, 0, sizeof status);
+    status[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    status[0].data.recv_status_on_client.trailing_metadata = &stream->trailing_metadata;
+    status[0].data.recv_status_on_client.status = &stream->code;
+    status[0].data.recv_status_on_client.status_details = &stream->details;
+    status[0].data.recv_status_on_client.error_string = &stream->error_string;
+    grpc_call_error rc = stream_start_batch(stream, STREAM_START, start, 3);
+    if (rc == GRPC_CALL_OK) {
+        rc = stream_start_batch(stream, STREAM_STATUS, status, 1);
+    }
+    if (rc != GRPC_CALL_OK) {
+        kf_client_stream_close(stream);
+        return kf_error_set(err, KF_E_INTERNAL, "%s: grpc_call_start_batch failed (%d)",
+                            method_path, (int)rc);
+    }
+    *out = stream;
+    return KF_OK;
+}
+
+kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena,
+                                  int64_t timeout_ms, ProtobufCMessage **response,
+                                  kf_error_t *err) {
+    KF_ASSERT(stream != NULL && arena != NULL && response != NULL && timeout_ms >= 0);
+    *response = NULL;
+    gpr_timespec deadline = deadline_after(timeout_ms);
+    for (;;) {
+        if (stream->finished) {
+            *err = stream->outcome;
+            return stream->outcome.status;
+        }
+        if (stream->message != NULL) {
+            grpc_byte_buffer *payload = stream->message;
+            stream->message = NULL;
+            kf_status_t st = decode_response(payload, stream->response_desc, arena, response, err);
+            grpc_byte_buffer_destroy(payload);
+            if (st != KF_OK) {
+                /* What follows a message this side cannot read could not
+                 * be trusted to follow on from it: the stream ends here. */
+                grpc_call_cancel(stream->call, NULL);
+                stream_finish(stream, st, err);
+            }
+            KF_ASSERT((st == KF_OK) == (*response != NULL));
+            return st;
+        }
+        if (stream->status_received && stream->messages_ended) {
+            kf_error_t final;
+            kf_status_t st = KF_OK;
+            if (stream->code != GRPC_STATUS_OK) {
+                st = status_error(stream->code, stream->details, stream->method_path, &final);
+            } else {
+                kf_error_set(&final, KF_OK, "%s: the server ended the stream",
+                             stream->method_path);
+            }
+            stream_finish(stream, st, &final);
+            continue;
+        }
+        if (!stream->messages_ended && !stream->recv_pending) {
+            grpc_op ops[2];
+            memset(ops, 0, sizeof ops);
+            size_t n = 0;
+            if (!stream->initial_metadata_asked) {
+                ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+                ops[n].data.recv_initial_metadata.recv_initial_metadata =
+                    &stream->initial_metadata;
+                n++;
+            }
+            ops[n].op = GRPC_OP_RECV_MESSAGE;
+            ops[n].data.recv_message.recv_message = &stream->recv_buffer;
+            n++;
+            grpc_call_error rc = stream_start_batch(stream, STREAM_RECV, ops, n);
+            if (rc != GRPC_CALL_OK) {
+                grpc_call_cancel(stream->call, NULL);
+                kf_error_t failed;
+                kf_error_set(&failed, KF_E_INTERNAL, "%s: grpc_call_start_batch failed (%d)",
+                             stream->method_path, (int)rc);
+                stream_finish(stream, KF_E_INTERNAL, &failed);
+                continue;
+            }
+            stream->initial_metadata_asked = true;
+            stream->recv_pending = true;
+        }
+        /* Something is always in flight here: the receive, or the status
+         * that must follow the end of the messages. */
+        KF_ASSERT(stream->pending > 0);
+        grpc_event ev = grpc_completion_queue_next(stream->cq, deadline, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) {
+            return kf_error_set(err, KF_AGAIN, "%s: no message within %lld ms",
+                                stream->method_path, (long long)timeout_ms);
+        }
+        stream_collect(stream, &ev);
+    }
+}
+
+void kf_client_stream_cancel(kf_client_stream_t *stream) {
+    KF_ASSERT(stream != NULL);
+    /* gRPC allows a cancel from any thread, any number of times. */
+    grpc_call_cancel(stream->call, NULL);
+}
+
+void kf_client_stream_close(kf_client_stream_t *stream) {
+    if (stream == NULL) {
+        return;
+    }
+    /* A no-op for a call that has ended; otherwise every pending batch
+     * completes promptly, with or without success. */
+    grpc_call_cancel(stream->call, NULL);
+    while (stream->pending > 0) {
+        grpc_event ev =
+            grpc_completion_queue_next(stream->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        stream_collect(stream, &ev);
+    }
+    grpc_call_unref(stream->call);
+    grpc_completion_queue_shutdown(stream->cq);
+    /* Nothing is pending, so the next event is the shutdown itself. */
+    grpc_event ev =
+        grpc_completion_queue_next(stream->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    KF_ASSERT(ev.type == GRPC_QUEUE_SHUTDOWN);
+    grpc_completion_queue_destroy(stream->cq);
+    /* Every batch was collected, so recv_buffer has moved to message. */
+    KF_ASSERT(stream->recv_buffer == NULL);
+    if (stream->message != NULL) {
+        grpc_byte_buffer_destroy(stream->message);
+    }
+    grpc_byte_buffer_destroy(stream->send_buffer);
+    grpc_slice_unref(stream->details);
+    if (stream->error_string != NULL) {
+        gpr_free((void *)stream->error_string);
+    }
+    grpc_metadata_array_destroy(&stream->initial_metadata);
+    grpc_metadata_array_destroy(&stream->trailing_metadata);
+    free(stream);
+}
+
+kf_status_t kf_client_tail_output(kf_client_t *client,
+                                  const Keyflow__V1__TailOutputRequest *request,
+                                  int64_t timeout_ms, kf_client_stream_t **out, kf_error_t *err) {
+    KF_ASSERT(request != NULL &&
+              request->base.descriptor == &keyflow__v1__tail_output_request__descriptor);
+    return kf_client_stream_open(client, KF_CLIENT_PATH_TAIL_OUTPUT, &request->base,
+                                 &keyflow__v1__read_output_response__descriptor, timeout_ms, out,
+                                 err);
+}
+
+kf_status_t kf_client_tail_output_next(kf_client_stream_t *stream, kf_arena_t *arena,
+                                       int64_t timeout_ms,
+                                       Keyflow__V1__ReadOutputResponse **response,
+                                       kf_error_t *err) {
+    KF_ASSERT(stream != NULL &&
+              stream->response_desc == &keyflow__v1__read_output_response__descriptor);
+    ProtobufCMessage *msg = NULL;
+    kf_status_t st = kf_client_stream_next(stream, arena, timeout_ms, &msg, err);
+    *response = (Keyflow__V1__ReadOutputResponse *)msg;
     return st;
 }
 
@@ -361,3 +693,26 @@ KF_CLIENT_WRAPPER(kf_client_health_check, KF_CLIENT_PATH_HEALTH_CHECK,
                   grpc__health__v1__health_check_request__descriptor,
                   Grpc__Health__V1__HealthCheckResponse,
                   grpc__health__v1__health_check_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_register_function, KF_CLIENT_PATH_REGISTER_FUNCTION,
+                  Keyflow__V1__RegisterFunctionRequest,
+                  keyflow__v1__register_function_request__descriptor,
+                  Keyflow__V1__RegisterFunctionResponse,
+                  keyflow__v1__register_function_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_get_function, KF_CLIENT_PATH_GET_FUNCTION,
+                  Keyflow__V1__GetFunctionRequest, keyflow__v1__get_function_request__descriptor,
+                  Keyflow__V1__FunctionInfo, keyflow__v1__function_info__descriptor)
+KF_CLIENT_WRAPPER(kf_client_list_functions, KF_CLIENT_PATH_LIST_FUNCTIONS,
+                  Keyflow__V1__ListFunctionsRequest,
+                  keyflow__v1__list_functions_request__descriptor,
+                  Keyflow__V1__ListFunctionsResponse,
+                  keyflow__v1__list_functions_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_push_batch, KF_CLIENT_PATH_PUSH_BATCH, Keyflow__V1__PushBatchRequest,
+                  keyflow__v1__push_batch_request__descriptor, Keyflow__V1__PushBatchResponse,
+                  keyflow__v1__push_batch_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_read_output, KF_CLIENT_PATH_READ_OUTPUT,
+                  Keyflow__V1__ReadOutputRequest, keyflow__v1__read_output_request__descriptor,
+                  Keyflow__V1__ReadOutputResponse, keyflow__v1__read_output_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_get_key_state, KF_CLIENT_PATH_GET_KEY_STATE,
+                  Keyflow__V1__GetKeyStateRequest, keyflow__v1__get_key_state_request__descriptor,
+                  Keyflow__V1__GetKeyStateResponse,
+                  keyflow__v1__get_key_state_response__descriptor)

@@ -1,13 +1,15 @@
 /*
  * keyflow_client.h - the C client library of keyflow: one gRPC channel to a
- * keyflowd, a generic unary call, and one typed wrapper per RPC of the
- * Coordinators, Runs and grpc.health.v1.Health services.
+ * keyflowd, a generic unary call, one typed wrapper per unary RPC of the
+ * Coordinators, Runs, Functions and grpc.health.v1.Health services, and a
+ * server-streaming call (kf_client_stream_t) for Functions/TailOutput.
  *
  * Threads
  *   A kf_client_t may be used by any number of threads at once: every call
  *   runs on its own completion queue over the client's one shared channel,
  *   and the client holds no other mutable state. kf_client_destroy must not
- *   run while any call on the client is still in progress.
+ *   run while any call on the client is still in progress or any stream of
+ *   it is still open. A stream has rules of its own (see Streams below).
  *
  * Memory
  *   The client is heap-allocated by kf_client_create and owned by the
@@ -44,6 +46,7 @@
 #include "base/status.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "keyflow/v1/coordinators.pb-c.h"
+#include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
 
 /* The longest target ("host:port", "dns:///name:port", "unix:/path"). */
@@ -59,6 +62,13 @@
 #define KF_CLIENT_PATH_COMPLETE_RUN "/keyflow.v1.Runs/CompleteRun"
 #define KF_CLIENT_PATH_GET_RUN "/keyflow.v1.Runs/GetRun"
 #define KF_CLIENT_PATH_LIST_RUNS "/keyflow.v1.Runs/ListRuns"
+#define KF_CLIENT_PATH_REGISTER_FUNCTION "/keyflow.v1.Functions/RegisterFunction"
+#define KF_CLIENT_PATH_GET_FUNCTION "/keyflow.v1.Functions/GetFunction"
+#define KF_CLIENT_PATH_LIST_FUNCTIONS "/keyflow.v1.Functions/ListFunctions"
+#define KF_CLIENT_PATH_PUSH_BATCH "/keyflow.v1.Functions/PushBatch"
+#define KF_CLIENT_PATH_READ_OUTPUT "/keyflow.v1.Functions/ReadOutput"
+#define KF_CLIENT_PATH_TAIL_OUTPUT "/keyflow.v1.Functions/TailOutput"
+#define KF_CLIENT_PATH_GET_KEY_STATE "/keyflow.v1.Functions/GetKeyState"
 #define KF_CLIENT_PATH_HEALTH_CHECK "/grpc.health.v1.Health/Check"
 
 typedef struct kf_client kf_client_t;
@@ -155,5 +165,123 @@ kf_status_t kf_client_health_check(kf_client_t *client,
                                    kf_arena_t *arena, int64_t timeout_ms,
                                    Grpc__Health__V1__HealthCheckResponse **response,
                                    kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_register_function(kf_client_t *client,
+                                        const Keyflow__V1__RegisterFunctionRequest *request,
+                                        kf_arena_t *arena, int64_t timeout_ms,
+                                        Keyflow__V1__RegisterFunctionResponse **response,
+                                        kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_get_function(kf_client_t *client,
+                                   const Keyflow__V1__GetFunctionRequest *request,
+                                   kf_arena_t *arena, int64_t timeout_ms,
+                                   Keyflow__V1__FunctionInfo **response,
+                                   kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_list_functions(kf_client_t *client,
+                                     const Keyflow__V1__ListFunctionsRequest *request,
+                                     kf_arena_t *arena, int64_t timeout_ms,
+                                     Keyflow__V1__ListFunctionsResponse **response,
+                                     kf_error_t *err) KF_MUST_USE;
+/* Not idempotent in general, but a retry of the same (producer_id,
+ * sequence) is answered with the original acknowledgement (duplicate set),
+ * so retrying after KF_E_TIMEOUT or KF_E_UNAVAILABLE is safe. */
+kf_status_t kf_client_push_batch(kf_client_t *client, const Keyflow__V1__PushBatchRequest *request,
+                                 kf_arena_t *arena, int64_t timeout_ms,
+                                 Keyflow__V1__PushBatchResponse **response,
+                                 kf_error_t *err) KF_MUST_USE;
+/* A long poll when request->wait_ms > 0: give timeout_ms > wait_ms. */
+kf_status_t kf_client_read_output(kf_client_t *client,
+                                  const Keyflow__V1__ReadOutputRequest *request, kf_arena_t *arena,
+                                  int64_t timeout_ms, Keyflow__V1__ReadOutputResponse **response,
+                                  kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_get_key_state(kf_client_t *client,
+                                    const Keyflow__V1__GetKeyStateRequest *request,
+                                    kf_arena_t *arena, int64_t timeout_ms,
+                                    Keyflow__V1__GetKeyStateResponse **response,
+                                    kf_error_t *err) KF_MUST_USE;
+
+/*
+ * Streams: one server-streaming call (one request, any number of responses,
+ * then a status).
+ *
+ *   kf_client_stream_open --> kf_client_stream_next ... --> kf_client_stream_close
+ *                               | a message  (KF_OK, *response set)
+ *                               | nothing within timeout_ms (KF_AGAIN; call again)
+ *                               | the end    (KF_OK, *response NULL: the server
+ *                               |             finished with OK), or the call's
+ *                               |             error status; every later next
+ *                               |             returns the same
+ *   kf_client_stream_cancel (any thread) ends it early: a next that is
+ *   waiting returns KF_E_CANCELLED at once.
+ *
+ * Threads: a stream is used by one thread at a time (open, next, close);
+ * kf_client_stream_cancel alone may be called from another thread while a
+ * next is waiting, but never concurrently with or after close. Streams of
+ * one client are independent, each on its own completion queue.
+ *
+ * Memory: the stream is heap-allocated by open and freed by close, which
+ * the caller must always call (also after an error or the end). Each
+ * response is decoded into the arena passed to that next and lives until
+ * the arena is reset, so a long tail can reset its arena between messages.
+ * The request is borrowed until open returns.
+ *
+ * Bounds: one message is received at a time (a next starts the receive of
+ * the next message only once the previous one was handed out), and HTTP/2
+ * flow control holds the server back while the reader does not call next,
+ * so a slow reader costs a flow-control window, not the stream's length.
+ * Each message is bounded by KF_RESPONSE_BYTES_MAX like a unary response.
+ */
+typedef struct kf_client_stream kf_client_stream_t;
+
+/*
+ * Starts a server-streaming call of `method_path` with `request` (packed
+ * here; see kf_client_call for the size bound). Responses decode as
+ * `response_desc`. `timeout_ms` > 0 is a deadline for the whole stream
+ * (the stream then ends with KF_E_TIMEOUT); 0 means none. Errors: only
+ * local ones (KF_E_TOO_LARGE, KF_E_INTERNAL); the server's answer,
+ * including an unknown method or a refused request, comes from the first
+ * next. On error *out is NULL and nothing needs closing.
+ */
+kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
+                                  const ProtobufCMessage *request,
+                                  const ProtobufCMessageDescriptor *response_desc,
+                                  int64_t timeout_ms, kf_client_stream_t **out,
+                                  kf_error_t *err) KF_MUST_USE;
+
+/*
+ * Waits for the next response, at most `timeout_ms` (> 0), or without a
+ * limit but the stream's own deadline (0). Returns KF_OK with *response
+ * set (in `arena`); KF_OK with *response NULL when the server ended the
+ * stream with OK; KF_AGAIN when timeout_ms passed first (the stream is
+ * untouched: the same wait goes on at the next call); otherwise the
+ * stream's final error (the server's status and message, KF_E_CANCELLED
+ * after kf_client_stream_cancel, or a local decode failure, after which
+ * the stream is cancelled). After the end or an error, every call returns
+ * the same outcome again.
+ */
+kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena,
+                                  int64_t timeout_ms, ProtobufCMessage **response,
+                                  kf_error_t *err) KF_MUST_USE;
+
+/* Cancels the call (the server sees the client go away). Idempotent; any
+ * thread, between open and close (see Threads above). */
+void kf_client_stream_cancel(kf_client_stream_t *stream);
+
+/* Cancels the call if it has not ended, waits for gRPC to release it (which
+ * a cancelled call does at once), and frees the stream. NULL is a no-op. */
+void kf_client_stream_close(kf_client_stream_t *stream);
+
+/*
+ * Functions/TailOutput: pages of output rows after request->after_seq, one
+ * ReadOutputResponse per message as rows are written (the server sends
+ * only non-empty pages and never ends the stream on its own, except with
+ * an error). Typed kf_client_stream_open / kf_client_stream_next.
+ */
+kf_status_t kf_client_tail_output(kf_client_t *client,
+                                  const Keyflow__V1__TailOutputRequest *request,
+                                  int64_t timeout_ms, kf_client_stream_t **out,
+                                  kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_tail_output_next(kf_client_stream_t *stream, kf_arena_t *arena,
+                                       int64_t timeout_ms,
+                                       Keyflow__V1__ReadOutputResponse **response,
+                                       kf_error_t *err) KF_MUST_USE;
 
 #endif

@@ -1,7 +1,9 @@
 /*
  * cli.h - private interface between the files of the `keyflow` CLI:
- * command-line flags (cli_args.c), the shared per-invocation context and
- * output helpers (keyflow.c), and the worker loop (cli_work.c).
+ * command-line flags (cli_args.c), the shared per-invocation context,
+ * output helpers and the command table (keyflow.c), the worker loop
+ * (cli_work.c), the `functions` commands (cli_functions.c) and their JSON
+ * lines input (cli_rows.c).
  *
  * Exit codes are the CLI's contract with scripts: 0 success, 1 an RPC or
  * run-time error ("keyflow: <GRPC_CODE_NAME>: <message>" on stderr), 2 a
@@ -25,6 +27,10 @@
 /* Input read from a file or stdin (--input-file, call's JSON): a 16 MiB
  * input batch is the largest payload any request carries. */
 #define KF__CLI_INPUT_BYTES_MAX (16 * 1024 * 1024)
+/* `keyflow functions push` input (JSON lines), all read before anything is
+ * sent: four batches at the largest max_input_bytes, split by --batch-rows.
+ * More than that belongs in a producer program, not on a command line. */
+#define KF__CLI_PUSH_INPUT_BYTES_MAX (64 * 1024 * 1024)
 /* Flag occurrences on one command line; a repeatable flag such as
  * --workflow may appear KF_POLL_WORKFLOWS_MAX times, plus the others. */
 #define KF__CLI_OCCURRENCES_MAX 64
@@ -137,5 +143,63 @@ int64_t kf__cli_timeout_ms(const kf__cli_t *cli, int64_t wait_ms);
 /* `keyflow work`: the worker loop (cli_work.c); its flags are declared
  * with the other commands' in keyflow.c. */
 int kf__cli_work(kf__cli_t *cli, const kf__cli_args_t *args);
+
+/* ---- the command table -------------------------------------------------- */
+
+typedef int (*kf__cli_command_fn)(kf__cli_t *cli, const kf__cli_args_t *args);
+
+typedef struct kf__cli_command kf__cli_command_t;
+
+/* The subcommands of a command word ("functions" -> "functions push"). */
+typedef struct kf__cli_command_group {
+    const kf__cli_command_t *commands;
+    size_t count;
+} kf__cli_command_group_t;
+
+struct kf__cli_command {
+    const char *name;            /* "send"; a subcommand's own word ("push") */
+    const char *synopsis;        /* what follows "keyflow NAME" in usage */
+    const char *summary;         /* one line, for `keyflow --help` */
+    const char *details;         /* paragraphs for `keyflow NAME --help`, or NULL */
+    const kf__cli_flag_t *flags;
+    size_t flag_count;
+    size_t positional_min;
+    size_t positional_max;
+    bool allow_rest;             /* "-- CMD ARGS..." */
+    kf__cli_command_fn run;      /* NULL exactly when `group` is set */
+    const kf__cli_command_group_t *group; /* subcommands, or NULL */
+};
+
+/* `keyflow functions ...` (cli_functions.c). */
+extern const kf__cli_command_group_t kf__cli_functions_group;
+
+/* ---- JSON lines -> PushBatch payloads (cli_rows.c) ---------------------- */
+
+/* One PushBatch's rows: exactly one of `columnar` and `rows_json` is set. */
+typedef struct kf__cli_batch {
+    Keyflow__V1__RowBatch *columnar;
+    char *rows_json;             /* a JSON array of the lines' objects, as written */
+    size_t row_count;
+    size_t first_line;           /* 1-based input lines of the first and last */
+    size_t last_line;            /* row; both 0 for a batch of no rows */
+} kf__cli_batch_t;
+
+/*
+ * Turns `text` (len bytes, NUL-terminated) into batches of at most
+ * rows_max rows, in input order. Each non-blank line is one JSON object,
+ * one row. With `schema` the batches are columnar, each value converted by
+ * its field's type (BOOL: true/false; INT64 and TIMESTAMP_US: an integer
+ * or a decimal string; FLOAT64: a number or "NaN"/"Infinity"/"-Infinity";
+ * UTF8: a string; BYTES: base64 text); a missing or null value is a null.
+ * Without it, each batch is the lines' objects as a rows_json array, for
+ * the server to convert. Every line is checked before this returns, so an
+ * error means no batch: KF_E_INVALID with "line N: FIELD: problem"; a
+ * bound reached is KF_E_TOO_LARGE. An input without rows gives one batch
+ * of no rows (a watermark-only push). Everything lives in `arena`;
+ * *batches is an array of *count (>= 1).
+ */
+kf_status_t kf__cli_rows_batches(const char *text, size_t len, const Keyflow__V1__Schema *schema,
+                                 size_t rows_max, kf_arena_t *arena, kf__cli_batch_t **batches,
+                                 size_t *count, kf_error_t *err) KF_MUST_USE;
 
 #endif

@@ -1,6 +1,7 @@
 /*
  * keyflow.c - the `keyflow` command-line client: one command per RPC of
- * the Coordinators, Runs and Health services, a generic `call`, and a
+ * the Coordinators, Runs and Health services, `functions ...` subcommands
+ * for the Functions service (cli_functions.c), a generic `call`, and a
  * worker loop (`work`, in cli_work.c), all over the C client library.
  *
  * Invariants
@@ -32,20 +33,10 @@
 
 #define DEFAULT_ADDR "127.0.0.1:50051"
 
-typedef int (*command_fn)(kf__cli_t *cli, const kf__cli_args_t *args);
+typedef kf__cli_command_t command_t;
 
-typedef struct command {
-    const char *name;
-    const char *synopsis;        /* what follows "keyflow NAME" in usage */
-    const char *summary;         /* one line, for `keyflow --help` */
-    const char *details;         /* paragraphs for `keyflow NAME --help`, or NULL */
-    const kf__cli_flag_t *flags;
-    size_t flag_count;
-    size_t positional_min;
-    size_t positional_max;
-    bool allow_rest;             /* "-- CMD ARGS..." */
-    command_fn run;
-} command_t;
+/* "functions push": a subcommand's full name, for messages and help. */
+#define COMMAND_NAME_BYTES_MAX 64
 
 /* ---- output ------------------------------------------------------------ */
 
@@ -588,14 +579,17 @@ static const command_t commands[] = {
      FLAGS(work_flags), 0, 0, true, kf__cli_work},
     {"call", "METHOD_PATH [JSON]", "call any method with a JSON request (stdin without JSON)",
      NULL, NULL, 0, 1, 2, false, cmd_call},
+    {"functions", "SUBCOMMAND [FLAGS] [ARGS]",
+     "keyed process functions: register, push rows, read and tail output",
+     NULL, NULL, 0, 0, 0, false, NULL, &kf__cli_functions_group},
 };
 
 static const size_t command_count = sizeof commands / sizeof commands[0];
 
-static const command_t *find_command(const char *name) {
-    for (size_t i = 0; i < command_count; i++) {
-        if (strcmp(commands[i].name, name) == 0) {
-            return &commands[i];
+static const command_t *find_command(const command_t *table, size_t count, const char *name) {
+    for (size_t i = 0; i < count; i++) {
+        if (strcmp(table[i].name, name) == 0) {
+            return &table[i];
         }
     }
     return NULL;
@@ -629,8 +623,21 @@ static void print_main_help(FILE *out) {
     fprintf(out, "\nRun 'keyflow COMMAND --help' for a command's flags.\n");
 }
 
-static void print_command_help(FILE *out, const command_t *cmd) {
-    fprintf(out, "Usage: keyflow %s %s\n\n%s.\n", cmd->name, cmd->synopsis, cmd->summary);
+/* `keyflow GROUP --help`: the subcommands of a group. */
+static void print_group_help(FILE *out, const command_t *cmd) {
+    KF_ASSERT(cmd->group != NULL);
+    fprintf(out, "Usage: keyflow %s %s\n\n%s.\n\nSubcommands:\n", cmd->name, cmd->synopsis,
+            cmd->summary);
+    for (size_t i = 0; i < cmd->group->count; i++) {
+        fprintf(out, "  %-8s %s\n", cmd->group->commands[i].name,
+                cmd->group->commands[i].summary);
+    }
+    fprintf(out, "\nRun 'keyflow %s SUBCOMMAND --help' for a subcommand's flags.\n", cmd->name);
+}
+
+/* `name` is the command's full name ("send", "functions push"). */
+static void print_command_help(FILE *out, const command_t *cmd, const char *name) {
+    fprintf(out, "Usage: keyflow %s %s\n\n%s.\n", name, cmd->synopsis, cmd->summary);
     if (cmd->details != NULL) {
         fprintf(out, "\n%s\n", cmd->details);
     }
@@ -666,22 +673,23 @@ static bool is_global_flag_word(const char *word, bool *takes_next) {
 }
 
 /* Runs one parsed command: resolves the address and deadline, connects,
- * runs, disconnects. */
+ * runs, disconnects. args->command is its full name. */
 static int run_command(const command_t *cmd, const kf__cli_args_t *args) {
+    const char *name = args->command;
     if (args->positional_count < cmd->positional_min) {
-        return kf__cli_usage_error(cmd->name, "missing argument (usage: keyflow %s %s)", cmd->name,
+        return kf__cli_usage_error(name, "missing argument (usage: keyflow %s %s)", name,
                                    cmd->synopsis);
     }
     if (args->positional_count > cmd->positional_max) {
-        return kf__cli_usage_error(cmd->name, "unexpected argument '%s'",
+        return kf__cli_usage_error(name, "unexpected argument '%s'",
                                    args->positional[cmd->positional_max]);
     }
     if (cmd->allow_rest && args->rest_count == 0) {
-        return kf__cli_usage_error(cmd->name, "missing the command to run after '--'");
+        return kf__cli_usage_error(name, "missing the command to run after '--'");
     }
     kf__cli_t cli;
     memset(&cli, 0, sizeof cli);
-    cli.command = cmd->name;
+    cli.command = name;
     cli.addr = kf__cli_value(args, "--addr");
     if (cli.addr == NULL) {
         const char *env = getenv("KEYFLOW_ADDR");
@@ -694,7 +702,7 @@ static int run_command(const command_t *cmd, const kf__cli_args_t *args) {
     }
     kf_error_t err;
     if (kf_client_create(cli.addr, &cli.client, &err) != KF_OK) {
-        return kf__cli_usage_error(cmd->name, "--addr: %s", err.message);
+        return kf__cli_usage_error(name, "--addr: %s", err.message);
     }
     kf_arena_init(&cli.arena, 0);
     rc = cmd->run(&cli, args);
@@ -728,28 +736,54 @@ int main(int argc, char **argv) {
         print_main_help(stderr);
         return KF__CLI_EXIT_USAGE;
     }
-    const command_t *cmd = find_command(argv[i]);
+    const command_t *cmd = find_command(commands, command_count, argv[i]);
     if (cmd == NULL) {
         fprintf(stderr, "keyflow: unknown command '%s'\nRun 'keyflow --help' for usage.\n",
                 argv[i]);
         return KF__CLI_EXIT_USAGE;
     }
-    /* words = [global flags before the command] + [everything after it]. */
+    /* The words up to and including the command (and subcommand). */
     int global_words = i - 1;
-    int command_words = argc - i - 1;
+    int command_end = i + 1;
+    char name[COMMAND_NAME_BYTES_MAX];
+    snprintf(name, sizeof name, "%s", cmd->name);
+    if (cmd->group != NULL) {
+        const char *word = i + 1 < argc ? argv[i + 1] : NULL;
+        if (word != NULL && (strcmp(word, "-h") == 0 || strcmp(word, "--help") == 0)) {
+            print_group_help(stdout, cmd);
+            return KF__CLI_EXIT_OK;
+        }
+        if (word == NULL) {
+            print_group_help(stderr, cmd);
+            return KF__CLI_EXIT_USAGE;
+        }
+        const command_t *sub = find_command(cmd->group->commands, cmd->group->count, word);
+        if (sub == NULL) {
+            fprintf(stderr,
+                    "keyflow: %s: unknown subcommand '%s'\nRun 'keyflow %s --help' for usage.\n",
+                    cmd->name, word, cmd->name);
+            return KF__CLI_EXIT_USAGE;
+        }
+        snprintf(name, sizeof name, "%s %s", cmd->name, sub->name);
+        cmd = sub;
+        command_end = i + 2;
+    }
+    KF_ASSERT(cmd->run != NULL && cmd->group == NULL);
+    /* words = [global flags before the command] + [everything after it]. */
+    int command_words = argc - command_end;
     char **words = calloc((size_t)argc, sizeof *words);
     if (words == NULL) {
         fprintf(stderr, "keyflow: out of memory\n");
         return KF__CLI_EXIT_ERROR;
     }
     memcpy(words, &argv[1], (size_t)global_words * sizeof *words);
-    memcpy(words + global_words, &argv[i + 1], (size_t)command_words * sizeof *words);
+    memcpy(words + global_words, &argv[command_end], (size_t)command_words * sizeof *words);
 
     kf__cli_args_t args;
-    int rc = kf__cli_parse(cmd->name, cmd->flags, cmd->flag_count, global_words + command_words,
+    int rc = kf__cli_parse(name, cmd->flags, cmd->flag_count, global_words + command_words,
                            words, cmd->allow_rest, &args);
     if (rc == KF__CLI_EXIT_OK && args.help) {
-        print_command_help(stdout, cmd);
+        print_command_help(stdout, cmd, name);
     } else if (rc == KF__CLI_EXIT_OK) {
         rc = run_command(cmd, &args);
     }

@@ -11,6 +11,10 @@ watermark the test pushes, and the tail test waits for the CLI to exit.
 Run (Debian's Python, which has grpcio for the harness):
   KEYFLOW_BUILD_DIR=build-clif PYENV_VERSION=system python3 -m unittest -v \
       tests/e2e/test_cli_functions.py
+KEYFLOW_CLI_WRAPPER is an optional command prefix for every CLI run, e.g.
+"valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite":
+besides memory errors, valgrind's thread scheduling makes stream races
+that are rare natively show up nearly every time.
 """
 
 import json
@@ -25,10 +29,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 CLI_TIMEOUT_S = 60
+# A tail's own deadline: well inside CLI_TIMEOUT_S, so that a tail that
+# hangs fails with its DEADLINE_EXCEEDED message rather than being killed.
+TAIL_TIMEOUT_MS = CLI_TIMEOUT_S * 1000 // 2
 HANDLERS = os.path.join(harness.BUILD, "handlers")
 RUNNING_SUM = os.path.join(HANDLERS, "running_sum.descriptor.json")
 SESSION_COUNTER = os.path.join(HANDLERS, "session_counter.descriptor.json")
 INT64_MAX = 2**63 - 1
+CLI = os.environ.get("KEYFLOW_CLI_WRAPPER", "").split() + [harness.CLI]
 
 
 def unique(prefix):
@@ -65,7 +73,7 @@ class FunctionsTestCase(unittest.TestCase):
 
     def run_cli(self, *args, stdin=None, expect=0):
         """Runs the CLI; asserts its exit code; returns the CompletedProcess."""
-        proc = subprocess.run([harness.CLI] + [str(a) for a in args], input=stdin,
+        proc = subprocess.run(CLI + [str(a) for a in args], input=stdin,
                               capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
                               env=self.env())
         self.assertEqual(proc.returncode, expect,
@@ -566,8 +574,8 @@ class TestOutput(FunctionsTestCase):
         high = self.high_water(fid)
         self.assertEqual(high, 1)
         tail = subprocess.Popen(
-            [harness.CLI, "functions", "tail", fid, "--after", str(high), "--count", "1",
-             "--timeout-ms", str(CLI_TIMEOUT_S * 1000)],
+            CLI + ["functions", "tail", fid, "--after", str(high), "--count", "1",
+             "--timeout-ms", str(TAIL_TIMEOUT_MS)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
         try:
             # Nothing after `high` exists yet, so the tail cannot have ended.
@@ -589,8 +597,8 @@ class TestOutput(FunctionsTestCase):
     def test_tail_pages_and_count(self):
         fid = self.register()
         tail = subprocess.Popen(
-            [harness.CLI, "functions", "tail", fid, "--max-rows", "1", "--count", "3",
-             "--timeout-ms", str(CLI_TIMEOUT_S * 1000)],
+            CLI + ["functions", "tail", fid, "--max-rows", "1", "--count", "3",
+             "--timeout-ms", str(TAIL_TIMEOUT_MS)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
         try:
             self.push(fid, 1, [{"user": "a", "ts": 1, "amount": 1}])
@@ -611,6 +619,20 @@ class TestOutput(FunctionsTestCase):
                                    "--format", "columnar")
         self.assertEqual(columnar[0]["batch"]["rowCount"], "2")
         self.assertEqual(columnar[0]["firstSeq"], "3")
+
+    def test_tail_reads_pages_already_written(self):
+        # Pages that are all buffered before the client asks for them: a
+        # client that mistook one page's arrival for the end of the stream
+        # would wait for a status that never comes (and hit --timeout-ms).
+        fid = self.register()
+        self.push(fid, 1, [{"user": "u%d" % (i % 3), "ts": i, "amount": i}
+                           for i in range(1, 41)])
+        for _ in range(3):
+            pages = self.json_lines("functions", "tail", fid, "--max-rows", 1, "--count", 40,
+                                    "--timeout-ms", TAIL_TIMEOUT_MS)
+            self.assertEqual([p["rows"][0]["_seq"] for p in pages],
+                             [str(i) for i in range(1, 41)])
+            self.assertEqual({len(p["rows"]) for p in pages}, {1})
 
     def test_tail_errors(self):
         self.rpc_error("functions", "tail", "no-such-fn", "--count", 1, code="NOT_FOUND",
