@@ -104,8 +104,10 @@ void kf_key_journal(kf_key_t *k, const kf_key_t *coord, uint64_t seq) {
 void kf_key_wakeup(kf_key_t *k, int64_t due_ms, kf_wakeup_type_t type, const void *identity,
                    size_t identity_len) {
     kf_key_reset(k);
-    kf_key_time(k, due_ms);
     kf_key_u8(k, (uint8_t)type);
+    if (type == KF_WAKEUP_RUN) {
+        kf_key_time(k, due_ms);
+    }
     kf_key_raw(k, identity, identity_len);
 }
 

@@ -11,7 +11,12 @@
  *   runs             run_id bytes                                     -> run record
  *   run_index        lp(workflow) | run_seq be64                      -> run_id
  *   run_queue        run_seq be64                                     -> run_id
- *   wakeups          due_ms ord64 | type u8 | identity bytes          -> (empty)
+ *   wakeups          1 | coordinator key                           -> due_ms ord64
+ *                    2 | due_ms ord64 | run_id                     -> (empty)
+ *
+ * A coordinator's wake-up moves with every debounce event, so it is keyed by
+ * the coordinator (one put per move); run wake-ups are keyed by time so the
+ * retention sweep can scan the due ones of runs no longer in memory.
  */
 #ifndef KF_STORAGE_KEYS_H
 #define KF_STORAGE_KEYS_H
@@ -68,6 +73,7 @@ typedef enum kf_wakeup_type {
 void kf_key_coord(kf_key_t *k, uint8_t kind, const char *workflow, size_t workflow_len,
                   const char *key, size_t key_len);
 void kf_key_journal(kf_key_t *k, const kf_key_t *coord, uint64_t seq);
+/* The wake-up key; due_ms is part of it only for KF_WAKEUP_RUN. */
 void kf_key_wakeup(kf_key_t *k, int64_t due_ms, kf_wakeup_type_t type, const void *identity,
                    size_t identity_len);
 void kf_key_run_index(kf_key_t *k, const char *workflow, size_t workflow_len, uint64_t run_seq);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/assert.h"
+#include "base/bytes.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "coord/coord.h"
@@ -33,13 +34,21 @@ static kf_status_t attach_wakeups(kf_core_t *core, kf_error_t *err) {
         return st;
     }
     for (kf_iter_seek_first(it); kf_iter_valid(it); kf_iter_next(it)) {
-        size_t klen;
+        size_t klen, vlen;
         const uint8_t *k = kf_iter_key(it, &klen);
+        const uint8_t *v = kf_iter_value(it, &vlen);
         kf_key_reader_t r = kf_key_reader(k, klen);
-        int64_t due;
+        int64_t due = 0;
         uint8_t type;
-        if (!kf_key_read_time(&r, &due) || !kf_key_read_u8(&r, &type)) {
-            st = kf_error_set(err, KF_E_CORRUPT, "wakeups: malformed key");
+        bool ok = kf_key_read_u8(&r, &type);
+        if (ok && type == KF_WAKEUP_COORDINATOR) {
+            ok = vlen == 8;
+            due = ok ? kf_i64_from_ordered(kf_get_be64(v)) : 0;
+        } else if (ok && type == KF_WAKEUP_RUN) {
+            ok = kf_key_read_time(&r, &due);
+        }
+        if (!ok) {
+            st = kf_error_set(err, KF_E_CORRUPT, "wakeups: malformed record");
             break;
         }
         bool owned = false;

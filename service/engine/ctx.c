@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "base/assert.h"
+#include "base/bytes.h"
 
 void kf_ctx_ready(kf_ctx_t *ctx, kf_cmd_t *cmd) {
     cmd->next = NULL;
@@ -52,13 +53,27 @@ void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,
         }
         return;
     }
-    if (*stored_due_ms != KF_NO_WAKEUP) {
-        kf_key_wakeup(&k, *stored_due_ms, type, identity, identity_len);
-        kf_batch_delete(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len);
+    if (type == KF_WAKEUP_COORDINATOR) {
+        /* Keyed by the coordinator: one put moves it, one delete removes it. */
+        kf_key_wakeup(&k, 0, type, identity, identity_len);
+        if (new_due_ms != KF_NO_WAKEUP) {
+            uint8_t v[8];
+            kf_put_be64(v, kf_i64_ordered(new_due_ms));
+            kf_batch_put(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len, v, sizeof v);
+        } else {
+            kf_batch_delete(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len);
+        }
+    } else {
+        if (*stored_due_ms != KF_NO_WAKEUP) {
+            kf_key_wakeup(&k, *stored_due_ms, type, identity, identity_len);
+            kf_batch_delete(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len);
+        }
+        if (new_due_ms != KF_NO_WAKEUP) {
+            kf_key_wakeup(&k, new_due_ms, type, identity, identity_len);
+            kf_batch_put(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len, "", 0);
+        }
     }
     if (new_due_ms != KF_NO_WAKEUP) {
-        kf_key_wakeup(&k, new_due_ms, type, identity, identity_len);
-        kf_batch_put(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len, "", 0);
         kf_heap_arm(&ctx->heap, timer, new_due_ms);
     } else {
         kf_heap_disarm(&ctx->heap, timer);

@@ -8,8 +8,10 @@
  * fsync); under heavy load a group is everything that arrived during the
  * previous fsync (throughput grows with concurrency).
  *
- * The committer detaches a synced group's reply list before it frees the
- * group, so the engine can refill that group while the replies go out.
+ * The committer detaches a synced group's reply list and hands it to the
+ * replier thread, so it can start the next group's write at once: sending a
+ * reply (packing it, writing the socket) never delays the next fsync.
+ * Replies leave in group order (one replier, FIFO).
  *
  * Locking: one mutex guards the inbox, the hand-off slot and the flags. The
  * core is touched only by the engine thread (invariant 1 of engine.h).
@@ -42,7 +44,14 @@ struct kf_engine {
     kf_core_t *core;
     pthread_t engine_thread;
     pthread_t committer_thread;
+    pthread_t replier_thread;
     bool threads_started;
+    /* Durable replies waiting to be sent (committer -> replier). */
+    pthread_mutex_t reply_lock;
+    pthread_cond_t reply_cv;
+    kf_cmd_t *reply_head;        /* guarded by reply_lock */
+    kf_cmd_t *reply_tail;
+    bool replier_exit;
 
     pthread_mutex_t lock;
     pthread_cond_t engine_cv;    /* inbox, committer free, stop */
@@ -103,6 +112,8 @@ kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store
                        : KF_QUEUE_DEPTH_MAX;
     e->store = store;
     pthread_mutex_init(&e->lock, NULL);
+    pthread_mutex_init(&e->reply_lock, NULL);
+    pthread_cond_init(&e->reply_cv, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -367,6 +378,39 @@ static void *committer_main(void *arg) {
         if (wake) {
             pthread_cond_signal(&e->engine_cv);
         }
+        if (replies != NULL) {
+            kf_cmd_t *last = replies;
+            while (last->next != NULL) {
+                last = last->next;
+            }
+            pthread_mutex_lock(&e->reply_lock);
+            if (e->reply_tail) {
+                e->reply_tail->next = replies;
+            } else {
+                e->reply_head = replies;
+            }
+            e->reply_tail = last;
+            pthread_cond_signal(&e->reply_cv);
+            pthread_mutex_unlock(&e->reply_lock);
+        }
+    }
+    return NULL;
+}
+
+static void *replier_main(void *arg) {
+    kf_engine_t *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->reply_lock);
+        while (e->reply_head == NULL && !e->replier_exit) {
+            pthread_cond_wait(&e->reply_cv, &e->reply_lock);
+        }
+        kf_cmd_t *replies = e->reply_head;
+        e->reply_head = e->reply_tail = NULL;
+        bool exit_now = e->replier_exit && replies == NULL;
+        pthread_mutex_unlock(&e->reply_lock);
+        if (exit_now) {
+            break;
+        }
         while (replies != NULL) {
             kf_cmd_t *next = replies->next;
             replies->next = NULL;
@@ -377,9 +421,21 @@ static void *committer_main(void *arg) {
     return NULL;
 }
 
+static void stop_replier(kf_engine_t *e) {
+    pthread_mutex_lock(&e->reply_lock);
+    e->replier_exit = true;
+    pthread_cond_signal(&e->reply_cv);
+    pthread_mutex_unlock(&e->reply_lock);
+    pthread_join(e->replier_thread, NULL);
+}
+
 kf_status_t kf_engine_start(kf_engine_t *e, kf_error_t *err) {
     KF_ASSERT(!e->threads_started);
+    if (pthread_create(&e->replier_thread, NULL, replier_main, e) != 0) {
+        return kf_error_set(err, KF_E_INTERNAL, "cannot start the replier thread");
+    }
     if (pthread_create(&e->committer_thread, NULL, committer_main, e) != 0) {
+        stop_replier(e);
         return kf_error_set(err, KF_E_INTERNAL, "cannot start the committer thread");
     }
     if (pthread_create(&e->engine_thread, NULL, engine_main, e) != 0) {
@@ -388,6 +444,7 @@ kf_status_t kf_engine_start(kf_engine_t *e, kf_error_t *err) {
         pthread_cond_signal(&e->committer_cv);
         pthread_mutex_unlock(&e->lock);
         pthread_join(e->committer_thread, NULL);
+        stop_replier(e);
         return kf_error_set(err, KF_E_INTERNAL, "cannot start the engine thread");
     }
     e->threads_started = true;
@@ -408,6 +465,7 @@ void kf_engine_stop(kf_engine_t *e) {
     pthread_cond_signal(&e->committer_cv);
     pthread_mutex_unlock(&e->lock);
     pthread_join(e->committer_thread, NULL);
+    stop_replier(e); /* after the committer: it sends every reply queued */
     e->threads_started = false;
 }
 
@@ -423,5 +481,7 @@ void kf_engine_destroy(kf_engine_t *e) {
     pthread_cond_destroy(&e->engine_cv);
     pthread_cond_destroy(&e->committer_cv);
     pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->reply_cv);
+    pthread_mutex_destroy(&e->reply_lock);
     free(e);
 }

@@ -6,7 +6,8 @@
  *   ---------------------        --------------------------   -----------------------
  *   kf_engine_submit(cmd) -----> inbox (bounded) -> execute -> group N (one batch)
  *                                fire due timers      |        write group N-1 (sync)
- *                                                     +------> release N-1's replies:
+ *                                                     +------> hand N-1's replies to
+ *                                                              the replier thread:
  *   cmd->done(cmd) <-------------------------------------------- cmd->done(cmd)
  *
  * Invariants
@@ -72,8 +73,8 @@ struct kf_cmd {
     const ProtobufCMessage *request; /* borrowed until done; usually in arena */
     kf_arena_t *arena;               /* the response is built here; owned by submitter */
     void (*done)(kf_cmd_t *cmd);     /* called exactly once after kf_engine_submit
-                                        returned KF_OK, on the committer (or engine)
-                                        thread; the cmd is the submitter's again */
+                                        returned KF_OK, on the replier thread; the
+                                        cmd is the submitter's again */
     void *owner;                     /* submitter's context */
     /* Set by the engine before done. */
     ProtobufCMessage *response;      /* in arena; NULL when error.status != KF_OK */

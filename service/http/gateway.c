@@ -259,7 +259,7 @@ static void on_control(h2o_multithread_receiver_t *receiver, h2o_linklist_t *mes
     }
 }
 
-/* Committer thread: hand the finished call to the loop. */
+/* Replier thread: hand the finished call to the loop. */
 static void engine_done(kf_cmd_t *cmd) {
     http_call_t *call = cmd->owner;
     h2o_multithread_send_message(&call->gw->replies, &call->msg);

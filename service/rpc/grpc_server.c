@@ -4,7 +4,7 @@
  * Call lifecycle (one call_t per call, its tag on the completion queue):
  *
  *   REQUESTED --arrival--> (engine method) submitted to the engine
- *       |                        | cmd->done (committer thread)
+ *       |                        | cmd->done (replier thread)
  *       |                        v
  *       |                   REPLYING --batch complete--> freed
  *       +--(health)--> REPLYING
@@ -240,7 +240,7 @@ static void send_reply(call_t *c, kf_status_t status, const char *message,
     }
 }
 
-/* The engine finished the command (its group is durable). Committer thread. */
+/* The engine finished the command (its group is durable). Replier thread. */
 static void engine_done(kf_cmd_t *cmd) {
     call_t *c = cmd->owner;
     atomic_store(&c->in_engine, false);
@@ -365,7 +365,7 @@ static void tail_next(call_t *c) {
     }
 }
 
-/* A read finished (committer thread). */
+/* A read finished (replier thread). */
 static void tail_done(kf_cmd_t *cmd) {
     call_t *c = cmd->owner;
     if (atomic_load(&c->tail_closed)) {

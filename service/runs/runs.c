@@ -1002,11 +1002,14 @@ void kf_runs_fire(kf_runs_t *rs, kf_ctx_t *ctx, kf_timer_t *timer) {
 }
 
 uint32_t kf_runs_sweep(kf_runs_t *rs, kf_ctx_t *ctx, uint32_t limit) {
-    kf_key_t upper;
-    kf_key_wakeup(&upper, ctx->now_ms, KF_WAKEUP_RUN + 1, NULL, 0);
+    kf_key_t lower, upper;
+    kf_key_reset(&lower);
+    kf_key_u8(&lower, KF_WAKEUP_RUN);
+    kf_key_wakeup(&upper, kf_time_add_sat(ctx->now_ms, 1), KF_WAKEUP_RUN, NULL, 0);
     kf_iter_t *it;
     kf_error_t err;
-    if (kf_iter_create(ctx->store, KF_CF_WAKEUPS, NULL, 0, upper.bytes, upper.len, &it, &err) != KF_OK) {
+    if (kf_iter_create(ctx->store, KF_CF_WAKEUPS, lower.bytes, lower.len, upper.bytes, upper.len, &it,
+                       &err) != KF_OK) {
         return 0;
     }
     if (rs->sweep_started) {
@@ -1029,7 +1032,7 @@ uint32_t kf_runs_sweep(kf_runs_t *rs, kf_ctx_t *ctx, uint32_t limit) {
         kf_key_reader_t rd = kf_key_reader(k, klen);
         int64_t due;
         uint8_t type;
-        if (!kf_key_read_time(&rd, &due) || !kf_key_read_u8(&rd, &type) || type != KF_WAKEUP_RUN) {
+        if (!kf_key_read_u8(&rd, &type) || type != KF_WAKEUP_RUN || !kf_key_read_time(&rd, &due)) {
             continue;
         }
         char run_id[KF_RUN_ID_BYTES_MAX + 1];

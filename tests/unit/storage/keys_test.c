@@ -328,19 +328,21 @@ typedef struct wakeup {
     const char *identity;
 } wakeup_t;
 
-Test(keys, wakeups_sort_by_due_then_type_then_identity) {
+Test(keys, wakeups_coordinators_by_identity_runs_by_due_then_identity) {
+    /* Coordinator wake-ups (type 1) are keyed by the coordinator alone, so a
+     * moving due time is one put; they sort before every run wake-up
+     * (type 2), which sort by due time, then run ID. */
     static const wakeup_t order[] = {
-        {INT64_MIN, KF_WAKEUP_RUN, "z"},
-        {-5000, KF_WAKEUP_COORDINATOR, "b"},
-        {-1, KF_WAKEUP_RUN, "a"},
-        {0, KF_WAKEUP_COORDINATOR, ""},
+        {INT64_MAX, KF_WAKEUP_COORDINATOR, ""},
         {0, KF_WAKEUP_COORDINATOR, "a"},
-        {0, KF_WAKEUP_COORDINATOR, "ab"},
-        {0, KF_WAKEUP_COORDINATOR, "b"},
+        {-5000, KF_WAKEUP_COORDINATOR, "ab"},
+        {1, KF_WAKEUP_COORDINATOR, "b"},
+        {INT64_MIN, KF_WAKEUP_RUN, "z"},
+        {-1, KF_WAKEUP_RUN, "a"},
         {0, KF_WAKEUP_RUN, "a"},
-        {1, KF_WAKEUP_COORDINATOR, "a"},
+        {0, KF_WAKEUP_RUN, "b"},
         {1700000000000LL, KF_WAKEUP_RUN, "run@x"},
-        {INT64_MAX, KF_WAKEUP_COORDINATOR, "a"},
+        {INT64_MAX, KF_WAKEUP_RUN, "a"},
     };
     enum { N = sizeof order / sizeof order[0] };
     kf_key_t keys[N];
@@ -354,12 +356,16 @@ Test(keys, wakeups_sort_by_due_then_type_then_identity) {
             cr_assert_eq(sign(key_cmp(&keys[i], &keys[j])), want, "wake-up %zu vs %zu", i, j);
         }
     }
-    /* And they decode. */
-    kf_key_reader_t r = kf_key_reader(keys[9].bytes, keys[9].len);
+    /* A coordinator's key does not depend on its due time. */
+    kf_key_t other;
+    kf_key_wakeup(&other, 12345, KF_WAKEUP_COORDINATOR, "a", 1);
+    cr_assert_eq(key_cmp(&other, &keys[1]), 0);
+    /* And run keys decode. */
+    kf_key_reader_t r = kf_key_reader(keys[8].bytes, keys[8].len);
     int64_t due;
     uint8_t type;
-    cr_assert(kf_key_read_time(&r, &due));
     cr_assert(kf_key_read_u8(&r, &type));
+    cr_assert(kf_key_read_time(&r, &due));
     cr_assert_eq(due, 1700000000000LL);
     cr_assert_eq(type, KF_WAKEUP_RUN);
     cr_assert_eq(r.left, 5);
