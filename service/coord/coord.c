@@ -1043,7 +1043,7 @@ void kf_coords_finish_recovery(kf_coords_t *cs, kf_ctx_t *ctx) {
         kf_map_node_t *next = kf_map_next(&cs->map, &b, n);
         coord_t *c = KF_CONTAINER_OF(n, coord_t, node);
         int64_t want = c->open ? c->due_ms : ids_last_expiry(c);
-        if (!kf_timer_armed(&c->timer) || c->wakeup_due_ms != want) {
+        if (!kf_timer_armed(&c->timer) || c->wakeup_due_ms > want) {
             kf_log(KF_LOG_WARN, "coord", "repairing wake-up of %s/%s", c->workflow, c->key);
             coord_settle(cs, ctx, c);
         }

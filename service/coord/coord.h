@@ -21,8 +21,11 @@
  *   2. A window's run is created in the write that closes it (runs.h, 1).
  *   3. After KF_JOURNAL_ENTRIES_MAX entries the coordinator writes a snapshot
  *      and deletes the folded entries in the same batch (continue-as-new).
- *   4. The stored wake-up and the in-memory timer always agree: due time of
- *      the open window, else the expiry of the last remembered ID.
+ *   4. The in-memory timer is at the coordinator's due time: the open
+ *      window's, else the expiry of its last remembered ID. The stored
+ *      wake-up is at or before it (a later move writes nothing while the
+ *      stored one is still ahead; after a restart it fires early and is
+ *      re-armed), so no window is ever closed late after a crash.
  *
  * Engine-thread only.
  */

@@ -54,8 +54,16 @@ void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,
         return;
     }
     if (type == KF_WAKEUP_COORDINATOR) {
-        /* Keyed by the coordinator: one put moves it, one delete removes it. */
+        /* Keyed by the coordinator: one put moves it, one delete removes it.
+         * A stored wake-up may be earlier than the in-memory due time (it
+         * then fires early after a restart and is re-armed), so a due time
+         * that only moves later - every debounce event - writes nothing. */
         kf_key_wakeup(&k, 0, type, identity, identity_len);
+        if (new_due_ms != KF_NO_WAKEUP && *stored_due_ms != KF_NO_WAKEUP &&
+            *stored_due_ms <= new_due_ms && *stored_due_ms > ctx->now_ms) {
+            kf_heap_arm(&ctx->heap, timer, new_due_ms);
+            return;
+        }
         if (new_due_ms != KF_NO_WAKEUP) {
             uint8_t v[8];
             kf_put_be64(v, kf_i64_ordered(new_due_ms));

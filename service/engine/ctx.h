@@ -51,7 +51,9 @@ void kf_ctx_delete(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key);
 
 /* Moves a stored processing-time wake-up: deletes the record at old_due_ms
  * (if not INT64_MIN) and writes one at new_due_ms (if not INT64_MIN), and
- * arms or disarms the in-memory timer to match. */
+ * arms or disarms the in-memory timer to match. Coordinator wake-ups are
+ * only ever stored at or before the in-memory due time: moving one later
+ * while the stored one is still in the future writes nothing. */
 void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,
                         const void *identity, size_t identity_len, int64_t *stored_due_ms,
                         int64_t new_due_ms);

@@ -16,6 +16,7 @@
  * Locking: one mutex guards the inbox, the hand-off slot and the flags. The
  * core is touched only by the engine thread (invariant 1 of engine.h).
  */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include "engine/engine.h"
 
 #include <errno.h>
@@ -220,6 +221,7 @@ static void deadline_after_ms(struct timespec *ts, int64_t ms) {
 
 static void *engine_main(void *arg) {
     kf_engine_t *e = arg;
+    pthread_setname_np(pthread_self(), "kf-engine");
     group_t *open = &e->groups[0];
     uint64_t next_id = 1;
     open->id = next_id++;
@@ -334,6 +336,7 @@ static void *engine_main(void *arg) {
 
 static void *committer_main(void *arg) {
     kf_engine_t *e = arg;
+    pthread_setname_np(pthread_self(), "kf-commit");
     for (;;) {
         pthread_mutex_lock(&e->lock);
         while (e->handed == NULL && !e->committer_exit) {
@@ -399,6 +402,7 @@ static void *committer_main(void *arg) {
 
 static void *replier_main(void *arg) {
     kf_engine_t *e = arg;
+    pthread_setname_np(pthread_self(), "kf-reply");
     for (;;) {
         pthread_mutex_lock(&e->reply_lock);
         while (e->reply_head == NULL && !e->replier_exit) {

@@ -9,6 +9,7 @@
  * freed either way. The hook is only touched while call->req is set (then
  * the pool, and so the hook, is alive).
  */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include "http/gateway.h"
 
 #include <arpa/inet.h>
@@ -462,6 +463,7 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *
 
 static void *loop_main(void *arg) {
     kf_gateway_t *gw = arg;
+    pthread_setname_np(pthread_self(), "kf-http");
     while (!gw->exit_loop) {
         h2o_evloop_run(gw->loop, INT32_MAX);
     }

@@ -15,6 +15,7 @@
  * engine queue or a stopped engine is answered at once with the status and
  * a message naming the problem.
  */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include "rpc/grpc_server.h"
 #include "rpc/wire_check.h"
 
@@ -589,6 +590,7 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
 
 static void *cq_main(void *arg) {
     kf_grpc_server_t *s = arg;
+    pthread_setname_np(pthread_self(), "kf-grpc");
     for (;;) {
         grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) {

@@ -337,3 +337,26 @@ Test(coordinators, describe_lists_the_journal) {
     cr_assert_str_eq(d->journal[2]->what, "run_started");
     cr_assert_str_eq(d->journal[2]->run_id, d->recent_run_ids[0]);
 }
+
+Test(coordinators, a_moved_window_neither_closes_early_nor_late_after_a_crash) {
+    /* The stored wake-up may stay at the first due time while events move
+     * the window later; after a restart it fires early and must re-arm. */
+    int64_t t0 = sim.now_ms;
+    const char *run_id = run_id_of(sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 100, -1), "1"));
+    sim_advance(&sim, t0 + 60);
+    run_id_of(sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 100, -1), "2"));
+    sim_advance(&sim, t0 + 120);
+    kf_cmd_t *c = sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 100, -1), "3");
+    cr_assert_eq(SEND_RESP(c)->receipt->due_ms, t0 + 220);
+    sim_crash(&sim);
+    sim_advance(&sim, t0 + 150); /* past the first due time, before the real one */
+    cr_assert_eq(take_runs("wf")->n_runs, 0, "the window must not close early");
+    Keyflow__V1__DescribeCoordinatorResponse *d = DESCRIBE_RESP(sim_describe(&sim, 'd', "wf", "k"));
+    cr_assert_eq(d->window->due_ms, t0 + 220);
+    sim_crash(&sim);
+    sim_advance(&sim, t0 + 220);
+    Keyflow__V1__PollRunsResponse *runs = take_runs("wf");
+    cr_assert_eq(runs->n_runs, 1, "and it closes on time");
+    cr_assert_str_eq(runs->runs[0]->run_id, run_id);
+    cr_assert_str_eq(runs->runs[0]->input_json, "3");
+}
