@@ -1,0 +1,365 @@
+#!/usr/bin/env bash
+# run.sh - one command that benchmarks keyflowd on this machine (bench/README.md).
+#
+# Builds kf_load and keyflowd, starts keyflowd on 127.0.0.1 (ports chosen by
+# the kernel) over a fresh data directory on the work tree's disk, then runs:
+#   1. the fdatasync probe next to the data directory (three file layouts);
+#   2. for each concurrency: Health/Check (the no-op gRPC baseline), then
+#      SendEvent (debounce, 60 s window, uniform keys), each with a warm-up;
+#   3. the HTTP gateway under wrk at 64 connections: POST events, GET /healthz;
+# and prints a markdown table with the ratios the performance targets ask
+# for. It reports; it never asserts (exit 0 unless the setup itself fails).
+# keyflowd is stopped with SIGTERM on every exit path.
+#
+# Environment (all optional):
+#   BUILD_DIR      build tree (default <repo>/build-bench)
+#   DURATION_S     measured seconds per run (default 10)
+#   WARMUP_S       warm-up seconds per run (default 2)
+#   CONCURRENCIES  gRPC concurrencies (default "1 16 64 256")
+#   KEYS           key space (default 10000)
+#   CHANNELS       gRPC channels = connections, capped at the concurrency (default 1)
+#   THREADS        kf_load client threads (default 1)
+#   HTTP_CONNECTIONS / WRK_THREADS   wrk settings (default 64 / 1)
+#   FSYNC_COUNT    fdatasync probe records (default 2000)
+#   KEYFLOWD_ARGS  extra keyflowd flags, e.g. "--grpc-threads 2"
+#   RESULTS_DIR    where the logs and JSON lines go (default <build>/bench-results)
+#   KEEP_DATA=1    keep the RocksDB directory afterwards
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$ROOT/build-bench}
+DURATION_S=${DURATION_S:-10}
+WARMUP_S=${WARMUP_S:-2}
+CONCURRENCIES=${CONCURRENCIES:-"1 16 64 256"}
+KEYS=${KEYS:-10000}
+CHANNELS=${CHANNELS:-1}
+THREADS=${THREADS:-1}
+HTTP_CONNECTIONS=${HTTP_CONNECTIONS:-64}
+WRK_THREADS=${WRK_THREADS:-1}
+FSYNC_COUNT=${FSYNC_COUNT:-2000}
+KEYFLOWD_ARGS=${KEYFLOWD_ARGS:-}
+RESULTS_DIR=${RESULTS_DIR:-$BUILD_DIR/bench-results}
+KEEP_DATA=${KEEP_DATA:-0}
+
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+log() { printf '== %s\n' "$*" >&2; }
+
+# Percent of CPU time idle over two seconds, from /proc/stat. Other work on
+# the machine skews every number here, so the report prints this.
+idle_pct() {
+    local cpu u n s i w q sq st t1 i1 t2 i2
+    read -r cpu u n s i w q sq st _ </proc/stat
+    t1=$((u + n + s + i + w + q + sq + st)); i1=$((i + w))
+    sleep 2
+    read -r cpu u n s i w q sq st _ </proc/stat
+    t2=$((u + n + s + i + w + q + sq + st)); i2=$((i + w))
+    echo $(( 100 * (i2 - i1) / (t2 - t1 > 0 ? t2 - t1 : 1) ))
+}
+
+# ---- build ------------------------------------------------------------------
+log "building kf_load and keyflowd in $BUILD_DIR"
+build_log=$(mktemp)
+# Tests are not built: the benchmark needs two targets, and a test file
+# someone is still writing must not stop it.
+if ! { cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_BUILD_TESTS=OFF &&
+       cmake --build "$BUILD_DIR" -j"$(nproc)" --target kf_load keyflowd; } >"$build_log" 2>&1
+then
+    tail -n 40 "$build_log" >&2
+    rm -f "$build_log"
+    log "build failed"
+    exit 1
+fi
+rm -f "$build_log"
+KF_LOAD=$BUILD_DIR/bench/load/kf_load
+KEYFLOWD=$BUILD_DIR/service/main/keyflowd
+IDLE_BEFORE=$(idle_pct)
+log "CPU idle before the run: $IDLE_BEFORE%"
+command -v wrk >/dev/null || { log "wrk is not installed (apt-get install wrk)"; exit 1; }
+command -v curl >/dev/null || { log "curl is not installed"; exit 1; }
+
+# ---- server -----------------------------------------------------------------
+# The data directory lives in the build tree: the same disk as the work tree,
+# which is the disk whose fdatasync the probe measures.
+mkdir -p "$RESULTS_DIR"
+WORK=$(mktemp -d "$BUILD_DIR/bench-run.XXXXXX")
+RESULTS=$RESULTS_DIR/$STAMP.jsonl
+TEXT=$RESULTS_DIR/$STAMP.txt
+SERVER_LOG=$RESULTS_DIR/$STAMP.keyflowd.log
+: >"$RESULTS"
+SERVER_PID=
+
+stop_server() {
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        for _ in $(seq 1 150); do
+            kill -0 "$SERVER_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$SERVER_PID" 2>/dev/null; then
+            log "keyflowd did not stop within 15 s of SIGTERM; sending SIGKILL"
+            kill -KILL "$SERVER_PID" 2>/dev/null || true
+        fi
+        local rc=0
+        wait "$SERVER_PID" 2>/dev/null || rc=$?
+        log "keyflowd exited with status $rc"
+    fi
+    SERVER_PID=
+}
+cleanup() {
+    stop_server
+    if [ "$KEEP_DATA" = 1 ]; then
+        log "data kept in $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "starting keyflowd (data $WORK/data, log $SERVER_LOG)"
+# shellcheck disable=SC2086  # KEYFLOWD_ARGS is a list of flags
+"$KEYFLOWD" --data "$WORK/data" --grpc 127.0.0.1:0 --http 127.0.0.1:0 \
+    --port-file "$WORK/ports" --log-level warn $KEYFLOWD_ARGS >"$SERVER_LOG" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 1 200); do
+    [ -s "$WORK/ports" ] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$SERVER_LOG" >&2; log "keyflowd died"; exit 1; }
+    sleep 0.1
+done
+[ -s "$WORK/ports" ] || { log "keyflowd wrote no port file within 20 s"; exit 1; }
+GRPC_PORT=$(sed -n 's/^grpc=//p' "$WORK/ports")
+HTTP_PORT=$(sed -n 's/^http=//p' "$WORK/ports")
+log "keyflowd pid $SERVER_PID, grpc 127.0.0.1:$GRPC_PORT, http 127.0.0.1:$HTTP_PORT"
+
+# Records a JSON line (lines starting with "{") and keeps the human line.
+collect() {
+    local line
+    while IFS= read -r line; do
+        case $line in
+            '{'*) printf '%s\n' "$line" >>"$RESULTS" ;;
+            *) printf '%s\n' "$line" | tee -a "$TEXT" >&2 ;;
+        esac
+    done
+}
+
+metric() {  # prints one counter from the server's /metrics, or 0
+    curl -s --max-time 5 "http://127.0.0.1:$HTTP_PORT/metrics" |
+        awk -v name="$1" '$1 == name { print $2; found = 1 } END { if (!found) print 0 }'
+}
+
+# Appends the commit-group counters' change across one run, so the table can
+# show how many events each fdatasync carried.
+server_delta() {  # label groups_before events_before
+    local groups events
+    groups=$(metric keyflow_commit_groups_total)
+    events=$(metric keyflow_events_accepted_total)
+    printf '{"kind":"server_delta","label":"%s","groups":%s,"events":%s}\n' "$1" \
+        "$(awk -v a="$groups" -v b="$2" 'BEGIN { printf "%d", a - b }')" \
+        "$(awk -v a="$events" -v b="$3" 'BEGIN { printf "%d", a - b }')" >>"$RESULTS"
+}
+
+cpu_ticks() {  # user + system clock ticks of a process (fields 14, 15 of its stat)
+    sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
+}
+machine_ticks() {  # busy clock ticks of all CPUs: user nice system irq softirq steal
+    awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
+}
+
+# ---- 1. fdatasync probe -------------------------------------------------------
+# "append" is the reference the c=1 target is measured against; the other two
+# layouts show what RocksDB's WAL options could buy (kf_load.c explains them).
+for mode in append fallocate overwrite; do
+    log "fdatasync probe, $mode ($FSYNC_COUNT records) in $WORK"
+    "$KF_LOAD" --fsync-probe "$WORK" --count "$FSYNC_COUNT" --fsync-mode "$mode" | collect ||
+        log "fsync probe failed"
+done
+
+# ---- 2. gRPC ------------------------------------------------------------------
+for c in $CONCURRENCIES; do
+    ch=$(( CHANNELS < c ? CHANNELS : c ))
+    for rpc in health send; do
+        log "gRPC $rpc concurrency $c (channels $ch, threads $THREADS)"
+        g0=$(metric keyflow_commit_groups_total)
+        e0=$(metric keyflow_events_accepted_total)
+        "$KF_LOAD" --target "127.0.0.1:$GRPC_PORT" --rpc "$rpc" --concurrency "$c" \
+            --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" --keys "$KEYS" \
+            --channels "$ch" --threads "$THREADS" --workflow "bench-$STAMP-$rpc-c$c" \
+            --server-pid "$SERVER_PID" | collect || log "kf_load failed (status $?)"
+        server_delta "grpc-$rpc-c$c" "$g0" "$e0"
+    done
+done
+
+# ---- 3. HTTP gateway ----------------------------------------------------------
+for mode in healthz send; do
+    log "HTTP $mode: wrk $HTTP_CONNECTIONS connections, $WRK_THREADS thread(s)"
+    # wrk has no warm-up: a short unrecorded run opens the connections first.
+    if awk -v s="$WARMUP_S" 'BEGIN { exit !(s >= 1) }'; then
+        KF_HTTP_MODE=$mode KF_WORKFLOW="bench-$STAMP-http-warmup" KF_KEYS=$KEYS \
+            KF_CONNECTIONS=$HTTP_CONNECTIONS wrk -t"$WRK_THREADS" -c"$HTTP_CONNECTIONS" \
+            -d"${WARMUP_S}s" -s "$ROOT/bench/http_load.lua" "http://127.0.0.1:$HTTP_PORT" \
+            >/dev/null || log "wrk warm-up failed"
+    fi
+    g0=$(metric keyflow_commit_groups_total)
+    e0=$(metric keyflow_events_accepted_total)
+    # kf_load measures CPU itself; for wrk the script samples the server,
+    # the machine and wrk's own user + system time around the run.
+    t0=$(date +%s%N)
+    c0=$(cpu_ticks "$SERVER_PID")
+    m0=$(machine_ticks)
+    TIMEFORMAT='%U %S'
+    { time KF_HTTP_MODE=$mode KF_WORKFLOW="bench-$STAMP-http-$mode" KF_KEYS=$KEYS \
+        KF_CONNECTIONS=$HTTP_CONNECTIONS wrk -t"$WRK_THREADS" -c"$HTTP_CONNECTIONS" \
+        -d"${DURATION_S}s" --timeout 10s -s "$ROOT/bench/http_load.lua" \
+        "http://127.0.0.1:$HTTP_PORT" >"$WORK/wrk.out"; } 2>"$WORK/wrk.time" ||
+        log "wrk failed: $(head -c 500 "$WORK/wrk.time")"
+    m1=$(machine_ticks)
+    c1=$(cpu_ticks "$SERVER_PID")
+    t1=$(date +%s%N)
+    collect <"$WORK/wrk.out"
+    tail -n 1 "$WORK/wrk.time" | awk -v a="$c0" -v b="$c1" -v m0="$m0" -v m1="$m1" \
+        -v t0="$t0" -v t1="$t1" -v hz="$(getconf CLK_TCK)" -v label="http-$mode" '{
+            s = (t1 - t0) / 1e9; server = 100 * (b - a) / hz / s; client = 100 * ($1 + $2) / s
+            other = 100 * (m1 - m0) / hz / s - server - client
+            printf "{\"kind\":\"server_cpu\",\"label\":\"%s\",\"server_cpu_pct\":%.1f," \
+                   "\"client_cpu_pct\":%.1f,\"other_cpu_pct\":%.1f}\n", label, server, client, \
+                   (other < 0 ? 0 : other)
+        }' >>"$RESULTS"
+    server_delta "http-$mode" "$g0" "$e0"
+done
+curl -s --max-time 5 "http://127.0.0.1:$HTTP_PORT/metrics" >"$RESULTS_DIR/$STAMP.metrics.txt" ||
+    true
+stop_server
+
+# ---- report -------------------------------------------------------------------
+disk=$(df -P "$ROOT" | awk 'NR == 2 { print $1 }')
+cache=$(cat "/sys/block/$(basename "$disk")/queue/write_cache" 2>/dev/null || echo unknown)
+{
+    printf '\n## keyflowd benchmark, %s\n\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
+    printf 'Machine: %s cores (nproc), kernel %s, disk %s (%s, write cache: %s). ' "$(nproc)" \
+        "$(uname -r)" "$disk" "$(findmnt -no FSTYPE -T "$ROOT" 2>/dev/null || echo '?')" "$cache"
+    printf 'Runs: %s s after %s s warm-up; %s keys; gRPC channels %s, client threads %s. ' \
+        "$DURATION_S" "$WARMUP_S" "$KEYS" "$CHANNELS" "$THREADS"
+    printf 'CPU idle in the 2 s before keyflowd started: %s%% (below ~95%% means other ' \
+        "$IDLE_BEFORE"
+    printf 'work was running).\n\n'
+    awk -f - "$RESULTS" <<'AWK'
+function field(line, key,    s) {
+    if (!match(line, "\"" key "\":[^,}]*")) return ""
+    s = substr(line, RSTART + length(key) + 3, RLENGTH - length(key) - 3)
+    gsub(/"/, "", s)
+    return s
+}
+function num(x) { return x == "" ? 0 : x + 0 }
+function fmt_int(x,    s, r) {  # 12345.6 -> 12,346
+    s = sprintf("%.0f", x); r = ""
+    while (length(s) > 3) { r = "," substr(s, length(s) - 2) r; s = substr(s, 1, length(s) - 3) }
+    return s r
+}
+/"kind":"fsync_probe"/ {
+    m = field($0, "mode")
+    fs_text = fs_text sprintf("%s%s p50 %.1f us, p99 %.1f us, %s ops/s", \
+                              fs_text == "" ? "" : "; ", m, num(field($0, "fdatasync_p50_us")), \
+                              num(field($0, "fdatasync_p99_us")), fmt_int(field($0, "ops_per_s")))
+    if (m == "append") {
+        fs50 = num(field($0, "fdatasync_p50_us")); have_fs = 1
+    }
+}
+/"kind":"grpc_load"/ {
+    key = "grpc " field($0, "rpc") " " field($0, "concurrency")
+    order[++n] = key
+    label[key] = "gRPC | " (field($0, "rpc") == "send" ? "SendEvent" : "Health/Check") " | " \
+                 field($0, "concurrency")
+    rate[key] = num(field($0, "throughput_per_s")); p50[key] = num(field($0, "p50_us"))
+    p99[key] = num(field($0, "p99_us")); p999[key] = num(field($0, "p999_us"))
+    mx[key] = num(field($0, "max_us")); err[key] = num(field($0, "errors"))
+    scpu[key] = field($0, "server_cpu_pct") "%"; ccpu[key] = field($0, "client_cpu_pct") "%"
+    ocpu[key] = field($0, "other_cpu_pct") "%"
+    delta_of["grpc-" field($0, "rpc") "-c" field($0, "concurrency")] = key
+}
+/"kind":"http_load"/ {
+    key = "http " field($0, "mode")
+    order[++n] = key
+    label[key] = "HTTP | " (field($0, "mode") == "send" ? "POST events" : "GET /healthz") " | " \
+                 field($0, "connections") " conns"
+    rate[key] = num(field($0, "throughput_per_s")); p50[key] = num(field($0, "p50_us"))
+    p99[key] = num(field($0, "p99_us")); p999[key] = num(field($0, "p999_us"))
+    mx[key] = num(field($0, "max_us")); err[key] = num(field($0, "error_total"))
+    scpu[key] = "-"; ccpu[key] = "-"; ocpu[key] = "-"
+    delta_of["http-" field($0, "mode")] = key
+}
+/"kind":"server_cpu"/ {
+    k = delta_of[field($0, "label")]
+    if (k != "") {
+        scpu[k] = field($0, "server_cpu_pct") "%"; ccpu[k] = field($0, "client_cpu_pct") "%"
+        ocpu[k] = field($0, "other_cpu_pct") "%"
+    }
+}
+/"kind":"server_delta"/ {
+    k = delta_of[field($0, "label")]
+    if (k != "" && num(field($0, "groups")) > 0 && num(field($0, "events")) > 0) {
+        per_group[k] = sprintf("%.1f", num(field($0, "events")) / num(field($0, "groups")))
+    }
+}
+END {
+    if (fs_text != "") {
+        printf "fdatasync probe (pwrite 100 B + fdatasync; file layout: result): %s\n\n", fs_text
+    }
+    print "| transport | call | concurrency | ok/s | p50 us | p99 us | p999 us | max us " \
+          "| errors | events per commit group | server CPU | client CPU | other CPU |"
+    print "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for (i = 1; i <= n; i++) {
+        k = order[i]
+        printf "| %s | %s | %.1f | %.1f | %.1f | %.1f | %d | %s | %s | %s | %s |\n", label[k], \
+               fmt_int(rate[k]), p50[k], p99[k], p999[k], mx[k], err[k], \
+               (k in per_group ? per_group[k] : "-"), scpu[k], ccpu[k], ocpu[k]
+    }
+    print ""
+    print "CPU is in percent of one core, as top shows it; \"other\" is" \
+          " everything else that ran on the machine during the window."
+    worst = 0
+    for (k in ocpu) {
+        if (ocpu[k] + 0 > worst) { worst = ocpu[k] + 0; worst_k = label[k] }
+    }
+    if (worst > 20) {
+        printf "\n**Noisy run:** other work used up to %.0f%% of a core (%s); the numbers " \
+               "below are not trustworthy. Rerun on a quiet machine.\n", worst, worst_k
+    }
+    print ""
+    print "| target | measured | goal | result |"
+    print "|---|---|---|---|"
+    k = "grpc send 1"
+    if ((k in p50) && have_fs) {
+        d = p50[k] - fs50
+        printf "| c=1: SendEvent p50 minus fdatasync p50 | %.1f - %.1f = %.1f us " \
+               "| < 100 us | %s |\n", p50[k], fs50, d, \
+               (d < 100 ? "met" : sprintf("missed by %.1f us", d - 100))
+    }
+    h = "grpc health 1"
+    if ((k in p50) && (h in p50) && have_fs) {
+        # Context for the line above: the no-op round trip is part of the 100 us.
+        printf "| c=1: of which no-op RPC (Health/Check p50) | %.1f us | (context) | - |\n", p50[h]
+        printf "| c=1: of which the rest (SendEvent - Health - fdatasync) | %.1f us " \
+               "| (context) | - |\n", p50[k] - p50[h] - fs50
+    }
+    k = "grpc send 64"
+    if (k in rate) {
+        printf "| c=64: durable events/s | %s | >= 25,000 | %s |\n", fmt_int(rate[k]), \
+               (rate[k] >= 25000 ? "met" : sprintf("missed by %s/s (%.0f%% of goal)", \
+               fmt_int(25000 - rate[k]), 100 * rate[k] / 25000))
+    }
+    h = "grpc health 64"
+    if ((k in rate) && (h in rate) && rate[h] > 0) {
+        r = 100 * rate[k] / rate[h]
+        printf "| c=64: SendEvent / Health throughput | %s / %s = %.1f%% | >= 80%% | %s |\n", \
+               fmt_int(rate[k]), fmt_int(rate[h]), r, \
+               (r >= 80 ? "met" : sprintf("missed by %.1f points", 80 - r))
+    }
+    k = "http send"; h = "http healthz"
+    if ((k in rate) && (h in rate) && rate[h] > 0) {
+        printf "| HTTP, 64 conns: POST events/s (vs GET /healthz) | %s (%.1f%% of %s) " \
+               "| reported | - |\n", fmt_int(rate[k]), 100 * rate[k] / rate[h], fmt_int(rate[h])
+    }
+}
+AWK
+    printf '\nRaw JSON lines: %s\n' "$RESULTS"
+} | tee -a "$TEXT"
