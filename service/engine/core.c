@@ -132,10 +132,11 @@ void kf_core_destroy(kf_core_t *core) {
     if (core == NULL) {
         return;
     }
+    /* The heap first: its timers live inside the coordinators and runs. */
+    kf_heap_deinit(&core->ctx.heap);
     kf_coords_destroy(core->coords);
     kf_functions_destroy(core->functions);
     kf_runs_destroy(core->runs);
-    kf_heap_deinit(&core->ctx.heap);
     kf_rng_destroy(core->ctx.rng);
     free(core->ctx.scratch);
     free(core);

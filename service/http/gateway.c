@@ -524,6 +524,9 @@ void kf_gateway_destroy(kf_gateway_t *gw) {
     h2o_multithread_unregister_receiver(gw->queue, &gw->replies);
     h2o_multithread_unregister_receiver(gw->queue, &gw->control);
     h2o_multithread_destroy_queue(gw->queue);
+    /* Closing an evloop socket is finished by the loop's next turn: run it
+     * once so the queue's and listener's sockets are really freed. */
+    h2o_evloop_run(gw->loop, 0);
     h2o_context_dispose(&gw->ctx);
     h2o_evloop_destroy(gw->loop);
     h2o_config_dispose(&gw->config);
