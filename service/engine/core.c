@@ -84,7 +84,7 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
     ctx->rng = kf_rng_create(config->rng_seed, config->rng_seed_len);
     core->runs = kf_runs_create();
     core->coords = kf_coords_create(core->runs);
-    core->functions = kf_functions_create(config->plugin_dir);
+    core->functions = kf_functions_create(config->plugin_dir, config->defer_handler_calls);
     kf_batch_t *batch = kf_batch_create(store);
     if (ctx->rng == NULL || batch == NULL) {
         kf_batch_destroy(batch);
@@ -225,6 +225,8 @@ void kf_core_durable(kf_core_t *core, uint64_t group_id) {
     kf_runs_evict(core->runs, &core->ctx);
     kf_functions_durable(core->functions, &core->ctx);
 }
+
+void kf_core_pump(kf_core_t *core) { kf_functions_pump(core->functions, &core->ctx); }
 
 void kf_core_cancel(kf_core_t *core, kf_cmd_t *cmd, uint64_t id) {
     if (!kf_runs_cancel_poll(core->runs, &core->ctx, cmd, id)) {

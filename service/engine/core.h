@@ -40,6 +40,9 @@ int64_t kf_core_next_due_ms(const kf_core_t *core);
 kf_cmd_t *kf_core_take_ready(kf_core_t *core);
 /* Every group <= group_id is durable. */
 void kf_core_durable(kf_core_t *core, uint64_t group_id);
+/* Test seam (config.defer_handler_calls): answers the handler calls that
+ * are out, letting their steps go on. */
+void kf_core_pump(kf_core_t *core);
 /* Cancels a parked command (a long poll whose client left); no-op when
  * `cmd` is not parked under `id`. */
 void kf_core_cancel(kf_core_t *core, kf_cmd_t *cmd, uint64_t id);

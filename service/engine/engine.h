@@ -94,6 +94,8 @@ typedef struct kf_engine_config {
     int64_t run_attempts_max;        /* leases per run before FAILED; 0 = default */
     int64_t queue_depth_max;         /* inbox bound; 0 = KF_QUEUE_DEPTH_MAX */
     const char *plugin_dir;          /* native handler .so files; NULL = none */
+    bool defer_handler_calls;        /* tests only: handler calls answer on
+                                        kf_core_pump(), like remote ones */
     /* Called on the committer thread when a sync fails. Default: log and
      * abort(). If it returns, the engine stops acknowledging anything. */
     void (*on_fatal)(const kf_error_t *err, void *ctx);

@@ -47,6 +47,7 @@ static bool key_text_of(const function_t *fn, const uint8_t *key, size_t len, ch
                         size_t *text_len);
 
 typedef struct fn_key fn_key_t;
+typedef struct step step_t;
 
 typedef struct ev_timer {
     fn_key_t *owner;
@@ -115,6 +116,10 @@ struct function {
     uint64_t durable_output_seq; /* last durable */
     kf_map_t producers;
     reader_t *readers;           /* parked reads */
+    struct step *active;         /* the step in progress (its call may be out) */
+    kf_cmd_t *queue_head;        /* PushBatch commands waiting for `active` */
+    kf_cmd_t *queue_tail;
+    uint32_t queued;
 };
 
 typedef struct pending_durable {
@@ -135,6 +140,7 @@ struct kf_functions {
     uint32_t nreaders;
     uint8_t *scratch;            /* canonical key building */
     size_t scratch_cap;
+    bool defer_calls;            /* test seam: native calls answer on pump() */
 };
 
 static const char fn_index_key[] = "fn_index";
@@ -387,7 +393,7 @@ typedef struct undo {
     int64_t at[KF_TIMER_NAMES_MAX];
 } undo_t;
 
-typedef struct step {
+struct step {
     kf_functions_t *fns;
     function_t *fn;
     kf_ctx_t *ctx;
@@ -406,7 +412,15 @@ typedef struct step {
     int64_t timer_callbacks;
     int64_t calls;
     kf_error_t *err;
-} step_t;
+    /* The step as a resumable machine: one handler call out at a time. */
+    kf_cmd_t *cmd;               /* the PushBatch being answered */
+    const Keyflow__V1__PushBatchRequest *req;
+    kf_rows_t rows_storage;
+    kf_call_t *call;
+    bool timers_phase;           /* rows done, watermark advanced */
+    uint32_t row_pos;            /* next input row */
+    bool awaiting;               /* a call is out, its response not yet taken */
+};
 
 static void touch(step_t *s, fn_key_t *k, bool existed) {
     if (k->step_mark == s->mark) {
@@ -944,23 +958,31 @@ static kf_status_t check_limits(step_t *s) {
     return KF_OK;
 }
 
-/* Sends the call to the handler and takes its response: native handlers
- * answer inside invoke(). A remote handler would complete this later from
- * its stream; everything after this point works on the returned response. */
-static void dispatch(kf_call_t *call) {
-    const kf_handler_t *h = call->step->fn->handler;
-    int rc = h->invoke(&host, call, call->acts, call->count);
-    if (rc != 0) {
-        call_fail(call, KF_E_PRECONDITION, "handler returned %d", rc);
-    }
-}
-
-static kf_status_t run_call(kf_call_t *call) {
+/* Sends a call to the handler. True when its response is already here:
+ * native handlers answer inside invoke(). A remote handler (or the test
+ * seam `defer_calls`) answers later, through kf_functions_pump() today and a
+ * worker stream tomorrow; either way the response then goes through
+ * take_response() exactly as an immediate one does. */
+static bool send_call(kf_call_t *call) {
     step_t *s = call->step;
     s->calls++;
     s->activations += call->count;
     kf_counter_add(KF_C_HANDLER_CALLS, 1);
-    dispatch(call);
+    if (s->fns->defer_calls) {
+        s->awaiting = true;
+        return false;
+    }
+    const kf_handler_t *h = s->fn->handler;
+    int rc = h->invoke(&host, call, call->acts, call->count);
+    if (rc != 0) {
+        call_fail(call, KF_E_PRECONDITION, "handler returned %d", rc);
+    }
+    return true;
+}
+
+/* Validates a call's response, then applies it (invariant 1). */
+static kf_status_t take_response(kf_call_t *call) {
+    step_t *s = call->step;
     kf_status_t st = validate(call);
     if (st != KF_OK) {
         return st;
@@ -975,77 +997,106 @@ static kf_status_t run_call(kf_call_t *call) {
     return st;
 }
 
-/* Rows in arrival order; a call ends at max_batch_rows activations or when
- * the next row's key already has an activation in it. */
-static kf_status_t run_rows(step_t *s, kf_call_t *call) {
+/* The next call of the rows phase: rows in arrival order; a call ends at
+ * max_batch_rows activations or when the next row's key already has an
+ * activation in it. */
+static void build_row_call(step_t *s, kf_call_t *call) {
     function_t *fn = s->fn;
     const kf_rows_t *rows = s->rows;
     const kf_column_t *ev = &rows->cols[fn->event_col];
-    uint32_t i = 0;
-    while (i < rows->count) {
-        call_reset(call);
-        uint32_t stamp = ++s->fns->call_counter;
-        while (i < rows->count && call->count < (uint32_t)fn->limits.max_batch_rows) {
-            char *text;
-            size_t text_len;
-            bool owned;
-            size_t klen = row_key(s->fns, fn, rows, i, &text, &text_len, &owned);
-            fn_key_t *k = key_find(fn, s->fns->scratch, klen);
-            if (k == NULL) {
-                k = key_new(fn, s->fns->scratch, klen, text, text_len);
-                touch(s, k, false);
-            }
-            if (owned) {
-                free(text);
-            }
-            if (k->call_mark == stamp) {
-                break; /* a second row of this key: next call */
-            }
-            k->call_mark = stamp;
-            call_add(call, k, KF_CALLBACK_ROW, i, ev->i64[i], NULL);
-            i++;
+    uint32_t stamp = ++s->fns->call_counter;
+    while (s->row_pos < rows->count && call->count < (uint32_t)fn->limits.max_batch_rows) {
+        uint32_t i = s->row_pos;
+        char *text;
+        size_t text_len;
+        bool owned;
+        size_t klen = row_key(s->fns, fn, rows, i, &text, &text_len, &owned);
+        fn_key_t *k = key_find(fn, s->fns->scratch, klen);
+        if (k == NULL) {
+            k = key_new(fn, s->fns->scratch, klen, text, text_len);
+            touch(s, k, false);
         }
-        kf_status_t st = run_call(call);
-        if (st != KF_OK) {
-            return st;
+        if (owned) {
+            free(text);
         }
+        if (k->call_mark == stamp) {
+            break; /* a second row of this key: next call */
+        }
+        k->call_mark = stamp;
+        call_add(call, k, KF_CALLBACK_ROW, i, ev->i64[i], NULL);
+        s->row_pos++;
     }
-    return KF_OK;
 }
 
-/* Every timer at or before the watermark, in (at_us, key, name) order. */
-static kf_status_t run_timers(step_t *s, kf_call_t *call) {
+/* The next call of the timers phase: due timers in (at_us, key, name)
+ * order, at most max_timer_callbacks_per_step, one per key. */
+static void build_timer_call(step_t *s, kf_call_t *call) {
     function_t *fn = s->fn;
-    if (!s->has_watermark) {
-        return KF_OK;
-    }
     uint32_t per_call = (uint32_t)fn->limits.max_timer_callbacks;
     if (per_call > (uint32_t)fn->limits.max_batch_rows) {
         per_call = (uint32_t)fn->limits.max_batch_rows;
     }
-    while (fn->heap_n > 0 && fn->heap[0]->at_us <= s->watermark) {
-        call_reset(call);
-        uint32_t stamp = ++s->fns->call_counter;
-        while (fn->heap_n > 0 && fn->heap[0]->at_us <= s->watermark && call->count < per_call) {
-            ev_timer_t *t = fn->heap[0];
-            fn_key_t *k = t->owner;
-            if (k->call_mark == stamp) {
-                break; /* another timer of a key already in this call */
-            }
-            k->call_mark = stamp;
-            int64_t at = t->at_us;
-            uint8_t name = t->name;
-            touch(s, k, true);
-            key_set_timer(fn, k, name, NO_TIME); /* fired: gone unless set again */
-            call_add(call, k, KF_CALLBACK_TIMER, 0, at, fn->desc->timer_names[name]);
-            s->timer_callbacks++;
+    uint32_t stamp = ++s->fns->call_counter;
+    while (fn->heap_n > 0 && fn->heap[0]->at_us <= s->watermark && call->count < per_call) {
+        ev_timer_t *t = fn->heap[0];
+        fn_key_t *k = t->owner;
+        if (k->call_mark == stamp) {
+            break; /* another timer of a key already in this call */
         }
-        kf_status_t st = run_call(call);
+        k->call_mark = stamp;
+        int64_t at = t->at_us;
+        uint8_t name = t->name;
+        touch(s, k, true);
+        key_set_timer(fn, k, name, NO_TIME); /* fired: gone unless set again */
+        call_add(call, k, KF_CALLBACK_TIMER, 0, at, fn->desc->timer_names[name]);
+        s->timer_callbacks++;
+    }
+}
+
+/* Builds the step's next call; false when the step has no call left. The
+ * watermark advances between the rows and the timers. */
+static bool next_call(step_t *s) {
+    kf_call_t *call = s->call;
+    call_reset(call);
+    if (!s->timers_phase) {
+        if (s->row_pos < s->rows->count) {
+            build_row_call(s, call);
+            return true;
+        }
+        const Keyflow__V1__PushBatchRequest *req = s->req;
+        if (req->watermark_present_case ==
+                KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US &&
+            (!s->has_watermark || req->watermark_us > s->watermark)) {
+            s->has_watermark = true; /* watermarks never go back: a lower one is ignored */
+            s->watermark = req->watermark_us;
+        }
+        s->timers_phase = true;
+    }
+    if (s->has_watermark && s->fn->heap_n > 0 && s->fn->heap[0]->at_us <= s->watermark) {
+        build_timer_call(s, call);
+        return true;
+    }
+    return false;
+}
+
+static void step_finish(step_t *s, kf_status_t st);
+
+/* Runs the step until a call is out with no response yet, or to its end. */
+static void step_advance(step_t *s) {
+    for (;;) {
+        if (!next_call(s)) {
+            step_finish(s, KF_OK);
+            return;
+        }
+        if (!send_call(s->call)) {
+            return; /* the response arrives later */
+        }
+        kf_status_t st = take_response(s->call);
         if (st != KF_OK) {
-            return st;
+            step_finish(s, st);
+            return;
         }
     }
-    return KF_OK;
 }
 
 /* ---- commit: the step's one atomic write ------------------------------- */
@@ -1476,12 +1527,46 @@ static bool replay_ack(producer_t *p, int64_t seq, kf_cmd_t *cmd) {
     return false;
 }
 
-void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+/* Ends a step: commit and acknowledge, or roll back and refuse. */
+static void step_finish(step_t *s, kf_status_t st) {
+    function_t *fn = s->fn;
+    kf_ctx_t *ctx = s->ctx;
+    kf_cmd_t *cmd = s->cmd;
+    fn->active = NULL;
+    if (st != KF_OK) {
+        rollback(s);
+        free(s->undo);
+        fail(ctx, cmd);
+        return;
+    }
+    fn->has_watermark = s->has_watermark;
+    fn->watermark_us = s->watermark;
+    Keyflow__V1__PushBatchResponse *ack = anew(cmd->arena, sizeof *ack);
+    keyflow__v1__push_batch_response__init(ack);
+    ack->rows_accepted = s->rows->count;
+    ack->activations = s->activations;
+    ack->timer_callbacks = s->timer_callbacks;
+    ack->handler_calls = s->calls;
+    ack->watermark_us = fn->has_watermark ? fn->watermark_us : 0;
+    ack->sequence = s->req->sequence;
+    commit(s, ack);
+    free(s->undo);
+    producer_t *p = producer_get(fn, s->req->producer_id, true);
+    producer_remember(p, s->req->sequence, &ack->base);
+    put_producer(ctx, fn, p);
+    kf_counter_add(KF_C_INPUT_ROWS, s->rows->count);
+    kf_counter_add(KF_C_EVENT_TIMERS_FIRED, (uint64_t)s->timer_callbacks);
+    cmd->response = &ack->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+/* Checks a PushBatch and starts its step (the function is idle). */
+static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
     const Keyflow__V1__PushBatchRequest *req = (const Keyflow__V1__PushBatchRequest *)cmd->request;
     kf_error_t *err = &cmd->error;
-    function_t *fn = require_fn(fns, req->function_id, err);
-    if (fn == NULL ||
-        kf_check_identifier("producer_id", req->producer_id, KF_PRODUCER_ID_BYTES_MAX, true, err) != KF_OK) {
+    KF_ASSERT(fn->active == NULL);
+    if (kf_check_identifier("producer_id", req->producer_id, KF_PRODUCER_ID_BYTES_MAX, true, err) !=
+        KF_OK) {
         fail(ctx, cmd);
         return;
     }
@@ -1515,23 +1600,24 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         fail(ctx, cmd);
         return;
     }
-    kf_rows_t rows = {0};
+    step_t *s = anew(cmd->arena, sizeof *s);
+    kf_rows_t *rows = &s->rows_storage;
     kf_status_t st = KF_OK;
     const Keyflow__V1__Schema *schema = fn->desc->input_schema;
     if (req->rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH) {
         st = kf_rows_from_batch(req->batch, schema, fn->limits.max_input_rows,
-                                fn->limits.max_input_bytes, cmd->arena, &rows, err);
+                                fn->limits.max_input_bytes, cmd->arena, rows, err);
     } else if (req->rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON) {
         st = kf_rows_from_json(req->rows_json, strlen(req->rows_json), schema,
                                fn->limits.max_input_rows, fn->limits.max_input_bytes, cmd->arena,
-                               &rows, err);
+                               rows, err);
     } else {
-        rows.ncols = (uint32_t)schema->n_fields; /* a watermark-only batch */
+        rows->ncols = (uint32_t)schema->n_fields; /* a watermark-only batch */
     }
-    for (uint32_t i = 0; st == KF_OK && i < rows.count; i++) {
+    for (uint32_t i = 0; st == KF_OK && i < rows->count; i++) {
         size_t klen = 0;
         for (int c = 0; c < fn->nkey_cols; c++) {
-            klen += 4 + rows.cols[fn->key_cols[c]].str_len[i];
+            klen += 4 + rows->cols[fn->key_cols[c]].str_len[i];
         }
         if (klen > KF_FUNCTION_KEY_BYTES_MAX) {
             st = kf_error_set(err, KF_E_TOO_LARGE, "rows[%u]: the key is %zu bytes (at most %d)", i,
@@ -1542,63 +1628,105 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         fail(ctx, cmd);
         return;
     }
+    s->fns = fns;
+    s->fn = fn;
+    s->ctx = ctx;
+    s->arena = cmd->arena;
+    s->rows = rows;
+    s->cmd = cmd;
+    s->req = req;
+    s->has_watermark = fn->has_watermark;
+    s->watermark = fn->watermark_us;
+    s->mark = ++fns->step_counter;
+    if (s->mark == 0) {
+        s->mark = ++fns->step_counter; /* 0 means "not touched" */
+    }
+    s->live_keys0 = fn->live_keys;
+    s->timer_count0 = fn->timer_count;
+    s->state_bytes0 = fn->state_bytes;
+    s->next_activation0 = fn->next_activation;
+    s->err = err;
+    kf_outbuf_init(&s->out, fn->desc->output_schema, cmd->arena);
+    s->call = anew(cmd->arena, sizeof *s->call);
+    call_init(s->call, s, (uint32_t)fn->limits.max_batch_rows);
+    fn->active = s;
+    step_advance(s);
+}
 
-    step_t s = {0};
-    s.fns = fns;
-    s.fn = fn;
-    s.ctx = ctx;
-    s.arena = cmd->arena;
-    s.rows = &rows;
-    s.has_watermark = fn->has_watermark;
-    s.watermark = fn->watermark_us;
-    s.mark = ++fns->step_counter;
-    if (s.mark == 0) {
-        s.mark = ++fns->step_counter; /* 0 means "not touched" */
+/* Starts queued batches while the function is idle (a step that finishes
+ * at once leaves it idle again). */
+static void fn_drain(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
+    while (fn->active == NULL && fn->queue_head != NULL) {
+        kf_cmd_t *cmd = fn->queue_head;
+        fn->queue_head = cmd->next;
+        if (fn->queue_head == NULL) {
+            fn->queue_tail = NULL;
+        }
+        fn->queued--;
+        cmd->next = NULL;
+        cmd->parked = NULL;
+        push_begin(fns, ctx, fn, cmd);
     }
-    s.live_keys0 = fn->live_keys;
-    s.timer_count0 = fn->timer_count;
-    s.state_bytes0 = fn->state_bytes;
-    s.next_activation0 = fn->next_activation;
-    s.err = err;
-    kf_outbuf_init(&s.out, fn->desc->output_schema, cmd->arena);
-    kf_call_t call;
-    uint32_t cap = (uint32_t)fn->limits.max_batch_rows;
-    call_init(&call, &s, cap);
+}
 
-    st = run_rows(&s, &call);
-    if (st == KF_OK && req->watermark_present_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US &&
-        (!s.has_watermark || req->watermark_us > s.watermark)) {
-        s.has_watermark = true; /* watermarks never go back: a lower one is ignored */
-        s.watermark = req->watermark_us;
-    }
-    if (st == KF_OK) {
-        st = run_timers(&s, &call);
-    }
-    if (st != KF_OK) {
-        rollback(&s);
-        free(s.undo);
+/* A step whose call is out holds the function: later batches wait in order
+ * behind it (bounded), since each step starts from the state the previous
+ * one left. */
+#define KF_FN_QUEUED_MAX 1024
+
+void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__PushBatchRequest *req = (const Keyflow__V1__PushBatchRequest *)cmd->request;
+    function_t *fn = require_fn(fns, req->function_id, &cmd->error);
+    if (fn == NULL) {
         fail(ctx, cmd);
         return;
     }
-    fn->has_watermark = s.has_watermark;
-    fn->watermark_us = s.watermark;
-    Keyflow__V1__PushBatchResponse *ack = anew(cmd->arena, sizeof *ack);
-    keyflow__v1__push_batch_response__init(ack);
-    ack->rows_accepted = rows.count;
-    ack->activations = s.activations;
-    ack->timer_callbacks = s.timer_callbacks;
-    ack->handler_calls = s.calls;
-    ack->watermark_us = fn->has_watermark ? fn->watermark_us : 0;
-    ack->sequence = req->sequence;
-    commit(&s, ack);
-    free(s.undo);
-    p = producer_get(fn, req->producer_id, true);
-    producer_remember(p, req->sequence, &ack->base);
-    put_producer(ctx, fn, p);
-    kf_counter_add(KF_C_INPUT_ROWS, rows.count);
-    kf_counter_add(KF_C_EVENT_TIMERS_FIRED, (uint64_t)s.timer_callbacks);
-    cmd->response = &ack->base;
-    kf_ctx_ready(ctx, cmd);
+    if (fn->active != NULL) {
+        if (fn->queued >= KF_FN_QUEUED_MAX) {
+            kf_error_set(&cmd->error, KF_E_LIMIT,
+                         "function %s: %d batches already wait for its handler", fn->id,
+                         KF_FN_QUEUED_MAX);
+            fail(ctx, cmd);
+            return;
+        }
+        cmd->next = NULL;
+        cmd->parked = fn;
+        if (fn->queue_tail) {
+            fn->queue_tail->next = cmd;
+        } else {
+            fn->queue_head = cmd;
+        }
+        fn->queue_tail = cmd;
+        fn->queued++;
+        return;
+    }
+    push_begin(fns, ctx, fn, cmd);
+    fn_drain(fns, ctx, fn);
+}
+
+void kf_functions_pump(kf_functions_t *fns, kf_ctx_t *ctx) {
+    size_t b;
+    for (kf_map_node_t *n = kf_map_first(&fns->by_id, &b); n; n = kf_map_next(&fns->by_id, &b, n)) {
+        function_t *fn = KF_CONTAINER_OF(n, function_t, node);
+        step_t *s = fn->active;
+        if (s == NULL || !s->awaiting) {
+            continue;
+        }
+        s->awaiting = false;
+        s->ctx = ctx;
+        kf_call_t *call = s->call;
+        int rc = fn->handler->invoke(&host, call, call->acts, call->count);
+        if (rc != 0) {
+            call_fail(call, KF_E_PRECONDITION, "handler returned %d", rc);
+        }
+        kf_status_t st = take_response(call);
+        if (st != KF_OK) {
+            step_finish(s, st);
+        } else {
+            step_advance(s);
+        }
+        fn_drain(fns, ctx, fn);
+    }
 }
 
 /* ---- output ------------------------------------------------------------- */
@@ -1817,6 +1945,16 @@ void kf_functions_release_reads(kf_functions_t *fns, kf_ctx_t *ctx) {
     size_t b;
     for (kf_map_node_t *n = kf_map_first(&fns->by_id, &b); n; n = kf_map_next(&fns->by_id, &b, n)) {
         function_t *fn = KF_CONTAINER_OF(n, function_t, node);
+        while (fn->queue_head != NULL) { /* batches waiting behind a call that is out */
+            kf_cmd_t *cmd = fn->queue_head;
+            fn->queue_head = cmd->next;
+            fn->queued--;
+            cmd->next = NULL;
+            cmd->parked = NULL;
+            kf_error_set(&cmd->error, KF_E_UNAVAILABLE, "the server is shutting down");
+            fail(ctx, cmd);
+        }
+        fn->queue_tail = NULL;
         while (fn->readers != NULL) {
             reader_t *r = fn->readers;
             reader_unlink(fns, r);
@@ -2145,9 +2283,10 @@ kf_status_t kf_functions_recover(kf_functions_t *fns, kf_ctx_t *ctx, kf_error_t 
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
-kf_functions_t *kf_functions_create(const char *plugin_dir) {
+kf_functions_t *kf_functions_create(const char *plugin_dir, bool defer_calls) {
     kf_functions_t *fns = calloc(1, sizeof *fns);
     KF_ASSERT(fns != NULL);
+    fns->defer_calls = defer_calls;
     kf_map_init(&fns->by_id);
     fns->plugins = kf_plugins_create(plugin_dir);
     return fns;

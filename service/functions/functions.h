@@ -13,8 +13,10 @@
  *   1. Every handler response is validated before it is applied; a violation
  *      or a limit anywhere in the step rolls back everything the step did
  *      (undo log), so a refused batch changes nothing.
- *   2. The handler is driven through calls that go out and come back (the
- *      native one answers at once), so a remote handler fits the same path.
+ *   2. A step is a resumable machine: a call goes out (send_call) and its
+ *      response is taken later (take_response); native handlers answer at
+ *      once, a remote one (or the defer_calls test seam) later. While a
+ *      step waits, later batches of the same function queue behind it.
  *   3. A retry of an accepted (producer, sequence) returns the stored
  *      acknowledgement and changes nothing; a lower sequence is refused.
  *   4. Output rows get contiguous per-function sequence numbers; reads see
@@ -30,7 +32,9 @@
 
 typedef struct kf_functions kf_functions_t;
 
-kf_functions_t *kf_functions_create(const char *plugin_dir);
+/* defer_calls is a test seam: native handler calls then answer only on
+ * kf_functions_pump(), the way a remote handler's would arrive later. */
+kf_functions_t *kf_functions_create(const char *plugin_dir, bool defer_calls);
 void kf_functions_destroy(kf_functions_t *fns);
 kf_status_t kf_functions_recover(kf_functions_t *fns, kf_ctx_t *ctx, kf_error_t *err) KF_MUST_USE;
 
@@ -40,6 +44,10 @@ void kf_functions_list(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+
+/* Delivers the responses of calls that are out (defer_calls): each waiting
+ * step takes its response and goes on. */
+void kf_functions_pump(kf_functions_t *fns, kf_ctx_t *ctx);
 
 /* A KF_TIMER_FUNCTION timer fired: a parked read's deadline. */
 void kf_functions_fire(kf_functions_t *fns, kf_ctx_t *ctx, kf_timer_t *timer);

@@ -62,6 +62,12 @@ void sim_crash(sim_t *sim) {
     recover(sim);
 }
 
+void sim_pump(sim_t *sim) {
+    kf_core_begin(sim->core, sim->batch, sim->group, sim->now_ms);
+    kf_core_pump(sim->core);
+    sim_step(sim);
+}
+
 void sim_advance(sim_t *sim, int64_t to_ms) {
     cr_assert_geq(to_ms, sim->now_ms);
     sim->now_ms = to_ms;

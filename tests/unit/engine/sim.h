@@ -37,6 +37,8 @@ void sim_close(sim_t *sim);
 void sim_step(sim_t *sim);
 /* Loses the open group (never written) and recovers from the store. */
 void sim_crash(sim_t *sim);
+/* Answers handler calls that are out (config.defer_handler_calls), then steps. */
+void sim_pump(sim_t *sim);
 /* Moves the clock and fires due timers, then steps. */
 void sim_advance(sim_t *sim, int64_t to_ms);
 

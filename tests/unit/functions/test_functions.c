@@ -468,3 +468,41 @@ Test(functions, output_pages_across_chunks) {
     cr_assert_eq(r->high_water_seq, 900);
     json_decref(tail);
 }
+
+/* The step as a resumable machine: with calls deferred (as a remote
+ * handler's would be), a batch waits for its call's response, later batches
+ * of the function queue behind it in order, and a refused response still
+ * changes nothing. */
+Test(functions, calls_answered_later_keep_order_and_atomicity) {
+    sim.config.defer_handler_calls = true;
+    sim_crash(&sim); /* the core again, with the seam on */
+    register_ok();
+    kf_cmd_t *a = push("p", 1, "[" ROW("a", 10, "ok", 5) "]", INT64_MIN);
+    cr_assert_null(a->response, "the call is out: no reply yet");
+    cr_assert_eq(a->error.status, KF_OK);
+    kf_cmd_t *b = push("p", 2, "[" ROW("a", 11, "ok", 7) "]", INT64_MIN);
+    cr_assert_not_null(b->parked, "queued behind the step in progress");
+    cr_assert_null(b->response);
+    cr_assert_eq(state_of("a")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT,
+                 "nothing is applied before the response");
+    sim_pump(&sim); /* a's response arrives; b starts and its call goes out */
+    cr_assert_not_null(a->response, "%s", a->error.message);
+    cr_assert_eq(((Keyflow__V1__PushBatchResponse *)a->response)->last_output_seq, 1);
+    cr_assert_null(b->response);
+    cr_assert_eq(state_of("a")->value, 5);
+    sim_pump(&sim);
+    cr_assert_not_null(b->response, "%s", b->error.message);
+    cr_assert_eq(((Keyflow__V1__PushBatchResponse *)b->response)->first_output_seq, 2);
+    cr_assert_eq(state_of("a")->value, 7);
+    /* A refused response, taken later, still leaves nothing behind. */
+    kf_cmd_t *c = push("p", 3, "[" ROW("a", 12, "ok", 9) "," ROW("a", 13, "fail", 0) "]", INT64_MIN);
+    cr_assert_null(c->response);
+    sim_pump(&sim); /* first call (a=9) answered and applied; the second goes out */
+    cr_assert_null(c->response);
+    sim_pump(&sim); /* the second is refused: the whole batch rolls back */
+    cr_assert_eq(c->error.status, KF_E_PRECONDITION, "%s", c->error.message);
+    cr_assert_eq(state_of("a")->value, 7);
+    json_t *rows = output(0, 100, NULL);
+    cr_assert_eq(json_array_size(rows), 2);
+    json_decref(rows);
+}
