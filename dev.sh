@@ -6,7 +6,9 @@
 #                                     HTTP 127.0.0.1:8070, example handlers loaded)
 #   ./dev.sh test                     install, build, and run every test: unit,
 #                                     end-to-end and crash suites, then the whole
-#                                     suite again under AddressSanitizer + UBSan
+#                                     suite again under AddressSanitizer + UBSan;
+#                                     with KEYFLOW_CONTAINER_TESTS=1 also the
+#                                     container image and deploy/ smoke test
 #   ./dev.sh build                    install and build only (build/)
 #
 # Debian 12. Packages come from Debian's repositories only.
@@ -77,6 +79,12 @@ case "$cmd" in
       LSAN_OPTIONS=suppressions="$ROOT/tests/lsan.supp":print_suppressions=0 \
       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       run_suite build-asan
+    if [ "${KEYFLOW_CONTAINER_TESTS:-0}" = 1 ]; then
+      # The image and the deploy/ manifests under podman (about 3 minutes;
+      # needs root and Debian's mirror for debootstrap).
+      log "container smoke test"
+      "$ROOT/tests/container/smoke.sh"
+    fi
     log "all tests passed in $(( $(date +%s) - start )) s"
     ;;
   *)
