@@ -35,15 +35,19 @@ static int value_of(char c) {
 }
 
 bool kf_base64_decode(const char *in, size_t len, uint8_t *out, size_t *out_len) {
-    while (len > 0 && in[len - 1] == '=') {
+    /* Padding, when present, must be exactly what the length implies; bits
+     * left over in the last digit are ignored, as most decoders do. */
+    size_t pad = 0;
+    while (pad < 2 && len > 0 && in[len - 1] == '=') {
         len--;
+        pad++;
     }
-    if (len % 4 == 1) {
+    if ((pad > 0 && (len + pad) % 4 != 0) || len % 4 == 1) {
         return false;
     }
     size_t o = 0;
     uint32_t acc = 0;
-    int bits = 0;
+    unsigned bits = 0;
     for (size_t i = 0; i < len; i++) {
         int v = value_of(in[i]);
         if (v < 0) {
@@ -54,6 +58,7 @@ bool kf_base64_decode(const char *in, size_t len, uint8_t *out, size_t *out_len)
         if (bits >= 8) {
             bits -= 8;
             out[o++] = (uint8_t)(acc >> bits);
+            acc &= (1u << bits) - 1;
         }
     }
     *out_len = o;

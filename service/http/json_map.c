@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "base/assert.h"
+#include "base/base64.h"
 #include "base/limits.h"
 
 /* Field names come from our own .proto files and are far shorter; a longer
@@ -396,92 +397,6 @@ static bool field_is_present(const ProtobufCMessage *msg, const ProtobufCFieldDe
         return true;
     }
     return !value_is_default(f->type, slot);
-}
-
-/* ---- base64 (RFC 4648) ------------------------------------------------ */
-
-static const char base64_alphabet[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static size_t base64_encoded_len(size_t len) { return (len + 2) / 3 * 4; }
-
-/* Standard alphabet, padded; out has room for base64_encoded_len(len) + 1. */
-static void base64_encode(const uint8_t *in, size_t len, char *out) {
-    size_t i = 0;
-    size_t o = 0;
-    for (; i + 3 <= len; i += 3) {
-        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
-        out[o++] = base64_alphabet[v >> 18 & 63];
-        out[o++] = base64_alphabet[v >> 12 & 63];
-        out[o++] = base64_alphabet[v >> 6 & 63];
-        out[o++] = base64_alphabet[v & 63];
-    }
-    if (len - i == 1) {
-        uint32_t v = (uint32_t)in[i] << 16;
-        out[o++] = base64_alphabet[v >> 18 & 63];
-        out[o++] = base64_alphabet[v >> 12 & 63];
-        out[o++] = '=';
-        out[o++] = '=';
-    } else if (len - i == 2) {
-        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8;
-        out[o++] = base64_alphabet[v >> 18 & 63];
-        out[o++] = base64_alphabet[v >> 12 & 63];
-        out[o++] = base64_alphabet[v >> 6 & 63];
-        out[o++] = '=';
-    }
-    out[o] = '\0';
-}
-
-/* Both alphabets decode: clients that build URLs use the URL-safe one. */
-static int base64_digit(char c) {
-    if (c >= 'A' && c <= 'Z') {
-        return c - 'A';
-    }
-    if (c >= 'a' && c <= 'z') {
-        return c - 'a' + 26;
-    }
-    if (c >= '0' && c <= '9') {
-        return c - '0' + 52;
-    }
-    if (c == '+' || c == '-') {
-        return 62;
-    }
-    if (c == '/' || c == '_') {
-        return 63;
-    }
-    return -1;
-}
-
-/* Decodes padded or unpadded base64; out has room for len / 4 * 3 + 3. When
- * padding is present it must be exactly what the length implies. Bits left
- * over in the last digit are ignored, as most decoders do. */
-static bool base64_decode(const char *in, size_t len, uint8_t *out, size_t *out_len) {
-    size_t pad = 0;
-    while (pad < 2 && len > 0 && in[len - 1] == '=') {
-        len--;
-        pad++;
-    }
-    if ((pad > 0 && (len + pad) % 4 != 0) || len % 4 == 1) {
-        return false;
-    }
-    uint32_t acc = 0;
-    unsigned bits = 0;
-    size_t o = 0;
-    for (size_t i = 0; i < len; i++) {
-        int digit = base64_digit(in[i]);
-        if (digit < 0) {
-            return false;
-        }
-        acc = acc << 6 | (uint32_t)digit;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[o++] = (uint8_t)(acc >> bits);
-            acc &= (1u << bits) - 1;
-        }
-    }
-    *out_len = o;
-    return true;
 }
 
 /* ---- numbers ---------------------------------------------------------- */
@@ -1029,7 +944,7 @@ static kf_status_t decode_value(decoder_t *d, const ProtobufCFieldDescriptor *f,
             if (data.data == NULL) {
                 return fail_memory(d);
             }
-            if (!base64_decode(json_string_value(v), len, data.data, &data.len)) {
+            if (!kf_base64_decode(json_string_value(v), len, data.data, &data.len)) {
                 return fail(d, KF_E_INVALID, "expected base64, got %s", excerpt(v, &e));
             }
         }
@@ -1463,12 +1378,12 @@ static json_t *bytes_to_jansson(const ProtobufCBinaryData *data) {
     if (data->len > SIZE_MAX / 4 * 3 - 3) {
         return NULL;
     }
-    size_t len = base64_encoded_len(data->len);
+    size_t len = kf_base64_encoded_len(data->len);
     char *text = malloc(len + 1);
     if (text == NULL) {
         return NULL;
     }
-    base64_encode(data->data, data->len, text);
+    kf_base64_encode(data->data, data->len, text);
     json_t *v = json_stringn_nocheck(text, len);
     free(text);
     return v;
