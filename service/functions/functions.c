@@ -30,6 +30,7 @@
 #include "base/log.h"
 #include "base/map.h"
 #include "base/metrics.h"
+#include "base/pq.h"
 #include "base/text.h"
 #include "functions/descriptor.h"
 #include "functions/plugin.h"
@@ -53,7 +54,7 @@ typedef struct ev_timer {
     fn_key_t *owner;
     uint8_t name;                /* index into the descriptor's timer_names */
     int64_t at_us;
-    uint32_t heap_pos;
+    kf_pq_node_t node;           /* position in the function's timer queue */
 } ev_timer_t;
 
 struct fn_key {
@@ -106,9 +107,7 @@ struct function {
     uint64_t live_keys;          /* keys with state or timers */
     uint64_t timer_count;
     uint64_t state_bytes;
-    ev_timer_t **heap;           /* event-time timers, (at_us, key, name) order */
-    uint32_t heap_n;
-    uint32_t heap_cap;
+    kf_pq_t timers;              /* event-time timers, (at_us, key, name) order */
     bool has_watermark;
     int64_t watermark_us;
     uint64_t next_activation;
@@ -181,7 +180,10 @@ static int key_cmp(const fn_key_t *a, const fn_key_t *b) {
     return a->key_len < b->key_len ? -1 : a->key_len > b->key_len;
 }
 
-static bool ev_before(const function_t *fn, const ev_timer_t *a, const ev_timer_t *b) {
+static bool ev_before(const kf_pq_node_t *an, const kf_pq_node_t *bn, const void *ctx) {
+    const function_t *fn = ctx;
+    const ev_timer_t *a = KF_CONTAINER_OF(an, ev_timer_t, node);
+    const ev_timer_t *b = KF_CONTAINER_OF(bn, ev_timer_t, node);
     if (a->at_us != b->at_us) {
         return a->at_us < b->at_us;
     }
@@ -192,59 +194,10 @@ static bool ev_before(const function_t *fn, const ev_timer_t *a, const ev_timer_
     return strcmp(fn->desc->timer_names[a->name], fn->desc->timer_names[b->name]) < 0;
 }
 
-static void ev_place(function_t *fn, uint32_t i, ev_timer_t *t) {
-    fn->heap[i] = t;
-    t->heap_pos = i;
-}
-
-static void ev_up(function_t *fn, uint32_t i) {
-    ev_timer_t *t = fn->heap[i];
-    while (i > 0 && ev_before(fn, t, fn->heap[(i - 1) / 2])) {
-        ev_place(fn, i, fn->heap[(i - 1) / 2]);
-        i = (i - 1) / 2;
-    }
-    ev_place(fn, i, t);
-}
-
-static void ev_down(function_t *fn, uint32_t i) {
-    ev_timer_t *t = fn->heap[i];
-    for (;;) {
-        uint32_t c = 2 * i + 1;
-        if (c >= fn->heap_n) {
-            break;
-        }
-        if (c + 1 < fn->heap_n && ev_before(fn, fn->heap[c + 1], fn->heap[c])) {
-            c++;
-        }
-        if (!ev_before(fn, fn->heap[c], t)) {
-            break;
-        }
-        ev_place(fn, i, fn->heap[c]);
-        i = c;
-    }
-    ev_place(fn, i, t);
-}
-
-static void ev_insert(function_t *fn, ev_timer_t *t) {
-    if (fn->heap_n == fn->heap_cap) {
-        fn->heap_cap = fn->heap_cap ? fn->heap_cap * 2 : 256;
-        fn->heap = realloc(fn->heap, fn->heap_cap * sizeof *fn->heap);
-        KF_ASSERT(fn->heap != NULL);
-    }
-    ev_place(fn, fn->heap_n++, t);
-    ev_up(fn, t->heap_pos);
-}
-
-static void ev_remove(function_t *fn, ev_timer_t *t) {
-    uint32_t i = t->heap_pos;
-    KF_ASSERT(i < fn->heap_n && fn->heap[i] == t);
-    fn->heap_n--;
-    if (i < fn->heap_n) {
-        ev_timer_t *moved = fn->heap[fn->heap_n];
-        ev_place(fn, i, moved);
-        ev_down(fn, i);
-        ev_up(fn, moved->heap_pos);
-    }
+/* The earliest event-time timer, or NULL. */
+static ev_timer_t *ev_top(const function_t *fn) {
+    kf_pq_node_t *n = kf_pq_top(&fn->timers);
+    return n ? KF_CONTAINER_OF(n, ev_timer_t, node) : NULL;
 }
 
 /* ---- keys -------------------------------------------------------------- */
@@ -309,22 +262,23 @@ static void key_set_timer(function_t *fn, fn_key_t *k, uint8_t name, int64_t at_
     bool was_live = key_live(fn, k);
     if (at_us == NO_TIME) {
         if (t != NULL) {
-            ev_remove(fn, t);
+            kf_pq_remove(&fn->timers, &t->node);
             free(t);
             k->timers[name] = NULL;
             fn->timer_count--;
         }
     } else if (t != NULL) {
-        ev_remove(fn, t);
+        kf_pq_remove(&fn->timers, &t->node);
         t->at_us = at_us;
-        ev_insert(fn, t);
+        kf_pq_push(&fn->timers, &t->node);
     } else {
         t = calloc(1, sizeof *t);
         KF_ASSERT(t != NULL);
         t->owner = k;
         t->name = name;
         t->at_us = at_us;
-        ev_insert(fn, t);
+        kf_pq_node_init(&t->node);
+        kf_pq_push(&fn->timers, &t->node);
         k->timers[name] = t;
         fn->timer_count++;
     }
@@ -1037,8 +991,8 @@ static void build_timer_call(step_t *s, kf_call_t *call) {
         per_call = (uint32_t)fn->limits.max_batch_rows;
     }
     uint32_t stamp = ++s->fns->call_counter;
-    while (fn->heap_n > 0 && fn->heap[0]->at_us <= s->watermark && call->count < per_call) {
-        ev_timer_t *t = fn->heap[0];
+    ev_timer_t *t;
+    while ((t = ev_top(fn)) != NULL && t->at_us <= s->watermark && call->count < per_call) {
         fn_key_t *k = t->owner;
         if (k->call_mark == stamp) {
             break; /* another timer of a key already in this call */
@@ -1072,7 +1026,8 @@ static bool next_call(step_t *s) {
         }
         s->timers_phase = true;
     }
-    if (s->has_watermark && s->fn->heap_n > 0 && s->fn->heap[0]->at_us <= s->watermark) {
+    ev_timer_t *top = ev_top(s->fn);
+    if (s->has_watermark && top != NULL && top->at_us <= s->watermark) {
         build_timer_call(s, call);
         return true;
     }
@@ -1305,6 +1260,7 @@ static function_t *fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescri
     fn->next_activation = 1;
     kf_map_init(&fn->keys);
     kf_map_init(&fn->producers);
+    kf_pq_init(&fn->timers, ev_before, fn);
     if (fn->desc->runtime == KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE) {
         if (kf_plugins_find(fns->plugins, fn->desc->implementation_digest, &fn->handler, &err) != KF_OK) {
             fn->handler = NULL;
@@ -1322,6 +1278,7 @@ static function_t *fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescri
 }
 
 static void fn_free(function_t *fn) {
+    kf_pq_deinit(&fn->timers); /* first: its nodes live in the keys' timers */
     size_t b;
     kf_map_node_t *n = kf_map_first(&fn->keys, &b);
     while (n != NULL) {
@@ -1342,7 +1299,6 @@ static void fn_free(function_t *fn) {
     }
     kf_map_deinit(&fn->keys);
     kf_map_deinit(&fn->producers);
-    free(fn->heap);
     kf_arena_deinit(&fn->arena);
     free(fn);
 }

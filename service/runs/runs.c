@@ -13,6 +13,7 @@
 #include "base/bytes.h"
 #include "base/log.h"
 #include "base/map.h"
+#include "base/pq.h"
 #include "base/metrics.h"
 #include "base/text.h"
 #include "keyflow/v1/runs.pb-c.h"
@@ -49,20 +50,18 @@ typedef struct run {
     char *error;
     int64_t finished_ms;
     uint64_t seq;
-    wfq_t *queue;                /* its workflow's pending queue */
-    uint32_t queue_pos;          /* index in that heap while PENDING */
+    wfq_t *queue;                /* its workflow's pending queue, while PENDING */
+    kf_pq_node_t queue_node;     /* position in that queue */
     uint64_t finished_group;     /* group of the finishing write */
     struct run *evict_prev;      /* finished, waiting for durability */
     struct run *evict_next;
 } run_t;
 
-/* Pending runs of one workflow: a min-heap by run sequence. */
+/* Pending runs of one workflow, oldest (lowest run sequence) first. */
 struct wfq {
     kf_map_node_t node;          /* by workflow */
     char *workflow;
-    run_t **heap;
-    uint32_t count;
-    uint32_t cap;
+    kf_pq_t pq;
 };
 
 typedef struct poller {
@@ -127,6 +126,11 @@ static int64_t attempts_max(const kf_ctx_t *ctx) {
 
 /* ---- pending queues ---------------------------------------------------- */
 
+static bool run_before(const kf_pq_node_t *a, const kf_pq_node_t *b, const void *ctx) {
+    (void)ctx;
+    return KF_CONTAINER_OF(a, run_t, queue_node)->seq < KF_CONTAINER_OF(b, run_t, queue_node)->seq;
+}
+
 static wfq_t *queue_get(kf_runs_t *rs, const char *workflow, bool create) {
     kf_map_node_t *n = kf_map_get(&rs->queues, workflow, strlen(workflow));
     if (n != NULL) {
@@ -138,69 +142,28 @@ static wfq_t *queue_get(kf_runs_t *rs, const char *workflow, bool create) {
     wfq_t *q = calloc(1, sizeof *q);
     KF_ASSERT(q != NULL);
     q->workflow = xstrdup(workflow);
+    kf_pq_init(&q->pq, run_before, NULL);
     kf_map_insert(&rs->queues, &q->node, q->workflow, strlen(q->workflow));
     return q;
 }
 
-static void q_place(wfq_t *q, uint32_t i, run_t *r) {
-    q->heap[i] = r;
-    r->queue_pos = i;
-}
-
-static void q_up(wfq_t *q, uint32_t i) {
-    run_t *r = q->heap[i];
-    while (i > 0 && q->heap[(i - 1) / 2]->seq > r->seq) {
-        q_place(q, i, q->heap[(i - 1) / 2]);
-        i = (i - 1) / 2;
-    }
-    q_place(q, i, r);
-}
-
-static void q_down(wfq_t *q, uint32_t i) {
-    run_t *r = q->heap[i];
-    for (;;) {
-        uint32_t c = 2 * i + 1;
-        if (c >= q->count) {
-            break;
-        }
-        if (c + 1 < q->count && q->heap[c + 1]->seq < q->heap[c]->seq) {
-            c++;
-        }
-        if (q->heap[c]->seq >= r->seq) {
-            break;
-        }
-        q_place(q, i, q->heap[c]);
-        i = c;
-    }
-    q_place(q, i, r);
-}
-
 static void enqueue(kf_runs_t *rs, run_t *r) {
     wfq_t *q = queue_get(rs, r->workflow, true);
-    if (q->count == q->cap) {
-        q->cap = q->cap ? q->cap * 2 : 16;
-        q->heap = realloc(q->heap, q->cap * sizeof *q->heap);
-        KF_ASSERT(q->heap != NULL);
-    }
     r->queue = q;
-    q_place(q, q->count++, r);
-    q_up(q, r->queue_pos);
+    kf_pq_push(&q->pq, &r->queue_node);
     rs->pending++;
 }
 
 static void dequeue(kf_runs_t *rs, run_t *r) {
-    wfq_t *q = r->queue;
-    KF_ASSERT(q != NULL && r->queue_pos < q->count && q->heap[r->queue_pos] == r);
-    uint32_t i = r->queue_pos;
-    q->count--;
-    if (i < q->count) {
-        run_t *moved = q->heap[q->count];
-        q_place(q, i, moved);
-        q_down(q, i);
-        q_up(q, moved->queue_pos);
-    }
+    KF_ASSERT(r->queue != NULL && kf_pq_queued(&r->queue_node));
+    kf_pq_remove(&r->queue->pq, &r->queue_node);
     r->queue = NULL;
     rs->pending--;
+}
+
+static run_t *queue_head(const wfq_t *q) {
+    kf_pq_node_t *n = kf_pq_top(&q->pq);
+    return n ? KF_CONTAINER_OF(n, run_t, queue_node) : NULL;
 }
 
 /* The oldest pending run among `workflows` (all workflows when n == 0). */
@@ -209,17 +172,18 @@ static run_t *oldest_pending(kf_runs_t *rs, char **workflows, size_t n) {
     if (n == 0) {
         size_t b;
         for (kf_map_node_t *m = kf_map_first(&rs->queues, &b); m; m = kf_map_next(&rs->queues, &b, m)) {
-            wfq_t *q = KF_CONTAINER_OF(m, wfq_t, node);
-            if (q->count > 0 && (best == NULL || q->heap[0]->seq < best->seq)) {
-                best = q->heap[0];
+            run_t *head = queue_head(KF_CONTAINER_OF(m, wfq_t, node));
+            if (head != NULL && (best == NULL || head->seq < best->seq)) {
+                best = head;
             }
         }
         return best;
     }
     for (size_t i = 0; i < n; i++) {
         wfq_t *q = queue_get(rs, workflows[i], false);
-        if (q != NULL && q->count > 0 && (best == NULL || q->heap[0]->seq < best->seq)) {
-            best = q->heap[0];
+        run_t *head = q ? queue_head(q) : NULL;
+        if (head != NULL && (best == NULL || head->seq < best->seq)) {
+            best = head;
         }
     }
     return best;
@@ -300,6 +264,7 @@ static run_t *run_from_rec(const Keyflow__Records__RunRec *rec) {
     run_t *r = calloc(1, sizeof *r);
     KF_ASSERT(r != NULL);
     kf_timer_init(&r->timer, KF_TIMER_RUN);
+    kf_pq_node_init(&r->queue_node);
     r->wakeup_due_ms = KF_NO_WAKEUP;
     r->run_id = xstrdup(rec->run_id);
     r->workflow = xstrdup(rec->workflow);
@@ -522,6 +487,7 @@ uint64_t kf_runs_start(kf_runs_t *rs, kf_ctx_t *ctx, const kf_run_spec_t *spec) 
     run_t *r = calloc(1, sizeof *r);
     KF_ASSERT(r != NULL);
     kf_timer_init(&r->timer, KF_TIMER_RUN);
+    kf_pq_node_init(&r->queue_node);
     r->wakeup_due_ms = KF_NO_WAKEUP;
     r->run_id = xstrdup(spec->run_id);
     r->workflow = xstrdup(spec->workflow);
@@ -1185,7 +1151,7 @@ void kf_runs_destroy(kf_runs_t *rs) {
     while (n != NULL) {
         kf_map_node_t *next = kf_map_next(&rs->queues, &b, n);
         wfq_t *q = KF_CONTAINER_OF(n, wfq_t, node);
-        free(q->heap);
+        kf_pq_deinit(&q->pq);
         free(q->workflow);
         free(q);
         n = next;
