@@ -9,7 +9,9 @@
 #   3. the HTTP gateway under wrk at 64 connections: POST events, GET /healthz;
 # and prints a markdown table with the ratios the performance targets ask
 # for. It reports; it never asserts (exit 0 unless the setup itself fails).
-# keyflowd is stopped with SIGTERM on every exit path.
+# keyflowd is stopped with SIGTERM on every exit path. Then, unless SUITES
+# says otherwise, it runs bench/run_functions.sh (process functions: its own
+# keyflowd, its own table; its knobs are documented in that script).
 #
 # Environment (all optional):
 #   BUILD_DIR      build tree (default <repo>/build-bench)
@@ -24,6 +26,7 @@
 #   KEYFLOWD_ARGS  extra keyflowd flags, e.g. "--grpc-threads 2"
 #   RESULTS_DIR    where the logs and JSON lines go (default <build>/bench-results)
 #   KEEP_DATA=1    keep the RocksDB directory afterwards
+#   SUITES         what to run: "coordinators", "functions" or both (default both)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,9 +43,22 @@ FSYNC_COUNT=${FSYNC_COUNT:-2000}
 KEYFLOWD_ARGS=${KEYFLOWD_ARGS:-}
 RESULTS_DIR=${RESULTS_DIR:-$BUILD_DIR/bench-results}
 KEEP_DATA=${KEEP_DATA:-0}
+SUITES=${SUITES:-"coordinators functions"}
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 log() { printf '== %s\n' "$*" >&2; }
+
+# The process-functions benchmark has its own script; it shares the build
+# tree and the results directory.
+run_functions() {
+    BUILD_DIR=$BUILD_DIR RESULTS_DIR=$RESULTS_DIR KEEP_DATA=$KEEP_DATA \
+        KEYFLOWD_ARGS=$KEYFLOWD_ARGS "$ROOT/bench/run_functions.sh"
+}
+case " $SUITES " in
+    *" coordinators "*) ;;
+    *" functions "*) run_functions; exit ;;
+    *) log "SUITES must name coordinators and/or functions, got '$SUITES'"; exit 2 ;;
+esac
 
 # Percent of CPU time idle over two seconds, from /proc/stat. Other work on
 # the machine skews every number here, so the report prints this.
@@ -363,3 +379,8 @@ END {
 AWK
     printf '\nRaw JSON lines: %s\n' "$RESULTS"
 } | tee -a "$TEXT"
+
+case " $SUITES " in
+    *" functions "*)
+        run_functions || log "bench/run_functions.sh failed (status $?)" ;;
+esac

@@ -109,9 +109,12 @@
 #define KF_FUNCTION_KEY_BYTES_MAX 4096
 /* Defaults (DESIGN.md section 1) and the hard ceilings a descriptor may ask for. */
 #define KF_FN_MAX_KEYS_DEFAULT 100000
-#define KF_FN_MAX_KEYS_MAX 10000000
+#define KF_FN_MAX_KEYS_MAX 2000000
 #define KF_FN_MAX_TIMERS_DEFAULT 100000
-#define KF_FN_MAX_TIMERS_MAX 10000000
+/* All due timers fire in one step (one atomic write): 1M due timers is a
+ * ~90 MB write taking ~15 s here, during which the engine serves nothing
+ * else, so a function may not ask for more than 2M. */
+#define KF_FN_MAX_TIMERS_MAX 2000000
 #define KF_FN_MAX_STATE_BYTES_DEFAULT (64LL * 1024 * 1024)
 #define KF_FN_MAX_STATE_BYTES_MAX (4LL * 1024 * 1024 * 1024)
 #define KF_FN_MAX_BATCH_ROWS_DEFAULT 256
