@@ -1140,20 +1140,21 @@ void kf_runs_destroy(kf_runs_t *rs) {
     if (rs == NULL) {
         return;
     }
+    /* Queues first: their nodes live inside the runs. */
     size_t b;
-    kf_map_node_t *n = kf_map_first(&rs->by_id, &b);
-    while (n != NULL) {
-        kf_map_node_t *next = kf_map_next(&rs->by_id, &b, n);
-        run_free(KF_CONTAINER_OF(n, run_t, node));
-        n = next;
-    }
-    n = kf_map_first(&rs->queues, &b);
+    kf_map_node_t *n = kf_map_first(&rs->queues, &b);
     while (n != NULL) {
         kf_map_node_t *next = kf_map_next(&rs->queues, &b, n);
         wfq_t *q = KF_CONTAINER_OF(n, wfq_t, node);
         kf_pq_deinit(&q->pq);
         free(q->workflow);
         free(q);
+        n = next;
+    }
+    n = kf_map_first(&rs->by_id, &b);
+    while (n != NULL) {
+        kf_map_node_t *next = kf_map_next(&rs->by_id, &b, n);
+        run_free(KF_CONTAINER_OF(n, run_t, node));
         n = next;
     }
     kf_map_deinit(&rs->by_id);
