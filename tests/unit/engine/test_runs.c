@@ -215,3 +215,14 @@ Test(runs, lease_expiry_survives_a_crash) {
     cr_assert_eq(RUN_RESP(sim_get(&sim, id))->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_PENDING);
     cr_assert_eq(POLL_RESP(sim_poll(&sim, "wf", 3000, 1, 0))->runs[0]->attempts, 2);
 }
+
+/* Teardown destroys the core with pending and leased runs in two queues and
+ * armed timers: under ASan this checks the destroy order (queues and the
+ * timer heap before the runs whose nodes they hold). */
+Test(runs, destroying_with_live_runs_is_clean) {
+    make_run("wf-a", "k1", "1");
+    make_run("wf-b", "k2", "2");
+    make_run("wf-a", "k3", "3");
+    cr_assert_eq(POLL_RESP(sim_poll(&sim, "wf-a", 30000, 1, 0))->n_runs, 1);
+    cr_assert_eq(POLL_RESP(sim_poll(&sim, "none", 30000, 1, 0))->n_runs, 0);
+}
