@@ -64,10 +64,13 @@ struct kf_engine {
     bool engine_sleeping;
     group_t groups[2];
     group_t *handed;             /* the group the committer owns, or NULL */
+    group_t *open;               /* the group being filled (guarded by lock) */
+    uint64_t next_id;            /* id of the next group to open (lock) */
+    bool engine_busy;            /* the engine is in a turn: `open` is its own */
     bool stopping;               /* no new commands */
     bool committer_exit;
     atomic_bool failed;          /* a sync failed: acknowledge nothing more */
-    uint64_t next_id;            /* guarded by lock */
+    uint64_t next_cmd_id;        /* guarded by lock */
     struct cancel {
         kf_cmd_t *cmd;
         uint64_t id;
@@ -125,6 +128,9 @@ kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store
         e->groups[i].batch = kf_batch_create(store);
         KF_ASSERT(e->groups[i].batch != NULL);
     }
+    e->next_id = 1;
+    e->open = &e->groups[0];
+    e->open->id = e->next_id++;
     kf_status_t st = kf_core_create(&e->config, store, &e->core, err);
     if (st != KF_OK) {
         kf_engine_destroy(e);
@@ -151,7 +157,7 @@ kf_status_t kf_engine_submit(kf_engine_t *e, kf_cmd_t *cmd) {
                             "engine queue full: %zu commands waiting (KF_QUEUE_DEPTH_MAX); retry later",
                             e->inbox_max);
     }
-    cmd->id = ++e->next_id;
+    cmd->id = ++e->next_cmd_id;
     if (e->inbox_tail) {
         e->inbox_tail->next = cmd;
     } else {
@@ -224,13 +230,14 @@ static bool commit_group(kf_engine_t *e, group_t *g, bool reply_here);
 static void *engine_main(void *arg) {
     kf_engine_t *e = arg;
     pthread_setname_np(pthread_self(), "kf-engine");
-    group_t *open = &e->groups[0];
-    uint64_t next_id = 1;
-    open->id = next_id++;
     uint64_t durable_seen = 0;
     bool shutdown_done = false;
     for (;;) {
         pthread_mutex_lock(&e->lock);
+        /* While the engine is busy the open group is its own; while it waits,
+         * the committer may take the open group itself (see committer_main). */
+        e->engine_busy = true;
+        group_t *open = e->open;
         kf_cmd_t *cmds = NULL;
         if (!group_full(open)) {
             /* Take at most what fits in this group; the rest waits. */
@@ -301,19 +308,24 @@ static void *engine_main(void *arg) {
                 pthread_cond_signal(&e->committer_cv);
                 open = open == &e->groups[0] ? &e->groups[1] : &e->groups[0];
                 KF_ASSERT(group_empty(open));
-                open->id = next_id++;
+                open->id = e->next_id++;
+                e->open = open;
             }
         }
         pthread_mutex_unlock(&e->lock);
         if (inline_commit) {
+            uint64_t id = open->id;
             if (commit_group(e, open, true)) {
-                open->id = next_id++;
-                durable_seen = open->id - 1;
+                pthread_mutex_lock(&e->lock);
+                open->id = e->next_id++;
+                pthread_mutex_unlock(&e->lock);
+                durable_seen = id;
                 kf_core_durable(e->core, durable_seen);
             }
         }
         pthread_mutex_lock(&e->lock);
-        if (stopping && e->inbox_head == NULL && e->handed == NULL && group_empty(open)) {
+        e->engine_busy = false;
+        if (stopping && e->inbox_head == NULL && e->handed == NULL && group_empty(e->open)) {
             pthread_mutex_unlock(&e->lock);
             break;
         }
@@ -330,8 +342,8 @@ static void *engine_main(void *arg) {
         /* Sleep until there is work: commands (if the group has room), the
          * committer free while this group holds something, a timer, a stop. */
         for (;;) {
-            bool can_take = (e->inbox_head != NULL && !group_full(open)) || e->ncancels > 0;
-            bool can_hand = e->handed == NULL && !group_empty(open);
+            bool can_take = (e->inbox_head != NULL && !group_full(e->open)) || e->ncancels > 0;
+            bool can_hand = e->handed == NULL && !group_empty(e->open);
             if (can_take || can_hand || (e->stopping && !shutdown_done) ||
                 (e->stopping && e->inbox_head == NULL && e->handed == NULL)) {
                 break;
@@ -431,6 +443,16 @@ static void *committer_main(void *arg) {
         }
         pthread_mutex_lock(&e->lock);
         e->handed = NULL;
+        if (!e->engine_busy && !group_empty(e->open) && !atomic_load(&e->failed)) {
+            /* The engine is waiting and the open group holds work: take it
+             * now instead of waking the engine to hand it over (two thread
+             * wake-ups per cycle that the next fsync would wait for). The
+             * group just written, now empty, becomes the open one. */
+            KF_ASSERT(group_empty(g));
+            e->handed = e->open;
+            g->id = e->next_id++;
+            e->open = g;
+        }
         bool wake = e->engine_sleeping;
         pthread_mutex_unlock(&e->lock);
         if (wake) {
