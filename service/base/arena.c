@@ -94,6 +94,12 @@ void *kf_arena_zalloc(kf_arena_t *arena, size_t bytes) {
     return p;
 }
 
+void *kf_arena_new(kf_arena_t *arena, size_t bytes) {
+    void *p = kf_arena_zalloc(arena, bytes);
+    KF_ASSERT(p != NULL);
+    return p;
+}
+
 void *kf_arena_memdup(kf_arena_t *arena, const void *src, size_t len) {
     void *p = kf_arena_alloc(arena, len);
     if (p != NULL && len > 0) {

@@ -37,6 +37,9 @@ void kf_arena_reset(kf_arena_t *arena);
  * deinit/reset. */
 void *kf_arena_alloc(kf_arena_t *arena, size_t bytes);
 void *kf_arena_zalloc(kf_arena_t *arena, size_t bytes);
+/* kf_arena_zalloc for small, bounded objects (response messages): running
+ * out of arena there is a bug, so it asserts instead of returning NULL. */
+void *kf_arena_new(kf_arena_t *arena, size_t bytes);
 char *kf_arena_strndup(kf_arena_t *arena, const char *s, size_t len);
 char *kf_arena_strdup(kf_arena_t *arena, const char *s);
 void *kf_arena_memdup(kf_arena_t *arena, const void *p, size_t len);

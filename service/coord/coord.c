@@ -521,22 +521,10 @@ static void close_window(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char 
 
 /* ---- requests ---------------------------------------------------------- */
 
-static void fail(kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    KF_ASSERT(cmd->error.status != KF_OK);
-    cmd->response = NULL;
-    kf_ctx_ready(ctx, cmd);
-}
-
 static char *run_id_in(kf_arena_t *arena, const char *key, const char *uuid) {
     char *s = kf_arena_printf(arena, "%s@%s", key, uuid);
     KF_ASSERT(s != NULL);
     return s;
-}
-
-static void *anew(kf_arena_t *arena, size_t size) {
-    void *p = kf_arena_zalloc(arena, size);
-    KF_ASSERT(p != NULL); /* small, bounded responses */
-    return p;
 }
 
 static kf_status_t ref_key(const Keyflow__V1__CoordinatorRef *ref, const char *field, kf_key_t *ckey,
@@ -569,12 +557,12 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     kf_rule_t rule;
     if (kf_check_identifier("workflow", req->workflow, KF_WORKFLOW_BYTES_MAX, true, err) != KF_OK ||
         kf_check_identifier("key", req->key, KF_KEY_BYTES_MAX, true, err) != KF_OK) {
-        { fail(ctx, cmd); return; }
+        { kf_ctx_fail(ctx, cmd); return; }
     }
     const Keyflow__V1__Event *ev = req->event;
     if (ev == NULL) {
         kf_error_set(err, KF_E_INVALID, "event: required");
-        { fail(ctx, cmd); return; }
+        { kf_ctx_fail(ctx, cmd); return; }
     }
     const char *input = ev->input_json;
     size_t input_len = strlen(input);
@@ -589,7 +577,7 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (kf_check_identifier("event.id", ev->id, KF_EVENT_ID_BYTES_MAX, false, err) != KF_OK ||
         kf_rule_resolve(ev->rule, "event.rule", &rule, err) != KF_OK ||
         check_json("event.input", input, input_len, KF_EVENT_INPUT_BYTES_MAX, err) != KF_OK) {
-        { fail(ctx, cmd); return; }
+        { kf_ctx_fail(ctx, cmd); return; }
     }
     kf_key_t ckey;
     kf_key_coord(&ckey, (uint8_t)rule.kind, req->workflow, strlen(req->workflow), req->key,
@@ -597,9 +585,9 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     coord_t *c = coord_find(cs, &ckey);
     int64_t now = ctx->now_ms;
 
-    Keyflow__V1__SendEventResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__SendEventResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__send_event_response__init(resp);
-    resp->receipt = anew(cmd->arena, sizeof *resp->receipt);
+    resp->receipt = kf_arena_new(cmd->arena, sizeof *resp->receipt);
     keyflow__v1__receipt__init(resp->receipt);
 
     if (c != NULL && ev->id[0] != '\0') {
@@ -618,18 +606,18 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (c == NULL && cs->map.count >= KF_COORDINATORS_MAX) {
         kf_error_set(err, KF_E_LIMIT, "coordinators: at most %d held at once (KF_COORDINATORS_MAX)",
                      KF_COORDINATORS_MAX);
-        { fail(ctx, cmd); return; }
+        { kf_ctx_fail(ctx, cmd); return; }
     }
     if (kf_runs_full(cs->runs)) {
         kf_error_set(err, KF_E_LIMIT,
                      "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX); complete some first",
                      KF_LIVE_RUNS_MAX);
-        { fail(ctx, cmd); return; }
+        { kf_ctx_fail(ctx, cmd); return; }
     }
     if (cs->window_bytes + (int64_t)input_len + 64 > KF_OPEN_WINDOW_BYTES_MAX) {
         kf_error_set(err, KF_E_LIMIT, "windows: open windows hold %lld bytes (KF_OPEN_WINDOW_BYTES_MAX)",
                      (long long)cs->window_bytes);
-        { fail(ctx, cmd); return; }
+        { kf_ctx_fail(ctx, cmd); return; }
     }
     if (c == NULL) {
         c = coord_new(cs, &ckey);
@@ -679,7 +667,7 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
 }
 
 static Keyflow__V1__Rule *rule_out(kf_arena_t *arena, const kf_rule_t *rule) {
-    Keyflow__V1__Rule *r = anew(arena, sizeof *r);
+    Keyflow__V1__Rule *r = kf_arena_new(arena, sizeof *r);
     keyflow__v1__rule__init(r);
     r->kind = (Keyflow__V1__RuleKind)rule->kind;
     r->max_wait_ms_present_case = KEYFLOW__V1__RULE__MAX_WAIT_MS_PRESENT_MAX_WAIT_MS;
@@ -725,7 +713,7 @@ static void describe_journal(kf_ctx_t *ctx, coord_t *c, Keyflow__V1__DescribeCoo
                        &it, &err) != KF_OK) {
         return;
     }
-    resp->journal = anew(arena, KF_JOURNAL_ENTRIES_MAX * sizeof *resp->journal);
+    resp->journal = kf_arena_new(arena, KF_JOURNAL_ENTRIES_MAX * sizeof *resp->journal);
     for (kf_iter_seek_first(it); kf_iter_valid(it) && resp->n_journal < KF_JOURNAL_ENTRIES_MAX;
          kf_iter_next(it)) {
         size_t len;
@@ -735,7 +723,7 @@ static void describe_journal(kf_ctx_t *ctx, coord_t *c, Keyflow__V1__DescribeCoo
         if (e == NULL) {
             continue;
         }
-        Keyflow__V1__JournalRecord *jr = anew(arena, sizeof *jr);
+        Keyflow__V1__JournalRecord *jr = kf_arena_new(arena, sizeof *jr);
         keyflow__v1__journal_record__init(jr);
         jr->seq = (int64_t)e->seq;
         jr->at_ms = e->at_ms;
@@ -762,12 +750,12 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         (const Keyflow__V1__DescribeCoordinatorRequest *)cmd->request;
     kf_key_t ckey;
     if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
-        { fail(ctx, cmd); return; }
+        { kf_ctx_fail(ctx, cmd); return; }
     }
     kf_arena_t *arena = cmd->arena;
-    Keyflow__V1__DescribeCoordinatorResponse *resp = anew(arena, sizeof *resp);
+    Keyflow__V1__DescribeCoordinatorResponse *resp = kf_arena_new(arena, sizeof *resp);
     keyflow__v1__describe_coordinator_response__init(resp);
-    Keyflow__V1__CoordinatorRef *ref = anew(arena, sizeof *ref);
+    Keyflow__V1__CoordinatorRef *ref = kf_arena_new(arena, sizeof *ref);
     keyflow__v1__coordinator_ref__init(ref);
     ref->kind = req->coordinator->kind;
     ref->workflow = req->coordinator->workflow;
@@ -777,7 +765,7 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (c != NULL) {
         resp->exists = true;
         if (c->open) {
-            Keyflow__V1__Window *w = anew(arena, sizeof *w);
+            Keyflow__V1__Window *w = kf_arena_new(arena, sizeof *w);
             keyflow__v1__window__init(w);
             w->run_id = run_id_in(arena, c->key, c->run_uuid);
             w->event_count = c->event_count;
@@ -789,20 +777,20 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             resp->window = w;
         }
         resp->runs_started = c->runs_started;
-        resp->recent_run_ids = anew(arena, (c->recent_count + 1) * sizeof(char *));
+        resp->recent_run_ids = kf_arena_new(arena, (c->recent_count + 1) * sizeof(char *));
         for (uint32_t i = 0; i < c->recent_count; i++) {
             resp->recent_run_ids[resp->n_recent_run_ids++] = run_id_in(arena, c->key, c->recent[i]);
         }
-        resp->remembered_ids = anew(arena, (c->ids_count + 1) * sizeof *resp->remembered_ids);
+        resp->remembered_ids = kf_arena_new(arena, (c->ids_count + 1) * sizeof *resp->remembered_ids);
         for (uint32_t i = 0; i < c->ids_count; i++) {
             remembered_t *r = id_at(c, i);
             if (r->expires_ms <= ctx->now_ms) {
                 continue; /* expired: no longer deduplicates */
             }
-            Keyflow__V1__RememberedId *ri = anew(arena, sizeof *ri);
+            Keyflow__V1__RememberedId *ri = kf_arena_new(arena, sizeof *ri);
             keyflow__v1__remembered_id__init(ri);
             ri->id = kf_arena_strdup(arena, r->id);
-            ri->receipt = anew(arena, sizeof *ri->receipt);
+            ri->receipt = kf_arena_new(arena, sizeof *ri->receipt);
             keyflow__v1__receipt__init(ri->receipt);
             ri->receipt->run_id = run_id_in(arena, c->key, r->run_uuid);
             ri->receipt->due_ms = r->due_ms;
@@ -822,16 +810,16 @@ void kf_coords_flush(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__FlushWindowRequest *req = (const Keyflow__V1__FlushWindowRequest *)cmd->request;
     kf_key_t ckey;
     if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
-        { fail(ctx, cmd); return; }
+        { kf_ctx_fail(ctx, cmd); return; }
     }
-    Keyflow__V1__FlushWindowResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__FlushWindowResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__flush_window_response__init(resp);
     coord_t *c = coord_find(cs, &ckey);
     if (c != NULL && c->open) {
         if (kf_runs_full(cs->runs)) {
             kf_error_set(&cmd->error, KF_E_LIMIT,
                          "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX)", KF_LIVE_RUNS_MAX);
-            { fail(ctx, cmd); return; }
+            { kf_ctx_fail(ctx, cmd); return; }
         }
         resp->run_id = run_id_in(cmd->arena, c->key, c->run_uuid);
         close_window(cs, ctx, c, "flush");
@@ -847,9 +835,9 @@ void kf_coords_cancel(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         (const Keyflow__V1__CancelWindowRequest *)cmd->request;
     kf_key_t ckey;
     if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
-        { fail(ctx, cmd); return; }
+        { kf_ctx_fail(ctx, cmd); return; }
     }
-    Keyflow__V1__CancelWindowResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__CancelWindowResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__cancel_window_response__init(resp);
     coord_t *c = coord_find(cs, &ckey);
     if (c != NULL && c->open) {

@@ -16,6 +16,12 @@ void kf_ctx_ready(kf_ctx_t *ctx, kf_cmd_t *cmd) {
     ctx->ready_tail = cmd;
 }
 
+void kf_ctx_fail(kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    KF_ASSERT(cmd->error.status != KF_OK);
+    cmd->response = NULL;
+    kf_ctx_ready(ctx, cmd);
+}
+
 void kf_ctx_put(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const void *value, size_t len) {
     kf_batch_put(ctx->batch, cf, key->bytes, key->len, value, len);
 }

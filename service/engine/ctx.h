@@ -44,6 +44,8 @@ typedef struct kf_ctx {
 
 /* Appends a command to the ready list (its reply goes with this group). */
 void kf_ctx_ready(kf_ctx_t *ctx, kf_cmd_t *cmd);
+/* The same for a refused command: cmd->error is set; no response. */
+void kf_ctx_fail(kf_ctx_t *ctx, kf_cmd_t *cmd);
 /* Packs msg and puts it under key in cf, in this step's batch. */
 void kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const ProtobufCMessage *msg);
 void kf_ctx_put(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const void *value, size_t len);

@@ -150,18 +150,6 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
-static void *anew(kf_arena_t *arena, size_t size) {
-    void *p = kf_arena_zalloc(arena, size);
-    KF_ASSERT(p != NULL);
-    return p;
-}
-
-static void fail(kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    KF_ASSERT(cmd->error.status != KF_OK);
-    cmd->response = NULL;
-    kf_ctx_ready(ctx, cmd);
-}
-
 static void key_prefix(kf_key_t *k, const function_t *fn) {
     kf_key_reset(k);
     uint8_t b[4];
@@ -785,9 +773,9 @@ static void call_init(kf_call_t *call, step_t *s, uint32_t cap) {
     memset(call, 0, sizeof *call);
     call->step = s;
     call->cap = cap;
-    call->acts = anew(s->arena, cap * sizeof *call->acts);
-    call->keys = anew(s->arena, cap * sizeof *call->keys);
-    call->res = anew(s->arena, cap * sizeof *call->res);
+    call->acts = kf_arena_new(s->arena, cap * sizeof *call->acts);
+    call->keys = kf_arena_new(s->arena, cap * sizeof *call->keys);
+    call->res = kf_arena_new(s->arena, cap * sizeof *call->res);
     kf_outbuf_init(&call->out, s->fn->desc->output_schema, s->arena);
     call->cur_row = -1;
 }
@@ -1304,7 +1292,7 @@ static void fn_free(function_t *fn) {
 }
 
 static Keyflow__V1__FunctionInfo *fn_info(kf_arena_t *a, const function_t *fn) {
-    Keyflow__V1__FunctionInfo *info = anew(a, sizeof *info);
+    Keyflow__V1__FunctionInfo *info = kf_arena_new(a, sizeof *info);
     keyflow__v1__function_info__init(info);
     info->descriptor = fn->desc; /* lives in the function's arena, outlives the reply */
     info->descriptor_sha256 = (char *)fn->sha256;
@@ -1329,10 +1317,10 @@ void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     char sha[KF_SHA256_HEX_BYTES + 1];
     if (kf_descriptor_canonicalize(req->descriptor, cmd->arena, &canonical, err) != KF_OK ||
         kf_descriptor_encode(canonical, cmd->arena, &bytes, &len, sha, err) != KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
-    Keyflow__V1__RegisterFunctionResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__RegisterFunctionResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__register_function_response__init(resp);
     function_t *existing = fn_find(fns, canonical->function_id);
     if (existing != NULL) {
@@ -1341,7 +1329,7 @@ void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
                          "descriptor.function_id: %s is registered with a different descriptor "
                          "(sha256 %s, this one %s); a new implementation is a new function",
                          existing->id, existing->sha256, sha);
-            fail(ctx, cmd);
+            kf_ctx_fail(ctx, cmd);
             return;
         }
         resp->function = fn_info(cmd->arena, existing);
@@ -1356,18 +1344,18 @@ void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
                      "descriptor.pipeline_state_id: %s is already the state of function %s; two "
                      "functions never share one",
                      canonical->pipeline_state_id, other->id);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if (fns->by_id.count >= KF_FUNCTIONS_MAX) {
         kf_error_set(err, KF_E_LIMIT, "functions: at most %d (KF_FUNCTIONS_MAX)", KF_FUNCTIONS_MAX);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if (canonical->runtime == KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE) {
         const kf_handler_t *h;
         if (kf_plugins_find(fns->plugins, canonical->implementation_digest, &h, err) != KF_OK) {
-            fail(ctx, cmd);
+            kf_ctx_fail(ctx, cmd);
             return;
         }
     }
@@ -1409,7 +1397,7 @@ void kf_functions_get(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__GetFunctionRequest *req = (const Keyflow__V1__GetFunctionRequest *)cmd->request;
     function_t *fn = require_fn(fns, req->function_id, &cmd->error);
     if (fn == NULL) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     cmd->response = &fn_info(cmd->arena, fn)->base;
@@ -1426,19 +1414,19 @@ void kf_functions_list(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (req->page_size < 0 || req->page_size > KF_LIST_PAGE_MAX) {
         kf_error_set(&cmd->error, KF_E_INVALID, "page_size: must be in 0..%d, got %lld",
                      KF_LIST_PAGE_MAX, (long long)req->page_size);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     size_t n = fns->by_id.count, i = 0, b;
-    function_t **all = anew(cmd->arena, (n + 1) * sizeof *all);
+    function_t **all = kf_arena_new(cmd->arena, (n + 1) * sizeof *all);
     for (kf_map_node_t *m = kf_map_first(&fns->by_id, &b); m; m = kf_map_next(&fns->by_id, &b, m)) {
         all[i++] = KF_CONTAINER_OF(m, function_t, node);
     }
     qsort(all, n, sizeof *all, cmp_ids);
     int64_t page = req->page_size ? req->page_size : KF_LIST_PAGE_DEFAULT;
-    Keyflow__V1__ListFunctionsResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__ListFunctionsResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__list_functions_response__init(resp);
-    resp->functions = anew(cmd->arena, (size_t)page * sizeof *resp->functions);
+    resp->functions = kf_arena_new(cmd->arena, (size_t)page * sizeof *resp->functions);
     for (i = 0; i < n; i++) {
         if (req->page_token[0] != '\0' && strcmp(all[i]->id, req->page_token) <= 0) {
             continue;
@@ -1492,12 +1480,12 @@ static void step_finish(step_t *s, kf_status_t st) {
     if (st != KF_OK) {
         rollback(s);
         free(s->undo);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     fn->has_watermark = s->has_watermark;
     fn->watermark_us = s->watermark;
-    Keyflow__V1__PushBatchResponse *ack = anew(cmd->arena, sizeof *ack);
+    Keyflow__V1__PushBatchResponse *ack = kf_arena_new(cmd->arena, sizeof *ack);
     keyflow__v1__push_batch_response__init(ack);
     ack->rows_accepted = s->rows->count;
     ack->activations = s->activations;
@@ -1523,13 +1511,13 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
     KF_ASSERT(fn->active == NULL);
     if (kf_check_identifier("producer_id", req->producer_id, KF_PRODUCER_ID_BYTES_MAX, true, err) !=
         KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if (req->sequence < 1) {
         kf_error_set(err, KF_E_INVALID, "sequence: must be at least 1, got %lld",
                      (long long)req->sequence);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     producer_t *p = producer_get(fn, req->producer_id, false);
@@ -1542,21 +1530,21 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
                      "sequence: %lld is not after %lld, the last accepted from producer %s (and its "
                      "acknowledgement is no longer kept)",
                      (long long)req->sequence, (long long)p->last_sequence, p->id);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if (p == NULL && fn->producers.count >= KF_PRODUCERS_MAX) {
         kf_error_set(err, KF_E_LIMIT, "producer_id: at most %d producers per function (KF_PRODUCERS_MAX)",
                      KF_PRODUCERS_MAX);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if (fn->handler == NULL) {
         kf_error_set(err, KF_E_UNAVAILABLE, "function %s is unavailable: %s", fn->id, fn->unavailable);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
-    step_t *s = anew(cmd->arena, sizeof *s);
+    step_t *s = kf_arena_new(cmd->arena, sizeof *s);
     kf_rows_t *rows = &s->rows_storage;
     kf_status_t st = KF_OK;
     const Keyflow__V1__Schema *schema = fn->desc->input_schema;
@@ -1581,7 +1569,7 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
         }
     }
     if (st != KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     s->fns = fns;
@@ -1603,7 +1591,7 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
     s->next_activation0 = fn->next_activation;
     s->err = err;
     kf_outbuf_init(&s->out, fn->desc->output_schema, cmd->arena);
-    s->call = anew(cmd->arena, sizeof *s->call);
+    s->call = kf_arena_new(cmd->arena, sizeof *s->call);
     call_init(s->call, s, (uint32_t)fn->limits.max_batch_rows);
     fn->active = s;
     step_advance(s);
@@ -1634,7 +1622,7 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__PushBatchRequest *req = (const Keyflow__V1__PushBatchRequest *)cmd->request;
     function_t *fn = require_fn(fns, req->function_id, &cmd->error);
     if (fn == NULL) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if (fn->active != NULL) {
@@ -1642,7 +1630,7 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             kf_error_set(&cmd->error, KF_E_LIMIT,
                          "function %s: %d batches already wait for its handler", fn->id,
                          KF_FN_QUEUED_MAX);
-            fail(ctx, cmd);
+            kf_ctx_fail(ctx, cmd);
             return;
         }
         cmd->next = NULL;
@@ -1785,12 +1773,12 @@ static void reader_unlink(kf_functions_t *fns, reader_t *r) {
 
 static void answer_read(kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
     const Keyflow__V1__ReadOutputRequest *req = (const Keyflow__V1__ReadOutputRequest *)cmd->request;
-    Keyflow__V1__ReadOutputResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__ReadOutputResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__read_output_response__init(resp);
     int64_t limit = req->limit ? req->limit : KF_READ_OUTPUT_LIMIT_DEFAULT;
     if (read_rows(ctx, fn, req->after_seq, limit, req->format, cmd->arena, resp, &cmd->error) !=
         KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     cmd->response = &resp->base;
@@ -1802,7 +1790,7 @@ void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     kf_error_t *err = &cmd->error;
     function_t *fn = require_fn(fns, req->function_id, err);
     if (fn == NULL) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if (req->after_seq < 0 || req->limit < 0 || req->limit > KF_READ_OUTPUT_LIMIT_MAX ||
@@ -1815,17 +1803,17 @@ void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
                      : (req->wait_ms < 0 || req->wait_ms > KF_POLL_WAIT_MS_MAX)
                          ? "wait_ms: must be in 0..60000"
                          : "format: must be COLUMNAR or JSON");
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if ((uint64_t)req->after_seq >= fn->durable_output_seq && req->wait_ms > 0) {
         if (fns->nreaders >= KF_PARKED_READS_MAX) {
             kf_error_set(err, KF_E_LIMIT, "ReadOutput: %d reads already waiting (KF_PARKED_READS_MAX)",
                          KF_PARKED_READS_MAX);
-            fail(ctx, cmd);
+            kf_ctx_fail(ctx, cmd);
             return;
         }
-        reader_t *r = anew(cmd->arena, sizeof *r);
+        reader_t *r = kf_arena_new(cmd->arena, sizeof *r);
         r->cmd = cmd;
         r->fn = fn;
         kf_timer_init(&r->timer, KF_TIMER_FUNCTION);
@@ -1908,7 +1896,7 @@ void kf_functions_release_reads(kf_functions_t *fns, kf_ctx_t *ctx) {
             cmd->next = NULL;
             cmd->parked = NULL;
             kf_error_set(&cmd->error, KF_E_UNAVAILABLE, "the server is shutting down");
-            fail(ctx, cmd);
+            kf_ctx_fail(ctx, cmd);
         }
         fn->queue_tail = NULL;
         while (fn->readers != NULL) {
@@ -1928,16 +1916,16 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     kf_error_t *err = &cmd->error;
     function_t *fn = require_fn(fns, req->function_id, err);
     if (fn == NULL) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     size_t text_len = strlen(req->key);
     if (text_len > KF_FUNCTION_KEY_BYTES_MAX) {
         kf_error_set(err, KF_E_TOO_LARGE, "key: at most %d bytes", KF_FUNCTION_KEY_BYTES_MAX);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
-    uint8_t *key = anew(cmd->arena, text_len + 4 * KF_KEY_COLUMNS_MAX + 8);
+    uint8_t *key = kf_arena_new(cmd->arena, text_len + 4 * KF_KEY_COLUMNS_MAX + 8);
     size_t klen = 0;
     if (fn->nkey_cols == 1) {
         kf_put_be32(key, (uint32_t)text_len);
@@ -1961,11 +1949,11 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             kf_error_set(err, KF_E_INVALID,
                          "key: this function has %d key columns: give a JSON array of %d strings",
                          fn->nkey_cols, fn->nkey_cols);
-            fail(ctx, cmd);
+            kf_ctx_fail(ctx, cmd);
             return;
         }
     }
-    Keyflow__V1__GetKeyStateResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__GetKeyStateResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__get_key_state_response__init(resp);
     char *readable;
     size_t readable_len;
@@ -1979,12 +1967,12 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (k != NULL) {
         resp->state = (Keyflow__V1__StateKind)k->state; /* KF_STATE_* match StateKind */
         resp->value = k->value;
-        resp->timers = anew(cmd->arena, (fn->desc->n_timer_names + 1) * sizeof *resp->timers);
+        resp->timers = kf_arena_new(cmd->arena, (fn->desc->n_timer_names + 1) * sizeof *resp->timers);
         for (size_t i = 0; k->timers != NULL && i < fn->desc->n_timer_names; i++) {
             if (k->timers[i] == NULL) {
                 continue;
             }
-            Keyflow__V1__TimerState *t = anew(cmd->arena, sizeof *t);
+            Keyflow__V1__TimerState *t = kf_arena_new(cmd->arena, sizeof *t);
             keyflow__v1__timer_state__init(t);
             t->name = fn->desc->timer_names[i];
             t->at_us = k->timers[i]->at_us;

@@ -102,18 +102,6 @@ static char *xstrdup(const char *s) {
     return d;
 }
 
-static void *anew(kf_arena_t *arena, size_t size) {
-    void *p = kf_arena_zalloc(arena, size);
-    KF_ASSERT(p != NULL);
-    return p;
-}
-
-static void fail(kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    KF_ASSERT(cmd->error.status != KF_OK);
-    cmd->response = NULL;
-    kf_ctx_ready(ctx, cmd);
-}
-
 static int64_t retention_ms(const kf_ctx_t *ctx) {
     int64_t r = ctx->config->run_retention_ms;
     return r > 0 ? r : KF_RETENTION_MS_DEFAULT;
@@ -226,7 +214,7 @@ static void run_save(kf_ctx_t *ctx, const run_t *r) {
  * token goes only to the worker that holds it. */
 static Keyflow__V1__Run *rec_to_pb(kf_arena_t *arena, const Keyflow__Records__RunRec *rec,
                                    bool with_lease) {
-    Keyflow__V1__Run *p = anew(arena, sizeof *p);
+    Keyflow__V1__Run *p = kf_arena_new(arena, sizeof *p);
     keyflow__v1__run__init(p);
     p->run_id = kf_arena_strdup(arena, rec->run_id);
     p->workflow = kf_arena_strdup(arena, rec->workflow);
@@ -554,13 +542,13 @@ void kf_runs_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
          check_range(err, "lease_ms", req->lease_ms, KF_LEASE_MS_MIN, KF_LEASE_MS_MAX) != KF_OK) ||
         (req->max_runs != 0 && check_range(err, "max_runs", req->max_runs, 1, KF_POLL_RUNS_MAX) != KF_OK) ||
         check_range(err, "wait_ms", req->wait_ms, 0, KF_POLL_WAIT_MS_MAX) != KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     int64_t max_runs = req->max_runs > 0 ? req->max_runs : 1;
-    Keyflow__V1__PollRunsResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__PollRunsResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__poll_runs_response__init(resp);
-    resp->runs = anew(cmd->arena, (size_t)max_runs * sizeof *resp->runs);
+    resp->runs = kf_arena_new(cmd->arena, (size_t)max_runs * sizeof *resp->runs);
     cmd->response = &resp->base;
     if (fill_poll(rs, ctx, cmd) > 0 || req->wait_ms == 0) {
         publish(rs);
@@ -571,10 +559,10 @@ void kf_runs_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         cmd->response = NULL;
         kf_error_set(err, KF_E_LIMIT, "PollRuns: %d long polls already waiting (KF_PARKED_POLLS_MAX)",
                      KF_PARKED_POLLS_MAX);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
-    poller_t *p = anew(cmd->arena, sizeof *p);
+    poller_t *p = kf_arena_new(cmd->arena, sizeof *p);
     p->cmd = cmd;
     kf_timer_init(&p->timer, KF_TIMER_POLL);
     kf_heap_arm(&ctx->heap, &p->timer, kf_time_add_sat(ctx->now_ms, req->wait_ms));
@@ -618,7 +606,7 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (check_run_ref(req->run_id, req->lease, true, err) != KF_OK ||
         (req->lease_ms != 0 &&
          check_range(err, "lease_ms", req->lease_ms, KF_LEASE_MS_MIN, KF_LEASE_MS_MAX) != KF_OK)) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     run_t *r = run_find(rs, req->run_id);
@@ -632,7 +620,7 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
                 keyflow__records__run_rec__free_unpacked(rec, NULL);
             }
         }
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if (r->status != ST_LEASED || strcmp(r->lease, req->lease) != 0 ||
@@ -640,7 +628,7 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         kf_error_set(err, KF_E_PRECONDITION,
                      "lease: does not hold run %s (it is %s; the lease expired or belongs to another attempt)",
                      req->run_id, status_word(r->status));
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     int64_t lease_ms = req->lease_ms ? req->lease_ms : r->lease_ms;
@@ -649,7 +637,7 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     r->updated_ms = ctx->now_ms;
     run_save(ctx, r);
     set_wakeup(ctx, r, r->lease_expires_ms);
-    Keyflow__V1__HeartbeatRunResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__HeartbeatRunResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__heartbeat_run_response__init(resp);
     resp->lease_expires_ms = r->lease_expires_ms;
     cmd->response = &resp->base;
@@ -697,7 +685,7 @@ static void complete_finished(kf_ctx_t *ctx, kf_cmd_t *cmd, const Keyflow__Recor
     bool finished = rec->status == ST_COMPLETED || rec->status == ST_FAILED;
     if (finished && strcmp(rec->lease, req->lease) == 0 &&
         (rec->status == ST_COMPLETED) == wants_success) {
-        Keyflow__V1__CompleteRunResponse *resp = anew(cmd->arena, sizeof *resp);
+        Keyflow__V1__CompleteRunResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
         keyflow__v1__complete_run_response__init(resp);
         resp->run = rec_to_pb(cmd->arena, rec, false);
         resp->already_finished = true;
@@ -708,26 +696,26 @@ static void complete_finished(kf_ctx_t *ctx, kf_cmd_t *cmd, const Keyflow__Recor
     kf_error_set(&cmd->error, KF_E_PRECONDITION,
                  "lease: does not hold run %s (it is %s; the lease expired or belongs to another attempt)",
                  rec->run_id, status_word(rec->status));
-    fail(ctx, cmd);
+    kf_ctx_fail(ctx, cmd);
 }
 
 void kf_runs_complete(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__CompleteRunRequest *req = (const Keyflow__V1__CompleteRunRequest *)cmd->request;
     kf_error_t *err = &cmd->error;
     if (check_run_ref(req->run_id, req->lease, true, err) != KF_OK || check_outcome(req, err) != KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     run_t *r = run_find(rs, req->run_id);
     if (r == NULL) {
         Keyflow__Records__RunRec *rec;
         if (load_rec(ctx, req->run_id, &rec, err) != KF_OK) {
-            fail(ctx, cmd);
+            kf_ctx_fail(ctx, cmd);
             return;
         }
         if (rec == NULL) {
             kf_error_set(err, KF_E_NOT_FOUND, "run_id: no run %s", req->run_id);
-            fail(ctx, cmd);
+            kf_ctx_fail(ctx, cmd);
             return;
         }
         complete_finished(ctx, cmd, rec);
@@ -739,7 +727,7 @@ void kf_runs_complete(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         /* Expired by the clock though its timer has not fired yet this turn. */
         kf_error_set(err, KF_E_PRECONDITION, "lease: expired at %lld for run %s",
                      (long long)r->lease_expires_ms, req->run_id);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if (r->status != ST_LEASED || strcmp(r->lease, req->lease) != 0) {
@@ -753,7 +741,7 @@ void kf_runs_complete(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     } else {
         finish_run(rs, ctx, r, ST_FAILED, NULL, req->error);
     }
-    Keyflow__V1__CompleteRunResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__CompleteRunResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__complete_run_response__init(resp);
     resp->run = run_to_pb(cmd->arena, r, false);
     cmd->response = &resp->base;
@@ -765,7 +753,7 @@ void kf_runs_get(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__GetRunRequest *req = (const Keyflow__V1__GetRunRequest *)cmd->request;
     kf_error_t *err = &cmd->error;
     if (check_run_ref(req->run_id, "", false, err) != KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     run_t *r = run_find(rs, req->run_id);
@@ -776,12 +764,12 @@ void kf_runs_get(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     }
     Keyflow__Records__RunRec *rec;
     if (load_rec(ctx, req->run_id, &rec, err) != KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     if (rec == NULL) {
         kf_error_set(err, KF_E_NOT_FOUND, "run_id: no run %s", req->run_id);
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     cmd->response = &rec_to_pb(cmd->arena, rec, false)->base;
@@ -819,7 +807,7 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (kf_check_identifier("workflow", req->workflow, KF_WORKFLOW_BYTES_MAX, false, err) != KF_OK ||
         (req->page_size != 0 && check_range(err, "page_size", req->page_size, 1, KF_LIST_PAGE_MAX) != KF_OK) ||
         check_range(err, "status", req->status, 0, ST_FAILED) != KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     kf_key_t lower, upper, after;
@@ -832,19 +820,19 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     }
     if (req->page_token[0] && !hex_decode(req->page_token, &after)) {
         kf_error_set(err, KF_E_INVALID, "page_token: not a token this server returned");
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     kf_iter_t *it;
     if (kf_iter_create(ctx->store, KF_CF_RUN_INDEX, bounded ? lower.bytes : NULL, lower.len,
                        bounded ? upper.bytes : NULL, bounded ? upper.len : 0, &it, err) != KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     int64_t page = req->page_size ? req->page_size : KF_LIST_PAGE_DEFAULT;
-    Keyflow__V1__ListRunsResponse *resp = anew(cmd->arena, sizeof *resp);
+    Keyflow__V1__ListRunsResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__list_runs_response__init(resp);
-    resp->runs = anew(cmd->arena, (size_t)page * sizeof *resp->runs);
+    resp->runs = kf_arena_new(cmd->arena, (size_t)page * sizeof *resp->runs);
     if (req->page_token[0]) {
         kf_iter_seek(it, after.bytes, after.len);
         if (kf_iter_valid(it)) {
@@ -881,7 +869,7 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             Keyflow__Records__RunRec *rec;
             if (load_rec(ctx, run_id, &rec, err) != KF_OK) {
                 kf_iter_destroy(it);
-                fail(ctx, cmd);
+                kf_ctx_fail(ctx, cmd);
                 return;
             }
             if (rec != NULL) {
@@ -907,7 +895,7 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     kf_status_t st = kf_iter_status(it, err);
     kf_iter_destroy(it);
     if (st != KF_OK) {
-        fail(ctx, cmd);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
     cmd->response = &resp->base;
