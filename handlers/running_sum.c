@@ -38,7 +38,7 @@
 
 #define RS_NAME "running_sum"
 /* Failure messages are bounded; a long key is cut short in them. */
-#define RS_MESSAGE_BYTES 256
+#define RS_MESSAGE_BYTES     256
 #define RS_MESSAGE_KEY_BYTES 64
 
 /* Column indexes of one call's schemas. */
@@ -65,18 +65,10 @@ static int host_usable(const kf_host_t *host) {
  * ABI lacks. The length comes with it so no row pays for a strlen. */
 static const char *state_kind_name(int32_t kind, size_t *len) {
     switch (kind) {
-    case KF_STATE_ABSENT:
-        *len = sizeof "absent" - 1;
-        return "absent";
-    case KF_STATE_NULL:
-        *len = sizeof "null" - 1;
-        return "null";
-    case KF_STATE_VALUE:
-        *len = sizeof "value" - 1;
-        return "value";
-    default:
-        *len = 0;
-        return NULL;
+    case KF_STATE_ABSENT: *len = sizeof "absent" - 1; return "absent";
+    case KF_STATE_NULL: *len = sizeof "null" - 1; return "null";
+    case KF_STATE_VALUE: *len = sizeof "value" - 1; return "value";
+    default: *len = 0; return NULL;
     }
 }
 
@@ -114,8 +106,7 @@ static int resolve_columns(const kf_host_t *host, kf_call_t *call, rs_columns_t 
  * RS_MESSAGE_KEY_BYTES bytes, cut before a UTF-8 continuation byte so the
  * message stays valid UTF-8 (it travels in gRPC statuses and JSON bodies). */
 static int key_prefix_len(const kf_activation_t *act) {
-    size_t n = act->key_text_len < RS_MESSAGE_KEY_BYTES ? act->key_text_len
-                                                         : RS_MESSAGE_KEY_BYTES;
+    size_t n = act->key_text_len < RS_MESSAGE_KEY_BYTES ? act->key_text_len : RS_MESSAGE_KEY_BYTES;
     while (n > 0 && n < act->key_text_len && ((unsigned char)act->key_text[n] & 0xC0) == 0x80) {
         n--;
     }
@@ -213,8 +204,8 @@ static int invoke(const kf_host_t *host, kf_call_t *call, const kf_activation_t 
         } else if (act->callback != KF_CALLBACK_TIMER) {
             char message[RS_MESSAGE_BYTES];
             snprintf(message, sizeof message,
-                     RS_NAME ": activation %" PRIu64 " has unknown callback kind %" PRId32,
-                     act->id, act->callback);
+                     RS_NAME ": activation %" PRIu64 " has unknown callback kind %" PRId32, act->id,
+                     act->callback);
             host->fail(call, message);
             return -1;
         }

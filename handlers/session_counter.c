@@ -40,12 +40,12 @@
 
 #include "keyflow/handler.h"
 
-#define SC_NAME "session_counter"
+#define SC_NAME       "session_counter"
 #define SC_TIMER_IDLE "idle"
 /* 60 s of event time: long enough that a steady stream stays one session. */
 #define SC_IDLE_DEFAULT_US INT64_C(60000000)
 /* Failure messages are bounded; a long key is cut short in them. */
-#define SC_MESSAGE_BYTES 256
+#define SC_MESSAGE_BYTES     256
 #define SC_MESSAGE_KEY_BYTES 64
 
 /* What one call reads once and then uses for every activation. */
@@ -75,8 +75,7 @@ static int fail_missing(const kf_host_t *host, kf_call_t *call, const char *name
  * SC_MESSAGE_KEY_BYTES bytes, cut before a UTF-8 continuation byte so the
  * message stays valid UTF-8 (it travels in gRPC statuses and JSON bodies). */
 static int key_prefix_len(const kf_activation_t *act) {
-    size_t n = act->key_text_len < SC_MESSAGE_KEY_BYTES ? act->key_text_len
-                                                         : SC_MESSAGE_KEY_BYTES;
+    size_t n = act->key_text_len < SC_MESSAGE_KEY_BYTES ? act->key_text_len : SC_MESSAGE_KEY_BYTES;
     while (n > 0 && n < act->key_text_len && ((unsigned char)act->key_text[n] & 0xC0) == 0x80) {
         n--;
     }
@@ -128,8 +127,8 @@ static int on_row(const kf_host_t *host, kf_call_t *call, const sc_call_info_t *
         }
     }
     /* Saturate: a session that would end past the end of time ends there. */
-    int64_t at_us = act->event_time_us > INT64_MAX - idle_us ? INT64_MAX
-                                                             : act->event_time_us + idle_us;
+    int64_t at_us =
+        act->event_time_us > INT64_MAX - idle_us ? INT64_MAX : act->event_time_us + idle_us;
     if (info->watermark_us == INT64_MAX) {
         return fail_key(host, call, act, "the watermark is at INT64_MAX; no timer can be set");
     }

@@ -6,7 +6,9 @@
 #include "base/assert.h"
 #include "base/bytes.h"
 
-void kf_key_reset(kf_key_t *k) { k->len = 0; }
+void kf_key_reset(kf_key_t *k) {
+    k->len = 0;
+}
 
 static uint8_t *key_room(kf_key_t *k, size_t n) {
     KF_ASSERT(k->len + n <= KF_STORE_KEY_BYTES_MAX);
@@ -15,9 +17,15 @@ static uint8_t *key_room(kf_key_t *k, size_t n) {
     return p;
 }
 
-void kf_key_u8(kf_key_t *k, uint8_t v) { *key_room(k, 1) = v; }
-void kf_key_be64(kf_key_t *k, uint64_t v) { kf_put_be64(key_room(k, 8), v); }
-void kf_key_time(kf_key_t *k, int64_t ms) { kf_key_be64(k, kf_i64_ordered(ms)); }
+void kf_key_u8(kf_key_t *k, uint8_t v) {
+    *key_room(k, 1) = v;
+}
+void kf_key_be64(kf_key_t *k, uint64_t v) {
+    kf_put_be64(key_room(k, 8), v);
+}
+void kf_key_time(kf_key_t *k, int64_t ms) {
+    kf_key_be64(k, kf_i64_ordered(ms));
+}
 
 void kf_key_lp(kf_key_t *k, const char *s, size_t len) {
     KF_ASSERT(len <= UINT16_MAX);

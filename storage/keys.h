@@ -29,7 +29,8 @@
 
 #define KF_STORE_KEY_BYTES_MAX 1024
 
-_Static_assert(1 + 2 + KF_WORKFLOW_BYTES_MAX + 2 + KF_KEY_BYTES_MAX + 8 + 9 <= KF_STORE_KEY_BYTES_MAX,
+_Static_assert(1 + 2 + KF_WORKFLOW_BYTES_MAX + 2 + KF_KEY_BYTES_MAX + 8 + 9 <=
+                   KF_STORE_KEY_BYTES_MAX,
                "coordinator keys fit");
 
 typedef struct kf_key {
@@ -41,7 +42,7 @@ void kf_key_reset(kf_key_t *k);
 void kf_key_u8(kf_key_t *k, uint8_t v);
 void kf_key_be64(kf_key_t *k, uint64_t v);
 void kf_key_time(kf_key_t *k, int64_t ms);
-void kf_key_lp(kf_key_t *k, const char *s, size_t len);   /* u16 length, bytes */
+void kf_key_lp(kf_key_t *k, const char *s, size_t len); /* u16 length, bytes */
 void kf_key_raw(kf_key_t *k, const void *p, size_t len);
 
 /* A reader over a key; each getter returns false when the key is too short
@@ -66,8 +67,8 @@ bool kf_key_prefix_end(const kf_key_t *prefix, kf_key_t *end);
 
 /* Wake-up identities. */
 typedef enum kf_wakeup_type {
-    KF_WAKEUP_COORDINATOR = 1,   /* a window closes or remembered IDs expire */
-    KF_WAKEUP_RUN = 2,           /* a lease expires or a finished run's retention ends */
+    KF_WAKEUP_COORDINATOR = 1, /* a window closes or remembered IDs expire */
+    KF_WAKEUP_RUN = 2,         /* a lease expires or a finished run's retention ends */
 } kf_wakeup_type_t;
 
 void kf_key_coord(kf_key_t *k, uint8_t kind, const char *workflow, size_t workflow_len,

@@ -40,8 +40,7 @@ void kf_store_value_free(kf_value_t *value) {
 }
 
 kf_status_t kf_iter_create(kf_store_t *store, kf_cf_t cf, const void *lower, size_t lower_len,
-                           const void *upper, size_t upper_len, kf_iter_t **out,
-                           kf_error_t *err) {
+                           const void *upper, size_t upper_len, kf_iter_t **out, kf_error_t *err) {
     KF_ASSERT((unsigned)cf < KF_CF_COUNT);
     return store->ops->iter_create(store, cf, lower, lower_len, upper, upper_len, out, err);
 }
@@ -54,14 +53,28 @@ void kf_iter_destroy(kf_iter_t *iter) {
 void kf_iter_seek(kf_iter_t *iter, const void *key, size_t key_len) {
     iter->ops->seek(iter, key, key_len);
 }
-void kf_iter_seek_first(kf_iter_t *iter) { iter->ops->seek_first(iter); }
-bool kf_iter_valid(kf_iter_t *iter) { return iter->ops->valid(iter); }
-void kf_iter_next(kf_iter_t *iter) { iter->ops->next(iter); }
-const void *kf_iter_key(kf_iter_t *iter, size_t *len) { return iter->ops->key(iter, len); }
-const void *kf_iter_value(kf_iter_t *iter, size_t *len) { return iter->ops->value(iter, len); }
-kf_status_t kf_iter_status(kf_iter_t *iter, kf_error_t *err) { return iter->ops->status(iter, err); }
+void kf_iter_seek_first(kf_iter_t *iter) {
+    iter->ops->seek_first(iter);
+}
+bool kf_iter_valid(kf_iter_t *iter) {
+    return iter->ops->valid(iter);
+}
+void kf_iter_next(kf_iter_t *iter) {
+    iter->ops->next(iter);
+}
+const void *kf_iter_key(kf_iter_t *iter, size_t *len) {
+    return iter->ops->key(iter, len);
+}
+const void *kf_iter_value(kf_iter_t *iter, size_t *len) {
+    return iter->ops->value(iter, len);
+}
+kf_status_t kf_iter_status(kf_iter_t *iter, kf_error_t *err) {
+    return iter->ops->status(iter, err);
+}
 
-kf_batch_t *kf_batch_create(kf_store_t *store) { return store->ops->batch_create(store); }
+kf_batch_t *kf_batch_create(kf_store_t *store) {
+    return store->ops->batch_create(store);
+}
 void kf_batch_destroy(kf_batch_t *batch) {
     if (batch != NULL) {
         batch->ops->destroy(batch);
@@ -97,8 +110,12 @@ void kf_batch_clear(kf_batch_t *batch) {
     batch->bytes = 0;
 }
 
-size_t kf_batch_count(const kf_batch_t *batch) { return batch->count; }
-size_t kf_batch_bytes(const kf_batch_t *batch) { return batch->bytes; }
+size_t kf_batch_count(const kf_batch_t *batch) {
+    return batch->count;
+}
+size_t kf_batch_bytes(const kf_batch_t *batch) {
+    return batch->bytes;
+}
 
 kf_status_t kf_store_write(kf_store_t *store, kf_batch_t *batch, kf_error_t *err) {
     return store->ops->write(store, batch, err);

@@ -35,21 +35,21 @@
 
 /* One column family per record kind (DESIGN.md section 3). The order is the
  * on-disk identity of each family's name; append only. */
-#define KF_CF_TABLE(X)                                                         \
-    X(KF_CF_META, "default")             /* format version, global counters */ \
-    X(KF_CF_COORD_SNAPSHOTS, "coord_snapshots")                                \
-    X(KF_CF_COORD_JOURNAL, "coord_journal")                                    \
-    X(KF_CF_RUNS, "runs")                /* run_id -> run record */            \
-    X(KF_CF_RUN_INDEX, "run_index")      /* workflow, seq -> run_id */         \
-    X(KF_CF_RUN_QUEUE, "run_queue")      /* live (pending, leased) runs */     \
-    X(KF_CF_WAKEUPS, "wakeups")          /* processing-time timers */          \
-    X(KF_CF_FUNCTIONS, "functions")      /* descriptors */                     \
-    X(KF_CF_STATE, "state")              /* per-key value state */             \
-    X(KF_CF_TIMERS_BY_TIME, "timers_by_time")                                  \
-    X(KF_CF_TIMERS_BY_KEY, "timers_by_key")                                    \
-    X(KF_CF_OUTPUT, "output")            /* output row chunks */               \
-    X(KF_CF_PRODUCERS, "producers")      /* producer sequences and acks */     \
-    X(KF_CF_CHECKPOINTS, "checkpoints")  /* per-function checkpoints */
+#define KF_CF_TABLE(X)                                                                             \
+    X(KF_CF_META, "default") /* format version, global counters */                                 \
+    X(KF_CF_COORD_SNAPSHOTS, "coord_snapshots")                                                    \
+    X(KF_CF_COORD_JOURNAL, "coord_journal")                                                        \
+    X(KF_CF_RUNS, "runs")           /* run_id -> run record */                                     \
+    X(KF_CF_RUN_INDEX, "run_index") /* workflow, seq -> run_id */                                  \
+    X(KF_CF_RUN_QUEUE, "run_queue") /* live (pending, leased) runs */                              \
+    X(KF_CF_WAKEUPS, "wakeups")     /* processing-time timers */                                   \
+    X(KF_CF_FUNCTIONS, "functions") /* descriptors */                                              \
+    X(KF_CF_STATE, "state")         /* per-key value state */                                      \
+    X(KF_CF_TIMERS_BY_TIME, "timers_by_time")                                                      \
+    X(KF_CF_TIMERS_BY_KEY, "timers_by_key")                                                        \
+    X(KF_CF_OUTPUT, "output")           /* output row chunks */                                    \
+    X(KF_CF_PRODUCERS, "producers")     /* producer sequences and acks */                          \
+    X(KF_CF_CHECKPOINTS, "checkpoints") /* per-function checkpoints */
 
 typedef enum kf_cf {
 #define KF_CF_ENUM_(id, name) id,
@@ -74,8 +74,8 @@ typedef struct kf_value {
 /* ---- opening ---------------------------------------------------------- */
 
 typedef struct kf_rocks_options {
-    const char *path;            /* directory; created if missing */
-    size_t write_buffer_bytes;   /* per family memtable; 0 = default */
+    const char *path;          /* directory; created if missing */
+    size_t write_buffer_bytes; /* per family memtable; 0 = default */
 } kf_rocks_options_t;
 
 /* Opens (creating if needed) a RocksDB store and checks its format version.

@@ -45,8 +45,8 @@ struct kf_store {
 
 struct kf_batch {
     const kf_batch_ops_t *ops;
-    size_t count;                /* operations added since the last clear */
-    size_t bytes;                /* key + value bytes added since the last clear */
+    size_t count; /* operations added since the last clear */
+    size_t bytes; /* key + value bytes added since the last clear */
 };
 
 struct kf_iter {

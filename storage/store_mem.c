@@ -33,14 +33,14 @@ typedef struct mem_family {
 struct kf_memdisk {
     pthread_mutex_t lock;
     mem_family_t families[KF_CF_COUNT];
-    uint64_t writes;             /* successful writes */
+    uint64_t writes; /* successful writes */
 };
 
 typedef struct mem_store {
     kf_store_t base;
     kf_memdisk_t *disk;
     kf_mem_faults_t faults;
-    uint64_t writes;             /* successful writes through this handle */
+    uint64_t writes; /* successful writes through this handle */
     bool poisoned;
 } mem_store_t;
 
@@ -49,9 +49,9 @@ typedef enum { OP_PUT, OP_DEL, OP_DEL_RANGE } mem_op_kind_t;
 typedef struct mem_op {
     mem_op_kind_t kind;
     kf_cf_t cf;
-    uint8_t *a;                  /* key, or range begin */
+    uint8_t *a; /* key, or range begin */
     size_t a_len;
-    uint8_t *b;                  /* value, or range end */
+    uint8_t *b; /* value, or range end */
     size_t b_len;
 } mem_op_t;
 
@@ -65,7 +65,7 @@ typedef struct mem_batch {
 
 typedef struct mem_iter {
     kf_iter_t base;
-    mem_entry_t *entries;        /* snapshot copy */
+    mem_entry_t *entries; /* snapshot copy */
     size_t count;
     size_t pos;
     bool failed;
@@ -118,8 +118,8 @@ static void family_put(mem_family_t *f, const uint8_t *key, size_t key_len, cons
         KF_ASSERT(f->entries != NULL);
     }
     memmove(&f->entries[i + 1], &f->entries[i], (f->count - i) * sizeof *f->entries);
-    f->entries[i] = (mem_entry_t){dup_bytes(key, key_len), key_len, dup_bytes(value, value_len),
-                                  value_len};
+    f->entries[i] =
+        (mem_entry_t){dup_bytes(key, key_len), key_len, dup_bytes(value, value_len), value_len};
     f->count++;
 }
 
@@ -207,9 +207,8 @@ static void mb_add(mem_batch_t *mb, mem_op_t op) {
 
 static void mb_put(kf_batch_t *b, kf_cf_t cf, const void *key, size_t key_len, const void *value,
                    size_t value_len) {
-    mb_add((mem_batch_t *)b,
-           (mem_op_t){OP_PUT, cf, dup_bytes(key, key_len), key_len, dup_bytes(value, value_len),
-                      value_len});
+    mb_add((mem_batch_t *)b, (mem_op_t){OP_PUT, cf, dup_bytes(key, key_len), key_len,
+                                        dup_bytes(value, value_len), value_len});
 }
 
 static void mb_del(kf_batch_t *b, kf_cf_t cf, const void *key, size_t key_len) {
@@ -256,7 +255,9 @@ static void mi_seek(kf_iter_t *i, const void *key, size_t key_len) {
     mi->pos = lower_bound(&f, key, key_len);
 }
 
-static void mi_seek_first(kf_iter_t *i) { ((mem_iter_t *)i)->pos = 0; }
+static void mi_seek_first(kf_iter_t *i) {
+    ((mem_iter_t *)i)->pos = 0;
+}
 static bool mi_valid(kf_iter_t *i) {
     mem_iter_t *mi = (mem_iter_t *)i;
     return !mi->failed && mi->pos < mi->count;
@@ -354,15 +355,9 @@ static kf_status_t ms_write(kf_store_t *s, kf_batch_t *b, kf_error_t *err) {
         mem_op_t *op = &mb->ops[i];
         mem_family_t *f = &ms->disk->families[op->cf];
         switch (op->kind) {
-        case OP_PUT:
-            family_put(f, op->a, op->a_len, op->b, op->b_len);
-            break;
-        case OP_DEL:
-            family_del(f, op->a, op->a_len);
-            break;
-        case OP_DEL_RANGE:
-            family_del_range(f, op->a, op->a_len, op->b, op->b_len);
-            break;
+        case OP_PUT: family_put(f, op->a, op->a_len, op->b, op->b_len); break;
+        case OP_DEL: family_del(f, op->a, op->a_len); break;
+        case OP_DEL_RANGE: family_del_range(f, op->a, op->a_len, op->b, op->b_len); break;
         }
     }
     ms->disk->writes++;
@@ -371,7 +366,9 @@ static kf_status_t ms_write(kf_store_t *s, kf_batch_t *b, kf_error_t *err) {
     return KF_OK;
 }
 
-static void ms_close(kf_store_t *s) { free(s); }
+static void ms_close(kf_store_t *s) {
+    free(s);
+}
 
 static const kf_store_ops_t mem_store_ops = {
     .close = ms_close,

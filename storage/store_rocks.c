@@ -23,7 +23,7 @@ typedef struct rocks_store {
     rocksdb_column_family_handle_t *cf[KF_CF_COUNT];
     rocksdb_writeoptions_t *write_sync;
     rocksdb_readoptions_t *read;
-    atomic_bool poisoned;        /* a write failed: refuse all later writes */
+    atomic_bool poisoned; /* a write failed: refuse all later writes */
 } rocks_store_t;
 
 typedef struct rocks_batch {
@@ -36,7 +36,7 @@ typedef struct rocks_iter {
     kf_iter_t base;
     rocksdb_iterator_t *it;
     rocksdb_readoptions_t *read;
-    char *lower;                 /* bounds must outlive the iterator */
+    char *lower; /* bounds must outlive the iterator */
     size_t lower_len;
     char *upper;
     size_t upper_len;
@@ -73,7 +73,9 @@ static void rb_del_range(kf_batch_t *b, kf_cf_t cf, const void *begin, size_t be
     rocksdb_writebatch_delete_range_cf(rb->wb, rb->store->cf[cf], begin, begin_len, end, end_len);
 }
 
-static void rb_clear(kf_batch_t *b) { rocksdb_writebatch_clear(((rocks_batch_t *)b)->wb); }
+static void rb_clear(kf_batch_t *b) {
+    rocksdb_writebatch_clear(((rocks_batch_t *)b)->wb);
+}
 
 static const kf_batch_ops_t rocks_batch_ops = {
     .destroy = rb_destroy,
@@ -109,9 +111,15 @@ static void ri_seek(kf_iter_t *i, const void *key, size_t key_len) {
     rocksdb_iter_seek(((rocks_iter_t *)i)->it, key, key_len);
 }
 
-static void ri_seek_first(kf_iter_t *i) { rocksdb_iter_seek_to_first(((rocks_iter_t *)i)->it); }
-static bool ri_valid(kf_iter_t *i) { return rocksdb_iter_valid(((rocks_iter_t *)i)->it) != 0; }
-static void ri_next(kf_iter_t *i) { rocksdb_iter_next(((rocks_iter_t *)i)->it); }
+static void ri_seek_first(kf_iter_t *i) {
+    rocksdb_iter_seek_to_first(((rocks_iter_t *)i)->it);
+}
+static bool ri_valid(kf_iter_t *i) {
+    return rocksdb_iter_valid(((rocks_iter_t *)i)->it) != 0;
+}
+static void ri_next(kf_iter_t *i) {
+    rocksdb_iter_next(((rocks_iter_t *)i)->it);
+}
 
 static const void *ri_key(kf_iter_t *i, size_t *len) {
     return rocksdb_iter_key(((rocks_iter_t *)i)->it, len);
@@ -177,7 +185,7 @@ static kf_status_t rs_get(kf_store_t *s, kf_cf_t cf, const void *key, size_t key
         return rocks_error(err, e, "get");
     }
     if (data != NULL) {
-        value->data = data;  /* rocksdb_free is free() */
+        value->data = data; /* rocksdb_free is free() */
         value->len = len;
         *found = true;
     }
@@ -281,9 +289,9 @@ kf_status_t kf_store_open_rocks(const kf_rocks_options_t *o, kf_store_t **out, k
         rs->cf_options[i] = family_options(o, (kf_cf_t)i);
     }
     char *e = NULL;
-    rs->db = rocksdb_open_column_families(rs->options, o->path, KF_CF_COUNT, names,
-                                          (const rocksdb_options_t *const *)rs->cf_options, rs->cf,
-                                          &e);
+    rs->db =
+        rocksdb_open_column_families(rs->options, o->path, KF_CF_COUNT, names,
+                                     (const rocksdb_options_t *const *)rs->cf_options, rs->cf, &e);
     if (e != NULL) {
         kf_status_t st = rocks_error(err, e, "open");
         rs->db = NULL;

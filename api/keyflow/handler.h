@@ -58,7 +58,7 @@ extern "C" {
 #endif
 
 #define KF_HANDLER_ABI_VERSION 1u
-#define KF_HANDLER_SYMBOL "kf_handler_v1"
+#define KF_HANDLER_SYMBOL      "kf_handler_v1"
 
 enum kf_callback_kind {
     KF_CALLBACK_ROW = 1,   /* an input row arrived for the key */
@@ -66,7 +66,7 @@ enum kf_callback_kind {
 };
 
 enum kf_state_kind {
-    KF_STATE_ABSENT = 1,   /* never set, or cleared */
+    KF_STATE_ABSENT = 1, /* never set, or cleared */
     KF_STATE_NULL = 2,
     KF_STATE_VALUE = 3,
 };
@@ -75,22 +75,22 @@ enum kf_state_kind {
 typedef struct kf_call kf_call_t;
 
 typedef struct kf_activation {
-    uint64_t id;                 /* per-function sequence */
-    const uint8_t *key;          /* canonical key: (u32 BE length, UTF-8 bytes) per key column */
+    uint64_t id;        /* per-function sequence */
+    const uint8_t *key; /* canonical key: (u32 BE length, UTF-8 bytes) per key column */
     size_t key_len;
-    const char *key_text;        /* readable key (NUL-terminated) */
+    const char *key_text; /* readable key (NUL-terminated) */
     size_t key_text_len;
-    int64_t event_time_us;       /* the row's event time, or the timer's time */
-    int32_t callback;            /* enum kf_callback_kind */
-    uint32_t row;                /* KF_CALLBACK_ROW: row index for the input_* functions */
-    const char *timer_name;      /* KF_CALLBACK_TIMER: the timer that fired */
-    int32_t state_kind;          /* enum kf_state_kind, before this activation */
-    int64_t state_value;         /* when KF_STATE_VALUE */
+    int64_t event_time_us;  /* the row's event time, or the timer's time */
+    int32_t callback;       /* enum kf_callback_kind */
+    uint32_t row;           /* KF_CALLBACK_ROW: row index for the input_* functions */
+    const char *timer_name; /* KF_CALLBACK_TIMER: the timer that fired */
+    int32_t state_kind;     /* enum kf_state_kind, before this activation */
+    int64_t state_value;    /* when KF_STATE_VALUE */
 } kf_activation_t;
 
 typedef struct kf_host {
-    uint32_t abi_version;        /* KF_HANDLER_ABI_VERSION */
-    uint32_t size;               /* sizeof(kf_host_t) as the host built it */
+    uint32_t abi_version; /* KF_HANDLER_ABI_VERSION */
+    uint32_t size;        /* sizeof(kf_host_t) as the host built it */
 
     /* The function's watermark before this call: a timer must be set after
      * it (at_us > watermark_us). INT64_MIN before the first watermark. */
@@ -103,7 +103,8 @@ typedef struct kf_host {
     /* Input values of row activations (row = activation->row). Reading a
      * column with the wrong accessor returns 0 / NULL. */
     int (*input_is_null)(const kf_call_t *call, uint32_t row, int column);
-    int64_t (*input_int64)(const kf_call_t *call, uint32_t row, int column); /* INT64, TIMESTAMP_US */
+    int64_t (*input_int64)(const kf_call_t *call, uint32_t row,
+                           int column); /* INT64, TIMESTAMP_US */
     double (*input_float64)(const kf_call_t *call, uint32_t row, int column);
     int (*input_bool)(const kf_call_t *call, uint32_t row, int column);
     const char *(*input_utf8)(const kf_call_t *call, uint32_t row, int column, size_t *len);
@@ -135,7 +136,7 @@ typedef struct kf_host {
 } kf_host_t;
 
 typedef struct kf_handler {
-    uint32_t abi_version;        /* KF_HANDLER_ABI_VERSION */
+    uint32_t abi_version; /* KF_HANDLER_ABI_VERSION */
     const char *name;
     /* Returns 0; nonzero fails the call (like host->fail). */
     int (*invoke)(const kf_host_t *host, kf_call_t *call, const kf_activation_t *activations,

@@ -90,41 +90,41 @@
 
 /* Flag bounds: enough for anything this machine can drive, small enough
  * that a typo cannot allocate gigabytes. */
-#define PRODUCERS_MAX 256
-#define CHANNELS_MAX 64
-#define ROWS_MAX 65536            /* the server's ceiling for max_input_rows */
-#define KEYS_MAX 10000000         /* keys are a letter and 7 digits */
-#define ROWS_TOTAL_MAX 100000000
-#define DURATION_S_MAX 3600
+#define PRODUCERS_MAX        256
+#define CHANNELS_MAX         64
+#define ROWS_MAX             65536    /* the server's ceiling for max_input_rows */
+#define KEYS_MAX             10000000 /* keys are a letter and 7 digits */
+#define ROWS_TOTAL_MAX       100000000
+#define DURATION_S_MAX       3600
 #define DESCRIPTOR_BYTES_MAX (1024 * 1024)
-#define ID_BYTES_MAX 100
+#define ID_BYTES_MAX         100
 
 /* Independent uniform key draws encoded before a push run. */
 #define USER_POOL 16
 /* Key text: a letter and KEY_DIGITS digits ("u0001234"). */
 #define KEY_DIGITS 7
-#define KEY_BYTES (1 + KEY_DIGITS)
+#define KEY_BYTES  (1 + KEY_DIGITS)
 /* A call still outstanding this long after its deadline is cancelled. */
 #define DRAIN_GRACE_MS 2000
-#define POLL_MS 100
+#define POLL_MS        100
 /* Setup calls (register, get) and read pages. */
 #define SETUP_DEADLINE_MS 30000
 
 #define METHOD_REGISTER "/keyflow.v1.Functions/RegisterFunction"
-#define METHOD_GET "/keyflow.v1.Functions/GetFunction"
-#define METHOD_PUSH "/keyflow.v1.Functions/PushBatch"
-#define METHOD_READ "/keyflow.v1.Functions/ReadOutput"
+#define METHOD_GET      "/keyflow.v1.Functions/GetFunction"
+#define METHOD_PUSH     "/keyflow.v1.Functions/PushBatch"
+#define METHOD_READ     "/keyflow.v1.Functions/ReadOutput"
 
 /* ---- Histogram ---------------------------------------------------------
  *
  * Log-linear over nanoseconds: every power of two [2^k, 2^(k+1)) above
  * 2^HIST_BITS is cut into 2^HIST_BITS equal buckets (1/64 of the value at
  * most); below that each value has its own bucket. Clamped at 2^40 ns. */
-#define HIST_BITS 6
+#define HIST_BITS       6
 #define HIST_PER_OCTAVE (1u << HIST_BITS)
-#define HIST_TOP_BIT 40
-#define HIST_CLAMP ((UINT64_C(1) << HIST_TOP_BIT) - 1)
-#define HIST_SIZE ((HIST_TOP_BIT - HIST_BITS + 1) * HIST_PER_OCTAVE)
+#define HIST_TOP_BIT    40
+#define HIST_CLAMP      ((UINT64_C(1) << HIST_TOP_BIT) - 1)
+#define HIST_SIZE       ((HIST_TOP_BIT - HIST_BITS + 1) * HIST_PER_OCTAVE)
 
 typedef struct histogram {
     uint64_t bucket[HIST_SIZE];
@@ -140,9 +140,9 @@ static size_t hist_bucket_of(uint64_t ns) {
     if (ns < HIST_PER_OCTAVE) {
         return (size_t)ns;
     }
-    unsigned top = 63u - (unsigned)__builtin_clzll(ns);      /* >= HIST_BITS */
-    unsigned drop = top - HIST_BITS;                          /* low bits ignored */
-    size_t sub = (size_t)((ns >> drop) - HIST_PER_OCTAVE);    /* 0 .. 63 */
+    unsigned top = 63u - (unsigned)__builtin_clzll(ns);    /* >= HIST_BITS */
+    unsigned drop = top - HIST_BITS;                       /* low bits ignored */
+    size_t sub = (size_t)((ns >> drop) - HIST_PER_OCTAVE); /* 0 .. 63 */
     return (size_t)(drop + 1) * HIST_PER_OCTAVE + sub;
 }
 
@@ -254,7 +254,8 @@ static long long stat_ticks(const char *path, char *comm, size_t comm_size) {
     unsigned long long ut = 0, st = 0;
     /* state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
      * utime stime */
-    if (sscanf(close + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) {
+    if (sscanf(close + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) !=
+        2) {
         return -1;
     }
     return (long long)(ut + st);
@@ -311,7 +312,7 @@ static long proc_status_kb(long pid, const char *field) {
 /* Per-thread CPU of the server, summed by thread name (kf-engine,
  * kf-commit, kf-reply, kf-grpc, gRPC's own threads), so that a run shows
  * which stage is saturated. */
-#define THREADS_TRACKED 128
+#define THREADS_TRACKED  128
 #define THREAD_NAMES_MAX 32
 
 typedef struct thread_sample {
@@ -421,15 +422,15 @@ static void cpu_end(cpu_window_t *w) {
 }
 
 typedef struct cpu_pct {
-    double client, server, other;  /* percent of one core; server/other -1 when unknown */
+    double client, server, other; /* percent of one core; server/other -1 when unknown */
     thread_use_t threads;
 } cpu_pct_t;
 
 static void cpu_percent(const cpu_window_t *w, cpu_pct_t *p) {
     double s = (double)(w->t1_ns - w->t0_ns) / 1e9;
     p->client = s > 0 ? 100.0 * (w->client1 - w->client0) / s : 0.0;
-    p->server = s > 0 && w->server0 >= 0 && w->server1 >= 0
-                    ? 100.0 * (w->server1 - w->server0) / s : -1.0;
+    p->server =
+        s > 0 && w->server0 >= 0 && w->server1 >= 0 ? 100.0 * (w->server1 - w->server0) / s : -1.0;
     p->other = -1.0;
     if (s > 0 && p->server >= 0 && w->machine0 >= 0 && w->machine1 >= 0) {
         p->other = 100.0 * (w->machine1 - w->machine0) / s - p->client - p->server;
@@ -444,7 +445,8 @@ static void cpu_percent(const cpu_window_t *w, cpu_pct_t *p) {
 static void cpu_text(const cpu_pct_t *p, char *buf, size_t size) {
     int n = snprintf(buf, size, "cpu client %.0f%%", p->client);
     if (p->server >= 0 && n >= 0 && (size_t)n < size) {
-        n += snprintf(buf + n, size - (size_t)n, " server %.0f%% other %.0f%%", p->server, p->other);
+        n +=
+            snprintf(buf + n, size - (size_t)n, " server %.0f%% other %.0f%%", p->server, p->other);
     }
     bool listed = false;
     for (size_t i = 0; i < p->threads.n && n >= 0 && (size_t)n < size; i++) {
@@ -461,8 +463,10 @@ static void cpu_text(const cpu_pct_t *p, char *buf, size_t size) {
 
 /* ,"client_cpu_pct":..,"server_cpu_pct":..,"other_cpu_pct":..,"server_threads_cpu_pct":{..} */
 static void cpu_json(FILE *out, const cpu_pct_t *p) {
-    fprintf(out, ",\"client_cpu_pct\":%.1f,\"server_cpu_pct\":%.1f,\"other_cpu_pct\":%.1f,"
-                 "\"server_threads_cpu_pct\":{", p->client, p->server, p->other);
+    fprintf(out,
+            ",\"client_cpu_pct\":%.1f,\"server_cpu_pct\":%.1f,\"other_cpu_pct\":%.1f,"
+            "\"server_threads_cpu_pct\":{",
+            p->client, p->server, p->other);
     for (size_t i = 0; i < p->threads.n; i++) {
         /* Thread names are short identifiers; quotes would break the line. */
         char name[32];
@@ -481,9 +485,9 @@ static void cpu_json(FILE *out, const cpu_pct_t *p) {
  * HTTP/1.0 GET; the gateway closes the connection after the answer).
  * false when the address is unset or anything fails. */
 typedef struct sync_counters {
-    double sync_s;               /* keyflow_commit_sync_seconds_sum */
-    double syncs;                /* keyflow_commit_sync_seconds_count */
-    double bytes;                /* keyflow_commit_group_bytes_sum */
+    double sync_s; /* keyflow_commit_sync_seconds_sum */
+    double syncs;  /* keyflow_commit_sync_seconds_count */
+    double bytes;  /* keyflow_commit_group_bytes_sum */
 } sync_counters_t;
 
 #define METRICS_BYTES_MAX (4 * 1024 * 1024)
@@ -545,8 +549,8 @@ static bool read_sync_counters(const char *hostport, sync_counters_t *out) {
 /* ---- Protobuf wire encoding ------------------------------------------- *
  * Only what a PushBatchRequest needs: varints and length-delimited fields. */
 
-#define WIRE_VARINT 0
-#define WIRE_LEN 2
+#define WIRE_VARINT      0
+#define WIRE_LEN         2
 #define TAG(field, wire) ((uint8_t)(((field) << 3) | (wire)))
 
 static size_t varint_size(uint64_t v) {
@@ -584,8 +588,8 @@ static void key_text(char prefix, uint64_t index, char *out /* KEY_BYTES */) {
  * being prefix + keys[i] in KEY_DIGITS digits:
  *   12 len { 32 len { (0a 08 <8 bytes>) x n } }   (Column.strings) */
 static grpc_slice encode_key_column(char prefix, const uint32_t *keys, size_t n) {
-    size_t values = n * len_field_size(KEY_BYTES);   /* StringValues payload */
-    size_t column = len_field_size(values);           /* Column payload */
+    size_t values = n * len_field_size(KEY_BYTES); /* StringValues payload */
+    size_t column = len_field_size(values);        /* Column payload */
     grpc_slice s = grpc_slice_malloc(len_field_size(column));
     uint8_t *p = GRPC_SLICE_START_PTR(s);
     *p++ = TAG(2, WIRE_LEN);
@@ -609,8 +613,8 @@ static grpc_slice encode_int64_column(int64_t first, int64_t step, size_t n) {
     for (size_t i = 0; i < n; i++) {
         packed += varint_size((uint64_t)(first + (int64_t)i * step));
     }
-    size_t values = len_field_size(packed);   /* Int64Values payload */
-    size_t column = len_field_size(values);   /* Column payload */
+    size_t values = len_field_size(packed); /* Int64Values payload */
+    size_t column = len_field_size(values); /* Column payload */
     grpc_slice s = grpc_slice_malloc(len_field_size(column));
     uint8_t *p = GRPC_SLICE_START_PTR(s);
     *p++ = TAG(2, WIRE_LEN);
@@ -696,26 +700,26 @@ static const char *const mode_names[] = {"push", "fill", "read", "timers"};
 typedef struct options {
     run_mode_t mode;
     const char *target;
-    const char *descriptor;       /* the handler's built descriptor JSON */
+    const char *descriptor; /* the handler's built descriptor JSON */
     const char *function_id;
     long producers;
-    long rows;                    /* rows per batch */
+    long rows; /* rows per batch */
     long keys;
-    long long rows_total;         /* fill */
-    long long timers;             /* timers: distinct keys = timers armed */
-    long long idle_us;            /* timers: the rows' idle_us */
-    long long max_keys;           /* descriptor limits; 0 = leave absent */
+    long long rows_total; /* fill */
+    long long timers;     /* timers: distinct keys = timers armed */
+    long long idle_us;    /* timers: the rows' idle_us */
+    long long max_keys;   /* descriptor limits; 0 = leave absent */
     long long max_timers;
     long max_batch_rows;
     long max_timer_callbacks;
-    long limit;                   /* read: rows per page */
+    long limit; /* read: rows per page */
     double duration_s;
     double warmup_s;
     long channels;
     long deadline_ms;
-    long step_deadline_ms;        /* timers: the watermark step */
+    long step_deadline_ms; /* timers: the watermark step */
     long server_pid;
-    const char *metrics;          /* HOST:PORT of the server's HTTP /metrics, or NULL */
+    const char *metrics; /* HOST:PORT of the server's HTTP /metrics, or NULL */
     bool minimal_stack;
 } options_t;
 
@@ -776,7 +780,8 @@ static bool check_id(const char *flag, const char *v) {
 }
 
 static void usage(FILE *out) {
-    fprintf(out,
+    fprintf(
+        out,
         "usage: kf_fnload --mode push   --target H:P --descriptor running_sum.descriptor.json\n"
         "                 [--producers N] [--rows N] [--keys N] [--duration-s S] [--warmup-s S]\n"
         "       kf_fnload --mode fill   --target H:P --descriptor ... --function-id ID\n"
@@ -986,8 +991,8 @@ static grpc_channel *channel_open(const char *target, int index, bool minimal_st
 static int unary_call(grpc_channel *ch, const char *method, grpc_slice request, long deadline_ms,
                       grpc_slice *response, char *details, size_t details_size) {
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                         gpr_time_from_millis(deadline_ms, GPR_TIMESPAN));
+    gpr_timespec deadline =
+        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(deadline_ms, GPR_TIMESPAN));
     grpc_slice method_slice = grpc_slice_from_static_string(method);
     grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method_slice,
                                                NULL, deadline, NULL);
@@ -1018,8 +1023,8 @@ static int unary_call(grpc_channel *ch, const char *method, grpc_slice request, 
     }
     /* The minimal stack has no client deadline filter: wait a little past
      * the deadline, then cancel (invariant 3). */
-    gpr_timespec give_up = gpr_time_add(deadline, gpr_time_from_millis(DRAIN_GRACE_MS,
-                                                                       GPR_TIMESPAN));
+    gpr_timespec give_up =
+        gpr_time_add(deadline, gpr_time_from_millis(DRAIN_GRACE_MS, GPR_TIMESPAN));
     grpc_event ev = grpc_completion_queue_pluck(cq, call, give_up, NULL);
     if (ev.type != GRPC_OP_COMPLETE) {
         grpc_call_cancel(call, NULL);
@@ -1050,17 +1055,33 @@ static grpc_slice pack_message(const ProtobufCMessage *m) {
 }
 
 /* Status names: the 17 gRPC codes, then failures without a code. */
-#define STATUS_CODES 17
-#define STATUS_BATCH_FAILED 17   /* the completion queue reported success = 0 */
-#define STATUS_BAD_ACK 18        /* OK, but no or an unexpected acknowledgement */
-#define STATUS_OTHER 19          /* a code outside 0..16 */
-#define STATUS_SLOTS 20
+#define STATUS_CODES        17
+#define STATUS_BATCH_FAILED 17 /* the completion queue reported success = 0 */
+#define STATUS_BAD_ACK      18 /* OK, but no or an unexpected acknowledgement */
+#define STATUS_OTHER        19 /* a code outside 0..16 */
+#define STATUS_SLOTS        20
 
 static const char *const status_names[STATUS_SLOTS] = {
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-    "UNAUTHENTICATED", "BATCH_FAILED", "BAD_ACK", "OTHER",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+    "BATCH_FAILED",
+    "BAD_ACK",
+    "OTHER",
 };
 
 static const char *status_name(int st) {
@@ -1122,7 +1143,8 @@ static bool register_function(grpc_channel *ch, const options_t *o, registered_t
         set_limits = true;
     }
     if (o->max_timers > 0) {
-        limits.max_timers_present_case = KEYFLOW__V1__FUNCTION_LIMITS__MAX_TIMERS_PRESENT_MAX_TIMERS;
+        limits.max_timers_present_case =
+            KEYFLOW__V1__FUNCTION_LIMITS__MAX_TIMERS_PRESENT_MAX_TIMERS;
         limits.max_timers = o->max_timers;
         set_limits = true;
     }
@@ -1146,8 +1168,8 @@ static bool register_function(grpc_channel *ch, const options_t *o, registered_t
 
     grpc_slice resp;
     char details[512];
-    int st = unary_call(ch, METHOD_REGISTER, packed, SETUP_DEADLINE_MS, &resp, details,
-                        sizeof details);
+    int st =
+        unary_call(ch, METHOD_REGISTER, packed, SETUP_DEADLINE_MS, &resp, details, sizeof details);
     grpc_slice_unref(packed);
     Keyflow__V1__RegisterFunctionResponse *r = NULL;
     if (st == GRPC_STATUS_OK) {
@@ -1156,8 +1178,8 @@ static bool register_function(grpc_channel *ch, const options_t *o, registered_t
     }
     grpc_slice_unref(resp);
     if (r == NULL || r->function == NULL) {
-        fprintf(stderr, "kf_fnload: RegisterFunction %s: %s: %s\n", o->function_id,
-                status_name(st), st == GRPC_STATUS_OK ? "no response" : details);
+        fprintf(stderr, "kf_fnload: RegisterFunction %s: %s: %s\n", o->function_id, status_name(st),
+                st == GRPC_STATUS_OK ? "no response" : details);
         if (r != NULL) {
             keyflow__v1__register_function_response__free_unpacked(r, NULL);
         }
@@ -1198,8 +1220,8 @@ static fn_info_t get_function(grpc_channel *ch, const char *function_id) {
         NULL, GRPC_SLICE_LENGTH(resp), GRPC_SLICE_START_PTR(resp));
     grpc_slice_unref(resp);
     if (fi != NULL) {
-        info = (fn_info_t){true, fi->keys, fi->timers, fi->output_seq, fi->watermark_us,
-                           fi->state_bytes};
+        info = (fn_info_t){true,           fi->keys,         fi->timers,
+                           fi->output_seq, fi->watermark_us, fi->state_bytes};
         keyflow__v1__function_info__free_unpacked(fi, NULL);
     }
     return info;
@@ -1208,8 +1230,8 @@ static fn_info_t get_function(grpc_channel *ch, const char *function_id) {
 /* ---- Producers ---------------------------------------------------------- */
 
 typedef enum key_source {
-    KEYS_UNIFORM,                 /* push, fill: "u%07d" uniform over --keys */
-    KEYS_DISTINCT,                /* timers: "s%07d", row i of the run has key i */
+    KEYS_UNIFORM,  /* push, fill: "u%07d" uniform over --keys */
+    KEYS_DISTINCT, /* timers: "s%07d", row i of the run has key i */
 } key_source_t;
 
 typedef struct load load_t;
@@ -1219,7 +1241,7 @@ typedef struct producer {
     char id[32];
     grpc_channel *channel;
     void *method;
-    grpc_call *call;              /* NULL when idle */
+    grpc_call *call; /* NULL when idle */
     grpc_byte_buffer *request;
     grpc_byte_buffer *response;
     grpc_metadata_array md_initial;
@@ -1227,9 +1249,9 @@ typedef struct producer {
     grpc_status_code status;
     grpc_slice details;
     int64_t start_ns;
-    int64_t sequence;             /* of the last batch started */
+    int64_t sequence; /* of the last batch started */
     int64_t rows_in_call;
-    int64_t rows_sent;            /* rows started by this producer (ts offsets) */
+    int64_t rows_sent; /* rows started by this producer (ts offsets) */
     bool cancelled;
 } producer_t;
 
@@ -1245,14 +1267,14 @@ struct load {
     /* what to send */
     char key_prefix;
     grpc_slice user_pool[USER_POOL]; /* full batches, uniform keys */
-    grpc_slice third_full;        /* amount / idle_us column of a full batch */
+    grpc_slice third_full;           /* amount / idle_us column of a full batch */
     int64_t third_value;
     int64_t ts_base_us;
     /* when to stop */
     bool timed;
-    int64_t window_start_ns;      /* timed: the measured window */
+    int64_t window_start_ns; /* timed: the measured window */
     int64_t window_end_ns;
-    long long rows_total;         /* untimed: rows to start in all */
+    long long rows_total; /* untimed: rows to start in all */
     long long rows_started;
     /* results (calls completing inside the window; untimed: all) */
     histogram_t hist;
@@ -1270,8 +1292,7 @@ struct load {
 
 /* Encodes the columns of one batch of `n` rows starting at the producer's
  * row `first_row` (uniform: per producer; distinct: of the whole run). */
-static void build_columns(load_t *l, int64_t first_row, int64_t n,
-                          grpc_slice cols[3]) {
+static void build_columns(load_t *l, int64_t first_row, int64_t n, grpc_slice cols[3]) {
     if (l->keys == KEYS_UNIFORM && n == l->o->rows) {
         cols[0] = grpc_slice_ref(l->user_pool[rand_next(&l->rng) % USER_POOL]);
         cols[2] = grpc_slice_ref(l->third_full);
@@ -1282,8 +1303,9 @@ static void build_columns(load_t *l, int64_t first_row, int64_t n,
             abort();
         }
         for (int64_t i = 0; i < n; i++) {
-            keys[i] = l->keys == KEYS_UNIFORM ? (uint32_t)(rand_next(&l->rng) % (uint64_t)l->o->keys)
-                                              : (uint32_t)(first_row + i);
+            keys[i] = l->keys == KEYS_UNIFORM
+                          ? (uint32_t)(rand_next(&l->rng) % (uint64_t)l->o->keys)
+                          : (uint32_t)(first_row + i);
         }
         cols[0] = encode_key_column(l->key_prefix, keys, (size_t)n);
         cols[2] = encode_int64_column(l->third_value, 0, (size_t)n);
@@ -1395,12 +1417,14 @@ static void producer_finish(producer_t *p, bool ok, int64_t t) {
                                                                GRPC_SLICE_START_PTR(flat));
                 grpc_slice_unref(flat);
             }
-            if (ack == NULL || ack->rows_accepted != p->rows_in_call || ack->sequence != p->sequence) {
+            if (ack == NULL || ack->rows_accepted != p->rows_in_call ||
+                ack->sequence != p->sequence) {
                 slot = STATUS_BAD_ACK;
                 char text[160];
                 snprintf(text, sizeof text, "producer %s sequence %" PRId64 ": %s", p->id,
-                         p->sequence, ack == NULL ? "no acknowledgement"
-                                                  : "rows_accepted or sequence differ from the batch");
+                         p->sequence,
+                         ack == NULL ? "no acknowledgement"
+                                     : "rows_accepted or sequence differ from the batch");
                 report_once(l, slot, text);
             } else {
                 l->rows_acked += (uint64_t)ack->rows_accepted;
@@ -1440,8 +1464,8 @@ static void *load_main(void *arg) {
     }
     int64_t give_up_after_ns = ((int64_t)l->o->deadline_ms + DRAIN_GRACE_MS) * 1000000;
     while (l->outstanding > 0) {
-        gpr_timespec wait = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                         gpr_time_from_millis(POLL_MS, GPR_TIMESPAN));
+        gpr_timespec wait =
+            gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(POLL_MS, GPR_TIMESPAN));
         grpc_event ev = grpc_completion_queue_next(l->cq, wait, NULL);
         int64_t t = now_ns();
         if (ev.type == GRPC_OP_COMPLETE) {
@@ -1486,8 +1510,8 @@ static bool self_check(load_t *l) {
     const char *why = NULL;
     if (r == NULL) {
         why = "does not decode";
-    } else if (strcmp(r->function_id, l->o->function_id) != 0 || strcmp(r->producer_id, probe.id) != 0 ||
-               r->sequence != 1) {
+    } else if (strcmp(r->function_id, l->o->function_id) != 0 ||
+               strcmp(r->producer_id, probe.id) != 0 || r->sequence != 1) {
         why = "ids or sequence differ";
     } else if (r->rows_case != KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH || r->batch == NULL ||
                r->batch->row_count != rows || r->batch->n_columns != 3) {
@@ -1495,7 +1519,8 @@ static bool self_check(load_t *l) {
     } else {
         Keyflow__V1__Column **c = r->batch->columns;
         if (c[0]->values_case != KEYFLOW__V1__COLUMN__VALUES_STRINGS ||
-            c[0]->strings->n_values != (size_t)rows || strlen(c[0]->strings->values[0]) != KEY_BYTES ||
+            c[0]->strings->n_values != (size_t)rows ||
+            strlen(c[0]->strings->values[0]) != KEY_BYTES ||
             c[0]->strings->values[0][0] != l->key_prefix) {
             why = "key column differs";
         } else if (c[1]->values_case != KEYFLOW__V1__COLUMN__VALUES_INT64S ||
@@ -1588,10 +1613,10 @@ static void errors_text(const uint64_t *statuses, char *buf, size_t size, bool j
         if (statuses[i] == 0) {
             continue;
         }
-        int n = json ? snprintf(buf + used, size - used, "%s\"%s\":%" PRIu64, first ? "" : ",",
-                                status_names[i], statuses[i])
-                     : snprintf(buf + used, size - used, " %s=%" PRIu64, status_names[i],
-                                statuses[i]);
+        int n =
+            json ? snprintf(buf + used, size - used, "%s\"%s\":%" PRIu64, first ? "" : ",",
+                            status_names[i], statuses[i])
+                 : snprintf(buf + used, size - used, " %s=%" PRIu64, status_names[i], statuses[i]);
         used += n > 0 ? (size_t)n : 0;
         first = false;
     }
@@ -1630,8 +1655,8 @@ static void print_load(const load_t *l, const char *kind, double window_s, const
            ",\"handler_calls\":%" PRIu64 ",\"duplicates\":%" PRIu64 ",\"p50_us\":%.1f,"
            "\"p99_us\":%.1f,\"p999_us\":%.1f,\"max_us\":%.1f,\"mean_us\":%.1f,\"errors\":%" PRIu64
            ",\"errors_by_status\":{%s},\"abandoned\":%" PRIu64,
-           kind, o->function_id, reg->sha256, o->producers, o->rows, keys, o->channels,
-           window_s, l->timed ? o->warmup_s : 0.0, l->batches_ok, l->rows_acked, batches_s, rows_s,
+           kind, o->function_id, reg->sha256, o->producers, o->rows, keys, o->channels, window_s,
+           l->timed ? o->warmup_s : 0.0, l->batches_ok, l->rows_acked, batches_s, rows_s,
            l->activations, l->handler_calls, l->duplicates, hist_q_us(&l->hist, 0.50),
            hist_q_us(&l->hist, 0.99), hist_q_us(&l->hist, 0.999), (double)l->hist.max_ns / 1e3,
            hist_mean_us(&l->hist), errors, ejson, l->abandoned);
@@ -1704,7 +1729,8 @@ static int run_push(const options_t *o) {
     if (!l->timed) {
         cpu_end(&cw);
         window_s = l->last_done_ns > l->first_start_ns
-                       ? (double)(l->last_done_ns - l->first_start_ns) / 1e9 : 0.0;
+                       ? (double)(l->last_done_ns - l->first_start_ns) / 1e9
+                       : 0.0;
     } else {
         window_s = (double)(l->window_end_ns - l->window_start_ns) / 1e9;
     }
@@ -1791,9 +1817,10 @@ static const char *page_verify(const uint8_t *data, size_t len, int64_t rows) {
     } else {
         for (size_t c = 0; c < 4 && why == NULL; c++) {
             const Keyflow__V1__Column *col = r->batch->columns[c];
-            size_t n = col->values_case == KEYFLOW__V1__COLUMN__VALUES_STRINGS ? col->strings->n_values
-                       : col->values_case == KEYFLOW__V1__COLUMN__VALUES_INT64S ? col->int64s->n_values
-                                                                                 : 0;
+            size_t n =
+                col->values_case == KEYFLOW__V1__COLUMN__VALUES_STRINGS  ? col->strings->n_values
+                : col->values_case == KEYFLOW__V1__COLUMN__VALUES_INT64S ? col->int64s->n_values
+                                                                         : 0;
             if (n != (size_t)rows) {
                 why = "a column has the wrong number of values";
             }
@@ -1826,8 +1853,8 @@ static int run_read(const options_t *o) {
         grpc_slice resp;
         char details[512];
         int64_t s0 = now_ns();
-        int st = unary_call(ch, METHOD_READ, packed, o->deadline_ms, &resp, details,
-                            sizeof details);
+        int st =
+            unary_call(ch, METHOD_READ, packed, o->deadline_ms, &resp, details, sizeof details);
         int64_t s1 = now_ns();
         grpc_slice_unref(packed);
         int slot = st < 0 ? STATUS_BATCH_FAILED : st < STATUS_CODES ? st : STATUS_OTHER;
@@ -1854,7 +1881,8 @@ static int run_read(const options_t *o) {
         }
         int64_t n = pg.last_seq - pg.first_seq + 1;
         if (pg.first_seq != after + 1 || pg.row_count != n || pg.next_after_seq != pg.last_seq) {
-            verify_problem = verify_problem ? verify_problem : "page sequence numbers do not follow";
+            verify_problem =
+                verify_problem ? verify_problem : "page sequence numbers do not follow";
         }
         /* The first page is decoded fully to check its shape (outside the
          * page's latency, inside the total time). */
@@ -1887,9 +1915,9 @@ static int run_read(const options_t *o) {
            "%.1f MB/s; page latency us p50 %.1f p99 %.1f max %.1f; high water %" PRId64
            "; errors %" PRIu64 "%s%s%s; %s\n",
            o->limit, rows, pages, s, rows_s, s > 0 ? (double)bytes / s / 1e6 : 0.0,
-           hist_q_us(&hist, 0.50), hist_q_us(&hist, 0.99), (double)hist.max_ns / 1e3, high,
-           errors, etext, verify_problem ? "; CHECK FAILED: " : "",
-           verify_problem ? verify_problem : "", ctext);
+           hist_q_us(&hist, 0.50), hist_q_us(&hist, 0.99), (double)hist.max_ns / 1e3, high, errors,
+           etext, verify_problem ? "; CHECK FAILED: " : "", verify_problem ? verify_problem : "",
+           ctext);
     printf("{\"kind\":\"fn_read\",\"function_id\":\"%s\",\"limit\":%ld,\"rows\":%" PRId64
            ",\"pages\":%" PRId64 ",\"bytes\":%" PRIu64 ",\"elapsed_s\":%.3f,\"rows_per_s\":%.1f,"
            "\"page_p50_us\":%.1f,\"page_p99_us\":%.1f,\"page_max_us\":%.1f,"
@@ -1937,7 +1965,8 @@ static int run_timers(const options_t *o) {
     pthread_join(worker, NULL);
     cpu_end(&cw_load);
     double load_s = l->last_done_ns > l->first_start_ns
-                        ? (double)(l->last_done_ns - l->first_start_ns) / 1e9 : 0.0;
+                        ? (double)(l->last_done_ns - l->first_start_ns) / 1e9
+                        : 0.0;
     cpu_pct_t cpu_load;
     cpu_percent(&cw_load, &cpu_load);
     print_load(l, "fn_timers_load", load_s, &cpu_load, &reg);
@@ -1978,8 +2007,8 @@ static int run_timers(const options_t *o) {
     fn_info_t after = get_function(channels[0], o->function_id);
     double step_s = (double)(t1 - t0) / 1e9;
     int64_t callbacks = ack ? ack->timer_callbacks : 0;
-    int64_t out_rows = ack && ack->first_output_seq > 0
-                           ? ack->last_output_seq - ack->first_output_seq + 1 : 0;
+    int64_t out_rows =
+        ack && ack->first_output_seq > 0 ? ack->last_output_seq - ack->first_output_seq + 1 : 0;
     cpu_pct_t cpu;
     cpu_percent(&cw, &cpu);
     char ctext[512];
@@ -1988,8 +2017,7 @@ static int run_timers(const options_t *o) {
         fprintf(stderr, "kf_fnload: timers: the watermark batch failed: %s: %s\n", status_name(st),
                 details);
     }
-    bool as_expected = ack != NULL && callbacks == (int64_t)l->rows_acked &&
-                       callbacks == o->timers;
+    bool as_expected = ack != NULL && callbacks == (int64_t)l->rows_acked && callbacks == o->timers;
     char mem_text[128] = "", sync_text[128] = "";
     if (o->server_pid > 0) {
         snprintf(mem_text, sizeof mem_text, "; server RSS %ld -> %ld MB (peak %ld -> %ld MB)",
@@ -1999,15 +2027,15 @@ static int run_timers(const options_t *o) {
         snprintf(sync_text, sizeof sync_text, "; synced writes %.0f taking %.3f s for %.1f MB",
                  writes, write_s, write_mb);
     }
-    printf("timers: %lld rows pushed (%" PRIu64 " acked; the server holds %" PRId64 " timers, %"
-           PRId64 " keys): watermark step %s in %.3f s; timer_callbacks %" PRId64 " (%s), "
-           "activations %" PRId64 ", handler calls %" PRId64 ", output rows %" PRId64
-           " = %.0f timers/s; after: %" PRId64 " timers, %" PRId64 " keys%s%s; %s\n",
-           o->timers, l->rows_acked, before.timers, before.keys, status_name(st), step_s,
-           callbacks, as_expected ? "as expected" : "NOT the number of rows pushed",
-           ack ? ack->activations : 0, ack ? ack->handler_calls : 0, out_rows,
-           step_s > 0 ? (double)callbacks / step_s : 0.0, after.timers, after.keys, mem_text,
-           sync_text, ctext);
+    printf(
+        "timers: %lld rows pushed (%" PRIu64 " acked; the server holds %" PRId64 " timers, %" PRId64
+        " keys): watermark step %s in %.3f s; timer_callbacks %" PRId64 " (%s), "
+        "activations %" PRId64 ", handler calls %" PRId64 ", output rows %" PRId64
+        " = %.0f timers/s; after: %" PRId64 " timers, %" PRId64 " keys%s%s; %s\n",
+        o->timers, l->rows_acked, before.timers, before.keys, status_name(st), step_s, callbacks,
+        as_expected ? "as expected" : "NOT the number of rows pushed", ack ? ack->activations : 0,
+        ack ? ack->handler_calls : 0, out_rows, step_s > 0 ? (double)callbacks / step_s : 0.0,
+        after.timers, after.keys, mem_text, sync_text, ctext);
     char *detail_json = NULL;
     if (st != GRPC_STATUS_OK) {
         /* JSON-safe copy of the status message. */
@@ -2021,9 +2049,10 @@ static int run_timers(const options_t *o) {
     printf("{\"kind\":\"fn_timers\",\"function_id\":\"%s\",\"timers\":%lld,\"rows_acked\":%" PRIu64
            ",\"timers_before\":%" PRId64 ",\"keys_before\":%" PRId64 ",\"status\":\"%s\","
            "\"status_details\":\"%s\",\"step_s\":%.3f,\"timer_callbacks\":%" PRId64
-           ",\"timer_callbacks_as_expected\":%s,\"activations\":%" PRId64 ",\"handler_calls\":%"
-           PRId64 ",\"output_rows\":%" PRId64 ",\"timers_per_s\":%.1f,\"timers_after\":%" PRId64
-           ",\"keys_after\":%" PRId64 ",\"output_seq_after\":%" PRId64 ",\"server_rss_kb_before\":%ld,"
+           ",\"timer_callbacks_as_expected\":%s,\"activations\":%" PRId64
+           ",\"handler_calls\":%" PRId64 ",\"output_rows\":%" PRId64
+           ",\"timers_per_s\":%.1f,\"timers_after\":%" PRId64 ",\"keys_after\":%" PRId64
+           ",\"output_seq_after\":%" PRId64 ",\"server_rss_kb_before\":%ld,"
            "\"server_rss_kb_after\":%ld,\"server_peak_rss_kb_before\":%ld,"
            "\"server_peak_rss_kb_after\":%ld,\"step_synced_writes\":%.0f,"
            "\"step_write_s\":%.3f,\"step_write_mb\":%.1f,\"load_s\":%.3f,\"load_rows_per_s\":%.1f",

@@ -67,12 +67,12 @@
 
 /* Bounds on the flags: large enough for any run this machine can drive,
  * small enough that a typo cannot allocate gigabytes. */
-#define CONCURRENCY_MAX 4096
-#define THREADS_MAX 16
-#define CHANNELS_MAX 64
-#define KEYS_MAX 1000000
-#define DURATION_S_MAX 3600
-#define FSYNC_COUNT_MAX 1000000
+#define CONCURRENCY_MAX    4096
+#define THREADS_MAX        16
+#define CHANNELS_MAX       64
+#define KEYS_MAX           1000000
+#define DURATION_S_MAX     3600
+#define FSYNC_COUNT_MAX    1000000
 #define FSYNC_RECORD_BYTES 100
 
 /* A call still outstanding this long after its deadline is cancelled. */
@@ -86,16 +86,16 @@
  * every power of two [2^k, 2^(k+1)) is split into 64 equal buckets, so a
  * bucket is at most 1/64 (1.6%) of its value wide. Values are clamped to
  * 2^40 ns (18 minutes), giving a fixed array of HIST_BUCKETS counters. */
-#define HIST_SUB_BITS 6
-#define HIST_SUB (1 << HIST_SUB_BITS)
+#define HIST_SUB_BITS  6
+#define HIST_SUB       (1 << HIST_SUB_BITS)
 #define HIST_VALUE_MAX ((UINT64_C(1) << 40) - 1)
-#define HIST_BUCKETS ((40 - HIST_SUB_BITS) * HIST_SUB + 2 * HIST_SUB)
+#define HIST_BUCKETS   ((40 - HIST_SUB_BITS) * HIST_SUB + 2 * HIST_SUB)
 
 typedef struct histogram {
     uint64_t counts[HIST_BUCKETS];
     uint64_t total;
     uint64_t max_ns;
-    uint64_t sum_ns;             /* for the mean; 2^64 ns is 584 years */
+    uint64_t sum_ns; /* for the mean; 2^64 ns is 584 years */
 } histogram_t;
 
 static size_t hist_index(uint64_t v) {
@@ -389,26 +389,42 @@ typedef struct options {
     long channels;
     long threads;
     long deadline_ms;
-    long server_pid;             /* 0: do not report the server's CPU */
-    bool minimal_stack;          /* GRPC_ARG_MINIMAL_STACK on the client channels */
+    long server_pid;    /* 0: do not report the server's CPU */
+    bool minimal_stack; /* GRPC_ARG_MINIMAL_STACK on the client channels */
     const char *workflow;
-    const char *fsync_dir;       /* non-NULL: run the fsync probe instead */
+    const char *fsync_dir; /* non-NULL: run the fsync probe instead */
     long fsync_count;
     fsync_mode_t fsync_mode;
 } options_t;
 
 /* Status slots: the 17 gRPC codes, then the failures that have no code. */
-#define STATUS_CODES 17
-#define STATUS_BATCH_FAILED 17   /* the completion queue reported success = 0 */
-#define STATUS_NO_MESSAGE 18     /* OK without a response message */
-#define STATUS_OTHER 19          /* a code outside 0..16 */
-#define STATUS_SLOTS 20
+#define STATUS_CODES        17
+#define STATUS_BATCH_FAILED 17 /* the completion queue reported success = 0 */
+#define STATUS_NO_MESSAGE   18 /* OK without a response message */
+#define STATUS_OTHER        19 /* a code outside 0..16 */
+#define STATUS_SLOTS        20
 
 static const char *const status_names[STATUS_SLOTS] = {
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-    "UNAUTHENTICATED", "BATCH_FAILED", "OK_WITHOUT_MESSAGE", "OTHER",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+    "BATCH_FAILED",
+    "OK_WITHOUT_MESSAGE",
+    "OTHER",
 };
 
 /* The first error of each kind prints its details once, so a failing run
@@ -420,9 +436,9 @@ typedef struct worker worker_t;
 
 typedef struct slot {
     worker_t *worker;
-    grpc_channel *channel;       /* borrowed from the run */
-    void *method;                /* the channel's registered-call handle */
-    grpc_call *call;             /* NULL when no call is outstanding */
+    grpc_channel *channel; /* borrowed from the run */
+    void *method;          /* the channel's registered-call handle */
+    grpc_call *call;       /* NULL when no call is outstanding */
     grpc_byte_buffer *request;
     grpc_byte_buffer *response;
     grpc_metadata_array initial_metadata;
@@ -436,13 +452,13 @@ struct worker {
     run_t *run;
     pthread_t thread;
     grpc_completion_queue *cq;
-    slot_t *slots;               /* borrowed from run_load's array; only this thread
-                                    touches them while it runs */
+    slot_t *slots; /* borrowed from run_load's array; only this thread
+                      touches them while it runs */
     size_t slot_count;
     size_t outstanding;
     uint64_t rng;
     uint64_t statuses[STATUS_SLOTS]; /* calls completed in the window, by status */
-    uint64_t abandoned;          /* calls cancelled by the drain timeout */
+    uint64_t abandoned;              /* calls cancelled by the drain timeout */
     histogram_t hist;
 };
 
@@ -451,7 +467,7 @@ struct run {
     const char *method_path;
     grpc_channel *channels[CHANNELS_MAX];
     void *methods[CHANNELS_MAX];
-    grpc_slice *requests;        /* one packed request per key (one for health) */
+    grpc_slice *requests; /* one packed request per key (one for health) */
     size_t request_count;
     int64_t measure_start_ns;
     int64_t measure_end_ns;
@@ -502,9 +518,8 @@ static void slot_start(slot_t *s) {
     worker_t *w = s->worker;
     run_t *r = w->run;
     size_t key = r->request_count == 1 ? 0 : (size_t)(rng_next(&w->rng) % r->request_count);
-    gpr_timespec deadline =
-        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                     gpr_time_from_millis(r->options->deadline_ms, GPR_TIMESPAN));
+    gpr_timespec deadline = gpr_time_add(
+        gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(r->options->deadline_ms, GPR_TIMESPAN));
     s->start_ns = mono_ns();
     s->call = grpc_channel_create_registered_call(s->channel, NULL, GRPC_PROPAGATE_DEFAULTS, w->cq,
                                                   s->method, deadline, NULL);
@@ -584,15 +599,15 @@ static void slot_finish(slot_t *s, bool ok, int64_t now_ns) {
 static void *worker_main(void *arg) {
     worker_t *w = arg;
     run_t *r = w->run;
-    int64_t give_up_ns = r->measure_end_ns + (int64_t)(r->options->deadline_ms + DRAIN_GRACE_MS) *
-                                                 1000000;
+    int64_t give_up_ns =
+        r->measure_end_ns + (int64_t)(r->options->deadline_ms + DRAIN_GRACE_MS) * 1000000;
     bool cancelled = false;
     for (size_t i = 0; i < w->slot_count; i++) {
         slot_start(&w->slots[i]);
     }
     while (w->outstanding > 0) {
-        gpr_timespec wait = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                         gpr_time_from_millis(POLL_MS, GPR_TIMESPAN));
+        gpr_timespec wait =
+            gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(POLL_MS, GPR_TIMESPAN));
         grpc_event ev = grpc_completion_queue_next(w->cq, wait, NULL);
         int64_t now = mono_ns();
         if (ev.type == GRPC_OP_COMPLETE) {
@@ -675,8 +690,8 @@ static void print_results(const run_t *r, const histogram_t *hist, const uint64_
     /* Percent of one core, like top: 200% is both cores of this machine. */
     double client_pct = window_s > 0 ? 100.0 * cpu->client_s / window_s : 0.0;
     double server_pct = window_s > 0 && cpu->server_s >= 0 ? 100.0 * cpu->server_s / window_s : -1;
-    double machine_pct = window_s > 0 && cpu->machine_s >= 0 ? 100.0 * cpu->machine_s / window_s
-                                                             : -1;
+    double machine_pct =
+        window_s > 0 && cpu->machine_s >= 0 ? 100.0 * cpu->machine_s / window_s : -1;
     double other_pct = -1;
     if (machine_pct >= 0 && server_pct >= 0) {
         other_pct = machine_pct - client_pct - server_pct;
@@ -687,8 +702,8 @@ static void print_results(const run_t *r, const histogram_t *hist, const uint64_
     size_t used = 0;
     for (int i = 1; i < STATUS_SLOTS; i++) {
         if (statuses[i] != 0 && used < sizeof errtext) {
-            int n = snprintf(errtext + used, sizeof errtext - used, " %s=%" PRIu64,
-                             status_names[i], statuses[i]);
+            int n = snprintf(errtext + used, sizeof errtext - used, " %s=%" PRIu64, status_names[i],
+                             statuses[i]);
             used += n > 0 ? (size_t)n : 0;
         }
     }
@@ -728,8 +743,8 @@ static int run_load(const options_t *o) {
     static run_t run; /* static: zeroed, and too large to want on a stack */
     run_t *r = &run;
     r->options = o;
-    r->method_path = o->rpc == RPC_SEND ? "/keyflow.v1.Coordinators/SendEvent"
-                                        : "/grpc.health.v1.Health/Check";
+    r->method_path =
+        o->rpc == RPC_SEND ? "/keyflow.v1.Coordinators/SendEvent" : "/grpc.health.v1.Health/Check";
     grpc_init();
     gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
     if (!build_requests(r)) {

@@ -41,7 +41,7 @@
 #include "base/limits.h"
 
 struct kf_client {
-    grpc_channel *channel;       /* shared by every call; thread-safe */
+    grpc_channel *channel; /* shared by every call; thread-safe */
     char target[KF_CLIENT_TARGET_BYTES_MAX + 1];
 };
 
@@ -148,7 +148,9 @@ void kf_client_destroy(kf_client_t *client) {
     grpc_shutdown();
 }
 
-const char *kf_client_target(const kf_client_t *client) { return client->target; }
+const char *kf_client_target(const kf_client_t *client) {
+    return client->target;
+}
 
 /* protobuf-c allocator over the caller's arena that remembers whether an
  * allocation failed, so that an exhausted arena is told apart from a
@@ -198,8 +200,8 @@ static kf_status_t decode_response(grpc_byte_buffer *payload,
                                 "%zu bytes of %s",
                                 arena->limit_bytes, len, desc->name);
         }
-        return kf_error_set(err, KF_E_INTERNAL, "response: %zu bytes that are not a valid %s",
-                            len, desc->name);
+        return kf_error_set(err, KF_E_INTERNAL, "response: %zu bytes that are not a valid %s", len,
+                            desc->name);
     }
     KF_ASSERT(msg->descriptor == desc);
     *response = msg;
@@ -371,39 +373,38 @@ release_call:
 #define STREAM_METHOD_PATH_BYTES_MAX 128
 
 typedef enum stream_batch {
-    STREAM_START,                /* send metadata, the request, half-close */
-    STREAM_RECV,                 /* one message (the first: initial metadata too) */
-    STREAM_STATUS,               /* the final status */
+    STREAM_START,  /* send metadata, the request, half-close */
+    STREAM_RECV,   /* one message (the first: initial metadata too) */
+    STREAM_STATUS, /* the final status */
     STREAM_BATCH_KINDS,
 } stream_batch_t;
 
 struct kf_client_stream {
     grpc_call *call;
-    grpc_completion_queue *cq;   /* this stream's alone; drained at close */
+    grpc_completion_queue *cq; /* this stream's alone; drained at close */
     const ProtobufCMessageDescriptor *response_desc;
     char method_path[STREAM_METHOD_PATH_BYTES_MAX];
     grpc_byte_buffer *send_buffer; /* the request, until close */
     grpc_metadata_array initial_metadata;
     grpc_metadata_array trailing_metadata;
     grpc_byte_buffer *recv_buffer; /* written by the RECV batch in flight */
-    grpc_byte_buffer *message;   /* a collected RECV's message, until next takes it */
-    grpc_status_code code;       /* written by the STATUS batch */
+    grpc_byte_buffer *message;     /* a collected RECV's message, until next takes it */
+    grpc_status_code code;         /* written by the STATUS batch */
     grpc_slice details;
     const char *error_string;
     char tags[STREAM_BATCH_KINDS]; /* one distinct address per batch kind */
-    int pending;                 /* batches started and not yet collected */
+    int pending;                   /* batches started and not yet collected */
     bool recv_pending;
     bool initial_metadata_asked;
-    bool messages_ended;         /* a RECV completed without a message */
+    bool messages_ended; /* a RECV completed without a message */
     bool status_received;
-    bool finished;               /* `outcome` is final */
-    kf_error_t outcome;          /* KF_OK: the server ended the stream with OK */
+    bool finished;      /* `outcome` is final */
+    kf_error_t outcome; /* KF_OK: the server ended the stream with OK */
 };
 
 static grpc_call_error stream_start_batch(kf_client_stream_t *stream, stream_batch_t kind,
                                           const grpc_op *ops, size_t count) {
-    grpc_call_error rc =
-        grpc_call_start_batch(stream->call, ops, count, &stream->tags[kind], NULL);
+    grpc_call_error rc = grpc_call_start_batch(stream->call, ops, count, &stream->tags[kind], NULL);
     if (rc == GRPC_CALL_OK) {
         stream->pending++;
     }
@@ -417,8 +418,7 @@ static void stream_collect(kf_client_stream_t *stream, const grpc_event *ev) {
     KF_ASSERT(tag >= stream->tags && tag < stream->tags + STREAM_BATCH_KINDS);
     stream->pending--;
     switch ((stream_batch_t)(tag - stream->tags)) {
-    case STREAM_START:
-        break; /* a failed send shows up in the status */
+    case STREAM_START: break; /* a failed send shows up in the status */
     case STREAM_RECV:
         /* Only now is recv_buffer this batch's answer (invariant 6). */
         KF_ASSERT(stream->recv_pending && stream->message == NULL);
@@ -429,11 +429,8 @@ static void stream_collect(kf_client_stream_t *stream, const grpc_event *ev) {
             stream->messages_ended = true;
         }
         break;
-    case STREAM_STATUS:
-        stream->status_received = true;
-        break;
-    case STREAM_BATCH_KINDS:
-        KF_UNREACHABLE();
+    case STREAM_STATUS: stream->status_received = true; break;
+    case STREAM_BATCH_KINDS: KF_UNREACHABLE();
     }
 }
 
@@ -476,9 +473,9 @@ kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
      * a receive in flight between calls, which pluck could not express. */
     stream->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_slice method = grpc_slice_from_copied_string(method_path);
-    stream->call = grpc_channel_create_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS,
-                                            stream->cq, method, NULL,
-                                            deadline_after(timeout_ms), NULL);
+    stream->call =
+        grpc_channel_create_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS, stream->cq, method,
+                                 NULL, deadline_after(timeout_ms), NULL);
     grpc_slice_unref(method);
     KF_ASSERT(stream->call != NULL);
 
@@ -508,9 +505,8 @@ kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
     return KF_OK;
 }
 
-kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena,
-                                  int64_t timeout_ms, ProtobufCMessage **response,
-                                  kf_error_t *err) {
+kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena, int64_t timeout_ms,
+                                  ProtobufCMessage **response, kf_error_t *err) {
     KF_ASSERT(stream != NULL && arena != NULL && response != NULL && timeout_ms >= 0);
     *response = NULL;
     gpr_timespec deadline = deadline_after(timeout_ms);
@@ -539,8 +535,7 @@ kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena,
             if (stream->code != GRPC_STATUS_OK) {
                 st = status_error(stream->code, stream->details, stream->method_path, &final);
             } else {
-                kf_error_set(&final, KF_OK, "%s: the server ended the stream",
-                             stream->method_path);
+                kf_error_set(&final, KF_OK, "%s: the server ended the stream", stream->method_path);
             }
             stream_finish(stream, st, &final);
             continue;
@@ -551,8 +546,7 @@ kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena,
             size_t n = 0;
             if (!stream->initial_metadata_asked) {
                 ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
-                ops[n].data.recv_initial_metadata.recv_initial_metadata =
-                    &stream->initial_metadata;
+                ops[n].data.recv_initial_metadata.recv_initial_metadata = &stream->initial_metadata;
                 n++;
             }
             ops[n].op = GRPC_OP_RECV_MESSAGE;
@@ -575,8 +569,8 @@ kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena,
         KF_ASSERT(stream->pending > 0);
         grpc_event ev = grpc_completion_queue_next(stream->cq, deadline, NULL);
         if (ev.type == GRPC_QUEUE_TIMEOUT) {
-            return kf_error_set(err, KF_AGAIN, "%s: no message within %lld ms",
-                                stream->method_path, (long long)timeout_ms);
+            return kf_error_set(err, KF_AGAIN, "%s: no message within %lld ms", stream->method_path,
+                                (long long)timeout_ms);
         }
         stream_collect(stream, &ev);
     }
@@ -623,8 +617,8 @@ void kf_client_stream_close(kf_client_stream_t *stream) {
 }
 
 kf_status_t kf_client_tail_output(kf_client_t *client,
-                                  const Keyflow__V1__TailOutputRequest *request,
-                                  int64_t timeout_ms, kf_client_stream_t **out, kf_error_t *err) {
+                                  const Keyflow__V1__TailOutputRequest *request, int64_t timeout_ms,
+                                  kf_client_stream_t **out, kf_error_t *err) {
     KF_ASSERT(request != NULL &&
               request->base.descriptor == &keyflow__v1__tail_output_request__descriptor);
     return kf_client_stream_open(client, KF_CLIENT_PATH_TAIL_OUTPUT, &request->base,
@@ -646,15 +640,15 @@ kf_status_t kf_client_tail_output_next(kf_client_stream_t *stream, kf_arena_t *a
 
 /* One typed wrapper: checks the request's type (an uninitialized or wrong
  * message is a programmer error) and narrows the response's. */
-#define KF_CLIENT_WRAPPER(fn, path, Req, req_desc, Resp, resp_desc)                             \
-    kf_status_t fn(kf_client_t *client, const Req *request, kf_arena_t *arena,                  \
-                   int64_t timeout_ms, Resp **response, kf_error_t *err) {                      \
-        KF_ASSERT(request != NULL && request->base.descriptor == &req_desc);                    \
-        ProtobufCMessage *msg = NULL;                                                          \
-        kf_status_t st = kf_client_call(client, path, &request->base, &resp_desc, arena,       \
-                                        timeout_ms, &msg, err);                                \
-        *response = (Resp *)msg;                                                               \
-        return st;                                                                             \
+#define KF_CLIENT_WRAPPER(fn, path, Req, req_desc, Resp, resp_desc)                                \
+    kf_status_t fn(kf_client_t *client, const Req *request, kf_arena_t *arena, int64_t timeout_ms, \
+                   Resp **response, kf_error_t *err) {                                             \
+        KF_ASSERT(request != NULL && request->base.descriptor == &req_desc);                       \
+        ProtobufCMessage *msg = NULL;                                                              \
+        kf_status_t st = kf_client_call(client, path, &request->base, &resp_desc, arena,           \
+                                        timeout_ms, &msg, err);                                    \
+        *response = (Resp *)msg;                                                                   \
+        return st;                                                                                 \
     }
 
 KF_CLIENT_WRAPPER(kf_client_send_event, KF_CLIENT_PATH_SEND_EVENT, Keyflow__V1__SendEventRequest,
@@ -709,10 +703,9 @@ KF_CLIENT_WRAPPER(kf_client_list_functions, KF_CLIENT_PATH_LIST_FUNCTIONS,
 KF_CLIENT_WRAPPER(kf_client_push_batch, KF_CLIENT_PATH_PUSH_BATCH, Keyflow__V1__PushBatchRequest,
                   keyflow__v1__push_batch_request__descriptor, Keyflow__V1__PushBatchResponse,
                   keyflow__v1__push_batch_response__descriptor)
-KF_CLIENT_WRAPPER(kf_client_read_output, KF_CLIENT_PATH_READ_OUTPUT,
-                  Keyflow__V1__ReadOutputRequest, keyflow__v1__read_output_request__descriptor,
-                  Keyflow__V1__ReadOutputResponse, keyflow__v1__read_output_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_read_output, KF_CLIENT_PATH_READ_OUTPUT, Keyflow__V1__ReadOutputRequest,
+                  keyflow__v1__read_output_request__descriptor, Keyflow__V1__ReadOutputResponse,
+                  keyflow__v1__read_output_response__descriptor)
 KF_CLIENT_WRAPPER(kf_client_get_key_state, KF_CLIENT_PATH_GET_KEY_STATE,
                   Keyflow__V1__GetKeyStateRequest, keyflow__v1__get_key_state_request__descriptor,
-                  Keyflow__V1__GetKeyStateResponse,
-                  keyflow__v1__get_key_state_response__descriptor)
+                  Keyflow__V1__GetKeyStateResponse, keyflow__v1__get_key_state_response__descriptor)

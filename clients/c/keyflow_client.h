@@ -53,23 +53,23 @@
 #define KF_CLIENT_TARGET_BYTES_MAX 256
 
 /* gRPC method paths, as in service/engine/methods.c. */
-#define KF_CLIENT_PATH_SEND_EVENT "/keyflow.v1.Coordinators/SendEvent"
+#define KF_CLIENT_PATH_SEND_EVENT           "/keyflow.v1.Coordinators/SendEvent"
 #define KF_CLIENT_PATH_DESCRIBE_COORDINATOR "/keyflow.v1.Coordinators/DescribeCoordinator"
-#define KF_CLIENT_PATH_FLUSH_WINDOW "/keyflow.v1.Coordinators/FlushWindow"
-#define KF_CLIENT_PATH_CANCEL_WINDOW "/keyflow.v1.Coordinators/CancelWindow"
-#define KF_CLIENT_PATH_POLL_RUNS "/keyflow.v1.Runs/PollRuns"
-#define KF_CLIENT_PATH_HEARTBEAT_RUN "/keyflow.v1.Runs/HeartbeatRun"
-#define KF_CLIENT_PATH_COMPLETE_RUN "/keyflow.v1.Runs/CompleteRun"
-#define KF_CLIENT_PATH_GET_RUN "/keyflow.v1.Runs/GetRun"
-#define KF_CLIENT_PATH_LIST_RUNS "/keyflow.v1.Runs/ListRuns"
-#define KF_CLIENT_PATH_REGISTER_FUNCTION "/keyflow.v1.Functions/RegisterFunction"
-#define KF_CLIENT_PATH_GET_FUNCTION "/keyflow.v1.Functions/GetFunction"
-#define KF_CLIENT_PATH_LIST_FUNCTIONS "/keyflow.v1.Functions/ListFunctions"
-#define KF_CLIENT_PATH_PUSH_BATCH "/keyflow.v1.Functions/PushBatch"
-#define KF_CLIENT_PATH_READ_OUTPUT "/keyflow.v1.Functions/ReadOutput"
-#define KF_CLIENT_PATH_TAIL_OUTPUT "/keyflow.v1.Functions/TailOutput"
-#define KF_CLIENT_PATH_GET_KEY_STATE "/keyflow.v1.Functions/GetKeyState"
-#define KF_CLIENT_PATH_HEALTH_CHECK "/grpc.health.v1.Health/Check"
+#define KF_CLIENT_PATH_FLUSH_WINDOW         "/keyflow.v1.Coordinators/FlushWindow"
+#define KF_CLIENT_PATH_CANCEL_WINDOW        "/keyflow.v1.Coordinators/CancelWindow"
+#define KF_CLIENT_PATH_POLL_RUNS            "/keyflow.v1.Runs/PollRuns"
+#define KF_CLIENT_PATH_HEARTBEAT_RUN        "/keyflow.v1.Runs/HeartbeatRun"
+#define KF_CLIENT_PATH_COMPLETE_RUN         "/keyflow.v1.Runs/CompleteRun"
+#define KF_CLIENT_PATH_GET_RUN              "/keyflow.v1.Runs/GetRun"
+#define KF_CLIENT_PATH_LIST_RUNS            "/keyflow.v1.Runs/ListRuns"
+#define KF_CLIENT_PATH_REGISTER_FUNCTION    "/keyflow.v1.Functions/RegisterFunction"
+#define KF_CLIENT_PATH_GET_FUNCTION         "/keyflow.v1.Functions/GetFunction"
+#define KF_CLIENT_PATH_LIST_FUNCTIONS       "/keyflow.v1.Functions/ListFunctions"
+#define KF_CLIENT_PATH_PUSH_BATCH           "/keyflow.v1.Functions/PushBatch"
+#define KF_CLIENT_PATH_READ_OUTPUT          "/keyflow.v1.Functions/ReadOutput"
+#define KF_CLIENT_PATH_TAIL_OUTPUT          "/keyflow.v1.Functions/TailOutput"
+#define KF_CLIENT_PATH_GET_KEY_STATE        "/keyflow.v1.Functions/GetKeyState"
+#define KF_CLIENT_PATH_HEALTH_CHECK         "/grpc.health.v1.Health/Check"
 
 typedef struct kf_client kf_client_t;
 
@@ -257,9 +257,8 @@ kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
  * the stream is cancelled). After the end or an error, every call returns
  * the same outcome again.
  */
-kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena,
-                                  int64_t timeout_ms, ProtobufCMessage **response,
-                                  kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena, int64_t timeout_ms,
+                                  ProtobufCMessage **response, kf_error_t *err) KF_MUST_USE;
 
 /* Cancels the call (the server sees the client go away). Idempotent; any
  * thread, between open and close (see Threads above). */
@@ -276,9 +275,8 @@ void kf_client_stream_close(kf_client_stream_t *stream);
  * an error). Typed kf_client_stream_open / kf_client_stream_next.
  */
 kf_status_t kf_client_tail_output(kf_client_t *client,
-                                  const Keyflow__V1__TailOutputRequest *request,
-                                  int64_t timeout_ms, kf_client_stream_t **out,
-                                  kf_error_t *err) KF_MUST_USE;
+                                  const Keyflow__V1__TailOutputRequest *request, int64_t timeout_ms,
+                                  kf_client_stream_t **out, kf_error_t *err) KF_MUST_USE;
 kf_status_t kf_client_tail_output_next(kf_client_stream_t *stream, kf_arena_t *arena,
                                        int64_t timeout_ms,
                                        Keyflow__V1__ReadOutputResponse **response,

@@ -20,7 +20,7 @@
 #include "base/status.h"
 #include "keyflow_client.h"
 
-#define KF__CLI_EXIT_OK 0
+#define KF__CLI_EXIT_OK    0
 #define KF__CLI_EXIT_ERROR 1
 #define KF__CLI_EXIT_USAGE 2
 
@@ -34,7 +34,7 @@
 /* Flag occurrences on one command line; a repeatable flag such as
  * --workflow may appear KF_POLL_WORKFLOWS_MAX times, plus the others. */
 #define KF__CLI_OCCURRENCES_MAX 64
-#define KF__CLI_POSITIONAL_MAX 4
+#define KF__CLI_POSITIONAL_MAX  4
 /* Deadline of an ordinary call; a long poll gets this much past its
  * wait_ms before the client gives up on it. */
 #define KF__CLI_TIMEOUT_MS_DEFAULT 30000
@@ -42,15 +42,15 @@
 #define KF__CLI_TIMEOUT_MS_MAX (24LL * 3600 * 1000)
 
 typedef enum kf__cli_flag_kind {
-    KF__CLI_SWITCH,              /* --once: no value */
-    KF__CLI_VALUE,               /* --key K: at most once */
-    KF__CLI_LIST,                /* --workflow W: repeatable, kept in order */
+    KF__CLI_SWITCH, /* --once: no value */
+    KF__CLI_VALUE,  /* --key K: at most once */
+    KF__CLI_LIST,   /* --workflow W: repeatable, kept in order */
 } kf__cli_flag_kind_t;
 
 typedef struct kf__cli_flag {
-    const char *name;            /* "--window-ms" */
+    const char *name; /* "--window-ms" */
     kf__cli_flag_kind_t kind;
-    const char *value_name;      /* "N", shown in help; NULL for switches */
+    const char *value_name; /* "N", shown in help; NULL for switches */
     const char *help;
 } kf__cli_flag_t;
 
@@ -62,14 +62,14 @@ typedef struct kf__cli_args {
     size_t flag_count;
     struct {
         const kf__cli_flag_t *flag;
-        const char *value;       /* NULL for a switch */
+        const char *value; /* NULL for a switch */
     } occurrences[KF__CLI_OCCURRENCES_MAX];
     size_t occurrence_count;
     const char *positional[KF__CLI_POSITIONAL_MAX];
     size_t positional_count;
-    char **rest;                 /* after "--"; NULL when there was none */
+    char **rest; /* after "--"; NULL when there was none */
     int rest_count;
-    bool help;                   /* -h or --help was given */
+    bool help; /* -h or --help was given */
 } kf__cli_args_t;
 
 /* The flags every command accepts (--addr, --timeout-ms). */
@@ -125,11 +125,11 @@ kf_status_t kf__cli_read_path(const char *path, size_t max_bytes, char **out, si
 /* Per invocation: the connection and the arena responses live in. */
 typedef struct kf__cli {
     const char *command;
-    const char *addr;            /* --addr, $KEYFLOW_ADDR, or the default */
-    int64_t timeout_ms;          /* --timeout-ms; meaningful when timeout_set */
+    const char *addr;   /* --addr, $KEYFLOW_ADDR, or the default */
+    int64_t timeout_ms; /* --timeout-ms; meaningful when timeout_set */
     bool timeout_set;
-    kf_client_t *client;         /* owned; created before a command runs */
-    kf_arena_t arena;            /* responses and JSON text; reset per call */
+    kf_client_t *client; /* owned; created before a command runs */
+    kf_arena_t arena;    /* responses and JSON text; reset per call */
 } kf__cli_t;
 
 /* Prints `msg` as one line of JSON on stdout. Returns an exit code. */
@@ -157,16 +157,16 @@ typedef struct kf__cli_command_group {
 } kf__cli_command_group_t;
 
 struct kf__cli_command {
-    const char *name;            /* "send"; a subcommand's own word ("push") */
-    const char *synopsis;        /* what follows "keyflow NAME" in usage */
-    const char *summary;         /* one line, for `keyflow --help` */
-    const char *details;         /* paragraphs for `keyflow NAME --help`, or NULL */
+    const char *name;     /* "send"; a subcommand's own word ("push") */
+    const char *synopsis; /* what follows "keyflow NAME" in usage */
+    const char *summary;  /* one line, for `keyflow --help` */
+    const char *details;  /* paragraphs for `keyflow NAME --help`, or NULL */
     const kf__cli_flag_t *flags;
     size_t flag_count;
     size_t positional_min;
     size_t positional_max;
-    bool allow_rest;             /* "-- CMD ARGS..." */
-    kf__cli_command_fn run;      /* NULL exactly when `group` is set */
+    bool allow_rest;                      /* "-- CMD ARGS..." */
+    kf__cli_command_fn run;               /* NULL exactly when `group` is set */
     const kf__cli_command_group_t *group; /* subcommands, or NULL */
 };
 
@@ -178,10 +178,10 @@ extern const kf__cli_command_group_t kf__cli_functions_group;
 /* One PushBatch's rows: exactly one of `columnar` and `rows_json` is set. */
 typedef struct kf__cli_batch {
     Keyflow__V1__RowBatch *columnar;
-    char *rows_json;             /* a JSON array of the lines' objects, as written */
+    char *rows_json; /* a JSON array of the lines' objects, as written */
     size_t row_count;
-    size_t first_line;           /* 1-based input lines of the first and last */
-    size_t last_line;            /* row; both 0 for a batch of no rows */
+    size_t first_line; /* 1-based input lines of the first and last */
+    size_t last_line;  /* row; both 0 for a batch of no rows */
 } kf__cli_batch_t;
 
 /*

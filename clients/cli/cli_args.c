@@ -185,8 +185,8 @@ int kf__cli_int64(const kf__cli_args_t *args, const char *name, int64_t min, int
     }
     /* strtoll skips leading blanks and accepts a lone sign; neither is a
      * number a user meant to write, so both are refused up front. */
-    if (text[0] == '\0' || !((text[0] >= '0' && text[0] <= '9') || text[0] == '-' ||
-                             text[0] == '+')) {
+    if (text[0] == '\0' ||
+        !((text[0] >= '0' && text[0] <= '9') || text[0] == '-' || text[0] == '+')) {
         return kf__cli_usage_error(args->command, "%s: expected an integer, got \"%s\"", name,
                                    text);
     }

@@ -47,8 +47,8 @@ static int parse_format(const kf__cli_args_t *args, Keyflow__V1__RowFormat *out)
     } else if (strcasecmp(text, "columnar") == 0) {
         *out = KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_COLUMNAR;
     } else {
-        return kf__cli_usage_error(args->command,
-                                   "--format: expected json or columnar, got \"%s\"", text);
+        return kf__cli_usage_error(args->command, "--format: expected json or columnar, got \"%s\"",
+                                   text);
     }
     return KF__CLI_EXIT_OK;
 }
@@ -114,8 +114,8 @@ static int cmd_list(kf__cli_t *cli, const kf__cli_args_t *args) {
     }
     Keyflow__V1__ListFunctionsResponse *resp = NULL;
     kf_error_t err;
-    if (kf_client_list_functions(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0),
-                                 &resp, &err) != KF_OK) {
+    if (kf_client_list_functions(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &resp,
+                                 &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
     return kf__cli_print_json(cli, &resp->base);
@@ -143,8 +143,8 @@ static int describe_input(kf__cli_t *cli, const char *function_id, kf_arena_t *a
     req.function_id = (char *)function_id;
     Keyflow__V1__FunctionInfo *info = NULL;
     kf_error_t err;
-    if (kf_client_get_function(cli->client, &req, arena, kf__cli_timeout_ms(cli, 0), &info,
-                               &err) != KF_OK) {
+    if (kf_client_get_function(cli->client, &req, arena, kf__cli_timeout_ms(cli, 0), &info, &err) !=
+        KF_OK) {
         return kf__cli_fail(&err);
     }
     const Keyflow__V1__FunctionDescriptor *d = info->descriptor;
@@ -201,8 +201,8 @@ static int push_batches(kf__cli_t *cli, Keyflow__V1__PushBatchRequest *req,
                 if (b == 0) {
                     fprintf(stderr, "nothing was applied\n");
                 } else {
-                    fprintf(stderr, "batches 1..%zu (sequences %lld..%lld) were acknowledged\n",
-                            b, (long long)first_sequence, (long long)req->sequence - 1);
+                    fprintf(stderr, "batches 1..%zu (sequences %lld..%lld) were acknowledged\n", b,
+                            (long long)first_sequence, (long long)req->sequence - 1);
                 }
             }
             return rc;
@@ -369,8 +369,9 @@ static int cmd_tail(kf__cli_t *cli, const kf__cli_args_t *args) {
         }
         if (page == NULL) {
             if (pages_max > 0) {
-                fprintf(stderr, "keyflow: %s: the server ended the stream after %lld of %lld "
-                                "pages\n",
+                fprintf(stderr,
+                        "keyflow: %s: the server ended the stream after %lld of %lld "
+                        "pages\n",
                         cli->command, (long long)pages, (long long)pages_max);
                 rc = KF__CLI_EXIT_ERROR;
             }
@@ -410,8 +411,8 @@ static const kf__cli_command_t functions_commands[] = {
      "descriptor again answers \"alreadyRegistered\": true; a different one under the same\n"
      "functionId is ALREADY_EXISTS.",
      NULL, 0, 1, 1, false, cmd_register, NULL},
-    {"get", "ID", "show a function: its canonical descriptor, watermark and counters", NULL,
-     NULL, 0, 1, 1, false, cmd_get, NULL},
+    {"get", "ID", "show a function: its canonical descriptor, watermark and counters", NULL, NULL,
+     0, 1, 1, false, cmd_get, NULL},
     {"list", "[--page-size N] [--page-token T]", "list functions, one page at a time", NULL,
      FLAGS(list_flags), 0, 0, false, cmd_list, NULL},
     {"push",

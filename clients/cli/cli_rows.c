@@ -39,12 +39,12 @@
 #include "base/base64.h"
 #include "base/limits.h"
 
-#define T_BOOL KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BOOL
-#define T_INT64 KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64
+#define T_BOOL    KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BOOL
+#define T_INT64   KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64
 #define T_FLOAT64 KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_FLOAT64
-#define T_UTF8 KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8
-#define T_BYTES KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BYTES
-#define T_TS KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US
+#define T_UTF8    KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8
+#define T_BYTES   KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BYTES
+#define T_TS      KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US
 
 /* The most of an offending value quoted in a message. */
 #define EXCERPT_BYTES 48
@@ -54,8 +54,8 @@
 typedef struct line_reader {
     const char *text;
     size_t len;
-    size_t pos;                  /* start of the next line */
-    size_t number;               /* 1-based number of the line last returned */
+    size_t pos;    /* start of the next line */
+    size_t number; /* 1-based number of the line last returned */
 } line_reader_t;
 
 /* The next non-blank line (without its "\n" or "\r\n"); false at the end. */
@@ -105,9 +105,11 @@ static kf_status_t parse_line(const char *line, size_t len, size_t number, json_
                             number, jerr.text, jerr.column);
     }
     if (!json_is_object(v)) {
-        const char *what = json_is_array(v) ? "an array" : json_is_string(v) ? "a string"
-                           : json_is_number(v) ? "a number" : json_is_null(v) ? "null"
-                                                                               : "a boolean";
+        const char *what = json_is_array(v)    ? "an array"
+                           : json_is_string(v) ? "a string"
+                           : json_is_number(v) ? "a number"
+                           : json_is_null(v)   ? "null"
+                                               : "a boolean";
         json_decref(v);
         return kf_error_set(err, KF_E_INVALID,
                             "line %zu: expected a JSON object (one row per line), got %s", number,
@@ -208,7 +210,7 @@ static Keyflow__V1__Column *new_column(const Keyflow__V1__Field *field, size_t r
     }
     keyflow__v1__column__init(col);
     col->name = field->name;
-    col->nulls = nulls;          /* n_nulls stays 0 until a null is stored */
+    col->nulls = nulls; /* n_nulls stays 0 until a null is stored */
     void *values = NULL;
     switch (field->type) {
     case T_BOOL: {
@@ -328,12 +330,8 @@ static kf_status_t store_value(const Keyflow__V1__Field *field, Keyflow__V1__Col
         col->bools->values[row] = json_is_true(v);
         break;
     case T_INT64:
-    case T_TS:
-        ok = json_int64(v, &col->int64s->values[row]);
-        break;
-    case T_FLOAT64:
-        ok = json_float64(v, &col->float64s->values[row]);
-        break;
+    case T_TS: ok = json_int64(v, &col->int64s->values[row]); break;
+    case T_FLOAT64: ok = json_float64(v, &col->float64s->values[row]); break;
     case T_UTF8:
         ok = json_is_string(v);
         if (ok) {
@@ -366,8 +364,7 @@ static kf_status_t store_value(const Keyflow__V1__Field *field, Keyflow__V1__Col
             col->bytes_values->values[row].len = bytes_len;
         }
         break;
-    default:
-        KF_UNREACHABLE();
+    default: KF_UNREACHABLE();
     }
     if (!ok) {
         char got[EXCERPT_BYTES + 8];
@@ -424,7 +421,8 @@ kf_status_t kf__cli_rows_batches(const char *text, size_t len, const Keyflow__V1
     size_t n = rows == 0 ? 1 : (rows - 1) / rows_max + 1;
     kf__cli_batch_t *out = kf_arena_zalloc(arena, n * sizeof *out);
     if (out == NULL) {
-        return kf_error_set(err, KF_E_TOO_LARGE, "input: %zu rows in %zu batches do not fit the "
+        return kf_error_set(err, KF_E_TOO_LARGE,
+                            "input: %zu rows in %zu batches do not fit the "
                             "CLI's %lld-byte conversion arena",
                             rows, n, (long long)KF_ARENA_BYTES_MAX);
     }

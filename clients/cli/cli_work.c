@@ -55,10 +55,10 @@ extern char **environ;
 #define STDERR_TAIL_BYTES 1024
 /* "exit status N: <last stderr line>", well inside the server's bound. */
 #define ERROR_TEXT_BYTES (STDERR_TAIL_BYTES + 64)
-#define IO_CHUNK_BYTES (64 * 1024)
+#define IO_CHUNK_BYTES   (64 * 1024)
 /* Consecutive failed polls (server unavailable) before the loop gives up,
  * and the longest pause between them: about two minutes in all. */
-#define POLL_RETRIES_MAX 30
+#define POLL_RETRIES_MAX   30
 #define RETRY_DELAY_MS_MAX 5000
 /* Attempts to deliver one completion through transient failures. */
 #define COMPLETE_ATTEMPTS_MAX 5
@@ -77,45 +77,47 @@ typedef struct work {
     const char *worker;
     const char *workflows[KF_POLL_WORKFLOWS_MAX];
     size_t workflow_count;
-    int64_t lease_ms;            /* requested on every poll, so heartbeats know it */
+    int64_t lease_ms; /* requested on every poll, so heartbeats know it */
     int64_t wait_ms;
     bool once;
-    int64_t runs_max;            /* 0: unbounded */
-    char **argv;                 /* CMD ARGS..., NULL-terminated (from main's argv) */
+    int64_t runs_max; /* 0: unbounded */
+    char **argv;      /* CMD ARGS..., NULL-terminated (from main's argv) */
 } work_t;
 
 typedef struct child {
     pid_t pid;
-    int in_fd;                   /* our ends of the pipes; -1 once closed */
+    int in_fd; /* our ends of the pipes; -1 once closed */
     int out_fd;
     int err_fd;
-    const char *input;           /* in the arena */
+    const char *input; /* in the arena */
     size_t input_len;
-    size_t input_off;            /* bytes already written */
-    char *out;                   /* in the arena, KF_RUN_RESULT_BYTES_MAX + 1 */
+    size_t input_off; /* bytes already written */
+    char *out;        /* in the arena, KF_RUN_RESULT_BYTES_MAX + 1 */
     size_t out_len;
-    bool out_overflow;           /* stdout passed KF_RUN_RESULT_BYTES_MAX */
+    bool out_overflow; /* stdout passed KF_RUN_RESULT_BYTES_MAX */
     char err_tail[STDERR_TAIL_BYTES];
     size_t err_tail_len;
     /* Lease upkeep, in monotonic ms. */
     int64_t heartbeat_due_ms;
     bool lease_lost;
-    bool wait_failed;            /* the exit status could not be collected */
+    bool wait_failed; /* the exit status could not be collected */
 } child_t;
 
 typedef enum outcome_kind {
-    OUTCOME_RESULT,              /* complete with result_json */
-    OUTCOME_ERROR,               /* complete with error */
-    OUTCOME_LEASE_LOST,          /* do not complete: the run is someone else's now */
+    OUTCOME_RESULT,     /* complete with result_json */
+    OUTCOME_ERROR,      /* complete with error */
+    OUTCOME_LEASE_LOST, /* do not complete: the run is someone else's now */
 } outcome_kind_t;
 
 typedef struct outcome {
     outcome_kind_t kind;
-    const char *result_json;     /* in the arena */
+    const char *result_json; /* in the arena */
     char error[ERROR_TEXT_BYTES];
 } outcome_t;
 
-static int64_t mono_ms(void) { return kf_mono_us() / 1000; }
+static int64_t mono_ms(void) {
+    return kf_mono_us() / 1000;
+}
 
 static void sleep_ms(int64_t ms) {
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
@@ -123,7 +125,9 @@ static void sleep_ms(int64_t ms) {
     }
 }
 
-static bool transient(kf_status_t st) { return st == KF_E_UNAVAILABLE || st == KF_E_TIMEOUT; }
+static bool transient(kf_status_t st) {
+    return st == KF_E_UNAVAILABLE || st == KF_E_TIMEOUT;
+}
 
 /* ---- text helpers ------------------------------------------------------- */
 
@@ -227,8 +231,7 @@ static void close_fd(int *fd) {
 /* The environment for the child: ours, with KEYFLOW_RUN_ID, _WORKFLOW and
  * _KEY replaced by this run's. In the arena. */
 static char **child_environment(kf_arena_t *arena, const Keyflow__V1__Run *run) {
-    static const char *const replaced[] = {"KEYFLOW_RUN_ID=", "KEYFLOW_WORKFLOW=",
-                                           "KEYFLOW_KEY="};
+    static const char *const replaced[] = {"KEYFLOW_RUN_ID=", "KEYFLOW_WORKFLOW=", "KEYFLOW_KEY="};
     size_t n = 0;
     while (environ[n] != NULL) {
         n++;
@@ -336,14 +339,14 @@ static void heartbeat_if_due(work_t *w, const Keyflow__V1__Run *run, child_t *c)
     kf_error_t err;
     /* Half a lease is as late as a heartbeat can usefully be, but a short
      * lease must not turn an ordinary hiccup into a timeout. */
-    int64_t deadline_ms = w->lease_ms / 2 > HEARTBEAT_DEADLINE_MS_MIN ? w->lease_ms / 2
-                                                                     : HEARTBEAT_DEADLINE_MS_MIN;
+    int64_t deadline_ms =
+        w->lease_ms / 2 > HEARTBEAT_DEADLINE_MS_MIN ? w->lease_ms / 2 : HEARTBEAT_DEADLINE_MS_MIN;
     /* A scratch arena per heartbeat: a long run renews its lease many
      * times, and the run's arena must not grow with each reply. */
     kf_arena_t scratch;
     kf_arena_init(&scratch, 0);
-    kf_status_t st = kf_client_heartbeat_run(w->cli->client, &req, &scratch, deadline_ms, &resp,
-                                             &err);
+    kf_status_t st =
+        kf_client_heartbeat_run(w->cli->client, &req, &scratch, deadline_ms, &resp, &err);
     kf_arena_deinit(&scratch);
     if (st == KF_OK) {
         c->heartbeat_due_ms = mono_ms() + w->lease_ms / 2;
@@ -353,8 +356,8 @@ static void heartbeat_if_due(work_t *w, const Keyflow__V1__Run *run, child_t *c)
             kf_status_grpc_name(st), err.message);
     if (transient(st)) {
         /* Retry well before the lease runs out; the server says when it has. */
-        int64_t retry_ms = w->lease_ms / 10 < HEARTBEAT_RETRY_MS ? w->lease_ms / 10
-                                                                 : HEARTBEAT_RETRY_MS;
+        int64_t retry_ms =
+            w->lease_ms / 10 < HEARTBEAT_RETRY_MS ? w->lease_ms / 10 : HEARTBEAT_RETRY_MS;
         c->heartbeat_due_ms = mono_ms() + retry_ms;
         return;
     }
@@ -637,8 +640,9 @@ static int handle_run(work_t *w, const Keyflow__V1__Run *run) {
         outcome_from_exit(&w->cli->arena, &c, status, &o);
     }
     if (o.kind == OUTCOME_LEASE_LOST) {
-        fprintf(stderr, "keyflow: work: lost the lease of %s; the run is left to its next "
-                        "attempt\n",
+        fprintf(stderr,
+                "keyflow: work: lost the lease of %s; the run is left to its next "
+                "attempt\n",
                 run->run_id);
         return KF__CLI_EXIT_ERROR;
     }

@@ -44,8 +44,9 @@ int kf__cli_print_json(kf__cli_t *cli, const ProtobufCMessage *msg) {
     size_t len = 0;
     char *text = kf_message_to_json(msg, &cli->arena, &len);
     if (text == NULL) {
-        fprintf(stderr, "keyflow: RESOURCE_EXHAUSTED: cannot render the %s response as JSON "
-                        "(arena limit reached)\n",
+        fprintf(stderr,
+                "keyflow: RESOURCE_EXHAUSTED: cannot render the %s response as JSON "
+                "(arena limit reached)\n",
                 msg->descriptor->name);
         return KF__CLI_EXIT_ERROR;
     }
@@ -123,9 +124,9 @@ static int cmd_send(kf__cli_t *cli, const kf__cli_args_t *args) {
     bool debounce = kf__cli_has(args, "--debounce");
     bool batch = kf__cli_has(args, "--batch");
     if (debounce == batch) {
-        return kf__cli_usage_error(args->command,
-                                   debounce ? "--debounce and --batch exclude each other"
-                                            : "one of --debounce or --batch is required");
+        return kf__cli_usage_error(args->command, debounce
+                                                      ? "--debounce and --batch exclude each other"
+                                                      : "one of --debounce or --batch is required");
     }
     Keyflow__V1__Rule rule = KEYFLOW__V1__RULE__INIT;
     rule.kind = debounce ? KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE
@@ -231,8 +232,8 @@ static int cmd_coordinator(kf__cli_t *cli, const kf__cli_args_t *args) {
             KEYFLOW__V1__DESCRIBE_COORDINATOR_REQUEST__INIT;
         Keyflow__V1__DescribeCoordinatorResponse *resp = NULL;
         req.coordinator = &ref;
-        st = kf_client_describe_coordinator(cli->client, &req, &cli->arena, timeout_ms, &resp,
-                                            &err);
+        st =
+            kf_client_describe_coordinator(cli->client, &req, &cli->arena, timeout_ms, &resp, &err);
         out = resp != NULL ? &resp->base : NULL;
     } else if (strcmp(args->command, "flush") == 0) {
         Keyflow__V1__FlushWindowRequest req = KEYFLOW__V1__FLUSH_WINDOW_REQUEST__INIT;
@@ -340,9 +341,9 @@ static int cmd_complete(kf__cli_t *cli, const kf__cli_args_t *args) {
     const char *result = kf__cli_value(args, "--result");
     const char *error = kf__cli_value(args, "--error");
     if ((result == NULL) == (error == NULL)) {
-        return kf__cli_usage_error(args->command,
-                                   result != NULL ? "--result and --error exclude each other"
-                                                  : "one of --result or --error is required");
+        return kf__cli_usage_error(args->command, result != NULL
+                                                      ? "--result and --error exclude each other"
+                                                      : "one of --result or --error is required");
     }
     req.run_id = (char *)args->positional[0];
     req.lease = (char *)lease;
@@ -369,8 +370,8 @@ static int cmd_get(kf__cli_t *cli, const kf__cli_args_t *args) {
     req.run_id = (char *)args->positional[0];
     Keyflow__V1__Run *run = NULL;
     kf_error_t err;
-    if (kf_client_get_run(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &run,
-                          &err) != KF_OK) {
+    if (kf_client_get_run(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &run, &err) !=
+        KF_OK) {
         return kf__cli_fail(&err);
     }
     return kf__cli_print_json(cli, &run->base);
@@ -489,9 +490,8 @@ static int cmd_call(kf__cli_t *cli, const kf__cli_args_t *args) {
                                    "unknown method %s ('keyflow call --help' lists them)", path);
     }
     if (!method_is_unary(method)) {
-        return kf__cli_usage_error(args->command,
-                                   "%s streams its responses; only unary methods can be called",
-                                   path);
+        return kf__cli_usage_error(
+            args->command, "%s streams its responses; only unary methods can be called", path);
     }
     char *stdin_buf = NULL;
     const char *json = NULL;
@@ -546,8 +546,8 @@ static const command_t commands[] = {
      "close a coordinator's open window now, starting its run", NULL, FLAGS(coordinator_flags), 0,
      0, false, cmd_coordinator},
     {"cancel", "--kind debounce|batch --workflow W --key K",
-     "drop a coordinator's open window; its run will never exist", NULL,
-     FLAGS(coordinator_flags), 0, 0, false, cmd_coordinator},
+     "drop a coordinator's open window; its run will never exist", NULL, FLAGS(coordinator_flags),
+     0, 0, false, cmd_coordinator},
     {"poll", "--worker ID [--workflow W ...] [--lease-ms N] [--max-runs N] [--wait-ms N]",
      "lease pending runs (long poll with --wait-ms)",
      "Prints {\"runs\": [...]}, each run with its \"lease\" token for heartbeat and complete.",
@@ -558,8 +558,9 @@ static const command_t commands[] = {
      "finish a leased run with a result or an error", NULL, FLAGS(complete_flags), 1, 1, false,
      cmd_complete},
     {"get", "RUN_ID", "show one run", NULL, NULL, 0, 1, 1, false, cmd_get},
-    {"list", "[--workflow W] [--status pending|leased|completed|failed] [--page-size N] "
-             "[--page-token T]",
+    {"list",
+     "[--workflow W] [--status pending|leased|completed|failed] [--page-size N] "
+     "[--page-token T]",
      "list runs, one page at a time", NULL, FLAGS(list_flags), 0, 0, false, cmd_list},
     {"health", "[--service NAME]", "check that the server is serving (grpc.health.v1)",
      "Exits 1 when the server answers but is not SERVING.", FLAGS(health_flags), 0, 0, false,
@@ -577,11 +578,11 @@ static const command_t commands[] = {
      "Prints each finished run as one JSON line. --once handles one run and exits 1 if none\n"
      "arrived within --wait-ms; --max-runs N exits 0 after N runs.",
      FLAGS(work_flags), 0, 0, true, kf__cli_work},
-    {"call", "METHOD_PATH [JSON]", "call any method with a JSON request (stdin without JSON)",
-     NULL, NULL, 0, 1, 2, false, cmd_call},
+    {"call", "METHOD_PATH [JSON]", "call any method with a JSON request (stdin without JSON)", NULL,
+     NULL, 0, 1, 2, false, cmd_call},
     {"functions", "SUBCOMMAND [FLAGS] [ARGS]",
-     "keyed process functions: register, push rows, read and tail output",
-     NULL, NULL, 0, 0, 0, false, NULL, &kf__cli_functions_group},
+     "keyed process functions: register, push rows, read and tail output", NULL, NULL, 0, 0, 0,
+     false, NULL, &kf__cli_functions_group},
 };
 
 static const size_t command_count = sizeof commands / sizeof commands[0];
@@ -607,14 +608,13 @@ static void print_flags(FILE *out, const kf__cli_flag_t *flags, size_t count) {
 }
 
 static void print_main_help(FILE *out) {
-    fprintf(out,
-            "Usage: keyflow [--addr HOST:PORT] [--timeout-ms N] COMMAND [FLAGS] [ARGS]\n"
-            "\n"
-            "The command-line client of keyflowd. Each response is printed as one line of\n"
-            "JSON on stdout; an error as \"keyflow: <GRPC_CODE>: <message>\" on stderr.\n"
-            "Exit status: 0 success, 1 an RPC or run-time error, 2 a usage error.\n"
-            "\n"
-            "Commands:\n");
+    fprintf(out, "Usage: keyflow [--addr HOST:PORT] [--timeout-ms N] COMMAND [FLAGS] [ARGS]\n"
+                 "\n"
+                 "The command-line client of keyflowd. Each response is printed as one line of\n"
+                 "JSON on stdout; an error as \"keyflow: <GRPC_CODE>: <message>\" on stderr.\n"
+                 "Exit status: 0 success, 1 an RPC or run-time error, 2 a usage error.\n"
+                 "\n"
+                 "Commands:\n");
     for (size_t i = 0; i < command_count; i++) {
         fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].summary);
     }
@@ -629,8 +629,7 @@ static void print_group_help(FILE *out, const command_t *cmd) {
     fprintf(out, "Usage: keyflow %s %s\n\n%s.\n\nSubcommands:\n", cmd->name, cmd->synopsis,
             cmd->summary);
     for (size_t i = 0; i < cmd->group->count; i++) {
-        fprintf(out, "  %-8s %s\n", cmd->group->commands[i].name,
-                cmd->group->commands[i].summary);
+        fprintf(out, "  %-8s %s\n", cmd->group->commands[i].name, cmd->group->commands[i].summary);
     }
     fprintf(out, "\nRun 'keyflow %s SUBCOMMAND --help' for a subcommand's flags.\n", cmd->name);
 }
@@ -722,8 +721,7 @@ int main(int argc, char **argv) {
             return KF__CLI_EXIT_OK;
         }
         if (!is_global_flag_word(argv[i], &takes_next)) {
-            fprintf(stderr, "keyflow: unknown flag %s\nRun 'keyflow --help' for usage.\n",
-                    argv[i]);
+            fprintf(stderr, "keyflow: unknown flag %s\nRun 'keyflow --help' for usage.\n", argv[i]);
             return KF__CLI_EXIT_USAGE;
         }
         if (takes_next && i + 1 >= argc) {
@@ -780,8 +778,8 @@ int main(int argc, char **argv) {
     memcpy(words + global_words, &argv[command_end], (size_t)command_words * sizeof *words);
 
     kf__cli_args_t args;
-    int rc = kf__cli_parse(name, cmd->flags, cmd->flag_count, global_words + command_words,
-                           words, cmd->allow_rest, &args);
+    int rc = kf__cli_parse(name, cmd->flags, cmd->flag_count, global_words + command_words, words,
+                           cmd->allow_rest, &args);
     if (rc == KF__CLI_EXIT_OK && args.help) {
         print_command_help(stdout, cmd, name);
     } else if (rc == KF__CLI_EXIT_OK) {

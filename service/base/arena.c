@@ -16,10 +16,12 @@ struct kf_arena_chunk {
     _Alignas(16) unsigned char data[];
 };
 
-#define ARENA_ALIGN 16
+#define ARENA_ALIGN     16
 #define ARENA_CHUNK_MIN (16 * 1024)
 
-static void *pb_alloc(void *ctx, size_t size) { return kf_arena_alloc(ctx, size); }
+static void *pb_alloc(void *ctx, size_t size) {
+    return kf_arena_alloc(ctx, size);
+}
 static void pb_free(void *ctx, void *ptr) {
     (void)ctx;
     (void)ptr;
@@ -47,9 +49,13 @@ void kf_arena_reset(kf_arena_t *arena) {
     arena->inline_used = 0;
 }
 
-void kf_arena_deinit(kf_arena_t *arena) { kf_arena_reset(arena); }
+void kf_arena_deinit(kf_arena_t *arena) {
+    kf_arena_reset(arena);
+}
 
-static size_t align_up(size_t n) { return (n + (ARENA_ALIGN - 1)) & ~(size_t)(ARENA_ALIGN - 1); }
+static size_t align_up(size_t n) {
+    return (n + (ARENA_ALIGN - 1)) & ~(size_t)(ARENA_ALIGN - 1);
+}
 
 void *kf_arena_alloc(kf_arena_t *arena, size_t bytes) {
     size_t need = align_up(bytes == 0 ? 1 : bytes);
@@ -117,7 +123,9 @@ char *kf_arena_strndup(kf_arena_t *arena, const char *s, size_t len) {
     return p;
 }
 
-char *kf_arena_strdup(kf_arena_t *arena, const char *s) { return kf_arena_strndup(arena, s, strlen(s)); }
+char *kf_arena_strdup(kf_arena_t *arena, const char *s) {
+    return kf_arena_strndup(arena, s, strlen(s));
+}
 
 char *kf_arena_printf(kf_arena_t *arena, const char *fmt, ...) {
     va_list ap;

@@ -19,10 +19,10 @@
 typedef struct kf_arena_chunk kf_arena_chunk_t;
 
 typedef struct kf_arena {
-    kf_arena_chunk_t *chunks;    /* newest first */
-    size_t used_bytes;           /* bytes handed out, for the limit */
-    size_t limit_bytes;          /* allocation past this fails */
-    ProtobufCAllocator pb;       /* protobuf-c view of this arena */
+    kf_arena_chunk_t *chunks;                    /* newest first */
+    size_t used_bytes;                           /* bytes handed out, for the limit */
+    size_t limit_bytes;                          /* allocation past this fails */
+    ProtobufCAllocator pb;                       /* protobuf-c view of this arena */
     _Alignas(16) unsigned char inline_buf[1024]; /* first small allocations, no malloc */
     size_t inline_used;
 } kf_arena_t;
@@ -43,9 +43,12 @@ void *kf_arena_new(kf_arena_t *arena, size_t bytes);
 char *kf_arena_strndup(kf_arena_t *arena, const char *s, size_t len);
 char *kf_arena_strdup(kf_arena_t *arena, const char *s);
 void *kf_arena_memdup(kf_arena_t *arena, const void *p, size_t len);
-char *kf_arena_printf(kf_arena_t *arena, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+char *kf_arena_printf(kf_arena_t *arena, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* The protobuf-c allocator backed by this arena (free is a no-op). */
-static inline ProtobufCAllocator *kf_arena_pb(kf_arena_t *arena) { return &arena->pb; }
+static inline ProtobufCAllocator *kf_arena_pb(kf_arena_t *arena) {
+    return &arena->pb;
+}
 
 #endif

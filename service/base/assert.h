@@ -11,8 +11,7 @@
 
 _Noreturn void kf__assert_fail(const char *expr, const char *file, int line, const char *func);
 
-#define KF_ASSERT(expr)                                                        \
-    ((expr) ? (void)0 : kf__assert_fail(#expr, __FILE__, __LINE__, __func__))
+#define KF_ASSERT(expr) ((expr) ? (void)0 : kf__assert_fail(#expr, __FILE__, __LINE__, __func__))
 
 /* Marks code that cannot be reached when the invariants hold. */
 #define KF_UNREACHABLE() kf__assert_fail("unreachable", __FILE__, __LINE__, __func__)

@@ -9,7 +9,9 @@
 #include <stdint.h>
 
 /* Encoded length without the NUL (standard alphabet, padded). */
-static inline size_t kf_base64_encoded_len(size_t len) { return (len + 2) / 3 * 4; }
+static inline size_t kf_base64_encoded_len(size_t len) {
+    return (len + 2) / 3 * 4;
+}
 /* Writes kf_base64_encoded_len(len) characters and a NUL. */
 void kf_base64_encode(const uint8_t *in, size_t len, char *out);
 /* Decodes the standard or URL-safe alphabet, padded or not; out has room

@@ -43,10 +43,16 @@ static inline void kf_put_be16(uint8_t *p, uint16_t v) {
     p[1] = (uint8_t)v;
 }
 
-static inline uint16_t kf_get_be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint16_t kf_get_be16(const uint8_t *p) {
+    return (uint16_t)((p[0] << 8) | p[1]);
+}
 
 /* Signed times sort correctly as unsigned after flipping the sign bit. */
-static inline uint64_t kf_i64_ordered(int64_t v) { return (uint64_t)v ^ 0x8000000000000000ULL; }
-static inline int64_t kf_i64_from_ordered(uint64_t v) { return (int64_t)(v ^ 0x8000000000000000ULL); }
+static inline uint64_t kf_i64_ordered(int64_t v) {
+    return (uint64_t)v ^ 0x8000000000000000ULL;
+}
+static inline int64_t kf_i64_from_ordered(uint64_t v) {
+    return (int64_t)(v ^ 0x8000000000000000ULL);
+}
 
 #endif

@@ -10,9 +10,13 @@ static int64_t system_now_ms(void *ctx) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int64_t manual_now_ms(void *ctx) { return *(const int64_t *)ctx; }
+static int64_t manual_now_ms(void *ctx) {
+    return *(const int64_t *)ctx;
+}
 
-kf_clock_t kf_clock_system(void) { return (kf_clock_t){.now_ms = system_now_ms, .ctx = NULL}; }
+kf_clock_t kf_clock_system(void) {
+    return (kf_clock_t){.now_ms = system_now_ms, .ctx = NULL};
+}
 
 kf_clock_t kf_clock_manual(int64_t *now_ms) {
     return (kf_clock_t){.now_ms = manual_now_ms, .ctx = now_ms};
@@ -24,4 +28,6 @@ int64_t kf_mono_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-int64_t kf_mono_us(void) { return kf_mono_ns() / 1000; }
+int64_t kf_mono_us(void) {
+    return kf_mono_ns() / 1000;
+}

@@ -24,7 +24,9 @@ kf_clock_t kf_clock_system(void);
  * engine stepped by the test). */
 kf_clock_t kf_clock_manual(int64_t *now_ms);
 
-static inline int64_t kf_clock_now_ms(const kf_clock_t *clock) { return clock->now_ms(clock->ctx); }
+static inline int64_t kf_clock_now_ms(const kf_clock_t *clock) {
+    return clock->now_ms(clock->ctx);
+}
 
 /* Monotonic microseconds, for latency measurement. */
 int64_t kf_mono_us(void);

@@ -13,7 +13,7 @@
 struct kf_rng {
     mbedtls_entropy_context entropy;
     mbedtls_ctr_drbg_context drbg;
-    uint8_t seed[64];            /* fixed seed for deterministic mode */
+    uint8_t seed[64]; /* fixed seed for deterministic mode */
     size_t seed_len;
     size_t seed_offset;
     int fixed;

@@ -12,13 +12,13 @@
 
 #include "base/status.h"
 
-#define KF_SHA256_BYTES 32
+#define KF_SHA256_BYTES     32
 #define KF_SHA256_HEX_BYTES 64
 
 void kf_sha256(const void *data, size_t len, uint8_t out[KF_SHA256_BYTES]);
 /* KF_E_IO (message names the path) when the file cannot be read. */
-kf_status_t kf_sha256_file(const char *path, uint8_t out[KF_SHA256_BYTES], kf_error_t *err)
-    KF_MUST_USE;
+kf_status_t kf_sha256_file(const char *path, uint8_t out[KF_SHA256_BYTES],
+                           kf_error_t *err) KF_MUST_USE;
 /* Lowercase hex, NUL-terminated: out has KF_SHA256_HEX_BYTES + 1 bytes. */
 void kf_hex_encode(const uint8_t *bytes, size_t len, char *out);
 

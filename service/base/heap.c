@@ -24,7 +24,9 @@ void kf_heap_init(kf_heap_t *heap) {
     heap->next_seq = 0;
 }
 
-void kf_heap_deinit(kf_heap_t *heap) { kf_pq_deinit(&heap->pq); }
+void kf_heap_deinit(kf_heap_t *heap) {
+    kf_pq_deinit(&heap->pq);
+}
 
 void kf_heap_arm(kf_heap_t *heap, kf_timer_t *timer, int64_t due_ms) {
     kf_pq_remove(&heap->pq, &timer->node);
@@ -33,11 +35,15 @@ void kf_heap_arm(kf_heap_t *heap, kf_timer_t *timer, int64_t due_ms) {
     kf_pq_push(&heap->pq, &timer->node);
 }
 
-void kf_heap_disarm(kf_heap_t *heap, kf_timer_t *timer) { kf_pq_remove(&heap->pq, &timer->node); }
+void kf_heap_disarm(kf_heap_t *heap, kf_timer_t *timer) {
+    kf_pq_remove(&heap->pq, &timer->node);
+}
 
 kf_timer_t *kf_heap_peek(const kf_heap_t *heap) {
     kf_pq_node_t *n = kf_pq_top(&heap->pq);
     return n ? KF_CONTAINER_OF(n, kf_timer_t, node) : NULL;
 }
 
-bool kf_heap_valid(const kf_heap_t *heap) { return kf_pq_valid(&heap->pq); }
+bool kf_heap_valid(const kf_heap_t *heap) {
+    return kf_pq_valid(&heap->pq);
+}

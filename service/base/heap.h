@@ -16,10 +16,10 @@
 #include "base/pq.h"
 
 typedef struct kf_timer {
-    kf_pq_node_t node;           /* position in the heap */
+    kf_pq_node_t node; /* position in the heap */
     int64_t due_ms;
     uint64_t seq;
-    uint8_t type;                /* owner kind, for dispatch when it fires */
+    uint8_t type; /* owner kind, for dispatch when it fires */
 } kf_timer_t;
 
 typedef struct kf_heap {
@@ -28,7 +28,9 @@ typedef struct kf_heap {
 } kf_heap_t;
 
 void kf_timer_init(kf_timer_t *timer, uint8_t type);
-static inline bool kf_timer_armed(const kf_timer_t *t) { return kf_pq_queued(&t->node); }
+static inline bool kf_timer_armed(const kf_timer_t *t) {
+    return kf_pq_queued(&t->node);
+}
 
 void kf_heap_init(kf_heap_t *heap);
 void kf_heap_deinit(kf_heap_t *heap);
@@ -38,7 +40,9 @@ void kf_heap_arm(kf_heap_t *heap, kf_timer_t *timer, int64_t due_ms);
 void kf_heap_disarm(kf_heap_t *heap, kf_timer_t *timer);
 /* The earliest timer, or NULL. */
 kf_timer_t *kf_heap_peek(const kf_heap_t *heap);
-static inline uint32_t kf_heap_count(const kf_heap_t *heap) { return heap->pq.count; }
+static inline uint32_t kf_heap_count(const kf_heap_t *heap) {
+    return heap->pq.count;
+}
 /* Checks the heap property over every item: O(n), for tests. */
 bool kf_heap_valid(const kf_heap_t *heap);
 

@@ -17,14 +17,14 @@
 
 /* Coordinator keys and workflow names are identifiers, not payloads; they
  * appear in every journal key and run ID, so they stay small. */
-#define KF_KEY_BYTES_MAX 256
-#define KF_WORKFLOW_BYTES_MAX 128
-#define KF_EVENT_ID_BYTES_MAX 128
+#define KF_KEY_BYTES_MAX       256
+#define KF_WORKFLOW_BYTES_MAX  128
+#define KF_EVENT_ID_BYTES_MAX  128
 #define KF_WORKER_ID_BYTES_MAX 128
 /* "<key>@<uuid>": key, '@', 36 characters of UUID. */
-#define KF_UUID_TEXT_BYTES 36
+#define KF_UUID_TEXT_BYTES  36
 #define KF_RUN_ID_BYTES_MAX (KF_KEY_BYTES_MAX + 1 + KF_UUID_TEXT_BYTES)
-#define KF_LEASE_BYTES KF_UUID_TEXT_BYTES
+#define KF_LEASE_BYTES      KF_UUID_TEXT_BYTES
 
 /* ---- coordinators ----------------------------------------------------- */
 
@@ -35,13 +35,13 @@
  * would push a batch window past it closes the window first (the run starts)
  * and opens a new one; the event itself is never refused for this. */
 #define KF_WINDOW_INPUT_BYTES_MAX (4 * 1024 * 1024)
-#define KF_BATCH_EVENTS_MAX 10000
-#define KF_BATCH_EVENTS_DEFAULT 100
-#define KF_BATCH_WAIT_MS_DEFAULT 1000
+#define KF_BATCH_EVENTS_MAX       10000
+#define KF_BATCH_EVENTS_DEFAULT   100
+#define KF_BATCH_WAIT_MS_DEFAULT  1000
 /* Windows, waits and dedup spans up to a week, like Inngest's debounce. */
-#define KF_WINDOW_MS_MAX (7LL * 24 * 3600 * 1000)
+#define KF_WINDOW_MS_MAX    (7LL * 24 * 3600 * 1000)
 #define KF_DEDUP_MS_DEFAULT 600000
-#define KF_DEDUP_MS_MAX (7LL * 24 * 3600 * 1000)
+#define KF_DEDUP_MS_MAX     (7LL * 24 * 3600 * 1000)
 /* Remembered event IDs per coordinator; the oldest is forgotten first. */
 #define KF_REMEMBERED_IDS_MAX 1024
 /* Journal entries between snapshots (continue-as-new): bounds replay work
@@ -58,24 +58,24 @@
 /* ---- runs ------------------------------------------------------------- */
 
 #define KF_RUN_RESULT_BYTES_MAX (1024 * 1024)
-#define KF_RUN_ERROR_BYTES_MAX 4096
-#define KF_LEASE_MS_MIN 100
-#define KF_LEASE_MS_MAX (3600LL * 1000)
-#define KF_LEASE_MS_DEFAULT 30000
-#define KF_POLL_RUNS_MAX 100
-#define KF_POLL_WORKFLOWS_MAX 32
-#define KF_POLL_WAIT_MS_MAX 60000
+#define KF_RUN_ERROR_BYTES_MAX  4096
+#define KF_LEASE_MS_MIN         100
+#define KF_LEASE_MS_MAX         (3600LL * 1000)
+#define KF_LEASE_MS_DEFAULT     30000
+#define KF_POLL_RUNS_MAX        100
+#define KF_POLL_WORKFLOWS_MAX   32
+#define KF_POLL_WAIT_MS_MAX     60000
 /* Long polls parked in the engine at once; one more is RESOURCE_EXHAUSTED. */
-#define KF_PARKED_POLLS_MAX 4096
-#define KF_RUN_ATTEMPTS_MAX 100
+#define KF_PARKED_POLLS_MAX     4096
+#define KF_RUN_ATTEMPTS_MAX     100
 #define KF_RUN_ATTEMPTS_DEFAULT 3
 /* Pending and leased runs in memory; windows that would start one more
  * stay open (and SendEvent answers RESOURCE_EXHAUSTED) until workers drain. */
-#define KF_LIVE_RUNS_MAX 2000000
+#define KF_LIVE_RUNS_MAX        2000000
 #define KF_RETENTION_MS_DEFAULT (7LL * 24 * 3600 * 1000)
-#define KF_RETENTION_MS_MAX (365LL * 24 * 3600 * 1000)
-#define KF_LIST_PAGE_DEFAULT 100
-#define KF_LIST_PAGE_MAX 1000
+#define KF_RETENTION_MS_MAX     (365LL * 24 * 3600 * 1000)
+#define KF_LIST_PAGE_DEFAULT    100
+#define KF_LIST_PAGE_MAX        1000
 /* Records a list call may examine before it returns a partial page with a
  * continuation token, so one call never scans without bound. */
 #define KF_LIST_SCAN_MAX 10000
@@ -93,51 +93,51 @@
 /* Processing-time timers fired per engine turn, so that a backlog after a
  * restart cannot starve requests. */
 #define KF_TIMERS_PER_TURN_MAX 1024
-#define KF_TIMERS_MAX (KF_COORDINATORS_MAX + KF_LIVE_RUNS_MAX)
+#define KF_TIMERS_MAX          (KF_COORDINATORS_MAX + KF_LIVE_RUNS_MAX)
 
 /* ---- process functions ------------------------------------------------ */
 
 #define KF_FUNCTION_ID_BYTES_MAX 128
 #define KF_PRODUCER_ID_BYTES_MAX 128
-#define KF_FUNCTIONS_MAX 1024
+#define KF_FUNCTIONS_MAX         1024
 /* Schema width and name lengths: descriptors are small, reviewed objects. */
-#define KF_SCHEMA_FIELDS_MAX 64
+#define KF_SCHEMA_FIELDS_MAX    64
 #define KF_FIELD_NAME_BYTES_MAX 64
-#define KF_KEY_COLUMNS_MAX 8
-#define KF_TIMER_NAMES_MAX 16
+#define KF_KEY_COLUMNS_MAX      8
+#define KF_TIMER_NAMES_MAX      16
 /* A canonical key: every key column's value with a 4-byte length. */
 #define KF_FUNCTION_KEY_BYTES_MAX 4096
 /* Defaults (DESIGN.md section 1) and the hard ceilings a descriptor may ask for. */
-#define KF_FN_MAX_KEYS_DEFAULT 100000
-#define KF_FN_MAX_KEYS_MAX 2000000
+#define KF_FN_MAX_KEYS_DEFAULT   100000
+#define KF_FN_MAX_KEYS_MAX       2000000
 #define KF_FN_MAX_TIMERS_DEFAULT 100000
 /* All due timers fire in one step (one atomic write): 1M due timers is a
  * ~90 MB write taking ~15 s here, during which the engine serves nothing
  * else, so a function may not ask for more than 2M. */
-#define KF_FN_MAX_TIMERS_MAX 2000000
-#define KF_FN_MAX_STATE_BYTES_DEFAULT (64LL * 1024 * 1024)
-#define KF_FN_MAX_STATE_BYTES_MAX (4LL * 1024 * 1024 * 1024)
-#define KF_FN_MAX_BATCH_ROWS_DEFAULT 256
-#define KF_FN_MAX_BATCH_ROWS_MAX 4096
-#define KF_FN_MAX_INPUT_ROWS_DEFAULT 4096
-#define KF_FN_MAX_INPUT_ROWS_MAX 65536
-#define KF_FN_MAX_INPUT_BYTES_DEFAULT (16LL * 1024 * 1024)
-#define KF_FN_MAX_INPUT_BYTES_MAX (16LL * 1024 * 1024)
-#define KF_FN_MAX_OUTPUT_ROWS_DEFAULT 4096
-#define KF_FN_MAX_OUTPUT_ROWS_MAX 65536
-#define KF_FN_MAX_OUTPUT_BYTES_DEFAULT (16LL * 1024 * 1024)
-#define KF_FN_MAX_OUTPUT_BYTES_MAX (64LL * 1024 * 1024)
+#define KF_FN_MAX_TIMERS_MAX              2000000
+#define KF_FN_MAX_STATE_BYTES_DEFAULT     (64LL * 1024 * 1024)
+#define KF_FN_MAX_STATE_BYTES_MAX         (4LL * 1024 * 1024 * 1024)
+#define KF_FN_MAX_BATCH_ROWS_DEFAULT      256
+#define KF_FN_MAX_BATCH_ROWS_MAX          4096
+#define KF_FN_MAX_INPUT_ROWS_DEFAULT      4096
+#define KF_FN_MAX_INPUT_ROWS_MAX          65536
+#define KF_FN_MAX_INPUT_BYTES_DEFAULT     (16LL * 1024 * 1024)
+#define KF_FN_MAX_INPUT_BYTES_MAX         (16LL * 1024 * 1024)
+#define KF_FN_MAX_OUTPUT_ROWS_DEFAULT     4096
+#define KF_FN_MAX_OUTPUT_ROWS_MAX         65536
+#define KF_FN_MAX_OUTPUT_BYTES_DEFAULT    (16LL * 1024 * 1024)
+#define KF_FN_MAX_OUTPUT_BYTES_MAX        (64LL * 1024 * 1024)
 #define KF_FN_MAX_TIMER_CALLBACKS_DEFAULT 256
-#define KF_FN_MAX_TIMER_CALLBACKS_MAX 4096
+#define KF_FN_MAX_TIMER_CALLBACKS_MAX     4096
 /* Producers remembered per function, and acknowledgements per producer kept
  * for retries of recent sequences. */
-#define KF_PRODUCERS_MAX 10000
+#define KF_PRODUCERS_MAX      10000
 #define KF_PRODUCER_ACKS_KEPT 16
 /* Output rows per stored chunk, and per ReadOutput page. */
-#define KF_OUTPUT_CHUNK_ROWS_MAX 4096
+#define KF_OUTPUT_CHUNK_ROWS_MAX     4096
 #define KF_READ_OUTPUT_LIMIT_DEFAULT 1000
-#define KF_READ_OUTPUT_LIMIT_MAX 65536
-#define KF_PARKED_READS_MAX 4096
+#define KF_READ_OUTPUT_LIMIT_MAX     65536
+#define KF_PARKED_READS_MAX          4096
 /* Native handler plugins: files scanned and bytes read per file. */
 #define KF_PLUGIN_FILES_MAX 256
 #define KF_PLUGIN_BYTES_MAX (64LL * 1024 * 1024)
@@ -167,7 +167,8 @@ _Static_assert(KF_GROUP_COMMANDS_MAX <= KF_QUEUE_DEPTH_MAX, "a group drains at m
 _Static_assert(KF_LEASE_MS_DEFAULT >= KF_LEASE_MS_MIN && KF_LEASE_MS_DEFAULT <= KF_LEASE_MS_MAX,
                "default lease within bounds");
 _Static_assert(KF_DEDUP_MS_DEFAULT <= KF_DEDUP_MS_MAX, "default dedup within bound");
-_Static_assert(KF_FN_MAX_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX, "a full input batch fits a request");
+_Static_assert(KF_FN_MAX_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX,
+               "a full input batch fits a request");
 _Static_assert(KF_FN_MAX_BATCH_ROWS_DEFAULT <= KF_FN_MAX_BATCH_ROWS_MAX, "default within bound");
 _Static_assert(KF_FN_MAX_INPUT_ROWS_DEFAULT <= KF_FN_MAX_INPUT_ROWS_MAX, "default within bound");
 _Static_assert(KF_KEY_COLUMNS_MAX <= KF_SCHEMA_FIELDS_MAX, "key columns are input columns");

@@ -9,7 +9,9 @@
 
 static atomic_int log_level = KF_LOG_INFO;
 
-void kf_log_set_level(kf_log_level_t level) { atomic_store(&log_level, (int)level); }
+void kf_log_set_level(kf_log_level_t level) {
+    atomic_store(&log_level, (int)level);
+}
 
 void kf_log(kf_log_level_t level, const char *module, const char *fmt, ...) {
     static const char *const names[] = {"debug", "info", "warn", "error"};
@@ -21,9 +23,10 @@ void kf_log(kf_log_level_t level, const char *module, const char *fmt, ...) {
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
     char line[1024];
-    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s: ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000, names[level], module);
+    int n = snprintf(line, sizeof line,
+                     "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s: ", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, names[level], module);
     if (n < 0 || (size_t)n >= sizeof line) {
         return;
     }

@@ -15,13 +15,13 @@
 typedef struct kf_map_node {
     struct kf_map_node *next;
     uint64_t hash;
-    const void *key;             /* borrowed from the entry; valid while inserted */
+    const void *key; /* borrowed from the entry; valid while inserted */
     size_t key_len;
 } kf_map_node_t;
 
 typedef struct kf_map {
     kf_map_node_t **buckets;
-    size_t bucket_count;         /* power of two, or 0 before the first insert */
+    size_t bucket_count; /* power of two, or 0 before the first insert */
     size_t count;
 } kf_map_t;
 

@@ -16,9 +16,13 @@ typedef struct bucket_set {
     double bounds[BUCKETS_MAX];
 } bucket_set_t;
 
-static const bucket_set_t kf__buckets_count = {13, {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}};
-static const bucket_set_t kf__buckets_bytes = {9, {256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216}};
-static const bucket_set_t kf__buckets_seconds = {15, {25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1, 5}};
+static const bucket_set_t kf__buckets_count = {
+    13, {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}};
+static const bucket_set_t kf__buckets_bytes = {
+    9, {256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216}};
+static const bucket_set_t kf__buckets_seconds = {15,
+                                                 {25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3,
+                                                  5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1, 5}};
 
 typedef struct histogram {
     const char *name;
@@ -31,10 +35,11 @@ typedef struct histogram {
 static const struct {
     const char *name;
     const char *help;
-} gauge_info[] = {
+} gauge_info[] =
+    {
 #define ROW_(id, name, help) {name, help},
-    KF_GAUGE_TABLE(ROW_)
-}, counter_info[] = {KF_COUNTER_TABLE(ROW_)};
+        KF_GAUGE_TABLE(ROW_)},
+  counter_info[] = {KF_COUNTER_TABLE(ROW_)};
 #undef ROW_
 
 static atomic_int_fast64_t gauges[KF_GAUGE_COUNT];
@@ -53,13 +58,21 @@ static int method_count;
 static atomic_uint_fast64_t request_counts[KF_METRICS_METHODS_MAX][KF_TRANSPORT_COUNT][GRPC_CODES];
 static histogram_t request_latency[KF_METRICS_METHODS_MAX][KF_TRANSPORT_COUNT];
 
-void kf_gauge_set(kf_gauge_t g, int64_t v) { atomic_store_explicit(&gauges[g], v, memory_order_relaxed); }
-void kf_gauge_add(kf_gauge_t g, int64_t d) { atomic_fetch_add_explicit(&gauges[g], d, memory_order_relaxed); }
-int64_t kf_gauge_get(kf_gauge_t g) { return atomic_load_explicit(&gauges[g], memory_order_relaxed); }
+void kf_gauge_set(kf_gauge_t g, int64_t v) {
+    atomic_store_explicit(&gauges[g], v, memory_order_relaxed);
+}
+void kf_gauge_add(kf_gauge_t g, int64_t d) {
+    atomic_fetch_add_explicit(&gauges[g], d, memory_order_relaxed);
+}
+int64_t kf_gauge_get(kf_gauge_t g) {
+    return atomic_load_explicit(&gauges[g], memory_order_relaxed);
+}
 void kf_counter_add(kf_counter_t c, uint64_t d) {
     atomic_fetch_add_explicit(&counters[c], d, memory_order_relaxed);
 }
-uint64_t kf_counter_get(kf_counter_t c) { return atomic_load_explicit(&counters[c], memory_order_relaxed); }
+uint64_t kf_counter_get(kf_counter_t c) {
+    return atomic_load_explicit(&counters[c], memory_order_relaxed);
+}
 
 static void observe(histogram_t *h, double v) {
     int i = 0;
@@ -73,8 +86,12 @@ static void observe(histogram_t *h, double v) {
     }
 }
 
-void kf_histogram_observe(kf_histogram_t h, double v) { observe(&histograms[h], v); }
-void kf_histogram_observe_us(kf_histogram_t h, int64_t us) { observe(&histograms[h], (double)us / 1e6); }
+void kf_histogram_observe(kf_histogram_t h, double v) {
+    observe(&histograms[h], v);
+}
+void kf_histogram_observe_us(kf_histogram_t h, int64_t us) {
+    observe(&histograms[h], (double)us / 1e6);
+}
 
 int kf_metrics_method_register(const char *name) {
     for (int i = 0; i < method_count; i++) {
@@ -95,21 +112,27 @@ void kf_metrics_request(int method, kf_transport_t transport, int grpc_code, int
     if (method < 0 || method >= method_count || grpc_code < 0 || grpc_code >= GRPC_CODES) {
         return;
     }
-    atomic_fetch_add_explicit(&request_counts[method][transport][grpc_code], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&request_counts[method][transport][grpc_code], 1,
+                              memory_order_relaxed);
     observe(&request_latency[method][transport], (double)latency_us / 1e6);
 }
 
 void kf_metrics_reset(void) {
-    for (int i = 0; i < KF_GAUGE_COUNT; i++) atomic_store(&gauges[i], 0);
-    for (int i = 0; i < KF_COUNTER_COUNT; i++) atomic_store(&counters[i], 0);
+    for (int i = 0; i < KF_GAUGE_COUNT; i++)
+        atomic_store(&gauges[i], 0);
+    for (int i = 0; i < KF_COUNTER_COUNT; i++)
+        atomic_store(&counters[i], 0);
     for (int i = 0; i < KF_HISTOGRAM_COUNT; i++) {
-        for (int b = 0; b <= BUCKETS_MAX; b++) atomic_store(&histograms[i].counts[b], 0);
+        for (int b = 0; b <= BUCKETS_MAX; b++)
+            atomic_store(&histograms[i].counts[b], 0);
         atomic_store(&histograms[i].sum, 0);
     }
     for (int m = 0; m < KF_METRICS_METHODS_MAX; m++) {
         for (int t = 0; t < KF_TRANSPORT_COUNT; t++) {
-            for (int c = 0; c < GRPC_CODES; c++) atomic_store(&request_counts[m][t][c], 0);
-            for (int b = 0; b <= BUCKETS_MAX; b++) atomic_store(&request_latency[m][t].counts[b], 0);
+            for (int c = 0; c < GRPC_CODES; c++)
+                atomic_store(&request_counts[m][t][c], 0);
+            for (int b = 0; b <= BUCKETS_MAX; b++)
+                atomic_store(&request_latency[m][t].counts[b], 0);
             atomic_store(&request_latency[m][t].sum, 0);
         }
     }
@@ -156,8 +179,8 @@ static void render_histogram(out_t *o, const histogram_t *h, const char *labels)
     for (int i = 0; i <= h->buckets->count; i++) {
         cumulative += atomic_load_explicit(&h->counts[i], memory_order_relaxed);
         if (i < h->buckets->count) {
-            outf(o, "%s_bucket{%s%sle=\"%.15g\"} %llu\n", h->name, labels, sep, h->buckets->bounds[i],
-                 (unsigned long long)cumulative);
+            outf(o, "%s_bucket{%s%sle=\"%.15g\"} %llu\n", h->name, labels, sep,
+                 h->buckets->bounds[i], (unsigned long long)cumulative);
         } else {
             outf(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", h->name, labels, sep,
                  (unsigned long long)cumulative);
@@ -170,11 +193,23 @@ static void render_histogram(out_t *o, const histogram_t *h, const char *labels)
 }
 
 char *kf_metrics_render(size_t *len) {
-    static const char *const code_names[GRPC_CODES] = {
-        "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-        "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-        "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-        "UNAUTHENTICATED"};
+    static const char *const code_names[GRPC_CODES] = {"OK",
+                                                       "CANCELLED",
+                                                       "UNKNOWN",
+                                                       "INVALID_ARGUMENT",
+                                                       "DEADLINE_EXCEEDED",
+                                                       "NOT_FOUND",
+                                                       "ALREADY_EXISTS",
+                                                       "PERMISSION_DENIED",
+                                                       "RESOURCE_EXHAUSTED",
+                                                       "FAILED_PRECONDITION",
+                                                       "ABORTED",
+                                                       "OUT_OF_RANGE",
+                                                       "UNIMPLEMENTED",
+                                                       "INTERNAL",
+                                                       "UNAVAILABLE",
+                                                       "DATA_LOSS",
+                                                       "UNAUTHENTICATED"};
     static const char *const transport_names[KF_TRANSPORT_COUNT] = {"grpc", "http"};
     out_t o = {malloc(16384), 0, 16384, 0};
     if (o.buf == NULL) {
@@ -203,8 +238,10 @@ char *kf_metrics_render(size_t *len) {
             for (int c = 0; c < GRPC_CODES; c++) {
                 uint64_t n = atomic_load_explicit(&request_counts[m][t][c], memory_order_relaxed);
                 if (n > 0) {
-                    outf(&o, "keyflow_requests_total{method=\"%s\",transport=\"%s\",code=\"%s\"} %llu\n",
-                         method_names[m], transport_names[t], code_names[c], (unsigned long long)n);
+                    outf(
+                        &o,
+                        "keyflow_requests_total{method=\"%s\",transport=\"%s\",code=\"%s\"} %llu\n",
+                        method_names[m], transport_names[t], code_names[c], (unsigned long long)n);
                 }
             }
         }

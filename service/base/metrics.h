@@ -14,39 +14,42 @@
 #include <stdint.h>
 
 /* X(id, prometheus name, help) */
-#define KF_GAUGE_TABLE(X)                                                                   \
-    X(KF_G_QUEUE_DEPTH, "keyflow_engine_queue_depth", "Commands waiting for the engine")    \
-    X(KF_G_COORDINATORS, "keyflow_coordinators", "Coordinators held in memory")             \
-    X(KF_G_OPEN_WINDOWS, "keyflow_open_windows", "Coordinator windows open now")            \
-    X(KF_G_RUNS_PENDING, "keyflow_runs_pending", "Runs waiting for a worker")               \
-    X(KF_G_RUNS_LEASED, "keyflow_runs_leased", "Runs leased to a worker")                   \
-    X(KF_G_PARKED_POLLS, "keyflow_parked_polls", "PollRuns calls waiting for a run")        \
-    X(KF_G_TIMERS, "keyflow_timers", "Processing-time timers armed")                        \
-    X(KF_G_FUNCTIONS, "keyflow_functions", "Registered process functions")                  \
+#define KF_GAUGE_TABLE(X)                                                                          \
+    X(KF_G_QUEUE_DEPTH, "keyflow_engine_queue_depth", "Commands waiting for the engine")           \
+    X(KF_G_COORDINATORS, "keyflow_coordinators", "Coordinators held in memory")                    \
+    X(KF_G_OPEN_WINDOWS, "keyflow_open_windows", "Coordinator windows open now")                   \
+    X(KF_G_RUNS_PENDING, "keyflow_runs_pending", "Runs waiting for a worker")                      \
+    X(KF_G_RUNS_LEASED, "keyflow_runs_leased", "Runs leased to a worker")                          \
+    X(KF_G_PARKED_POLLS, "keyflow_parked_polls", "PollRuns calls waiting for a run")               \
+    X(KF_G_TIMERS, "keyflow_timers", "Processing-time timers armed")                               \
+    X(KF_G_FUNCTIONS, "keyflow_functions", "Registered process functions")                         \
     X(KF_G_READY, "keyflow_ready", "1 when the service is ready to serve")
 
-#define KF_COUNTER_TABLE(X)                                                                 \
-    X(KF_C_EVENTS_ACCEPTED, "keyflow_events_accepted_total", "Events accepted into a window") \
-    X(KF_C_EVENTS_DUPLICATE, "keyflow_events_duplicate_total", "Retries answered by dedup") \
-    X(KF_C_RUNS_CREATED, "keyflow_runs_created_total", "Runs started by closing windows")   \
-    X(KF_C_RUNS_COMPLETED, "keyflow_runs_completed_total", "Runs completed by workers")     \
-    X(KF_C_RUNS_FAILED, "keyflow_runs_failed_total", "Runs that ended FAILED")              \
-    X(KF_C_LEASES_EXPIRED, "keyflow_leases_expired_total", "Leases that expired")           \
-    X(KF_C_RUNS_DELETED, "keyflow_runs_deleted_total", "Finished runs deleted by retention") \
-    X(KF_C_COMPACTIONS, "keyflow_journal_compactions_total", "Coordinator continue-as-new") \
-    X(KF_C_GROUPS, "keyflow_commit_groups_total", "Synced write groups")                    \
-    X(KF_C_TIMERS_FIRED, "keyflow_timers_fired_total", "Processing-time timers fired")      \
-    X(KF_C_INPUT_ROWS, "keyflow_function_input_rows_total", "Process function input rows")  \
-    X(KF_C_OUTPUT_ROWS, "keyflow_function_output_rows_total", "Process function output rows") \
-    X(KF_C_EVENT_TIMERS_FIRED, "keyflow_function_timers_fired_total", "Event-time timers fired") \
-    X(KF_C_HANDLER_CALLS, "keyflow_function_handler_calls_total", "Handler invocations")    \
+#define KF_COUNTER_TABLE(X)                                                                        \
+    X(KF_C_EVENTS_ACCEPTED, "keyflow_events_accepted_total", "Events accepted into a window")      \
+    X(KF_C_EVENTS_DUPLICATE, "keyflow_events_duplicate_total", "Retries answered by dedup")        \
+    X(KF_C_RUNS_CREATED, "keyflow_runs_created_total", "Runs started by closing windows")          \
+    X(KF_C_RUNS_COMPLETED, "keyflow_runs_completed_total", "Runs completed by workers")            \
+    X(KF_C_RUNS_FAILED, "keyflow_runs_failed_total", "Runs that ended FAILED")                     \
+    X(KF_C_LEASES_EXPIRED, "keyflow_leases_expired_total", "Leases that expired")                  \
+    X(KF_C_RUNS_DELETED, "keyflow_runs_deleted_total", "Finished runs deleted by retention")       \
+    X(KF_C_COMPACTIONS, "keyflow_journal_compactions_total", "Coordinator continue-as-new")        \
+    X(KF_C_GROUPS, "keyflow_commit_groups_total", "Synced write groups")                           \
+    X(KF_C_TIMERS_FIRED, "keyflow_timers_fired_total", "Processing-time timers fired")             \
+    X(KF_C_INPUT_ROWS, "keyflow_function_input_rows_total", "Process function input rows")         \
+    X(KF_C_OUTPUT_ROWS, "keyflow_function_output_rows_total", "Process function output rows")      \
+    X(KF_C_EVENT_TIMERS_FIRED, "keyflow_function_timers_fired_total", "Event-time timers fired")   \
+    X(KF_C_HANDLER_CALLS, "keyflow_function_handler_calls_total", "Handler invocations")           \
     X(KF_C_REJECTED_QUEUE_FULL, "keyflow_rejected_queue_full_total", "Commands refused: queue full")
 
-#define KF_HISTOGRAM_TABLE(X)                                                               \
-    X(KF_H_GROUP_COMMANDS, "keyflow_commit_group_commands", "Commands per synced group", kf__buckets_count) \
+#define KF_HISTOGRAM_TABLE(X)                                                                      \
+    X(KF_H_GROUP_COMMANDS, "keyflow_commit_group_commands", "Commands per synced group",           \
+      kf__buckets_count)                                                                           \
     X(KF_H_GROUP_BYTES, "keyflow_commit_group_bytes", "Bytes per synced group", kf__buckets_bytes) \
-    X(KF_H_SYNC_SECONDS, "keyflow_commit_sync_seconds", "Durable write latency", kf__buckets_seconds) \
-    X(KF_H_QUEUE_WAIT_SECONDS, "keyflow_engine_queue_wait_seconds", "Time a command waited for the engine", kf__buckets_seconds)
+    X(KF_H_SYNC_SECONDS, "keyflow_commit_sync_seconds", "Durable write latency",                   \
+      kf__buckets_seconds)                                                                         \
+    X(KF_H_QUEUE_WAIT_SECONDS, "keyflow_engine_queue_wait_seconds",                                \
+      "Time a command waited for the engine", kf__buckets_seconds)
 
 typedef enum kf_gauge {
 #define KF_M_ENUM_(id, name, help) id,
@@ -74,7 +77,11 @@ void kf_histogram_observe_us(kf_histogram_t h, int64_t us);
 
 /* Requests, by method and outcome. */
 #define KF_METRICS_METHODS_MAX 64
-typedef enum kf_transport { KF_TRANSPORT_GRPC, KF_TRANSPORT_HTTP, KF_TRANSPORT_COUNT } kf_transport_t;
+typedef enum kf_transport {
+    KF_TRANSPORT_GRPC,
+    KF_TRANSPORT_HTTP,
+    KF_TRANSPORT_COUNT
+} kf_transport_t;
 
 /* Returns the method's id (0..KF_METRICS_METHODS_MAX-1); the same name twice
  * gives the same id. Call before serving (not thread-safe against record). */

@@ -16,7 +16,7 @@
 #define KF_PQ_NONE UINT32_MAX
 
 typedef struct kf_pq_node {
-    uint32_t index;              /* position in the queue, or KF_PQ_NONE */
+    uint32_t index; /* position in the queue, or KF_PQ_NONE */
 } kf_pq_node_t;
 
 typedef bool (*kf_pq_before_fn)(const kf_pq_node_t *a, const kf_pq_node_t *b, const void *ctx);
@@ -26,18 +26,24 @@ typedef struct kf_pq {
     uint32_t count;
     uint32_t cap;
     kf_pq_before_fn before;
-    const void *ctx;             /* passed to `before` */
+    const void *ctx; /* passed to `before` */
 } kf_pq_t;
 
 void kf_pq_init(kf_pq_t *pq, kf_pq_before_fn before, const void *ctx);
 /* Marks every queued node unqueued and frees the array. */
 void kf_pq_deinit(kf_pq_t *pq);
-static inline void kf_pq_node_init(kf_pq_node_t *n) { n->index = KF_PQ_NONE; }
-static inline bool kf_pq_queued(const kf_pq_node_t *n) { return n->index != KF_PQ_NONE; }
+static inline void kf_pq_node_init(kf_pq_node_t *n) {
+    n->index = KF_PQ_NONE;
+}
+static inline bool kf_pq_queued(const kf_pq_node_t *n) {
+    return n->index != KF_PQ_NONE;
+}
 void kf_pq_push(kf_pq_t *pq, kf_pq_node_t *node);
 /* No-op when the node is not queued. */
 void kf_pq_remove(kf_pq_t *pq, kf_pq_node_t *node);
-static inline kf_pq_node_t *kf_pq_top(const kf_pq_t *pq) { return pq->count ? pq->items[0] : NULL; }
+static inline kf_pq_node_t *kf_pq_top(const kf_pq_t *pq) {
+    return pq->count ? pq->items[0] : NULL;
+}
 /* Checks the heap property and indexes: O(n), for tests. */
 bool kf_pq_valid(const kf_pq_t *pq);
 

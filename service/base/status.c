@@ -20,10 +20,23 @@ _Static_assert(sizeof status_rows / sizeof status_rows[0] == KF_STATUS_COUNT_,
                "one row per status");
 
 static const char *const grpc_names[] = {
-    "OK",       "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
 };
 
 static unsigned status_index(kf_status_t status) {
@@ -32,10 +45,18 @@ static unsigned status_index(kf_status_t status) {
     return i;
 }
 
-const char *kf_status_name(kf_status_t status) { return status_rows[status_index(status)].name; }
-const char *kf_status_text(kf_status_t status) { return status_rows[status_index(status)].text; }
-int kf_status_grpc_code(kf_status_t status) { return status_rows[status_index(status)].grpc; }
-int kf_status_http(kf_status_t status) { return status_rows[status_index(status)].http; }
+const char *kf_status_name(kf_status_t status) {
+    return status_rows[status_index(status)].name;
+}
+const char *kf_status_text(kf_status_t status) {
+    return status_rows[status_index(status)].text;
+}
+int kf_status_grpc_code(kf_status_t status) {
+    return status_rows[status_index(status)].grpc;
+}
+int kf_status_http(kf_status_t status) {
+    return status_rows[status_index(status)].http;
+}
 
 const char *kf_status_grpc_name(kf_status_t status) {
     int code = kf_status_grpc_code(status);

@@ -18,25 +18,25 @@
 #include "base/limits.h"
 
 /* X(name, grpc_code, http_status, text) */
-#define KF_STATUS_TABLE(X)                                                     \
-    X(KF_OK, 0, 200, "ok")                                                     \
-    X(KF_AGAIN, 0, 200, "again")                                               \
-    X(KF_E_CANCELLED, 1, 499, "cancelled")                                     \
-    X(KF_E_INVALID, 3, 400, "invalid argument")                                \
-    X(KF_E_TIMEOUT, 4, 504, "deadline exceeded")                               \
-    X(KF_E_NOT_FOUND, 5, 404, "not found")                                     \
-    X(KF_E_EXISTS, 6, 409, "already exists")                                   \
-    X(KF_E_PERMISSION, 7, 403, "permission denied")                            \
-    X(KF_E_LIMIT, 8, 429, "resource exhausted")                                \
-    X(KF_E_TOO_LARGE, 8, 413, "too large")                                     \
-    X(KF_E_PRECONDITION, 9, 409, "failed precondition")                        \
-    X(KF_E_ABORTED, 10, 409, "aborted")                                        \
-    X(KF_E_RANGE, 11, 400, "out of range")                                     \
-    X(KF_E_UNIMPLEMENTED, 12, 501, "unimplemented")                            \
-    X(KF_E_INTERNAL, 13, 500, "internal error")                                \
-    X(KF_E_UNAVAILABLE, 14, 503, "unavailable")                                \
-    X(KF_E_IO, 13, 500, "i/o error")                                           \
-    X(KF_E_CORRUPT, 15, 500, "data corrupt")                                   \
+#define KF_STATUS_TABLE(X)                                                                         \
+    X(KF_OK, 0, 200, "ok")                                                                         \
+    X(KF_AGAIN, 0, 200, "again")                                                                   \
+    X(KF_E_CANCELLED, 1, 499, "cancelled")                                                         \
+    X(KF_E_INVALID, 3, 400, "invalid argument")                                                    \
+    X(KF_E_TIMEOUT, 4, 504, "deadline exceeded")                                                   \
+    X(KF_E_NOT_FOUND, 5, 404, "not found")                                                         \
+    X(KF_E_EXISTS, 6, 409, "already exists")                                                       \
+    X(KF_E_PERMISSION, 7, 403, "permission denied")                                                \
+    X(KF_E_LIMIT, 8, 429, "resource exhausted")                                                    \
+    X(KF_E_TOO_LARGE, 8, 413, "too large")                                                         \
+    X(KF_E_PRECONDITION, 9, 409, "failed precondition")                                            \
+    X(KF_E_ABORTED, 10, 409, "aborted")                                                            \
+    X(KF_E_RANGE, 11, 400, "out of range")                                                         \
+    X(KF_E_UNIMPLEMENTED, 12, 501, "unimplemented")                                                \
+    X(KF_E_INTERNAL, 13, 500, "internal error")                                                    \
+    X(KF_E_UNAVAILABLE, 14, 503, "unavailable")                                                    \
+    X(KF_E_IO, 13, 500, "i/o error")                                                               \
+    X(KF_E_CORRUPT, 15, 500, "data corrupt")                                                       \
     X(KF_E_NOMEM, 8, 503, "out of memory")
 
 typedef enum kf_status {

@@ -4,7 +4,6 @@
 #include <stdint.h>
 #include <string.h>
 
-
 static bool utf8_check(const char *s, size_t len, bool allow_control) {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
@@ -46,8 +45,12 @@ static bool utf8_check(const char *s, size_t len, bool allow_control) {
     return true;
 }
 
-bool kf_utf8_clean(const char *s, size_t len) { return utf8_check(s, len, false); }
-bool kf_utf8_valid(const char *s, size_t len) { return utf8_check(s, len, true); }
+bool kf_utf8_clean(const char *s, size_t len) {
+    return utf8_check(s, len, false);
+}
+bool kf_utf8_valid(const char *s, size_t len) {
+    return utf8_check(s, len, true);
+}
 
 kf_status_t kf_check_identifier(const char *field, const char *s, size_t max_bytes, bool required,
                                 kf_error_t *err) {
@@ -57,13 +60,12 @@ kf_status_t kf_check_identifier(const char *field, const char *s, size_t max_byt
                         : KF_OK;
     }
     if (len > max_bytes) {
-        return kf_error_set(err, KF_E_TOO_LARGE, "%s: at most %zu bytes, got %zu", field,
-                            max_bytes, len);
+        return kf_error_set(err, KF_E_TOO_LARGE, "%s: at most %zu bytes, got %zu", field, max_bytes,
+                            len);
     }
     if (!kf_utf8_clean(s, len)) {
-        return kf_error_set(err, KF_E_INVALID,
-                            "%s: must be UTF-8 without control characters", field);
+        return kf_error_set(err, KF_E_INVALID, "%s: must be UTF-8 without control characters",
+                            field);
     }
     return KF_OK;
 }
-

@@ -18,7 +18,7 @@ bool kf_utf8_valid(const char *s, size_t len);
 /* An identifier (workflow, key, event ID, worker ID): at most max_bytes
  * (KF_E_TOO_LARGE), non-empty when required (KF_E_INVALID), clean UTF-8
  * (KF_E_INVALID). The message names `field`. */
-kf_status_t kf_check_identifier(const char *field, const char *s, size_t max_bytes,
-                                bool required, kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_check_identifier(const char *field, const char *s, size_t max_bytes, bool required,
+                                kf_error_t *err) KF_MUST_USE;
 
 #endif

@@ -24,23 +24,23 @@
 #include "records/records.pb-c.h"
 
 typedef struct remembered {
-    char *id;                    /* owned */
+    char *id; /* owned */
     char run_uuid[KF_UUID_TEXT_BYTES + 1];
     int64_t due_ms;
     int64_t expires_ms;
 } remembered_t;
 
 typedef struct coord {
-    kf_map_node_t node;          /* keyed by ckey */
-    uint8_t *ckey;               /* storage key (keys.h), owned */
+    kf_map_node_t node; /* keyed by ckey */
+    uint8_t *ckey;      /* storage key (keys.h), owned */
     size_t ckey_len;
     kf_rule_kind_t kind;
-    char *workflow;              /* owned, NUL-terminated */
-    char *key;                   /* owned, NUL-terminated */
+    char *workflow; /* owned, NUL-terminated */
+    char *key;      /* owned, NUL-terminated */
     kf_timer_t timer;
-    int64_t wakeup_due_ms;       /* the stored wake-up, or KF_NO_WAKEUP */
-    uint64_t journal_seq;        /* seq of the next entry */
-    uint32_t journal_len;        /* entries since the last snapshot */
+    int64_t wakeup_due_ms; /* the stored wake-up, or KF_NO_WAKEUP */
+    uint64_t journal_seq;  /* seq of the next entry */
+    uint32_t journal_len;  /* entries since the last snapshot */
     int64_t runs_started;
     int64_t compactions;
     char recent[KF_RECENT_RUNS_MAX][KF_UUID_TEXT_BYTES + 1]; /* oldest first */
@@ -51,8 +51,8 @@ typedef struct coord {
     int64_t opened_ms;
     int64_t last_ms;
     int64_t due_ms;
-    kf_rule_t rule;              /* the latest event's rule */
-    char *input;                 /* debounce: latest input; batch: "[a,b" */
+    kf_rule_t rule; /* the latest event's rule */
+    char *input;    /* debounce: latest input; batch: "[a,b" */
     size_t input_len;
     size_t input_cap;
     int64_t event_count;
@@ -67,7 +67,7 @@ struct kf_coords {
     kf_map_t map;
     kf_runs_t *runs;
     uint64_t open_windows;
-    int64_t window_bytes;        /* input buffer bytes of open windows */
+    int64_t window_bytes; /* input buffer bytes of open windows */
 };
 
 static void publish_gauges(const kf_coords_t *cs) {
@@ -88,8 +88,8 @@ static kf_status_t check_json(const char *field, const char *text, size_t len, s
     json_error_t jerr;
     json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
     if (v == NULL) {
-        return kf_error_set(err, KF_E_INVALID, "%s: not valid JSON: %s (line %d, column %d)",
-                            field, jerr.text, jerr.line, jerr.column);
+        return kf_error_set(err, KF_E_INVALID, "%s: not valid JSON: %s (line %d, column %d)", field,
+                            jerr.text, jerr.line, jerr.column);
     }
     json_decref(v);
     return KF_OK;
@@ -173,7 +173,9 @@ static void input_reserve(kf_coords_t *cs, coord_t *c, size_t need) {
     c->input_cap = cap;
 }
 
-static remembered_t *id_at(coord_t *c, uint32_t i) { return &c->ids[(c->ids_head + i) % c->ids_cap]; }
+static remembered_t *id_at(coord_t *c, uint32_t i) {
+    return &c->ids[(c->ids_head + i) % c->ids_cap];
+}
 
 /* The live remembered entry for `id` at now_ms, or NULL. */
 static remembered_t *id_find(coord_t *c, const char *id, int64_t now_ms) {
@@ -277,7 +279,9 @@ static bool rule_from_rec(const Keyflow__Records__RuleRec *rec, kf_rule_t *rule)
     return true;
 }
 
-static bool uuid_ok(const char *s) { return s != NULL && strlen(s) == KF_UUID_TEXT_BYTES; }
+static bool uuid_ok(const char *s) {
+    return s != NULL && strlen(s) == KF_UUID_TEXT_BYTES;
+}
 
 /* ---- apply: the one place state changes (live and replay) --------------- */
 
@@ -332,7 +336,8 @@ static kf_status_t apply_accepted(kf_coords_t *cs, coord_t *c, int64_t at_ms,
 static kf_status_t apply_started(kf_coords_t *cs, coord_t *c,
                                  const Keyflow__Records__RunStartedRec *e, kf_error_t *err) {
     if (!c->open || !uuid_ok(e->run_uuid) || strcmp(c->run_uuid, e->run_uuid) != 0) {
-        return kf_error_set(err, KF_E_CORRUPT, "journal: run started for a window that is not open");
+        return kf_error_set(err, KF_E_CORRUPT,
+                            "journal: run started for a window that is not open");
     }
     window_drop(cs, c);
     c->runs_started++;
@@ -349,8 +354,8 @@ static kf_status_t apply_cancelled(kf_coords_t *cs, coord_t *c,
     return KF_OK;
 }
 
-static kf_status_t apply_entry(kf_coords_t *cs, coord_t *c, const Keyflow__Records__JournalEntryRec *e,
-                               kf_error_t *err) {
+static kf_status_t apply_entry(kf_coords_t *cs, coord_t *c,
+                               const Keyflow__Records__JournalEntryRec *e, kf_error_t *err) {
     switch (e->entry_case) {
     case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED:
         return apply_accepted(cs, c, e->at_ms, e->accepted, err);
@@ -359,7 +364,8 @@ static kf_status_t apply_entry(kf_coords_t *cs, coord_t *c, const Keyflow__Recor
     case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED:
         return apply_cancelled(cs, c, e->cancelled, err);
     default:
-        return kf_error_set(err, KF_E_CORRUPT, "journal: unknown entry kind %d", (int)e->entry_case);
+        return kf_error_set(err, KF_E_CORRUPT, "journal: unknown entry kind %d",
+                            (int)e->entry_case);
     }
 }
 
@@ -458,7 +464,8 @@ static void coord_delete(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c) {
     kf_ctx_delete(ctx, KF_CF_COORD_SNAPSHOTS, &ckey);
     bool has_end = kf_key_prefix_end(&ckey, &end);
     KF_ASSERT(has_end); /* the kind byte is 1 or 2, never 0xff */
-    kf_batch_delete_range(ctx->batch, KF_CF_COORD_JOURNAL, ckey.bytes, ckey.len, end.bytes, end.len);
+    kf_batch_delete_range(ctx->batch, KF_CF_COORD_JOURNAL, ckey.bytes, ckey.len, end.bytes,
+                          end.len);
     kf_map_remove(&cs->map, &c->node);
     coord_free(cs, c);
     publish_gauges(cs);
@@ -527,8 +534,8 @@ static char *run_id_in(kf_arena_t *arena, const char *key, const char *uuid) {
     return s;
 }
 
-static kf_status_t ref_key(const Keyflow__V1__CoordinatorRef *ref, const char *field, kf_key_t *ckey,
-                           kf_error_t *err) {
+static kf_status_t ref_key(const Keyflow__V1__CoordinatorRef *ref, const char *field,
+                           kf_key_t *ckey, kf_error_t *err) {
     char name[64];
     if (ref == NULL) {
         return kf_error_set(err, KF_E_INVALID, "%s: required", field);
@@ -539,7 +546,8 @@ static kf_status_t ref_key(const Keyflow__V1__CoordinatorRef *ref, const char *f
     }
     kf_status_t st;
     snprintf(name, sizeof name, "%s.workflow", field);
-    if ((st = kf_check_identifier(name, ref->workflow, KF_WORKFLOW_BYTES_MAX, true, err)) != KF_OK) {
+    if ((st = kf_check_identifier(name, ref->workflow, KF_WORKFLOW_BYTES_MAX, true, err)) !=
+        KF_OK) {
         return st;
     }
     snprintf(name, sizeof name, "%s.key", field);
@@ -557,12 +565,18 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     kf_rule_t rule;
     if (kf_check_identifier("workflow", req->workflow, KF_WORKFLOW_BYTES_MAX, true, err) != KF_OK ||
         kf_check_identifier("key", req->key, KF_KEY_BYTES_MAX, true, err) != KF_OK) {
-        { kf_ctx_fail(ctx, cmd); return; }
+        {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
     }
     const Keyflow__V1__Event *ev = req->event;
     if (ev == NULL) {
         kf_error_set(err, KF_E_INVALID, "event: required");
-        { kf_ctx_fail(ctx, cmd); return; }
+        {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
     }
     const char *input = ev->input_json;
     size_t input_len = strlen(input);
@@ -577,7 +591,10 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (kf_check_identifier("event.id", ev->id, KF_EVENT_ID_BYTES_MAX, false, err) != KF_OK ||
         kf_rule_resolve(ev->rule, "event.rule", &rule, err) != KF_OK ||
         check_json("event.input", input, input_len, KF_EVENT_INPUT_BYTES_MAX, err) != KF_OK) {
-        { kf_ctx_fail(ctx, cmd); return; }
+        {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
     }
     kf_key_t ckey;
     kf_key_coord(&ckey, (uint8_t)rule.kind, req->workflow, strlen(req->workflow), req->key,
@@ -606,18 +623,28 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (c == NULL && cs->map.count >= KF_COORDINATORS_MAX) {
         kf_error_set(err, KF_E_LIMIT, "coordinators: at most %d held at once (KF_COORDINATORS_MAX)",
                      KF_COORDINATORS_MAX);
-        { kf_ctx_fail(ctx, cmd); return; }
+        {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
     }
     if (kf_runs_full(cs->runs)) {
         kf_error_set(err, KF_E_LIMIT,
                      "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX); complete some first",
                      KF_LIVE_RUNS_MAX);
-        { kf_ctx_fail(ctx, cmd); return; }
+        {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
     }
     if (cs->window_bytes + (int64_t)input_len + 64 > KF_OPEN_WINDOW_BYTES_MAX) {
-        kf_error_set(err, KF_E_LIMIT, "windows: open windows hold %lld bytes (KF_OPEN_WINDOW_BYTES_MAX)",
+        kf_error_set(err, KF_E_LIMIT,
+                     "windows: open windows hold %lld bytes (KF_OPEN_WINDOW_BYTES_MAX)",
                      (long long)cs->window_bytes);
-        { kf_ctx_fail(ctx, cmd); return; }
+        {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
     }
     if (c == NULL) {
         c = coord_new(cs, &ckey);
@@ -686,21 +713,17 @@ static Keyflow__V1__Rule *rule_out(kf_arena_t *arena, const kf_rule_t *rule) {
 
 static const char *entry_name(int entry_case) {
     switch (entry_case) {
-    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED:
-        return "event_accepted";
-    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED:
-        return "run_started";
-    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED:
-        return "window_cancelled";
-    default:
-        return "unknown";
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED: return "event_accepted";
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED: return "run_started";
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED: return "window_cancelled";
+    default: return "unknown";
     }
 }
 
 /* The durable journal entries since the last snapshot (a read: entries of
  * groups not yet synced are not listed; their count is in journal_length). */
-static void describe_journal(kf_ctx_t *ctx, coord_t *c, Keyflow__V1__DescribeCoordinatorResponse *resp,
-                             kf_arena_t *arena) {
+static void describe_journal(kf_ctx_t *ctx, coord_t *c,
+                             Keyflow__V1__DescribeCoordinatorResponse *resp, kf_arena_t *arena) {
     kf_key_t ckey, end;
     kf_key_reset(&ckey);
     kf_key_raw(&ckey, c->ckey, c->ckey_len);
@@ -731,8 +754,9 @@ static void describe_journal(kf_ctx_t *ctx, coord_t *c, Keyflow__V1__DescribeCoo
         if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED) {
             jr->run_id = run_id_in(arena, c->key, e->accepted->run_uuid);
             jr->event_id = e->accepted->event_id;
-            jr->detail = kf_arena_printf(arena, "%sdue_ms=%lld", e->accepted->opened ? "opened " : "",
-                                         (long long)e->accepted->due_ms);
+            jr->detail =
+                kf_arena_printf(arena, "%sdue_ms=%lld", e->accepted->opened ? "opened " : "",
+                                (long long)e->accepted->due_ms);
         } else if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED) {
             jr->run_id = run_id_in(arena, c->key, e->started->run_uuid);
             jr->detail = kf_arena_printf(arena, "reason=%s", e->started->reason);
@@ -750,7 +774,10 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         (const Keyflow__V1__DescribeCoordinatorRequest *)cmd->request;
     kf_key_t ckey;
     if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
-        { kf_ctx_fail(ctx, cmd); return; }
+        {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
     }
     kf_arena_t *arena = cmd->arena;
     Keyflow__V1__DescribeCoordinatorResponse *resp = kf_arena_new(arena, sizeof *resp);
@@ -781,7 +808,8 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         for (uint32_t i = 0; i < c->recent_count; i++) {
             resp->recent_run_ids[resp->n_recent_run_ids++] = run_id_in(arena, c->key, c->recent[i]);
         }
-        resp->remembered_ids = kf_arena_new(arena, (c->ids_count + 1) * sizeof *resp->remembered_ids);
+        resp->remembered_ids =
+            kf_arena_new(arena, (c->ids_count + 1) * sizeof *resp->remembered_ids);
         for (uint32_t i = 0; i < c->ids_count; i++) {
             remembered_t *r = id_at(c, i);
             if (r->expires_ms <= ctx->now_ms) {
@@ -807,10 +835,14 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
 }
 
 void kf_coords_flush(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    const Keyflow__V1__FlushWindowRequest *req = (const Keyflow__V1__FlushWindowRequest *)cmd->request;
+    const Keyflow__V1__FlushWindowRequest *req =
+        (const Keyflow__V1__FlushWindowRequest *)cmd->request;
     kf_key_t ckey;
     if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
-        { kf_ctx_fail(ctx, cmd); return; }
+        {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
     }
     Keyflow__V1__FlushWindowResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__flush_window_response__init(resp);
@@ -819,7 +851,10 @@ void kf_coords_flush(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         if (kf_runs_full(cs->runs)) {
             kf_error_set(&cmd->error, KF_E_LIMIT,
                          "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX)", KF_LIVE_RUNS_MAX);
-            { kf_ctx_fail(ctx, cmd); return; }
+            {
+                kf_ctx_fail(ctx, cmd);
+                return;
+            }
         }
         resp->run_id = run_id_in(cmd->arena, c->key, c->run_uuid);
         close_window(cs, ctx, c, "flush");
@@ -835,7 +870,10 @@ void kf_coords_cancel(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         (const Keyflow__V1__CancelWindowRequest *)cmd->request;
     kf_key_t ckey;
     if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
-        { kf_ctx_fail(ctx, cmd); return; }
+        {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
     }
     Keyflow__V1__CancelWindowResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__cancel_window_response__init(resp);
@@ -874,8 +912,8 @@ void kf_coords_fire(kf_coords_t *cs, kf_ctx_t *ctx, kf_timer_t *timer) {
 
 /* ---- recovery ---------------------------------------------------------- */
 
-static kf_status_t load_snapshot(kf_coords_t *cs, coord_t *c, const Keyflow__Records__CoordSnapshot *s,
-                                 kf_error_t *err) {
+static kf_status_t load_snapshot(kf_coords_t *cs, coord_t *c,
+                                 const Keyflow__Records__CoordSnapshot *s, kf_error_t *err) {
     c->journal_seq = s->journal_seq;
     c->runs_started = s->runs_started;
     c->compactions = s->compactions;
@@ -935,7 +973,8 @@ static kf_status_t recover_snapshots(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t 
             st = kf_error_set(err, KF_E_CORRUPT, "coord_snapshots: malformed key");
             break;
         }
-        Keyflow__Records__CoordSnapshot *s = keyflow__records__coord_snapshot__unpack(NULL, vlen, v);
+        Keyflow__Records__CoordSnapshot *s =
+            keyflow__records__coord_snapshot__unpack(NULL, vlen, v);
         if (s == NULL) {
             st = kf_error_set(err, KF_E_CORRUPT, "coord_snapshots: undecodable record");
             break;
@@ -983,8 +1022,8 @@ static kf_status_t recover_journal(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *e
         }
         if (e->seq != c->journal_seq) {
             st = kf_error_set(err, KF_E_CORRUPT,
-                              "coord_journal: %s/%s entry %llu where %llu was expected", c->workflow,
-                              c->key, (unsigned long long)e->seq,
+                              "coord_journal: %s/%s entry %llu where %llu was expected",
+                              c->workflow, c->key, (unsigned long long)e->seq,
                               (unsigned long long)c->journal_seq);
         } else {
             st = apply_entry(cs, c, e, err);
@@ -1064,5 +1103,9 @@ void kf_coords_destroy(kf_coords_t *cs) {
     free(cs);
 }
 
-uint64_t kf_coords_count(const kf_coords_t *cs) { return cs->map.count; }
-uint64_t kf_coords_open_windows(const kf_coords_t *cs) { return cs->open_windows; }
+uint64_t kf_coords_count(const kf_coords_t *cs) {
+    return cs->map.count;
+}
+uint64_t kf_coords_open_windows(const kf_coords_t *cs) {
+    return cs->open_windows;
+}

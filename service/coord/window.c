@@ -4,7 +4,7 @@
 #include "base/clock.h"
 #include "base/limits.h"
 
-#define CASE(r, f) ((r)->f##_present_case)
+#define CASE(r, f)   ((r)->f##_present_case)
 #define HAS(r, f, F) (CASE(r, f) == KEYFLOW__V1__RULE__##F##_PRESENT_##F)
 
 static kf_status_t range(kf_error_t *err, const char *field, const char *name, int64_t v,
@@ -37,7 +37,8 @@ kf_status_t kf_rule_resolve(const Keyflow__V1__Rule *r, const char *field, kf_ru
         rule.window_ms = r->window_ms;
         rule.max_wait_ms = HAS(r, max_wait_ms, MAX_WAIT_MS) ? r->max_wait_ms : 0;
         if ((st = range(err, field, "window_ms", rule.window_ms, 1, KF_WINDOW_MS_MAX)) != KF_OK ||
-            (st = range(err, field, "max_wait_ms", rule.max_wait_ms, 0, KF_WINDOW_MS_MAX)) != KF_OK) {
+            (st = range(err, field, "max_wait_ms", rule.max_wait_ms, 0, KF_WINDOW_MS_MAX)) !=
+                KF_OK) {
             return st;
         }
         break;
@@ -48,9 +49,12 @@ kf_status_t kf_rule_resolve(const Keyflow__V1__Rule *r, const char *field, kf_ru
                                 "%s.window_ms: applies only to debounce rules, not batch", field);
         }
         rule.max_events = HAS(r, max_events, MAX_EVENTS) ? r->max_events : KF_BATCH_EVENTS_DEFAULT;
-        rule.max_wait_ms = HAS(r, max_wait_ms, MAX_WAIT_MS) ? r->max_wait_ms : KF_BATCH_WAIT_MS_DEFAULT;
-        if ((st = range(err, field, "max_events", rule.max_events, 1, KF_BATCH_EVENTS_MAX)) != KF_OK ||
-            (st = range(err, field, "max_wait_ms", rule.max_wait_ms, 1, KF_WINDOW_MS_MAX)) != KF_OK) {
+        rule.max_wait_ms =
+            HAS(r, max_wait_ms, MAX_WAIT_MS) ? r->max_wait_ms : KF_BATCH_WAIT_MS_DEFAULT;
+        if ((st = range(err, field, "max_events", rule.max_events, 1, KF_BATCH_EVENTS_MAX)) !=
+                KF_OK ||
+            (st = range(err, field, "max_wait_ms", rule.max_wait_ms, 1, KF_WINDOW_MS_MAX)) !=
+                KF_OK) {
             return st;
         }
         break;

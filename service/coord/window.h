@@ -19,10 +19,10 @@ typedef enum kf_rule_kind {
 /* A rule with every default resolved. */
 typedef struct kf_rule {
     kf_rule_kind_t kind;
-    int64_t window_ms;           /* debounce only, >= 1 */
-    int64_t max_wait_ms;         /* debounce: 0 = unbounded; batch: >= 1 */
-    int64_t max_events;          /* batch only, 1..KF_BATCH_EVENTS_MAX */
-    int64_t dedup_ms;            /* 0..KF_DEDUP_MS_MAX */
+    int64_t window_ms;   /* debounce only, >= 1 */
+    int64_t max_wait_ms; /* debounce: 0 = unbounded; batch: >= 1 */
+    int64_t max_events;  /* batch only, 1..KF_BATCH_EVENTS_MAX */
+    int64_t dedup_ms;    /* 0..KF_DEDUP_MS_MAX */
 } kf_rule_t;
 
 /* Validates a request's rule and applies the defaults. `field` names the

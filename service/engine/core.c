@@ -171,7 +171,8 @@ void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd) {
     case KF_OP_READ_OUTPUT: kf_functions_read(core->functions, ctx, cmd); break;
     case KF_OP_GET_KEY_STATE: kf_functions_key_state(core->functions, ctx, cmd); break;
     default:
-        kf_error_set(&cmd->error, KF_E_UNIMPLEMENTED, "operation %d is not implemented", (int)cmd->op);
+        kf_error_set(&cmd->error, KF_E_UNIMPLEMENTED, "operation %d is not implemented",
+                     (int)cmd->op);
         kf_ctx_ready(ctx, cmd);
         break;
     }
@@ -200,8 +201,8 @@ uint32_t kf_core_tick(kf_core_t *core, uint32_t limit) {
     }
     if (ctx->now_ms >= core->next_sweep_ms) {
         uint32_t examined = kf_runs_sweep(core->runs, ctx, KF_TIMERS_PER_TURN_MAX);
-        core->next_sweep_ms = examined >= KF_TIMERS_PER_TURN_MAX ? ctx->now_ms
-                                                                 : ctx->now_ms + SWEEP_INTERVAL_MS;
+        core->next_sweep_ms =
+            examined >= KF_TIMERS_PER_TURN_MAX ? ctx->now_ms : ctx->now_ms + SWEEP_INTERVAL_MS;
     }
     kf_gauge_set(KF_G_TIMERS, kf_heap_count(&ctx->heap));
     return fired;
@@ -226,7 +227,9 @@ void kf_core_durable(kf_core_t *core, uint64_t group_id) {
     kf_functions_durable(core->functions, &core->ctx);
 }
 
-void kf_core_pump(kf_core_t *core) { kf_functions_pump(core->functions, &core->ctx); }
+void kf_core_pump(kf_core_t *core) {
+    kf_functions_pump(core->functions, &core->ctx);
+}
 
 void kf_core_cancel(kf_core_t *core, kf_cmd_t *cmd, uint64_t id) {
     if (!kf_runs_cancel_poll(core->runs, &core->ctx, cmd, id)) {

@@ -30,15 +30,15 @@ enum {
 typedef struct kf_ctx {
     const kf_engine_config_t *config;
     kf_store_t *store;
-    kf_batch_t *batch;           /* this step's effects; replaced per group */
-    int64_t now_ms;              /* this step's time */
-    uint64_t group_id;           /* the group this step belongs to */
-    uint64_t durable_group_id;   /* every group <= this one is durable */
-    kf_heap_t heap;              /* processing-time timers */
+    kf_batch_t *batch;         /* this step's effects; replaced per group */
+    int64_t now_ms;            /* this step's time */
+    uint64_t group_id;         /* the group this step belongs to */
+    uint64_t durable_group_id; /* every group <= this one is durable */
+    kf_heap_t heap;            /* processing-time timers */
     kf_rng_t *rng;
-    kf_cmd_t *ready_head;        /* commands whose replies are complete */
+    kf_cmd_t *ready_head; /* commands whose replies are complete */
     kf_cmd_t *ready_tail;
-    uint8_t *scratch;            /* record encoding buffer */
+    uint8_t *scratch; /* record encoding buffer */
     size_t scratch_cap;
 } kf_ctx_t;
 

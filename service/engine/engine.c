@@ -34,7 +34,7 @@
 typedef struct group {
     uint64_t id;
     kf_batch_t *batch;
-    kf_cmd_t *head;              /* replies released when the group is durable */
+    kf_cmd_t *head; /* replies released when the group is durable */
     kf_cmd_t *tail;
     size_t commands;
 } group_t;
@@ -50,7 +50,7 @@ struct kf_engine {
     /* Durable replies waiting to be sent (committer -> replier). */
     pthread_mutex_t reply_lock;
     pthread_cond_t reply_cv;
-    kf_cmd_t *reply_head;        /* guarded by reply_lock */
+    kf_cmd_t *reply_head; /* guarded by reply_lock */
     kf_cmd_t *reply_tail;
     bool replier_exit;
 
@@ -63,19 +63,19 @@ struct kf_engine {
     size_t inbox_max;
     bool engine_sleeping;
     group_t groups[2];
-    group_t *handed;             /* the group the committer owns, or NULL */
-    group_t *open;               /* the group being filled (guarded by lock) */
-    uint64_t next_id;            /* id of the next group to open (lock) */
-    bool engine_busy;            /* the engine is in a turn: `open` is its own */
-    bool stopping;               /* no new commands */
+    group_t *handed;  /* the group the committer owns, or NULL */
+    group_t *open;    /* the group being filled (guarded by lock) */
+    uint64_t next_id; /* id of the next group to open (lock) */
+    bool engine_busy; /* the engine is in a turn: `open` is its own */
+    bool stopping;    /* no new commands */
     bool committer_exit;
-    atomic_bool failed;          /* a sync failed: acknowledge nothing more */
-    uint64_t next_cmd_id;        /* guarded by lock */
+    atomic_bool failed;   /* a sync failed: acknowledge nothing more */
+    uint64_t next_cmd_id; /* guarded by lock */
     struct cancel {
         kf_cmd_t *cmd;
         uint64_t id;
-    } cancels[256];              /* guarded by lock; a full list drops the cancel
-                                    (the poll then just runs to its wait_ms) */
+    } cancels[256]; /* guarded by lock; a full list drops the cancel
+                       (the poll then just runs to its wait_ms) */
     size_t ncancels;
     atomic_uint_fast64_t durable_group;
 };
@@ -98,8 +98,8 @@ static void default_fatal(const kf_error_t *err, void *ctx) {
     abort();
 }
 
-kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store,
-                             kf_engine_t **out, kf_error_t *err) {
+kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store, kf_engine_t **out,
+                             kf_error_t *err) {
     kf_engine_t *e = calloc(1, sizeof *e);
     if (e == NULL) {
         return kf_error_set(err, KF_E_NOMEM, "cannot allocate the engine");
@@ -140,7 +140,9 @@ kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store
     return KF_OK;
 }
 
-bool kf_engine_failed(const kf_engine_t *e) { return atomic_load(&e->failed); }
+bool kf_engine_failed(const kf_engine_t *e) {
+    return atomic_load(&e->failed);
+}
 
 kf_status_t kf_engine_submit(kf_engine_t *e, kf_cmd_t *cmd) {
     cmd->next = NULL;
@@ -153,9 +155,10 @@ kf_status_t kf_engine_submit(kf_engine_t *e, kf_cmd_t *cmd) {
     if (e->inbox_count >= e->inbox_max) {
         pthread_mutex_unlock(&e->lock);
         kf_counter_add(KF_C_REJECTED_QUEUE_FULL, 1);
-        return kf_error_set(&cmd->error, KF_E_LIMIT,
-                            "engine queue full: %zu commands waiting (KF_QUEUE_DEPTH_MAX); retry later",
-                            e->inbox_max);
+        return kf_error_set(
+            &cmd->error, KF_E_LIMIT,
+            "engine queue full: %zu commands waiting (KF_QUEUE_DEPTH_MAX); retry later",
+            e->inbox_max);
     }
     cmd->id = ++e->next_cmd_id;
     if (e->inbox_tail) {

@@ -8,17 +8,20 @@
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
 
-#define ENGINE_METHOD(svc, meth, op_, req, resp)                                              \
-    {"/keyflow.v1." svc "/" meth, meth, KF_METHOD_ENGINE, op_, &req##__descriptor,             \
-     &resp##__descriptor}
+#define ENGINE_METHOD(svc, meth, op_, req, resp)                                                   \
+    {                                                                                              \
+        "/keyflow.v1." svc "/" meth, meth, KF_METHOD_ENGINE, op_, &req##__descriptor,              \
+            &resp##__descriptor                                                                    \
+    }
 
 const kf_method_t kf_methods[] = {
     ENGINE_METHOD("Coordinators", "SendEvent", KF_OP_SEND_EVENT, keyflow__v1__send_event_request,
                   keyflow__v1__send_event_response),
     ENGINE_METHOD("Coordinators", "DescribeCoordinator", KF_OP_DESCRIBE_COORDINATOR,
-                  keyflow__v1__describe_coordinator_request, keyflow__v1__describe_coordinator_response),
-    ENGINE_METHOD("Coordinators", "FlushWindow", KF_OP_FLUSH_WINDOW, keyflow__v1__flush_window_request,
-                  keyflow__v1__flush_window_response),
+                  keyflow__v1__describe_coordinator_request,
+                  keyflow__v1__describe_coordinator_response),
+    ENGINE_METHOD("Coordinators", "FlushWindow", KF_OP_FLUSH_WINDOW,
+                  keyflow__v1__flush_window_request, keyflow__v1__flush_window_response),
     ENGINE_METHOD("Coordinators", "CancelWindow", KF_OP_CANCEL_WINDOW,
                   keyflow__v1__cancel_window_request, keyflow__v1__cancel_window_response),
     ENGINE_METHOD("Runs", "PollRuns", KF_OP_POLL_RUNS, keyflow__v1__poll_runs_request,

@@ -13,17 +13,17 @@
 #include "engine/engine.h"
 
 typedef enum kf_method_kind {
-    KF_METHOD_ENGINE,            /* unary, executed by the engine */
-    KF_METHOD_HEALTH_CHECK,      /* grpc.health.v1.Health/Check, answered by the front end */
-    KF_METHOD_HEALTH_WATCH,      /* server streaming health */
-    KF_METHOD_TAIL,              /* server streaming: repeated engine reads (op) */
+    KF_METHOD_ENGINE,       /* unary, executed by the engine */
+    KF_METHOD_HEALTH_CHECK, /* grpc.health.v1.Health/Check, answered by the front end */
+    KF_METHOD_HEALTH_WATCH, /* server streaming health */
+    KF_METHOD_TAIL,         /* server streaming: repeated engine reads (op) */
 } kf_method_kind_t;
 
 typedef struct kf_method {
-    const char *path;            /* "/keyflow.v1.Coordinators/SendEvent" */
-    const char *name;            /* "SendEvent", for metrics */
+    const char *path; /* "/keyflow.v1.Coordinators/SendEvent" */
+    const char *name; /* "SendEvent", for metrics */
     kf_method_kind_t kind;
-    kf_op_t op;                  /* KF_METHOD_ENGINE only */
+    kf_op_t op; /* KF_METHOD_ENGINE only */
     const ProtobufCMessageDescriptor *request;
     const ProtobufCMessageDescriptor *response;
 } kf_method_t;

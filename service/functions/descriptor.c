@@ -41,9 +41,9 @@ static kf_status_t check_id(const char *field, const char *s, size_t max, kf_err
         bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
                   (i > 0 && (c == '.' || c == '_' || c == '-'));
         if (!ok) {
-            return kf_error_set(err, KF_E_INVALID,
-                                "%s: only letters, digits, '.', '_' and '-' (not first), got \"%s\"",
-                                field, s);
+            return kf_error_set(
+                err, KF_E_INVALID,
+                "%s: only letters, digits, '.', '_' and '-' (not first), got \"%s\"", field, s);
         }
     }
     return KF_OK;
@@ -117,11 +117,12 @@ static kf_status_t check_column(const char *field, const char *name, const Keyfl
     }
     const Keyflow__V1__Field *f = s->fields[i];
     if (f->type != type) {
-        return kf_error_set(err, KF_E_INVALID, "%s: column \"%s\" must be %s, it is %s", field, name,
-                            type_name(type), type_name(f->type));
+        return kf_error_set(err, KF_E_INVALID, "%s: column \"%s\" must be %s, it is %s", field,
+                            name, type_name(type), type_name(f->type));
     }
     if (f->nullable) {
-        return kf_error_set(err, KF_E_INVALID, "%s: column \"%s\" must not be nullable", field, name);
+        return kf_error_set(err, KF_E_INVALID, "%s: column \"%s\" must not be nullable", field,
+                            name);
     }
     return KF_OK;
 }
@@ -234,14 +235,16 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
         return kf_error_set(err, KF_E_INVALID, "descriptor.version: only 1 is admitted, got %d",
                             d->version);
     }
-    if ((st = check_id("descriptor.function_id", d->function_id, KF_FUNCTION_ID_BYTES_MAX, err)) != KF_OK ||
+    if ((st = check_id("descriptor.function_id", d->function_id, KF_FUNCTION_ID_BYTES_MAX, err)) !=
+            KF_OK ||
         (st = check_id("descriptor.pipeline_state_id", d->pipeline_state_id,
                        KF_FUNCTION_ID_BYTES_MAX, err)) != KF_OK) {
         return st;
     }
     if (d->runtime != KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE &&
         d->runtime != KEYFLOW__V1__RUNTIME__RUNTIME_REMOTE) {
-        return kf_error_set(err, KF_E_INVALID, "descriptor.runtime: must be NATIVE or REMOTE, got %d",
+        return kf_error_set(err, KF_E_INVALID,
+                            "descriptor.runtime: must be NATIVE or REMOTE, got %d",
                             (int)d->runtime);
     }
     if (!is_hex64(d->implementation_digest)) {
@@ -277,16 +280,17 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
         }
     }
     if ((st = check_column("descriptor.event_time_column", d->event_time_column, d->input_schema,
-                           "input_schema", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US, err)) !=
-            KF_OK ||
+                           "input_schema", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US,
+                           err)) != KF_OK ||
         (st = check_column("descriptor.output_event_time_column", d->output_event_time_column,
                            d->output_schema, "output_schema",
                            KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US, err)) != KF_OK) {
         return st;
     }
     if (!is_name(d->value_state_name, KF_FIELD_NAME_BYTES_MAX)) {
-        return kf_error_set(err, KF_E_INVALID,
-                            "descriptor.value_state_name: required, must match [A-Za-z_][A-Za-z0-9_]*");
+        return kf_error_set(
+            err, KF_E_INVALID,
+            "descriptor.value_state_name: required, must match [A-Za-z_][A-Za-z0-9_]*");
     }
     if ((st = check_names("descriptor.timer_names", d->timer_names, d->n_timer_names,
                           KF_TIMER_NAMES_MAX, err)) != KF_OK) {
@@ -305,12 +309,13 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
         if (*in_slots[i].present != 0) {
             v = *in_slots[i].value;
             if (v < 1 || v > limit_rules[i].max) {
-                return kf_error_set(err, KF_E_INVALID,
-                                    "descriptor.limits.%s: must be in 1..%lld, got %lld",
-                                    limit_rules[i].name, (long long)limit_rules[i].max, (long long)v);
+                return kf_error_set(
+                    err, KF_E_INVALID, "descriptor.limits.%s: must be in 1..%lld, got %lld",
+                    limit_rules[i].name, (long long)limit_rules[i].max, (long long)v);
             }
         }
-        *out_slots[i].present = (uint32_t)(i + 1); /* each oneof's single member has case = field number */
+        *out_slots[i].present =
+            (uint32_t)(i + 1); /* each oneof's single member has case = field number */
         *out_slots[i].value = v;
     }
 

@@ -35,12 +35,13 @@ typedef struct kf_fn_limits {
  * and builds the canonical descriptor in the arena. Errors: KF_E_INVALID.
  * Does not check registry rules (reused pipeline_state_id). */
 kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *in, kf_arena_t *arena,
-                                       Keyflow__V1__FunctionDescriptor **out, kf_error_t *err)
-    KF_MUST_USE;
+                                       Keyflow__V1__FunctionDescriptor **out,
+                                       kf_error_t *err) KF_MUST_USE;
 
 /* The canonical encoding (packed into the arena) and its SHA-256 in hex. */
-kf_status_t kf_descriptor_encode(const Keyflow__V1__FunctionDescriptor *canonical, kf_arena_t *arena,
-                                 uint8_t **bytes, size_t *len, char sha256_hex[KF_SHA256_HEX_BYTES + 1],
+kf_status_t kf_descriptor_encode(const Keyflow__V1__FunctionDescriptor *canonical,
+                                 kf_arena_t *arena, uint8_t **bytes, size_t *len,
+                                 char sha256_hex[KF_SHA256_HEX_BYTES + 1],
                                  kf_error_t *err) KF_MUST_USE;
 
 /* Limits of a canonical descriptor. */

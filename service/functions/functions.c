@@ -38,7 +38,7 @@
 #include "keyflow/handler.h"
 #include "records/records.pb-c.h"
 
-#define NO_TIME INT64_MIN
+#define NO_TIME             INT64_MIN
 #define STATE_CODEC_VERSION 2
 
 /* ---- in-memory structures ---------------------------------------------- */
@@ -52,29 +52,29 @@ typedef struct step step_t;
 
 typedef struct ev_timer {
     fn_key_t *owner;
-    uint8_t name;                /* index into the descriptor's timer_names */
+    uint8_t name; /* index into the descriptor's timer_names */
     int64_t at_us;
-    kf_pq_node_t node;           /* position in the function's timer queue */
+    kf_pq_node_t node; /* position in the function's timer queue */
 } ev_timer_t;
 
 struct fn_key {
-    kf_map_node_t node;          /* by canonical key */
-    uint8_t *key;                /* canonical key, owned */
+    kf_map_node_t node; /* by canonical key */
+    uint8_t *key;       /* canonical key, owned */
     uint32_t key_len;
-    char *key_text;              /* owned */
+    char *key_text; /* owned */
     uint32_t key_text_len;
-    uint8_t state;               /* KF_STATE_* */
+    uint8_t state; /* KF_STATE_* */
     int64_t value;
-    ev_timer_t **timers;         /* one slot per timer name, NULL until needed */
-    uint32_t step_mark;          /* the step that snapshotted this key */
-    uint32_t call_mark;          /* the handler call that holds this key */
+    ev_timer_t **timers; /* one slot per timer name, NULL until needed */
+    uint32_t step_mark;  /* the step that snapshotted this key */
+    uint32_t call_mark;  /* the handler call that holds this key */
 };
 
 typedef struct producer {
     kf_map_node_t node;
     char *id;
     int64_t last_sequence;
-    uint32_t nacks;              /* ring of the last acks, oldest first */
+    uint32_t nacks; /* ring of the last acks, oldest first */
     int64_t ack_seq[KF_PRODUCER_ACKS_KEPT];
     uint8_t *ack[KF_PRODUCER_ACKS_KEPT];
     size_t ack_len[KF_PRODUCER_ACKS_KEPT];
@@ -89,10 +89,10 @@ typedef struct reader {
 } reader_t;
 
 struct function {
-    kf_map_node_t node;          /* by function_id */
+    kf_map_node_t node; /* by function_id */
     char *id;
     uint32_t index;
-    kf_arena_t arena;            /* the canonical descriptor lives here */
+    kf_arena_t arena; /* the canonical descriptor lives here */
     Keyflow__V1__FunctionDescriptor *desc;
     char sha256[KF_SHA256_HEX_BYTES + 1];
     int64_t created_ms;
@@ -104,19 +104,19 @@ struct function {
     const kf_handler_t *handler; /* NULL: unavailable */
     char unavailable[KF_ERROR_MESSAGE_BYTES_MAX];
     kf_map_t keys;
-    uint64_t live_keys;          /* keys with state or timers */
+    uint64_t live_keys; /* keys with state or timers */
     uint64_t timer_count;
     uint64_t state_bytes;
-    kf_pq_t timers;              /* event-time timers, (at_us, key, name) order */
+    kf_pq_t timers; /* event-time timers, (at_us, key, name) order */
     bool has_watermark;
     int64_t watermark_us;
     uint64_t next_activation;
     uint64_t output_seq;         /* last written */
     uint64_t durable_output_seq; /* last durable */
     kf_map_t producers;
-    reader_t *readers;           /* parked reads */
-    struct step *active;         /* the step in progress (its call may be out) */
-    kf_cmd_t *queue_head;        /* PushBatch commands waiting for `active` */
+    reader_t *readers;    /* parked reads */
+    struct step *active;  /* the step in progress (its call may be out) */
+    kf_cmd_t *queue_head; /* PushBatch commands waiting for `active` */
     kf_cmd_t *queue_tail;
     uint32_t queued;
 };
@@ -133,13 +133,13 @@ struct kf_functions {
     uint32_t next_index;
     uint32_t step_counter;
     uint32_t call_counter;
-    pending_durable_t *pending;  /* output written in groups not yet durable */
+    pending_durable_t *pending; /* output written in groups not yet durable */
     size_t npending;
     size_t pending_cap;
     uint32_t nreaders;
-    uint8_t *scratch;            /* canonical key building */
+    uint8_t *scratch; /* canonical key building */
     size_t scratch_cap;
-    bool defer_calls;            /* test seam: native calls answer on pump() */
+    bool defer_calls; /* test seam: native calls answer on pump() */
 };
 
 static const char fn_index_key[] = "fn_index";
@@ -287,8 +287,8 @@ static void key_set_state(function_t *fn, fn_key_t *k, uint8_t state, int64_t va
 /* The canonical key of input row `row`: per key column, u32 BE length and
  * the UTF-8 bytes. Key text: the value for one key column, else a JSON
  * array of the values. Both point into fns->scratch / a malloc'd text. */
-static size_t row_key(kf_functions_t *fns, const function_t *fn, const kf_rows_t *rows, uint32_t row,
-                      char **text, size_t *text_len, bool *text_owned) {
+static size_t row_key(kf_functions_t *fns, const function_t *fn, const kf_rows_t *rows,
+                      uint32_t row, char **text, size_t *text_len, bool *text_owned) {
     size_t need = 0;
     for (int c = 0; c < fn->nkey_cols; c++) {
         need += 4 + rows->cols[fn->key_cols[c]].str_len[row];
@@ -341,13 +341,13 @@ struct step {
     kf_ctx_t *ctx;
     kf_arena_t *arena;
     const kf_rows_t *rows;
-    int64_t watermark;           /* for timer validation and the handler */
+    int64_t watermark; /* for timer validation and the handler */
     bool has_watermark;
     uint32_t mark;
     undo_t *undo;
     size_t nundo;
     size_t undo_cap;
-    kf_outbuf_t out;             /* every output row of the step */
+    kf_outbuf_t out; /* every output row of the step */
     /* function counters at the start, restored on rollback */
     uint64_t live_keys0, timer_count0, state_bytes0, next_activation0;
     int64_t activations;
@@ -355,13 +355,13 @@ struct step {
     int64_t calls;
     kf_error_t *err;
     /* The step as a resumable machine: one handler call out at a time. */
-    kf_cmd_t *cmd;               /* the PushBatch being answered */
+    kf_cmd_t *cmd; /* the PushBatch being answered */
     const Keyflow__V1__PushBatchRequest *req;
     kf_rows_t rows_storage;
     kf_call_t *call;
-    bool timers_phase;           /* rows done, watermark advanced */
-    uint32_t row_pos;            /* next input row */
-    bool awaiting;               /* a call is out, its response not yet taken */
+    bool timers_phase; /* rows done, watermark advanced */
+    uint32_t row_pos;  /* next input row */
+    bool awaiting;     /* a call is out, its response not yet taken */
 };
 
 static void touch(step_t *s, fn_key_t *k, bool existed) {
@@ -412,14 +412,14 @@ enum { TOP_SET = 1, TOP_CANCEL = 2 };
 
 typedef struct result {
     uint8_t mutation;
-    uint8_t mutations;           /* how many mutations were asked for */
+    uint8_t mutations; /* how many mutations were asked for */
     int64_t value;
 } result_t;
 
 typedef struct timer_op {
     uint32_t act;
     uint8_t op;
-    int name;                    /* index, or -1: undeclared */
+    int name; /* index, or -1: undeclared */
     int64_t at_us;
 } timer_op_t;
 
@@ -433,10 +433,10 @@ struct kf_call {
     timer_op_t *tops;
     uint32_t ntops;
     uint32_t tops_cap;
-    kf_outbuf_t out;             /* this call's output rows */
-    uint32_t *row_act;           /* activation of each output row */
+    kf_outbuf_t out;   /* this call's output rows */
+    uint32_t *row_act; /* activation of each output row */
     uint32_t row_act_cap;
-    int cur_row;                 /* the row being built, or -1 */
+    int cur_row; /* the row being built, or -1 */
     bool failed;
     kf_status_t fail_status;
     char message[KF_ERROR_MESSAGE_BYTES_MAX];
@@ -505,7 +505,8 @@ static const char *host_input_utf8(const kf_call_t *call, uint32_t row, int colu
     return c->str[row];
 }
 
-static const uint8_t *host_input_bytes(const kf_call_t *call, uint32_t row, int column, size_t *len) {
+static const uint8_t *host_input_bytes(const kf_call_t *call, uint32_t row, int column,
+                                       size_t *len) {
     const kf_column_t *c = in_col(call, row, column);
     if (c == NULL || c->bin == NULL || (c->nulls && c->nulls[row])) {
         *len = 0;
@@ -531,7 +532,8 @@ static int host_row_begin(kf_call_t *call, uint32_t act) {
         return call_fail(call, KF_E_PRECONDITION, "row_begin: the previous row was not ended");
     }
     if (call->out.rows >= (uint32_t)call->step->fn->limits.max_output_rows) {
-        return call_fail(call, KF_E_LIMIT, "max_output_rows: more than %lld output rows in one call",
+        return call_fail(call, KF_E_LIMIT,
+                         "max_output_rows: more than %lld output rows in one call",
                          (long long)call->step->fn->limits.max_output_rows);
     }
     if (kf_outbuf_add_row(&call->out) == NULL) {
@@ -667,14 +669,16 @@ static int host_row_end(kf_call_t *call) {
     return 0;
 }
 
-static int mutate(kf_call_t *call, uint32_t act, uint8_t mutation, int64_t value, const char *what) {
+static int mutate(kf_call_t *call, uint32_t act, uint8_t mutation, int64_t value,
+                  const char *what) {
     if (check_act(call, act, what) != 0) {
         return -1;
     }
     result_t *r = &call->res[act];
     if (++r->mutations > 1) {
         return call_fail(call, KF_E_PRECONDITION,
-                         "%s: activation %" PRIu64 " already has a state mutation (one per activation)",
+                         "%s: activation %" PRIu64
+                         " already has a state mutation (one per activation)",
                          what, call->acts[act].id);
     }
     r->mutation = mutation;
@@ -705,8 +709,9 @@ static int timer_op(kf_call_t *call, uint32_t act, const char *name, uint8_t op,
         }
     }
     if (idx < 0) {
-        return call_fail(call, KF_E_PRECONDITION, "%s: timer \"%.64s\" is not declared in timer_names",
-                         what, name ? name : "(null)");
+        return call_fail(call, KF_E_PRECONDITION,
+                         "%s: timer \"%.64s\" is not declared in timer_names", what,
+                         name ? name : "(null)");
     }
     if (op == TOP_SET && call->step->has_watermark && at_us <= call->step->watermark) {
         return call_fail(call, KF_E_PRECONDITION,
@@ -815,19 +820,21 @@ static kf_status_t validate(kf_call_t *call) {
     step_t *s = call->step;
     function_t *fn = s->fn;
     if (call->failed) {
-        return kf_error_set(s->err, call->fail_status, "handler response rejected, nothing applied: %s",
-                            call->message);
+        return kf_error_set(s->err, call->fail_status,
+                            "handler response rejected, nothing applied: %s", call->message);
     }
     if (call->cur_row >= 0) {
-        return kf_error_set(s->err, KF_E_PRECONDITION,
-                            "handler response rejected, nothing applied: an output row was begun but "
-                            "not ended");
+        return kf_error_set(
+            s->err, KF_E_PRECONDITION,
+            "handler response rejected, nothing applied: an output row was begun but "
+            "not ended");
     }
     if ((int64_t)call->out.bytes > fn->limits.max_output_bytes) {
         return kf_error_set(s->err, KF_E_LIMIT,
                             "max_output_bytes: one handler call produced %llu bytes (limit %lld); "
                             "nothing applied",
-                            (unsigned long long)call->out.bytes, (long long)fn->limits.max_output_bytes);
+                            (unsigned long long)call->out.bytes,
+                            (long long)fn->limits.max_output_bytes);
     }
     const Keyflow__V1__Schema *os = fn->desc->output_schema;
     for (uint32_t r = 0; r < call->out.rows; r++) {
@@ -846,7 +853,8 @@ static kf_status_t validate(kf_call_t *call) {
         if (ts < a->event_time_us) {
             return kf_error_set(s->err, KF_E_PRECONDITION,
                                 "handler response rejected, nothing applied: output row of "
-                                "activation %" PRIu64 " has %s %" PRId64 ", before the activation's "
+                                "activation %" PRIu64 " has %s %" PRId64
+                                ", before the activation's "
                                 "event time %" PRId64,
                                 a->id, os->fields[fn->out_event_col]->name, ts, a->event_time_us);
         }
@@ -868,9 +876,18 @@ static void apply(kf_call_t *call) {
         fn_key_t *k = call->keys[i];
         switch (r->mutation) {
         case MUT_UNCHANGED: break;
-        case MUT_SET: touch(s, k, true); key_set_state(fn, k, KF_STATE_VALUE, r->value); break;
-        case MUT_SET_NULL: touch(s, k, true); key_set_state(fn, k, KF_STATE_NULL, 0); break;
-        case MUT_CLEAR: touch(s, k, true); key_set_state(fn, k, KF_STATE_ABSENT, 0); break;
+        case MUT_SET:
+            touch(s, k, true);
+            key_set_state(fn, k, KF_STATE_VALUE, r->value);
+            break;
+        case MUT_SET_NULL:
+            touch(s, k, true);
+            key_set_state(fn, k, KF_STATE_NULL, 0);
+            break;
+        case MUT_CLEAR:
+            touch(s, k, true);
+            key_set_state(fn, k, KF_STATE_ABSENT, 0);
+            break;
         default: KF_UNREACHABLE();
         }
     }
@@ -895,7 +912,8 @@ static kf_status_t check_limits(step_t *s) {
         return kf_error_set(s->err, KF_E_LIMIT,
                             "max_state_bytes: the batch would leave %llu bytes of state (limit "
                             "%lld); nothing applied",
-                            (unsigned long long)fn->state_bytes, (long long)fn->limits.max_state_bytes);
+                            (unsigned long long)fn->state_bytes,
+                            (long long)fn->limits.max_state_bytes);
     }
     return KF_OK;
 }
@@ -1250,7 +1268,8 @@ static function_t *fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescri
     kf_map_init(&fn->producers);
     kf_pq_init(&fn->timers, ev_before, fn);
     if (fn->desc->runtime == KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE) {
-        if (kf_plugins_find(fns->plugins, fn->desc->implementation_digest, &fn->handler, &err) != KF_OK) {
+        if (kf_plugins_find(fns->plugins, fn->desc->implementation_digest, &fn->handler, &err) !=
+            KF_OK) {
             fn->handler = NULL;
             snprintf(fn->unavailable, sizeof fn->unavailable, "%s", err.message);
         }
@@ -1394,7 +1413,8 @@ static function_t *require_fn(kf_functions_t *fns, const char *id, kf_error_t *e
 }
 
 void kf_functions_get(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    const Keyflow__V1__GetFunctionRequest *req = (const Keyflow__V1__GetFunctionRequest *)cmd->request;
+    const Keyflow__V1__GetFunctionRequest *req =
+        (const Keyflow__V1__GetFunctionRequest *)cmd->request;
     function_t *fn = require_fn(fns, req->function_id, &cmd->error);
     if (fn == NULL) {
         kf_ctx_fail(ctx, cmd);
@@ -1526,21 +1546,24 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
             kf_ctx_ready(ctx, cmd);
             return;
         }
-        kf_error_set(err, KF_E_PRECONDITION,
-                     "sequence: %lld is not after %lld, the last accepted from producer %s (and its "
-                     "acknowledgement is no longer kept)",
-                     (long long)req->sequence, (long long)p->last_sequence, p->id);
+        kf_error_set(
+            err, KF_E_PRECONDITION,
+            "sequence: %lld is not after %lld, the last accepted from producer %s (and its "
+            "acknowledgement is no longer kept)",
+            (long long)req->sequence, (long long)p->last_sequence, p->id);
         kf_ctx_fail(ctx, cmd);
         return;
     }
     if (p == NULL && fn->producers.count >= KF_PRODUCERS_MAX) {
-        kf_error_set(err, KF_E_LIMIT, "producer_id: at most %d producers per function (KF_PRODUCERS_MAX)",
+        kf_error_set(err, KF_E_LIMIT,
+                     "producer_id: at most %d producers per function (KF_PRODUCERS_MAX)",
                      KF_PRODUCERS_MAX);
         kf_ctx_fail(ctx, cmd);
         return;
     }
     if (fn->handler == NULL) {
-        kf_error_set(err, KF_E_UNAVAILABLE, "function %s is unavailable: %s", fn->id, fn->unavailable);
+        kf_error_set(err, KF_E_UNAVAILABLE, "function %s is unavailable: %s", fn->id,
+                     fn->unavailable);
         kf_ctx_fail(ctx, cmd);
         return;
     }
@@ -1715,7 +1738,8 @@ static kf_status_t read_rows(kf_ctx_t *ctx, function_t *fn, int64_t after, int64
             kf_rows_from_batch(chunk, fn->desc->output_schema, INT64_MAX, INT64_MAX, arena, &rows,
                                err) != KF_OK ||
             rows.count == 0 || last + 1 < rows.count) {
-            st = kf_error_set(err, KF_E_CORRUPT, "output: undecodable chunk ending at %" PRIu64, last);
+            st = kf_error_set(err, KF_E_CORRUPT, "output: undecodable chunk ending at %" PRIu64,
+                              last);
             break;
         }
         uint64_t chunk_first = last + 1 - rows.count;
@@ -1754,7 +1778,8 @@ static kf_status_t read_rows(kf_ctx_t *ctx, function_t *fn, int64_t after, int64
     }
     if ((format == KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON && resp->rows_json == NULL) ||
         (format != KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON && resp->batch == NULL)) {
-        return kf_error_set(err, KF_E_TOO_LARGE, "limit: the page is too large; ask for fewer rows");
+        return kf_error_set(err, KF_E_TOO_LARGE,
+                            "limit: the page is too large; ask for fewer rows");
     }
     return KF_OK;
 }
@@ -1772,7 +1797,8 @@ static void reader_unlink(kf_functions_t *fns, reader_t *r) {
 }
 
 static void answer_read(kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
-    const Keyflow__V1__ReadOutputRequest *req = (const Keyflow__V1__ReadOutputRequest *)cmd->request;
+    const Keyflow__V1__ReadOutputRequest *req =
+        (const Keyflow__V1__ReadOutputRequest *)cmd->request;
     Keyflow__V1__ReadOutputResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__read_output_response__init(resp);
     int64_t limit = req->limit ? req->limit : KF_READ_OUTPUT_LIMIT_DEFAULT;
@@ -1786,7 +1812,8 @@ static void answer_read(kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
 }
 
 void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    const Keyflow__V1__ReadOutputRequest *req = (const Keyflow__V1__ReadOutputRequest *)cmd->request;
+    const Keyflow__V1__ReadOutputRequest *req =
+        (const Keyflow__V1__ReadOutputRequest *)cmd->request;
     kf_error_t *err = &cmd->error;
     function_t *fn = require_fn(fns, req->function_id, err);
     if (fn == NULL) {
@@ -1794,10 +1821,10 @@ void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         return;
     }
     if (req->after_seq < 0 || req->limit < 0 || req->limit > KF_READ_OUTPUT_LIMIT_MAX ||
-        req->wait_ms < 0 || req->wait_ms > KF_POLL_WAIT_MS_MAX ||
-        (int)req->format < 0 || req->format > KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON) {
-        kf_error_set(err, KF_E_INVALID,
-                     "%s", req->after_seq < 0 ? "after_seq: must not be negative"
+        req->wait_ms < 0 || req->wait_ms > KF_POLL_WAIT_MS_MAX || (int)req->format < 0 ||
+        req->format > KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON) {
+        kf_error_set(err, KF_E_INVALID, "%s",
+                     req->after_seq < 0 ? "after_seq: must not be negative"
                      : (req->limit < 0 || req->limit > KF_READ_OUTPUT_LIMIT_MAX)
                          ? "limit: must be in 0..65536 (0 = 1000)"
                      : (req->wait_ms < 0 || req->wait_ms > KF_POLL_WAIT_MS_MAX)
@@ -1808,7 +1835,8 @@ void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     }
     if ((uint64_t)req->after_seq >= fn->durable_output_seq && req->wait_ms > 0) {
         if (fns->nreaders >= KF_PARKED_READS_MAX) {
-            kf_error_set(err, KF_E_LIMIT, "ReadOutput: %d reads already waiting (KF_PARKED_READS_MAX)",
+            kf_error_set(err, KF_E_LIMIT,
+                         "ReadOutput: %d reads already waiting (KF_PARKED_READS_MAX)",
                          KF_PARKED_READS_MAX);
             kf_ctx_fail(ctx, cmd);
             return;
@@ -1912,7 +1940,8 @@ void kf_functions_release_reads(kf_functions_t *fns, kf_ctx_t *ctx) {
 /* ---- key state ---------------------------------------------------------- */
 
 void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    const Keyflow__V1__GetKeyStateRequest *req = (const Keyflow__V1__GetKeyStateRequest *)cmd->request;
+    const Keyflow__V1__GetKeyStateRequest *req =
+        (const Keyflow__V1__GetKeyStateRequest *)cmd->request;
     kf_error_t *err = &cmd->error;
     function_t *fn = require_fn(fns, req->function_id, err);
     if (fn == NULL) {
@@ -1933,7 +1962,8 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         klen = 4 + text_len;
     } else {
         json_t *arr = json_loads(req->key, 0, NULL);
-        bool ok = arr != NULL && json_is_array(arr) && json_array_size(arr) == (size_t)fn->nkey_cols;
+        bool ok =
+            arr != NULL && json_is_array(arr) && json_array_size(arr) == (size_t)fn->nkey_cols;
         for (size_t i = 0; ok && i < json_array_size(arr); i++) {
             json_t *v = json_array_get(arr, i);
             ok = json_is_string(v);
@@ -1967,7 +1997,8 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (k != NULL) {
         resp->state = (Keyflow__V1__StateKind)k->state; /* KF_STATE_* match StateKind */
         resp->value = k->value;
-        resp->timers = kf_arena_new(cmd->arena, (fn->desc->n_timer_names + 1) * sizeof *resp->timers);
+        resp->timers =
+            kf_arena_new(cmd->arena, (fn->desc->n_timer_names + 1) * sizeof *resp->timers);
         for (size_t i = 0; k->timers != NULL && i < fn->desc->n_timer_names; i++) {
             if (k->timers[i] == NULL) {
                 continue;
@@ -2094,7 +2125,8 @@ static kf_status_t load_timer(function_t *fn, const uint8_t *rest, size_t len, c
     }
     fn_key_t *k = idx >= 0 ? recover_key(fn, (const uint8_t *)key, key_len) : NULL;
     if (k == NULL) {
-        return kf_error_set(err, KF_E_CORRUPT, "timers of %s: unknown timer or malformed key", fn->id);
+        return kf_error_set(err, KF_E_CORRUPT, "timers of %s: unknown timer or malformed key",
+                            fn->id);
     }
     key_set_timer(fn, k, (uint8_t)idx, kf_i64_from_ordered(kf_get_be64(v)));
     return KF_OK;
@@ -2136,7 +2168,8 @@ static kf_status_t load_checkpoint(kf_ctx_t *ctx, function_t *fn, kf_error_t *er
     if (!found) {
         return kf_error_set(err, KF_E_CORRUPT, "checkpoint of %s: missing", fn->id);
     }
-    Keyflow__Records__CheckpointRec *cp = keyflow__records__checkpoint_rec__unpack(NULL, v.len, v.data);
+    Keyflow__Records__CheckpointRec *cp =
+        keyflow__records__checkpoint_rec__unpack(NULL, v.len, v.data);
     kf_store_value_free(&v);
     if (cp == NULL || cp->codec_version != STATE_CODEC_VERSION ||
         strcmp(cp->descriptor_sha256, fn->sha256) != 0) {
@@ -2175,8 +2208,9 @@ static kf_status_t recover_function(kf_functions_t *fns, kf_ctx_t *ctx, const vo
     if (d == NULL || kf_descriptor_canonicalize(d, &arena, &canonical, err) != KF_OK ||
         kf_descriptor_encode(canonical, &arena, &bytes, &len, sha, err) != KF_OK ||
         strcmp(sha, rec->sha256) != 0) {
-        st = kf_error_set(err, KF_E_CORRUPT, "functions: descriptor of %s does not match its sha256",
-                          d ? d->function_id : "?");
+        st =
+            kf_error_set(err, KF_E_CORRUPT, "functions: descriptor of %s does not match its sha256",
+                         d ? d->function_id : "?");
     }
     if (st == KF_OK) {
         function_t *fn = fn_new(fns, canonical, sha, rec->index, rec->created_ms);

@@ -20,7 +20,7 @@
 typedef struct loaded {
     char digest[KF_SHA256_HEX_BYTES + 1];
     void *dl;
-    int fd;                      /* the memfd stays open: its /proc path must stay unique */
+    int fd; /* the memfd stays open: its /proc path must stay unique */
     const kf_handler_t *handler;
     struct loaded *next;
 } loaded_t;
@@ -121,9 +121,8 @@ static kf_status_t load_bytes(kf_plugins_t *p, const char *path, const char *dig
     if (h == NULL || h->abi_version != KF_HANDLER_ABI_VERSION || h->invoke == NULL) {
         dlclose(dl);
         close(fd);
-        return kf_error_set(err, KF_E_INVALID,
-                            "plugin %s: does not export %s with ABI version %u", path,
-                            KF_HANDLER_SYMBOL, KF_HANDLER_ABI_VERSION);
+        return kf_error_set(err, KF_E_INVALID, "plugin %s: does not export %s with ABI version %u",
+                            path, KF_HANDLER_SYMBOL, KF_HANDLER_ABI_VERSION);
     }
     loaded_t *l = calloc(1, sizeof *l);
     KF_ASSERT(l != NULL);
@@ -133,7 +132,8 @@ static kf_status_t load_bytes(kf_plugins_t *p, const char *path, const char *dig
     l->handler = h;
     l->next = p->loaded;
     p->loaded = l;
-    kf_log(KF_LOG_INFO, "plugin", "loaded %s (%s) sha256=%s", path, h->name ? h->name : "?", digest);
+    kf_log(KF_LOG_INFO, "plugin", "loaded %s (%s) sha256=%s", path, h->name ? h->name : "?",
+           digest);
     *out = h;
     return KF_OK;
 }
@@ -152,8 +152,8 @@ kf_status_t kf_plugins_find(kf_plugins_t *p, const char *digest_hex, const kf_ha
     }
     DIR *d = opendir(p->dir);
     if (d == NULL) {
-        return kf_error_set(err, KF_E_PRECONDITION, "runtime NATIVE: cannot read plugin directory %s",
-                            p->dir);
+        return kf_error_set(err, KF_E_PRECONDITION,
+                            "runtime NATIVE: cannot read plugin directory %s", p->dir);
     }
     kf_status_t st = KF_E_PRECONDITION;
     int files = 0;

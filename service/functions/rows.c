@@ -18,12 +18,12 @@
 #include "base/text.h"
 #include "functions/descriptor.h"
 
-#define T_BOOL KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BOOL
-#define T_INT64 KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64
+#define T_BOOL    KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BOOL
+#define T_INT64   KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64
 #define T_FLOAT64 KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_FLOAT64
-#define T_UTF8 KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8
-#define T_BYTES KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BYTES
-#define T_TS KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US
+#define T_UTF8    KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8
+#define T_BYTES   KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BYTES
+#define T_TS      KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US
 
 static const char *type_word(Keyflow__V1__FieldType t) {
     switch (t) {
@@ -61,9 +61,10 @@ static const char *case_word(Keyflow__V1__Column__ValuesCase c) {
     }
 }
 
-kf_status_t kf_rows_from_batch(const Keyflow__V1__RowBatch *batch, const Keyflow__V1__Schema *schema,
-                               int64_t max_rows, int64_t max_bytes, kf_arena_t *arena,
-                               kf_rows_t *out, kf_error_t *err) {
+kf_status_t kf_rows_from_batch(const Keyflow__V1__RowBatch *batch,
+                               const Keyflow__V1__Schema *schema, int64_t max_rows,
+                               int64_t max_bytes, kf_arena_t *arena, kf_rows_t *out,
+                               kf_error_t *err) {
     if (batch->row_count < 0) {
         return kf_error_set(err, KF_E_INVALID, "batch.row_count: must not be negative");
     }
@@ -165,12 +166,12 @@ kf_status_t kf_rows_from_batch(const Keyflow__V1__RowBatch *batch, const Keyflow
                 r.bytes += k->bin[i].len;
             }
             break;
-        default:
-            KF_UNREACHABLE();
+        default: KF_UNREACHABLE();
         }
         if (have != n) {
-            return kf_error_set(err, KF_E_INVALID, "batch.columns[%u] (%s): %zu values for %zu rows",
-                                c, f->name, have, n);
+            return kf_error_set(err, KF_E_INVALID,
+                                "batch.columns[%u] (%s): %zu values for %zu rows", c, f->name, have,
+                                n);
         }
     }
     if ((int64_t)r.bytes > max_bytes) {
@@ -205,22 +206,25 @@ kf_status_t kf_rows_from_json(const char *json, size_t len, const Keyflow__V1__S
                               int64_t max_rows, int64_t max_bytes, kf_arena_t *arena,
                               kf_rows_t *out, kf_error_t *err) {
     if ((int64_t)len > max_bytes * 4 + 1024) {
-        return kf_error_set(err, KF_E_TOO_LARGE, "rows: %zu bytes of JSON is far past max_input_bytes %lld",
-                            len, (long long)max_bytes);
+        return kf_error_set(err, KF_E_TOO_LARGE,
+                            "rows: %zu bytes of JSON is far past max_input_bytes %lld", len,
+                            (long long)max_bytes);
     }
     json_error_t jerr;
     json_t *doc = json_loadb(json, len, 0, &jerr);
     if (doc == NULL || !json_is_array(doc)) {
-        kf_status_t st = kf_error_set(err, KF_E_INVALID, "rows: must be a JSON array of objects%s%s",
-                                      doc ? "" : ": ", doc ? "" : jerr.text);
+        kf_status_t st =
+            kf_error_set(err, KF_E_INVALID, "rows: must be a JSON array of objects%s%s",
+                         doc ? "" : ": ", doc ? "" : jerr.text);
         json_decref(doc);
         return st;
     }
     size_t n = json_array_size(doc);
     if ((int64_t)n > max_rows) {
         json_decref(doc);
-        return kf_error_set(err, KF_E_TOO_LARGE, "rows: %zu rows, the function's max_input_rows is %lld",
-                            n, (long long)max_rows);
+        return kf_error_set(err, KF_E_TOO_LARGE,
+                            "rows: %zu rows, the function's max_input_rows is %lld", n,
+                            (long long)max_rows);
     }
     kf_status_t st = KF_OK;
     kf_rows_t r = {.count = (uint32_t)n, .ncols = (uint32_t)schema->n_fields};
@@ -260,8 +264,8 @@ kf_status_t kf_rows_from_json(const char *json, size_t len, const Keyflow__V1__S
         json_t *val;
         json_object_foreach(row, name, val) {
             if (kf_schema_find(schema, name) < 0) {
-                st = kf_error_set(err, KF_E_INVALID, "rows[%zu].%s: not a column of the input schema",
-                                  i, name);
+                st = kf_error_set(err, KF_E_INVALID,
+                                  "rows[%zu].%s: not a column of the input schema", i, name);
                 break;
             }
         }
@@ -303,8 +307,8 @@ kf_status_t kf_rows_from_json(const char *json, size_t len, const Keyflow__V1__S
                         break;
                     }
                     if (strlen(s) != sl) {
-                        st = kf_error_set(err, KF_E_INVALID, "rows[%zu].%s: contains a NUL character",
-                                          i, k->name);
+                        st = kf_error_set(err, KF_E_INVALID,
+                                          "rows[%zu].%s: contains a NUL character", i, k->name);
                         break;
                     }
                     ((char **)k->str)[i] = s;
@@ -326,14 +330,14 @@ kf_status_t kf_rows_from_json(const char *json, size_t len, const Keyflow__V1__S
                 }
                 break;
             }
-            default:
-                KF_UNREACHABLE();
+            default: KF_UNREACHABLE();
             }
             if (st == KF_OK && !ok) {
                 st = kf_error_set(err, KF_E_INVALID, "rows[%zu].%s: expected %s%s", i, k->name,
                                   type_word(k->type),
-                                  k->type == T_BYTES ? " as base64" :
-                                  (k->type == T_INT64 || k->type == T_TS) ? " (an integer)" : "");
+                                  k->type == T_BYTES                        ? " as base64"
+                                  : (k->type == T_INT64 || k->type == T_TS) ? " (an integer)"
+                                                                            : "");
             }
         }
     }
@@ -376,8 +380,8 @@ kf_cell_t *kf_outbuf_add_row(kf_outbuf_t *out) {
     return row;
 }
 
-kf_status_t kf_outbuf_append_rows(kf_outbuf_t *out, const kf_rows_t *rows, uint32_t from, uint32_t n,
-                                  kf_error_t *err) {
+kf_status_t kf_outbuf_append_rows(kf_outbuf_t *out, const kf_rows_t *rows, uint32_t from,
+                                  uint32_t n, kf_error_t *err) {
     KF_ASSERT(rows->ncols == out->ncols && from + n <= rows->count);
     for (uint32_t i = from; i < from + n; i++) {
         kf_cell_t *cells = kf_outbuf_add_row(out);
@@ -413,8 +417,8 @@ kf_status_t kf_outbuf_append_rows(kf_outbuf_t *out, const kf_rows_t *rows, uint3
     return KF_OK;
 }
 
-kf_status_t kf_outbuf_append_from(kf_outbuf_t *out, const kf_outbuf_t *src, uint32_t from, uint32_t n,
-                                  kf_error_t *err) {
+kf_status_t kf_outbuf_append_from(kf_outbuf_t *out, const kf_outbuf_t *src, uint32_t from,
+                                  uint32_t n, kf_error_t *err) {
     KF_ASSERT(src->ncols == out->ncols && from + n <= src->rows);
     for (uint32_t i = from; i < from + n; i++) {
         kf_cell_t *cells = kf_outbuf_add_row(out);
@@ -471,9 +475,11 @@ Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from,
         case T_BOOL: {
             Keyflow__V1__BoolValues *v = kf_arena_zalloc(a, sizeof *v);
             protobuf_c_boolean *vals = kf_arena_zalloc(a, cap * sizeof *vals);
-            if (v == NULL || vals == NULL) return NULL;
+            if (v == NULL || vals == NULL)
+                return NULL;
             keyflow__v1__bool_values__init(v);
-            for (uint32_t i = 0; i < n; i++) vals[i] = kf_outbuf_row(out, from + i)[c].v.i != 0;
+            for (uint32_t i = 0; i < n; i++)
+                vals[i] = kf_outbuf_row(out, from + i)[c].v.i != 0;
             v->n_values = n;
             v->values = vals;
             col->bools = v;
@@ -483,9 +489,11 @@ Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from,
         case T_TS: {
             Keyflow__V1__Int64Values *v = kf_arena_zalloc(a, sizeof *v);
             int64_t *vals = kf_arena_zalloc(a, cap * sizeof *vals);
-            if (v == NULL || vals == NULL) return NULL;
+            if (v == NULL || vals == NULL)
+                return NULL;
             keyflow__v1__int64_values__init(v);
-            for (uint32_t i = 0; i < n; i++) vals[i] = kf_outbuf_row(out, from + i)[c].v.i;
+            for (uint32_t i = 0; i < n; i++)
+                vals[i] = kf_outbuf_row(out, from + i)[c].v.i;
             v->n_values = n;
             v->values = vals;
             col->int64s = v;
@@ -494,9 +502,11 @@ Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from,
         case T_FLOAT64: {
             Keyflow__V1__Float64Values *v = kf_arena_zalloc(a, sizeof *v);
             double *vals = kf_arena_zalloc(a, cap * sizeof *vals);
-            if (v == NULL || vals == NULL) return NULL;
+            if (v == NULL || vals == NULL)
+                return NULL;
             keyflow__v1__float64_values__init(v);
-            for (uint32_t i = 0; i < n; i++) vals[i] = kf_outbuf_row(out, from + i)[c].v.f;
+            for (uint32_t i = 0; i < n; i++)
+                vals[i] = kf_outbuf_row(out, from + i)[c].v.f;
             v->n_values = n;
             v->values = vals;
             col->float64s = v;
@@ -505,7 +515,8 @@ Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from,
         case T_UTF8: {
             Keyflow__V1__StringValues *v = kf_arena_zalloc(a, sizeof *v);
             char **vals = kf_arena_zalloc(a, cap * sizeof *vals);
-            if (v == NULL || vals == NULL) return NULL;
+            if (v == NULL || vals == NULL)
+                return NULL;
             keyflow__v1__string_values__init(v);
             for (uint32_t i = 0; i < n; i++) {
                 /* Cell strings are NUL-terminated copies or protobuf-c strings. */
@@ -521,7 +532,8 @@ Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from,
         case T_BYTES: {
             Keyflow__V1__BytesValues *v = kf_arena_zalloc(a, sizeof *v);
             ProtobufCBinaryData *vals = kf_arena_zalloc(a, cap * sizeof *vals);
-            if (v == NULL || vals == NULL) return NULL;
+            if (v == NULL || vals == NULL)
+                return NULL;
             keyflow__v1__bytes_values__init(v);
             for (uint32_t i = 0; i < n; i++) {
                 const kf_cell_t *cell = &kf_outbuf_row(out, from + i)[c];
@@ -533,8 +545,7 @@ Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from,
             col->bytes_values = v;
             break;
         }
-        default:
-            KF_UNREACHABLE();
+        default: KF_UNREACHABLE();
         }
     }
     return b;
@@ -570,8 +581,8 @@ char *kf_outbuf_to_json(const kf_outbuf_t *out, uint32_t from, uint32_t n, int64
                 case T_FLOAT64:
                     v = isfinite(cell->v.f) ? json_real(cell->v.f)
                                             : json_string(isnan(cell->v.f) ? "NaN"
-                                                          : cell->v.f > 0 ? "Infinity"
-                                                                          : "-Infinity");
+                                                          : cell->v.f > 0  ? "Infinity"
+                                                                           : "-Infinity");
                     break;
                 case T_UTF8: v = json_stringn(cell->p ? cell->p : "", cell->len); break;
                 case T_BYTES: {

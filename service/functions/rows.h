@@ -29,23 +29,24 @@ typedef struct kf_column {
     const int64_t *i64;              /* INT64, TIMESTAMP_US */
     const double *f64;
     const protobuf_c_boolean *b;
-    char *const *str;                /* UTF8, NUL-terminated */
+    char *const *str; /* UTF8, NUL-terminated */
     const uint32_t *str_len;
-    const ProtobufCBinaryData *bin;  /* BYTES */
+    const ProtobufCBinaryData *bin; /* BYTES */
 } kf_column_t;
 
 typedef struct kf_rows {
     uint32_t count;
     uint32_t ncols;
     kf_column_t *cols;
-    uint64_t bytes;                  /* payload bytes, for max_input_bytes */
+    uint64_t bytes; /* payload bytes, for max_input_bytes */
 } kf_rows_t;
 
 /* Errors name the column and row: KF_E_INVALID for shape or type problems,
  * KF_E_TOO_LARGE past max_rows / max_bytes (naming the limit). */
-kf_status_t kf_rows_from_batch(const Keyflow__V1__RowBatch *batch, const Keyflow__V1__Schema *schema,
-                               int64_t max_rows, int64_t max_bytes, kf_arena_t *arena,
-                               kf_rows_t *out, kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_rows_from_batch(const Keyflow__V1__RowBatch *batch,
+                               const Keyflow__V1__Schema *schema, int64_t max_rows,
+                               int64_t max_bytes, kf_arena_t *arena, kf_rows_t *out,
+                               kf_error_t *err) KF_MUST_USE;
 kf_status_t kf_rows_from_json(const char *json, size_t len, const Keyflow__V1__Schema *schema,
                               int64_t max_rows, int64_t max_bytes, kf_arena_t *arena,
                               kf_rows_t *out, kf_error_t *err) KF_MUST_USE;
@@ -61,19 +62,19 @@ typedef struct kf_cell {
         int64_t i;
         double f;
     } v;
-    const char *p;                   /* UTF8 / BYTES bytes (arena) */
+    const char *p; /* UTF8 / BYTES bytes (arena) */
     uint32_t len;
-    uint8_t set;                     /* a value or an explicit null was given */
+    uint8_t set; /* a value or an explicit null was given */
     uint8_t null;
 } kf_cell_t;
 
 typedef struct kf_outbuf {
     const Keyflow__V1__Schema *schema;
     uint32_t ncols;
-    kf_cell_t *cells;                /* rows * ncols */
+    kf_cell_t *cells; /* rows * ncols */
     uint32_t rows;
     uint32_t cap;
-    uint64_t bytes;                  /* payload bytes so far */
+    uint64_t bytes; /* payload bytes so far */
     kf_arena_t *arena;
 } kf_outbuf_t;
 
@@ -84,11 +85,11 @@ static inline kf_cell_t *kf_outbuf_row(const kf_outbuf_t *out, uint32_t row) {
     return out->cells + (size_t)row * out->ncols;
 }
 /* Copies rows [from, from + n) of `rows` (same schema) into the builder. */
-kf_status_t kf_outbuf_append_rows(kf_outbuf_t *out, const kf_rows_t *rows, uint32_t from, uint32_t n,
-                                  kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_outbuf_append_rows(kf_outbuf_t *out, const kf_rows_t *rows, uint32_t from,
+                                  uint32_t n, kf_error_t *err) KF_MUST_USE;
 /* Copies rows [from, from + n) of another builder. */
-kf_status_t kf_outbuf_append_from(kf_outbuf_t *out, const kf_outbuf_t *src, uint32_t from, uint32_t n,
-                                  kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_outbuf_append_from(kf_outbuf_t *out, const kf_outbuf_t *src, uint32_t from,
+                                  uint32_t n, kf_error_t *err) KF_MUST_USE;
 
 /* Encodes rows [from, from + n) as a RowBatch (pointing into the builder's
  * arena). */

@@ -39,22 +39,22 @@
 typedef struct http_call http_call_t;
 
 typedef struct req_hook {
-    http_call_t *call;           /* cleared when the reply was sent */
+    http_call_t *call; /* cleared when the reply was sent */
     kf_engine_t *engine;
 } req_hook_t;
 
 struct http_call {
     h2o_multithread_message_t msg;
     kf_gateway_t *gw;
-    h2o_req_t *req;              /* NULL once h2o disposed the request */
+    h2o_req_t *req; /* NULL once h2o disposed the request */
     req_hook_t *hook;
     const kf_method_t *method;
     int metrics_id;
     int64_t start_us;
     kf_arena_t arena;
     kf_cmd_t cmd;
-    int watch_fd;                /* HTTP/1 long poll: its socket, or -1 */
-    http_call_t *watch_prev;     /* on gw->watched while watch_fd >= 0 */
+    int watch_fd;            /* HTTP/1 long poll: its socket, or -1 */
+    http_call_t *watch_prev; /* on gw->watched while watch_fd >= 0 */
     http_call_t *watch_next;
 };
 
@@ -66,15 +66,15 @@ struct kf_gateway {
     h2o_socket_t *listener;
     int listen_fd;
     h2o_multithread_queue_t *queue;
-    h2o_multithread_receiver_t replies;   /* engine -> loop: finished calls */
-    h2o_multithread_receiver_t control;   /* any thread -> loop: stop */
+    h2o_multithread_receiver_t replies; /* engine -> loop: finished calls */
+    h2o_multithread_receiver_t control; /* any thread -> loop: stop */
     pthread_t thread;
     bool started;
     kf_engine_t *engine;
     atomic_bool ready;
     atomic_bool stopping;
     atomic_int in_flight;
-    bool exit_loop;              /* loop thread only */
+    bool exit_loop; /* loop thread only */
     int metrics_ids[KF_METRICS_METHODS_MAX];
     /* HTTP/1 long polls: h2o does not read a connection while its request is
      * being handled, so a client that leaves is noticed only by peeking at
@@ -88,7 +88,7 @@ struct kf_gateway {
 
 typedef struct control_msg {
     h2o_multithread_message_t msg;
-    int what;                    /* 1: close the listener, 2: exit the loop */
+    int what; /* 1: close the listener, 2: exit the loop */
 } control_msg_t;
 
 static const char *reason(int status) {
@@ -280,8 +280,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         return 0;
     }
     if (path_is(req, path_len, "/readyz")) {
-        bool ready = atomic_load(&gw->ready) && !atomic_load(&gw->stopping) &&
-                     !kf_engine_failed(gw->engine);
+        bool ready =
+            atomic_load(&gw->ready) && !atomic_load(&gw->stopping) && !kf_engine_failed(gw->engine);
         if (ready) {
             static const char ok[] = "{\"status\":\"ready\"}";
             send_body(req, 200, "application/json", ok, sizeof ok - 1);
@@ -353,8 +353,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     if (kf_engine_submit(gw->engine, cmd) != KF_OK) {
         call->hook->call = NULL;
         send_error(req, cmd->error.status, cmd->error.message, 0);
-        kf_metrics_request(call->metrics_id, KF_TRANSPORT_HTTP, kf_status_grpc_code(cmd->error.status),
-                           kf_mono_us() - call->start_us);
+        kf_metrics_request(call->metrics_id, KF_TRANSPORT_HTTP,
+                           kf_status_grpc_code(cmd->error.status), kf_mono_us() - call->start_us);
         call_free(call);
     }
     return 0;
@@ -480,7 +480,9 @@ kf_status_t kf_gateway_start(kf_gateway_t *gw, kf_error_t *err) {
     return KF_OK;
 }
 
-void kf_gateway_set_ready(kf_gateway_t *gw, bool ready) { atomic_store(&gw->ready, ready); }
+void kf_gateway_set_ready(kf_gateway_t *gw, bool ready) {
+    atomic_store(&gw->ready, ready);
+}
 
 static void send_control(kf_gateway_t *gw, int what) {
     control_msg_t *c = calloc(1, sizeof *c);

@@ -20,7 +20,7 @@
 typedef struct kf_gateway kf_gateway_t;
 
 typedef struct kf_gateway_options {
-    const char *address;         /* "127.0.0.1:0" */
+    const char *address; /* "127.0.0.1:0" */
 } kf_gateway_options_t;
 
 /* Binds; *port receives the bound port. The engine is borrowed. */

@@ -61,7 +61,7 @@
 /* Up to 2^53 every integer is a double; beyond it a JSON number may already
  * have been rounded by the parser, so large integers must come as strings. */
 #define EXACT_INTEGER_MAX 9007199254740992.0
-#define JSON_SUFFIX "_json"
+#define JSON_SUFFIX       "_json"
 #define JSON_SUFFIX_BYTES (sizeof JSON_SUFFIX - 1)
 
 _Static_assert(PROTOBUF_C_TYPE_MESSAGE == 16, "the type table below follows ProtobufCType");
@@ -77,8 +77,8 @@ typedef enum form {
 } form_t;
 
 static const char *const type_names[] = {
-    "int32", "sint32", "sfixed32", "int64", "sint64", "sfixed64", "uint32", "fixed32",
-    "uint64", "fixed64", "float", "double", "bool", "enum", "string", "bytes", "message",
+    "int32",   "sint32", "sfixed32", "int64", "sint64", "sfixed64", "uint32", "fixed32", "uint64",
+    "fixed64", "float",  "double",   "bool",  "enum",   "string",   "bytes",  "message",
 };
 
 static const char *type_name(ProtobufCType type) {
@@ -171,8 +171,8 @@ static const ProtobufCFieldDescriptor *find_field(const ProtobufCMessageDescript
 }
 
 /* The key a field is emitted under (and listed under in error messages). */
-static void emitted_name(const ProtobufCMessageDescriptor *desc,
-                         const ProtobufCFieldDescriptor *f, char out[JSON_NAME_BYTES_MAX]) {
+static void emitted_name(const ProtobufCMessageDescriptor *desc, const ProtobufCFieldDescriptor *f,
+                         char out[JSON_NAME_BYTES_MAX]) {
     size_t base_len = json_text_base_len(desc, f);
     camel_name(f->name, base_len > 0 ? base_len : strlen(f->name), out);
 }
@@ -216,23 +216,17 @@ static size_t value_size(ProtobufCType type) {
     case PROTOBUF_C_TYPE_UINT32:
     case PROTOBUF_C_TYPE_FIXED32:
     case PROTOBUF_C_TYPE_FLOAT:
-    case PROTOBUF_C_TYPE_ENUM:
-        return 4;
+    case PROTOBUF_C_TYPE_ENUM: return 4;
     case PROTOBUF_C_TYPE_INT64:
     case PROTOBUF_C_TYPE_SINT64:
     case PROTOBUF_C_TYPE_SFIXED64:
     case PROTOBUF_C_TYPE_UINT64:
     case PROTOBUF_C_TYPE_FIXED64:
-    case PROTOBUF_C_TYPE_DOUBLE:
-        return 8;
-    case PROTOBUF_C_TYPE_BOOL:
-        return sizeof(protobuf_c_boolean);
-    case PROTOBUF_C_TYPE_STRING:
-        return sizeof(char *);
-    case PROTOBUF_C_TYPE_BYTES:
-        return sizeof(ProtobufCBinaryData);
-    case PROTOBUF_C_TYPE_MESSAGE:
-        return sizeof(ProtobufCMessage *);
+    case PROTOBUF_C_TYPE_DOUBLE: return 8;
+    case PROTOBUF_C_TYPE_BOOL: return sizeof(protobuf_c_boolean);
+    case PROTOBUF_C_TYPE_STRING: return sizeof(char *);
+    case PROTOBUF_C_TYPE_BYTES: return sizeof(ProtobufCBinaryData);
+    case PROTOBUF_C_TYPE_MESSAGE: return sizeof(ProtobufCMessage *);
     }
     KF_UNREACHABLE();
 }
@@ -498,7 +492,7 @@ static double float_as_double(float value) {
  * reported. Decoding pushes at most one key per object level and one index
  * per array level, and both are bounded by KF_JSON_DEPTH_MAX. */
 typedef struct segment {
-    const char *name;            /* borrowed; NULL for an array index */
+    const char *name; /* borrowed; NULL for an array index */
     size_t name_len;
     size_t index;
 } segment_t;
@@ -530,10 +524,10 @@ static void path_pop(path_t *p, size_t count) {
  * writing at most cap bytes (snprintf rules; out may be NULL when cap is 0). */
 static size_t path_piece(const path_t *p, size_t i, bool first, char *out, size_t cap) {
     const segment_t *s = &p->segments[i];
-    int n = s->name == NULL ? snprintf(out, cap, "[%zu]", s->index)
-                            : snprintf(out, cap, "%s%.*s", first ? "" : ".",
-                                       (int)(s->name_len < INT_MAX ? s->name_len : INT_MAX),
-                                       s->name);
+    int n = s->name == NULL
+                ? snprintf(out, cap, "[%zu]", s->index)
+                : snprintf(out, cap, "%s%.*s", first ? "" : ".",
+                           (int)(s->name_len < INT_MAX ? s->name_len : INT_MAX), s->name);
     return n > 0 ? (size_t)n : 0;
 }
 
@@ -579,8 +573,8 @@ static void path_render(const path_t *p, char *out, size_t cap) {
 }
 
 typedef struct decoder {
-    kf_arena_t *arena;           /* borrowed: receives every decoded byte */
-    kf_error_t *err;             /* borrowed: may be NULL */
+    kf_arena_t *arena; /* borrowed: receives every decoded byte */
+    kf_error_t *err;   /* borrowed: may be NULL */
     path_t path;
 } decoder_t;
 
@@ -595,7 +589,7 @@ static void decoder_init(decoder_t *d, kf_arena_t *arena, kf_error_t *err, const
 }
 
 __attribute__((format(printf, 3, 4))) static kf_status_t fail(decoder_t *d, kf_status_t status,
-                                                               const char *fmt, ...) {
+                                                              const char *fmt, ...) {
     char where[PATH_BYTES_MAX];
     char what[KF_ERROR_MESSAGE_BYTES_MAX];
     path_render(&d->path, where, sizeof where);
@@ -622,24 +616,16 @@ typedef struct excerpt {
 
 static const char *excerpt(const json_t *v, excerpt_t *e) {
     switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_TRUE:
-        return "true";
-    case JSON_FALSE:
-        return "false";
-    case JSON_NULL:
-        return "null";
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_TRUE: return "true";
+    case JSON_FALSE: return "false";
+    case JSON_NULL: return "null";
     case JSON_INTEGER:
         snprintf(e->text, sizeof e->text, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
         return e->text;
-    case JSON_REAL:
-        format_double(json_real_value(v), e->text, sizeof e->text);
-        return e->text;
-    case JSON_STRING:
-        break;
+    case JSON_REAL: format_double(json_real_value(v), e->text, sizeof e->text); return e->text;
+    case JSON_STRING: break;
     }
     /* Quoted and escaped by jansson, cut on a UTF-8 boundary if long. */
     char *quoted = json_dumps(v, JSON_ENCODE_ANY);
@@ -699,8 +685,8 @@ static ProtobufCMessage *new_message(decoder_t *d, const ProtobufCMessageDescrip
 
 static kf_status_t merge_object(decoder_t *d, json_t *obj, ProtobufCMessage *msg, int level);
 
-static kf_status_t store_integer(decoder_t *d, ProtobufCType type, const json_t *v,
-                                 bool negative, uint64_t magnitude, bool overflow, void *slot) {
+static kf_status_t store_integer(decoder_t *d, ProtobufCType type, const json_t *v, bool negative,
+                                 uint64_t magnitude, bool overflow, void *slot) {
     bool is_signed = type == PROTOBUF_C_TYPE_INT32 || type == PROTOBUF_C_TYPE_SINT32 ||
                      type == PROTOBUF_C_TYPE_SFIXED32 || type == PROTOBUF_C_TYPE_INT64 ||
                      type == PROTOBUF_C_TYPE_SINT64 || type == PROTOBUF_C_TYPE_SFIXED64;
@@ -715,8 +701,8 @@ static kf_status_t store_integer(decoder_t *d, ProtobufCType type, const json_t 
     }
     if (is_signed) {
         /* -(m - 1) - 1 reaches INT64_MIN without overflowing. */
-        int64_t value = negative && magnitude > 0 ? -(int64_t)(magnitude - 1) - 1
-                                                  : (int64_t)magnitude;
+        int64_t value =
+            negative && magnitude > 0 ? -(int64_t)(magnitude - 1) - 1 : (int64_t)magnitude;
         if (wide) {
             memcpy(slot, &value, sizeof value);
         } else {
@@ -757,8 +743,8 @@ static kf_status_t decode_integer(decoder_t *d, ProtobufCType type, const json_t
         negative = r < 0;
         magnitude = (uint64_t)fabs(r);
     } else if (json_is_string(v)) {
-        number_text_t parsed = parse_integer_text(json_string_value(v), json_string_length(v),
-                                                  &negative, &magnitude);
+        number_text_t parsed =
+            parse_integer_text(json_string_value(v), json_string_length(v), &negative, &magnitude);
         if (parsed == NUMBER_MALFORMED) {
             return fail(d, KF_E_INVALID, "expected an integer, got %s", excerpt(v, &e));
         }
@@ -769,16 +755,14 @@ static kf_status_t decode_integer(decoder_t *d, ProtobufCType type, const json_t
     return store_integer(d, type, v, negative, magnitude, overflow, slot);
 }
 
-static kf_status_t decode_floating(decoder_t *d, ProtobufCType type, const json_t *v,
-                                   void *slot) {
+static kf_status_t decode_floating(decoder_t *d, ProtobufCType type, const json_t *v, void *slot) {
     double value = 0;
     excerpt_t e;
     if (json_is_number(v)) {
         value = json_number_value(v);
     } else if (json_is_string(v)) {
         switch (parse_double_text(json_string_value(v), json_string_length(v), &value)) {
-        case NUMBER_OK:
-            break;
+        case NUMBER_OK: break;
         case NUMBER_MALFORMED:
             return fail(d, KF_E_INVALID, "expected a number, got %s", excerpt(v, &e));
         case NUMBER_OUT_OF_RANGE:
@@ -802,8 +786,7 @@ static kf_status_t decode_floating(decoder_t *d, ProtobufCType type, const json_
 
 /* The enum value a name means: the full name, then the full name in any
  * case, then the name without the values' common prefix in any case. */
-static const ProtobufCEnumValue *enum_by_name(const ProtobufCEnumDescriptor *ed,
-                                              const char *name) {
+static const ProtobufCEnumValue *enum_by_name(const ProtobufCEnumDescriptor *ed, const char *name) {
     for (unsigned i = 0; i < ed->n_value_names; i++) {
         if (strcmp(ed->values_by_name[i].name, name) == 0) {
             return &ed->values[ed->values_by_name[i].index];
@@ -903,11 +886,9 @@ static kf_status_t decode_value(decoder_t *d, const ProtobufCFieldDescriptor *f,
     case PROTOBUF_C_TYPE_UINT32:
     case PROTOBUF_C_TYPE_FIXED32:
     case PROTOBUF_C_TYPE_UINT64:
-    case PROTOBUF_C_TYPE_FIXED64:
-        return decode_integer(d, f->type, v, slot);
+    case PROTOBUF_C_TYPE_FIXED64: return decode_integer(d, f->type, v, slot);
     case PROTOBUF_C_TYPE_FLOAT:
-    case PROTOBUF_C_TYPE_DOUBLE:
-        return decode_floating(d, f->type, v, slot);
+    case PROTOBUF_C_TYPE_DOUBLE: return decode_floating(d, f->type, v, slot);
     case PROTOBUF_C_TYPE_BOOL: {
         if (!json_is_boolean(v)) {
             return fail(d, KF_E_INVALID, "expected true or false, got %s", excerpt(v, &e));
@@ -916,8 +897,7 @@ static kf_status_t decode_value(decoder_t *d, const ProtobufCFieldDescriptor *f,
         memcpy(slot, &value, sizeof value);
         return KF_OK;
     }
-    case PROTOBUF_C_TYPE_ENUM:
-        return decode_enum(d, f->descriptor, v, slot);
+    case PROTOBUF_C_TYPE_ENUM: return decode_enum(d, f->descriptor, v, slot);
     case PROTOBUF_C_TYPE_STRING: {
         if (!json_is_string(v)) {
             return fail(d, KF_E_INVALID, "expected a string, got %s", excerpt(v, &e));
@@ -1088,8 +1068,8 @@ static kf_status_t merge_member(decoder_t *d, ProtobufCMessage *msg,
 /* What one object has said about each field, to refuse a field given twice
  * under two spellings and two members of one oneof. */
 typedef struct seen {
-    const char *key;             /* the key that named the field; borrowed from the object */
-    bool valued;                 /* not JSON null: counts as a oneof member that is set */
+    const char *key; /* the key that named the field; borrowed from the object */
+    bool valued;     /* not JSON null: counts as a oneof member that is set */
 } seen_t;
 
 static kf_status_t fail_unknown(decoder_t *d, const ProtobufCMessageDescriptor *desc) {
@@ -1128,8 +1108,7 @@ static kf_status_t merge_object(decoder_t *d, json_t *obj, ProtobufCMessage *msg
         }
         size_t index = (size_t)(f - desc->fields);
         if (seen[index].key != NULL) {
-            return fail(d, KF_E_INVALID, "the same field as \"%s\"; give it once",
-                        seen[index].key);
+            return fail(d, KF_E_INVALID, "the same field as \"%s\"; give it once", seen[index].key);
         }
         bool valued = form == FORM_EMBEDDED || !json_is_null(value);
         if (valued && (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0) {
@@ -1156,9 +1135,8 @@ static kf_status_t merge_object(decoder_t *d, json_t *obj, ProtobufCMessage *msg
 
 /* ---- public: decoding ------------------------------------------------- */
 
-kf_status_t kf_json_to_message(const char *json, size_t len,
-                               const ProtobufCMessageDescriptor *desc, kf_arena_t *arena,
-                               ProtobufCMessage **out, kf_error_t *err) {
+kf_status_t kf_json_to_message(const char *json, size_t len, const ProtobufCMessageDescriptor *desc,
+                               kf_arena_t *arena, ProtobufCMessage **out, kf_error_t *err) {
     KF_ASSERT(desc != NULL && arena != NULL && out != NULL);
     KF_ASSERT(json != NULL || len == 0);
     decoder_t d;
@@ -1309,7 +1287,7 @@ static size_t utf8_sequence_len(const unsigned char *s, size_t avail) {
         len = 2;
     } else if (c >= 0xe0 && c <= 0xef) {
         len = 3;
-        low = c == 0xe0 ? 0xa0 : low;  /* no overlongs */
+        low = c == 0xe0 ? 0xa0 : low;   /* no overlongs */
         high = c == 0xed ? 0x9f : high; /* no surrogates */
     } else if (c >= 0xf0 && c <= 0xf4) {
         len = 4;
@@ -1468,8 +1446,7 @@ static json_t *value_to_jansson(const ProtobufCFieldDescriptor *f, const void *s
     KF_UNREACHABLE();
 }
 
-static json_t *repeated_to_jansson(const ProtobufCMessage *msg,
-                                   const ProtobufCFieldDescriptor *f) {
+static json_t *repeated_to_jansson(const ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f) {
     size_t count;
     const char *items;
     memcpy(&count, field_quantifier_const(msg, f), sizeof count);

@@ -78,8 +78,8 @@
  * of type `desc`. Errors: KF_E_INVALID with the path and the problem; `*out`
  * is written only on success. Duplicate keys in one object are an error. */
 kf_status_t kf_json_to_message(const char *json, size_t len, const ProtobufCMessageDescriptor *desc,
-                               kf_arena_t *arena, ProtobufCMessage **out, kf_error_t *err)
-    KF_MUST_USE;
+                               kf_arena_t *arena, ProtobufCMessage **out,
+                               kf_error_t *err) KF_MUST_USE;
 
 /* Merges a parsed JSON object into an existing message (fields present in
  * `obj` overwrite). `path` prefixes error messages ("" at the top). `obj` is

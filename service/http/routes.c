@@ -13,12 +13,12 @@
 
 typedef struct route {
     const char *http_method;
-    const char *pattern;         /* segments; "{field.path}" captures one */
-    const char *verb;            /* ":verb" suffix of the last segment, or NULL */
-    const char *rpc;             /* method path in engine/methods.h */
-    const char *body;            /* "*", a field name, or NULL (no body) */
-    const char *defaults;        /* "field=value&..." applied before the query, or NULL */
-    const char *aliases;         /* "short=field&..." query names, or NULL */
+    const char *pattern;  /* segments; "{field.path}" captures one */
+    const char *verb;     /* ":verb" suffix of the last segment, or NULL */
+    const char *rpc;      /* method path in engine/methods.h */
+    const char *body;     /* "*", a field name, or NULL (no body) */
+    const char *defaults; /* "field=value&..." applied before the query, or NULL */
+    const char *aliases;  /* "short=field&..." query names, or NULL */
 } route_t;
 
 static const route_t routes[] = {
@@ -75,9 +75,12 @@ static bool split(const char *path, size_t len, span_t *segs, size_t *n) {
 }
 
 static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
     return -1;
 }
 
@@ -103,9 +106,9 @@ static char *decode(kf_arena_t *arena, const char *s, size_t len, bool plus_is_s
 }
 
 typedef struct capture {
-    const char *field;           /* from the pattern, e.g. "coordinator.kind" */
+    const char *field; /* from the pattern, e.g. "coordinator.kind" */
     size_t field_len;
-    span_t value;                /* raw, not yet decoded */
+    span_t value; /* raw, not yet decoded */
 } capture_t;
 
 /* Matches request segments against a route's pattern. */
@@ -243,8 +246,8 @@ static const kf_method_t *generic_method(const span_t *segs, size_t n, kf_arena_
     if (n != 3 || segs[0].len != 2 || memcmp(segs[0].p, "v1", 2) != 0) {
         return NULL;
     }
-    char *path = kf_arena_printf(arena, "/%.*s/%.*s", (int)segs[1].len, segs[1].p,
-                                 (int)segs[2].len, segs[2].p);
+    char *path = kf_arena_printf(arena, "/%.*s/%.*s", (int)segs[1].len, segs[1].p, (int)segs[2].len,
+                                 segs[2].p);
     const kf_method_t *m = path ? kf_method_by_path(path) : NULL;
     return m != NULL && m->kind == KF_METHOD_ENGINE ? m : NULL;
 }

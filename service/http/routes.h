@@ -37,13 +37,13 @@
 #include "engine/methods.h"
 
 typedef struct kf_http_request {
-    const char *method;          /* "GET", "POST", ... (not NUL-terminated) */
+    const char *method; /* "GET", "POST", ... (not NUL-terminated) */
     size_t method_len;
-    const char *path;            /* without the query string */
+    const char *path; /* without the query string */
     size_t path_len;
-    const char *query;           /* after '?', or NULL */
+    const char *query; /* after '?', or NULL */
     size_t query_len;
-    const char *body;            /* NULL when none */
+    const char *body; /* NULL when none */
     size_t body_len;
 } kf_http_request_t;
 

@@ -23,7 +23,7 @@
 #include "rpc/grpc_server.h"
 #include "storage/store.h"
 
-#define DEFAULT_DATA_DIR "./data"
+#define DEFAULT_DATA_DIR     "./data"
 #define DEFAULT_GRPC_ADDRESS "127.0.0.1:50051"
 #define DEFAULT_HTTP_ADDRESS "127.0.0.1:8070"
 
@@ -41,25 +41,27 @@ typedef struct options {
 } options_t;
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: keyflowd [options]\n"
-            "  --data DIR            RocksDB directory (default " DEFAULT_DATA_DIR ", env KEYFLOW_DATA)\n"
-            "  --grpc HOST:PORT      gRPC address (default " DEFAULT_GRPC_ADDRESS
-            ", env KEYFLOW_GRPC_ADDRESS; port 0 = any)\n"
-            "  --http HOST:PORT      HTTP gateway address (default " DEFAULT_HTTP_ADDRESS
-            ", env KEYFLOW_HTTP_ADDRESS)\n"
-            "  --port-file FILE      write \"grpc=PORT\\nhttp=PORT\\n\" once listening\n"
-            "  --plugin-dir DIR      directory of native handler .so files (env KEYFLOW_PLUGIN_DIR)\n"
-            "  --run-retention-ms N  keep finished runs this long (default %lld)\n"
-            "  --run-attempts N      leases per run before it FAILS (default %d, max %d)\n"
-            "  --queue-depth N       engine queue bound (default and max %d)\n"
-            "  --grpc-threads N      completion-queue threads (default 1)\n"
-            "  --log-level LEVEL     debug, info, warn, error (default info)\n"
-            "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_GRPC_ADDRESS,\n"
-            "KEYFLOW_HTTP_ADDRESS, KEYFLOW_PORT_FILE, KEYFLOW_PLUGIN_DIR, KEYFLOW_RUN_RETENTION_MS,\n"
-            "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_LOG_LEVEL.\n",
-            (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
-            KF_QUEUE_DEPTH_MAX);
+    fprintf(
+        out,
+        "usage: keyflowd [options]\n"
+        "  --data DIR            RocksDB directory (default " DEFAULT_DATA_DIR
+        ", env KEYFLOW_DATA)\n"
+        "  --grpc HOST:PORT      gRPC address (default " DEFAULT_GRPC_ADDRESS
+        ", env KEYFLOW_GRPC_ADDRESS; port 0 = any)\n"
+        "  --http HOST:PORT      HTTP gateway address (default " DEFAULT_HTTP_ADDRESS
+        ", env KEYFLOW_HTTP_ADDRESS)\n"
+        "  --port-file FILE      write \"grpc=PORT\\nhttp=PORT\\n\" once listening\n"
+        "  --plugin-dir DIR      directory of native handler .so files (env KEYFLOW_PLUGIN_DIR)\n"
+        "  --run-retention-ms N  keep finished runs this long (default %lld)\n"
+        "  --run-attempts N      leases per run before it FAILS (default %d, max %d)\n"
+        "  --queue-depth N       engine queue bound (default and max %d)\n"
+        "  --grpc-threads N      completion-queue threads (default 1)\n"
+        "  --log-level LEVEL     debug, info, warn, error (default info)\n"
+        "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_GRPC_ADDRESS,\n"
+        "KEYFLOW_HTTP_ADDRESS, KEYFLOW_PORT_FILE, KEYFLOW_PLUGIN_DIR, KEYFLOW_RUN_RETENTION_MS,\n"
+        "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_LOG_LEVEL.\n",
+        (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
+        KF_QUEUE_DEPTH_MAX);
 }
 
 static const char *env_or(const char *name, const char *fallback) {
@@ -81,10 +83,14 @@ static bool parse_int(const char *flag, const char *text, int64_t lo, int64_t hi
 }
 
 static bool parse_level(const char *v, kf_log_level_t *out) {
-    if (strcmp(v, "debug") == 0) *out = KF_LOG_DEBUG;
-    else if (strcmp(v, "info") == 0) *out = KF_LOG_INFO;
-    else if (strcmp(v, "warn") == 0) *out = KF_LOG_WARN;
-    else if (strcmp(v, "error") == 0) *out = KF_LOG_ERROR;
+    if (strcmp(v, "debug") == 0)
+        *out = KF_LOG_DEBUG;
+    else if (strcmp(v, "info") == 0)
+        *out = KF_LOG_INFO;
+    else if (strcmp(v, "warn") == 0)
+        *out = KF_LOG_WARN;
+    else if (strcmp(v, "error") == 0)
+        *out = KF_LOG_ERROR;
     else {
         fprintf(stderr, "keyflowd: log level must be debug, info, warn or error, got %s\n", v);
         return false;
@@ -104,15 +110,20 @@ static bool parse_env(options_t *o) {
     o->port_file = env_or("KEYFLOW_PORT_FILE", NULL);
     o->log_level = KF_LOG_INFO;
     o->grpc_threads = 1;
-    if ((v = env_or("KEYFLOW_LOG_LEVEL", NULL)) != NULL && !parse_level(v, &o->log_level)) return false;
+    if ((v = env_or("KEYFLOW_LOG_LEVEL", NULL)) != NULL && !parse_level(v, &o->log_level))
+        return false;
     if ((v = env_or("KEYFLOW_RUN_RETENTION_MS", NULL)) != NULL &&
-        !parse_int("KEYFLOW_RUN_RETENTION_MS", v, 1000, KF_RETENTION_MS_MAX, &o->retention_ms)) return false;
+        !parse_int("KEYFLOW_RUN_RETENTION_MS", v, 1000, KF_RETENTION_MS_MAX, &o->retention_ms))
+        return false;
     if ((v = env_or("KEYFLOW_RUN_ATTEMPTS", NULL)) != NULL &&
-        !parse_int("KEYFLOW_RUN_ATTEMPTS", v, 1, KF_RUN_ATTEMPTS_MAX, &o->attempts_max)) return false;
+        !parse_int("KEYFLOW_RUN_ATTEMPTS", v, 1, KF_RUN_ATTEMPTS_MAX, &o->attempts_max))
+        return false;
     if ((v = env_or("KEYFLOW_QUEUE_DEPTH", NULL)) != NULL &&
-        !parse_int("KEYFLOW_QUEUE_DEPTH", v, 1, KF_QUEUE_DEPTH_MAX, &o->queue_depth)) return false;
+        !parse_int("KEYFLOW_QUEUE_DEPTH", v, 1, KF_QUEUE_DEPTH_MAX, &o->queue_depth))
+        return false;
     if ((v = env_or("KEYFLOW_GRPC_THREADS", NULL)) != NULL) {
-        if (!parse_int("KEYFLOW_GRPC_THREADS", v, 1, 8, &n)) return false;
+        if (!parse_int("KEYFLOW_GRPC_THREADS", v, 1, 8, &n))
+            return false;
         o->grpc_threads = (int)n;
     }
     return true;
@@ -146,16 +157,21 @@ static bool parse_args(int argc, char **argv, options_t *o) {
         } else if (strcmp(a, "--plugin-dir") == 0) {
             o->plugin_dir = v;
         } else if (strcmp(a, "--run-retention-ms") == 0) {
-            if (!parse_int(a, v, 1000, KF_RETENTION_MS_MAX, &o->retention_ms)) return false;
+            if (!parse_int(a, v, 1000, KF_RETENTION_MS_MAX, &o->retention_ms))
+                return false;
         } else if (strcmp(a, "--run-attempts") == 0) {
-            if (!parse_int(a, v, 1, KF_RUN_ATTEMPTS_MAX, &o->attempts_max)) return false;
+            if (!parse_int(a, v, 1, KF_RUN_ATTEMPTS_MAX, &o->attempts_max))
+                return false;
         } else if (strcmp(a, "--queue-depth") == 0) {
-            if (!parse_int(a, v, 1, KF_QUEUE_DEPTH_MAX, &o->queue_depth)) return false;
+            if (!parse_int(a, v, 1, KF_QUEUE_DEPTH_MAX, &o->queue_depth))
+                return false;
         } else if (strcmp(a, "--grpc-threads") == 0) {
-            if (!parse_int(a, v, 1, 8, &n)) return false;
+            if (!parse_int(a, v, 1, 8, &n))
+                return false;
             o->grpc_threads = (int)n;
         } else if (strcmp(a, "--log-level") == 0) {
-            if (!parse_level(v, &o->log_level)) return false;
+            if (!parse_level(v, &o->log_level))
+                return false;
         } else {
             fprintf(stderr, "keyflowd: unknown option %s\n", a);
             usage(stderr);
@@ -286,7 +302,7 @@ int main(int argc, char **argv) {
     kf_gauge_set(KF_G_READY, 0);
     kf_gateway_shutdown(gateway);
     kf_grpc_server_shutdown(grpc);
-    kf_engine_stop(engine);          /* finishes and syncs everything accepted */
+    kf_engine_stop(engine); /* finishes and syncs everything accepted */
     kf_grpc_server_destroy(grpc, 2000);
     kf_gateway_destroy(gateway);
     bool failed = kf_engine_failed(engine);

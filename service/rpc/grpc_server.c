@@ -48,12 +48,12 @@
 typedef enum call_state {
     CALL_REQUESTED,
     CALL_REPLYING,
-    CALL_WATCH_SENT,             /* watch: the SERVING message went out */
-    CALL_WATCH_CLOSED,           /* watch: the client closed or was cancelled */
-    CALL_TAIL_SENT,              /* tail: a page went out */
-    CALL_TAIL_CLOSED,            /* tail: the client closed or was cancelled */
-    CALL_TAIL_DONE,              /* tail: the final status went out */
-    CALL_POLL_CLOSED,            /* long poll: the client closed or was cancelled */
+    CALL_WATCH_SENT,   /* watch: the SERVING message went out */
+    CALL_WATCH_CLOSED, /* watch: the client closed or was cancelled */
+    CALL_TAIL_SENT,    /* tail: a page went out */
+    CALL_TAIL_CLOSED,  /* tail: the client closed or was cancelled */
+    CALL_TAIL_DONE,    /* tail: the final status went out */
+    CALL_POLL_CLOSED,  /* long poll: the client closed or was cancelled */
 } call_state_t;
 
 typedef struct call call_t;
@@ -67,9 +67,9 @@ typedef struct call_tag {
 
 struct call {
     kf_grpc_server_t *server;
-    const kf_method_t *method;   /* NULL: a generic call for an unknown method */
+    const kf_method_t *method;      /* NULL: a generic call for an unknown method */
     grpc_call_details call_details; /* generic calls only */
-    void *registered;            /* grpc's handle for the method */
+    void *registered;               /* grpc's handle for the method */
     int metrics_id;
     grpc_call *call;
     gpr_timespec deadline;
@@ -79,12 +79,12 @@ struct call {
     grpc_slice details;
     bool has_details;
     int cancelled;
-    atomic_int refs;             /* outstanding batches: the reply, plus a close
-                                    watch (long polls: the engine's hold on the
-                                    command counts until it becomes the reply) */
-    atomic_bool in_engine;       /* the command is with the engine */
-    bool close_watched;          /* RECV_CLOSE was started on its own */
-    bool refs_watch;             /* counted in server->watches */
+    atomic_int refs;       /* outstanding batches: the reply, plus a close
+                              watch (long polls: the engine's hold on the
+                              command counts until it becomes the reply) */
+    atomic_bool in_engine; /* the command is with the engine */
+    bool close_watched;    /* RECV_CLOSE was started on its own */
+    bool refs_watch;       /* counted in server->watches */
     int grpc_code;
     int64_t start_us;
     call_tag_t tag_main;
@@ -92,10 +92,10 @@ struct call {
     kf_arena_t arena;
     kf_cmd_t cmd;
     /* TailOutput: repeated engine reads, one page in flight at a time. */
-    atomic_int tail_refs;        /* the close batch + the read or send in flight */
+    atomic_int tail_refs; /* the close batch + the read or send in flight */
     atomic_bool tail_closed;
     bool tail_sent_metadata;
-    kf_arena_t page_arena;       /* one page's response; reset per read */
+    kf_arena_t page_arena; /* one page's response; reset per read */
     Keyflow__V1__ReadOutputRequest tail_read;
 };
 
@@ -110,8 +110,8 @@ struct kf_grpc_server {
     bool started;
     atomic_bool serving;
     atomic_bool shutting_down;
-    atomic_int live_calls;       /* calls handed out by grpc and not yet freed */
-    atomic_int watches;          /* of which Health/Watch streams (open until cancelled) */
+    atomic_int live_calls; /* calls handed out by grpc and not yet freed */
+    atomic_int watches;    /* of which Health/Watch streams (open until cancelled) */
     call_tag_t shutdown_tag;
     atomic_bool shutdown_done;
 };
@@ -158,9 +158,9 @@ static void request_call(kf_grpc_server_t *s, size_t method_index) {
     grpc_metadata_array_init(&c->metadata);
     kf_arena_init(&c->arena, 0);
     kf_arena_init(&c->page_arena, 0);
-    grpc_call_error rc = grpc_server_request_registered_call(
-        s->server, c->registered, &c->call, &c->deadline, &c->metadata, &c->payload, s->cq, s->cq,
-        &c->tag_main);
+    grpc_call_error rc =
+        grpc_server_request_registered_call(s->server, c->registered, &c->call, &c->deadline,
+                                            &c->metadata, &c->payload, s->cq, s->cq, &c->tag_main);
     if (rc != GRPC_CALL_OK) {
         kf_log(KF_LOG_ERROR, "grpc", "request_registered_call failed: %d", (int)rc);
         c->call = NULL;
@@ -582,7 +582,8 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
         tail_unref(c);
         return;
     case CALL_TAIL_DONE:
-        kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code, kf_mono_us() - c->start_us);
+        kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code,
+                           kf_mono_us() - c->start_us);
         tail_unref(c);
         return;
     }

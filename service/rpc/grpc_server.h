@@ -21,8 +21,8 @@
 typedef struct kf_grpc_server kf_grpc_server_t;
 
 typedef struct kf_grpc_options {
-    const char *address;         /* "127.0.0.1:0" binds an ephemeral port */
-    int threads;                 /* completion-queue threads; 0 = 1 */
+    const char *address; /* "127.0.0.1:0" binds an ephemeral port */
+    int threads;         /* completion-queue threads; 0 = 1 */
 } kf_grpc_options_t;
 
 /* Binds the address; *port receives the bound port. The engine is borrowed

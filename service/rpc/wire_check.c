@@ -59,7 +59,8 @@ static kf_status_t walk(const ProtobufCMessageDescriptor *desc, reader_t *r, con
             if (!ok) {
                 break;
             }
-            const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(desc, number);
+            const ProtobufCFieldDescriptor *f =
+                protobuf_c_message_descriptor_get_field(desc, number);
             reader_t sub = {r->p, r->p + len};
             r->p += len;
             if (f == NULL) {
@@ -82,8 +83,7 @@ static kf_status_t walk(const ProtobufCMessageDescriptor *desc, reader_t *r, con
             }
             break;
         }
-        default:
-            ok = false; /* groups (3, 4) are not proto3 */
+        default: ok = false; /* groups (3, 4) are not proto3 */
         }
         if (!ok) {
             return kf_error_set(err, KF_E_INVALID, "request: malformed %s message", desc->name);

@@ -29,10 +29,10 @@ enum {
 typedef struct wfq wfq_t;
 
 typedef struct run {
-    kf_map_node_t node;          /* by run_id */
-    kf_timer_t timer;            /* LEASED: lease expiry; finished: retention */
-    int64_t wakeup_due_ms;       /* the stored wake-up, or KF_NO_WAKEUP */
-    char *run_id;                /* owned strings */
+    kf_map_node_t node;    /* by run_id */
+    kf_timer_t timer;      /* LEASED: lease expiry; finished: retention */
+    int64_t wakeup_due_ms; /* the stored wake-up, or KF_NO_WAKEUP */
+    char *run_id;          /* owned strings */
     char *workflow;
     char *key;
     int kind;
@@ -50,23 +50,23 @@ typedef struct run {
     char *error;
     int64_t finished_ms;
     uint64_t seq;
-    wfq_t *queue;                /* its workflow's pending queue, while PENDING */
-    kf_pq_node_t queue_node;     /* position in that queue */
-    uint64_t finished_group;     /* group of the finishing write */
-    struct run *evict_prev;      /* finished, waiting for durability */
+    wfq_t *queue;            /* its workflow's pending queue, while PENDING */
+    kf_pq_node_t queue_node; /* position in that queue */
+    uint64_t finished_group; /* group of the finishing write */
+    struct run *evict_prev;  /* finished, waiting for durability */
     struct run *evict_next;
 } run_t;
 
 /* Pending runs of one workflow, oldest (lowest run sequence) first. */
 struct wfq {
-    kf_map_node_t node;          /* by workflow */
+    kf_map_node_t node; /* by workflow */
     char *workflow;
     kf_pq_t pq;
 };
 
 typedef struct poller {
     kf_cmd_t *cmd;
-    kf_timer_t timer;            /* the long poll's deadline */
+    kf_timer_t timer; /* the long poll's deadline */
     struct poller *prev;
     struct poller *next;
 } poller_t;
@@ -77,12 +77,12 @@ struct kf_runs {
     uint64_t next_seq;
     uint64_t pending;
     uint64_t leased;
-    poller_t *polls_head;        /* FIFO: the longest waiting poll is served first */
+    poller_t *polls_head; /* FIFO: the longest waiting poll is served first */
     poller_t *polls_tail;
     uint32_t polls;
     run_t *evict_head;
     run_t *evict_tail;
-    kf_key_t sweep_cursor;       /* wake-ups before it were swept */
+    kf_key_t sweep_cursor; /* wake-ups before it were swept */
     bool sweep_started;
 };
 
@@ -159,7 +159,8 @@ static run_t *oldest_pending(kf_runs_t *rs, char **workflows, size_t n) {
     run_t *best = NULL;
     if (n == 0) {
         size_t b;
-        for (kf_map_node_t *m = kf_map_first(&rs->queues, &b); m; m = kf_map_next(&rs->queues, &b, m)) {
+        for (kf_map_node_t *m = kf_map_first(&rs->queues, &b); m;
+             m = kf_map_next(&rs->queues, &b, m)) {
             run_t *head = queue_head(KF_CONTAINER_OF(m, wfq_t, node));
             if (head != NULL && (best == NULL || head->seq < best->seq)) {
                 best = head;
@@ -467,7 +468,9 @@ void kf_runs_release_polls(kf_runs_t *rs, kf_ctx_t *ctx) {
 
 /* ---- operations -------------------------------------------------------- */
 
-bool kf_runs_full(const kf_runs_t *rs) { return rs->pending + rs->leased >= KF_LIVE_RUNS_MAX; }
+bool kf_runs_full(const kf_runs_t *rs) {
+    return rs->pending + rs->leased >= KF_LIVE_RUNS_MAX;
+}
 
 uint64_t kf_runs_start(kf_runs_t *rs, kf_ctx_t *ctx, const kf_run_spec_t *spec) {
     KF_ASSERT(!kf_runs_full(rs));
@@ -517,7 +520,8 @@ static kf_status_t check_workflows(const Keyflow__V1__PollRunsRequest *req, kf_e
     for (size_t i = 0; i < req->n_workflows; i++) {
         char field[32];
         snprintf(field, sizeof field, "workflows[%zu]", i);
-        kf_status_t st = kf_check_identifier(field, req->workflows[i], KF_WORKFLOW_BYTES_MAX, true, err);
+        kf_status_t st =
+            kf_check_identifier(field, req->workflows[i], KF_WORKFLOW_BYTES_MAX, true, err);
         if (st != KF_OK) {
             return st;
         }
@@ -525,7 +529,8 @@ static kf_status_t check_workflows(const Keyflow__V1__PollRunsRequest *req, kf_e
     return KF_OK;
 }
 
-static kf_status_t check_range(kf_error_t *err, const char *field, int64_t v, int64_t lo, int64_t hi) {
+static kf_status_t check_range(kf_error_t *err, const char *field, int64_t v, int64_t lo,
+                               int64_t hi) {
     if (v < lo || v > hi) {
         return kf_error_set(err, KF_E_INVALID, "%s: must be in %lld..%lld, got %lld", field,
                             (long long)lo, (long long)hi, (long long)v);
@@ -537,10 +542,12 @@ void kf_runs_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__PollRunsRequest *req = (const Keyflow__V1__PollRunsRequest *)cmd->request;
     kf_error_t *err = &cmd->error;
     if (check_workflows(req, err) != KF_OK ||
-        kf_check_identifier("worker_id", req->worker_id, KF_WORKER_ID_BYTES_MAX, true, err) != KF_OK ||
+        kf_check_identifier("worker_id", req->worker_id, KF_WORKER_ID_BYTES_MAX, true, err) !=
+            KF_OK ||
         (req->lease_ms != 0 &&
          check_range(err, "lease_ms", req->lease_ms, KF_LEASE_MS_MIN, KF_LEASE_MS_MAX) != KF_OK) ||
-        (req->max_runs != 0 && check_range(err, "max_runs", req->max_runs, 1, KF_POLL_RUNS_MAX) != KF_OK) ||
+        (req->max_runs != 0 &&
+         check_range(err, "max_runs", req->max_runs, 1, KF_POLL_RUNS_MAX) != KF_OK) ||
         check_range(err, "wait_ms", req->wait_ms, 0, KF_POLL_WAIT_MS_MAX) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
@@ -557,7 +564,8 @@ void kf_runs_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     }
     if (rs->polls >= KF_PARKED_POLLS_MAX) {
         cmd->response = NULL;
-        kf_error_set(err, KF_E_LIMIT, "PollRuns: %d long polls already waiting (KF_PARKED_POLLS_MAX)",
+        kf_error_set(err, KF_E_LIMIT,
+                     "PollRuns: %d long polls already waiting (KF_PARKED_POLLS_MAX)",
                      KF_PARKED_POLLS_MAX);
         kf_ctx_fail(ctx, cmd);
         return;
@@ -578,13 +586,15 @@ void kf_runs_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     publish(rs);
 }
 
-static kf_status_t check_run_ref(const char *run_id, const char *lease, bool need_lease, kf_error_t *err) {
+static kf_status_t check_run_ref(const char *run_id, const char *lease, bool need_lease,
+                                 kf_error_t *err) {
     kf_status_t st = kf_check_identifier("run_id", run_id, KF_RUN_ID_BYTES_MAX, true, err);
     if (st != KF_OK) {
         return st;
     }
     if (need_lease && strlen(lease) != KF_LEASE_BYTES) {
-        return kf_error_set(err, KF_E_INVALID, "lease: required, the %d-character token PollRuns returned",
+        return kf_error_set(err, KF_E_INVALID,
+                            "lease: required, the %d-character token PollRuns returned",
                             KF_LEASE_BYTES);
     }
     return KF_OK;
@@ -601,7 +611,8 @@ static const char *status_word(int status) {
 }
 
 void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    const Keyflow__V1__HeartbeatRunRequest *req = (const Keyflow__V1__HeartbeatRunRequest *)cmd->request;
+    const Keyflow__V1__HeartbeatRunRequest *req =
+        (const Keyflow__V1__HeartbeatRunRequest *)cmd->request;
     kf_error_t *err = &cmd->error;
     if (check_run_ref(req->run_id, req->lease, true, err) != KF_OK ||
         (req->lease_ms != 0 &&
@@ -616,7 +627,8 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             if (rec == NULL) {
                 kf_error_set(err, KF_E_NOT_FOUND, "run_id: no run %s", req->run_id);
             } else {
-                kf_error_set(err, KF_E_PRECONDITION, "run %s is %s", req->run_id, status_word(rec->status));
+                kf_error_set(err, KF_E_PRECONDITION, "run %s is %s", req->run_id,
+                             status_word(rec->status));
                 keyflow__records__run_rec__free_unpacked(rec, NULL);
             }
         }
@@ -626,7 +638,8 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (r->status != ST_LEASED || strcmp(r->lease, req->lease) != 0 ||
         ctx->now_ms >= r->lease_expires_ms) {
         kf_error_set(err, KF_E_PRECONDITION,
-                     "lease: does not hold run %s (it is %s; the lease expired or belongs to another attempt)",
+                     "lease: does not hold run %s (it is %s; the lease expired or belongs to "
+                     "another attempt)",
                      req->run_id, status_word(r->status));
         kf_ctx_fail(ctx, cmd);
         return;
@@ -655,8 +668,9 @@ static kf_status_t check_outcome(const Keyflow__V1__CompleteRunRequest *req, kf_
             json_error_t jerr;
             json_t *v = json_loadb(req->result_json, len, JSON_DECODE_ANY, &jerr);
             if (v == NULL) {
-                return kf_error_set(err, KF_E_INVALID, "result: not valid JSON: %s (line %d, column %d)",
-                                    jerr.text, jerr.line, jerr.column);
+                return kf_error_set(err, KF_E_INVALID,
+                                    "result: not valid JSON: %s (line %d, column %d)", jerr.text,
+                                    jerr.line, jerr.column);
             }
             json_decref(v);
         }
@@ -680,8 +694,10 @@ static kf_status_t check_outcome(const Keyflow__V1__CompleteRunRequest *req, kf_
  * same kind of outcome is a retry (OK, already_finished); anything else is
  * FAILED_PRECONDITION. */
 static void complete_finished(kf_ctx_t *ctx, kf_cmd_t *cmd, const Keyflow__Records__RunRec *rec) {
-    const Keyflow__V1__CompleteRunRequest *req = (const Keyflow__V1__CompleteRunRequest *)cmd->request;
-    bool wants_success = req->outcome_case == KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_RESULT_JSON;
+    const Keyflow__V1__CompleteRunRequest *req =
+        (const Keyflow__V1__CompleteRunRequest *)cmd->request;
+    bool wants_success =
+        req->outcome_case == KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_RESULT_JSON;
     bool finished = rec->status == ST_COMPLETED || rec->status == ST_FAILED;
     if (finished && strcmp(rec->lease, req->lease) == 0 &&
         (rec->status == ST_COMPLETED) == wants_success) {
@@ -693,16 +709,19 @@ static void complete_finished(kf_ctx_t *ctx, kf_cmd_t *cmd, const Keyflow__Recor
         kf_ctx_ready(ctx, cmd);
         return;
     }
-    kf_error_set(&cmd->error, KF_E_PRECONDITION,
-                 "lease: does not hold run %s (it is %s; the lease expired or belongs to another attempt)",
-                 rec->run_id, status_word(rec->status));
+    kf_error_set(
+        &cmd->error, KF_E_PRECONDITION,
+        "lease: does not hold run %s (it is %s; the lease expired or belongs to another attempt)",
+        rec->run_id, status_word(rec->status));
     kf_ctx_fail(ctx, cmd);
 }
 
 void kf_runs_complete(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    const Keyflow__V1__CompleteRunRequest *req = (const Keyflow__V1__CompleteRunRequest *)cmd->request;
+    const Keyflow__V1__CompleteRunRequest *req =
+        (const Keyflow__V1__CompleteRunRequest *)cmd->request;
     kf_error_t *err = &cmd->error;
-    if (check_run_ref(req->run_id, req->lease, true, err) != KF_OK || check_outcome(req, err) != KF_OK) {
+    if (check_run_ref(req->run_id, req->lease, true, err) != KF_OK ||
+        check_outcome(req, err) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
@@ -804,8 +823,10 @@ static bool hex_decode(const char *hex, kf_key_t *out) {
 void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__ListRunsRequest *req = (const Keyflow__V1__ListRunsRequest *)cmd->request;
     kf_error_t *err = &cmd->error;
-    if (kf_check_identifier("workflow", req->workflow, KF_WORKFLOW_BYTES_MAX, false, err) != KF_OK ||
-        (req->page_size != 0 && check_range(err, "page_size", req->page_size, 1, KF_LIST_PAGE_MAX) != KF_OK) ||
+    if (kf_check_identifier("workflow", req->workflow, KF_WORKFLOW_BYTES_MAX, false, err) !=
+            KF_OK ||
+        (req->page_size != 0 &&
+         check_range(err, "page_size", req->page_size, 1, KF_LIST_PAGE_MAX) != KF_OK) ||
         check_range(err, "status", req->status, 0, ST_FAILED) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
@@ -929,8 +950,8 @@ void kf_runs_fire(kf_runs_t *rs, kf_ctx_t *ctx, kf_timer_t *timer) {
         kf_counter_add(KF_C_LEASES_EXPIRED, 1);
         if (r->attempts >= attempts_max(ctx)) {
             char msg[160];
-            snprintf(msg, sizeof msg, "lease expired on attempt %lld of %lld", (long long)r->attempts,
-                     (long long)attempts_max(ctx));
+            snprintf(msg, sizeof msg, "lease expired on attempt %lld of %lld",
+                     (long long)r->attempts, (long long)attempts_max(ctx));
             finish_run(rs, ctx, r, ST_FAILED, NULL, msg);
         } else {
             rs->leased--;
@@ -962,8 +983,8 @@ uint32_t kf_runs_sweep(kf_runs_t *rs, kf_ctx_t *ctx, uint32_t limit) {
     kf_key_wakeup(&upper, kf_time_add_sat(ctx->now_ms, 1), KF_WAKEUP_RUN, NULL, 0);
     kf_iter_t *it;
     kf_error_t err;
-    if (kf_iter_create(ctx->store, KF_CF_WAKEUPS, lower.bytes, lower.len, upper.bytes, upper.len, &it,
-                       &err) != KF_OK) {
+    if (kf_iter_create(ctx->store, KF_CF_WAKEUPS, lower.bytes, lower.len, upper.bytes, upper.len,
+                       &it, &err) != KF_OK) {
         return 0;
     }
     if (rs->sweep_started) {
@@ -1030,8 +1051,8 @@ void kf_runs_evict(kf_runs_t *rs, kf_ctx_t *ctx) {
 kf_status_t kf_runs_recover(kf_runs_t *rs, kf_ctx_t *ctx, kf_error_t *err) {
     kf_value_t v;
     bool found;
-    kf_status_t st = kf_store_get(ctx->store, KF_CF_META, run_seq_key, sizeof run_seq_key - 1, &v,
-                                  &found, err);
+    kf_status_t st =
+        kf_store_get(ctx->store, KF_CF_META, run_seq_key, sizeof run_seq_key - 1, &v, &found, err);
     if (st != KF_OK) {
         return st;
     }
@@ -1150,5 +1171,9 @@ void kf_runs_destroy(kf_runs_t *rs) {
     free(rs);
 }
 
-uint64_t kf_runs_pending(const kf_runs_t *rs) { return rs->pending; }
-uint64_t kf_runs_leased(const kf_runs_t *rs) { return rs->leased; }
+uint64_t kf_runs_pending(const kf_runs_t *rs) {
+    return rs->pending;
+}
+uint64_t kf_runs_leased(const kf_runs_t *rs) {
+    return rs->leased;
+}

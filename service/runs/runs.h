@@ -49,7 +49,7 @@ typedef struct kf_run_spec {
     const char *run_id;
     const char *workflow;
     const char *key;
-    int kind;                    /* keyflow.v1.RuleKind */
+    int kind; /* keyflow.v1.RuleKind */
     const char *input;
     size_t input_len;
     int64_t event_count;

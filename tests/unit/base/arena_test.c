@@ -18,7 +18,9 @@
 #include "base/limits.h"
 #include "grpc/health/v1/health.pb-c.h"
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+static bool aligned16(const void *p) {
+    return ((uintptr_t)p & 15u) == 0;
+}
 
 Test(arena, init_defaults_the_limit) {
     kf_arena_t a;

@@ -23,10 +23,8 @@ static void sha256_hex(const void *data, size_t len, char out[KF_SHA256_HEX_BYTE
     kf_hex_encode(digest, sizeof digest, out);
 }
 
-static const char abc_hex[] =
-    "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
-static const char empty_hex[] =
-    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+static const char abc_hex[] = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+static const char empty_hex[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 static const char two_block_hex[] =
     "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1";
 static const char million_a_hex[] =

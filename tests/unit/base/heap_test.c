@@ -155,8 +155,7 @@ Test(heap, extreme_and_negative_due_times) {
     }
     for (int i = 0; i < 7; i++) {
         kf_timer_t *got = pop(&heap);
-        cr_assert_eq(got, &t[expected[i]], "position %d: got due %lld", i,
-                     (long long)got->due_ms);
+        cr_assert_eq(got, &t[expected[i]], "position %d: got due %lld", i, (long long)got->due_ms);
     }
     kf_heap_deinit(&heap);
 }
@@ -222,8 +221,8 @@ static int model_min(const model_t *m) {
     return best;
 }
 
-static void check_against_model(const kf_heap_t *heap, const kf_timer_t *timers,
-                                 const model_t *m, uint64_t seed, int step) {
+static void check_against_model(const kf_heap_t *heap, const kf_timer_t *timers, const model_t *m,
+                                uint64_t seed, int step) {
     cr_assert(kf_heap_valid(heap), "seed %llu step %d: heap invalid", (unsigned long long)seed,
               step);
     cr_assert_eq(kf_heap_count(heap), m->count, "seed %llu step %d: count %u, model %u",

@@ -24,7 +24,9 @@ typedef struct entry {
     int visits;
 } entry_t;
 
-static entry_t *entry_of(kf_map_node_t *n) { return KF_CONTAINER_OF(n, entry_t, node); }
+static entry_t *entry_of(kf_map_node_t *n) {
+    return KF_CONTAINER_OF(n, entry_t, node);
+}
 
 static void entry_set(entry_t *e, int i) {
     int n = snprintf(e->key, sizeof e->key, "key-%d", i);
@@ -167,8 +169,7 @@ Test(map, growth_keeps_every_entry) {
         kf_map_insert(&map, &e[i].node, e[i].key, e[i].key_len);
         cr_assert_eq(map.count, (size_t)i + 1);
         cr_assert_geq(map.bucket_count, map.count, "load factor above 1");
-        cr_assert_eq(map.bucket_count & (map.bucket_count - 1), 0, "%zu buckets",
-                     map.bucket_count);
+        cr_assert_eq(map.bucket_count & (map.bucket_count - 1), 0, "%zu buckets", map.bucket_count);
     }
     for (int i = 0; i < N; i++) {
         char key[24];
@@ -313,8 +314,7 @@ Test(map, random_operations_match_a_model) {
                      "step %d key %d", step, i);
     }
     for (int i = 0; i < N; i++) {
-        cr_assert_eq(lookup(&map, e[i].key, e[i].key_len), present[i] ? &e[i] : NULL, "key %d",
-                     i);
+        cr_assert_eq(lookup(&map, e[i].key, e[i].key_len), present[i] ? &e[i] : NULL, "key %d", i);
     }
     kf_map_deinit(&map);
     free(present);

@@ -24,7 +24,7 @@
 /* ---- a validator for the Prometheus text format ----------------------- */
 
 #define FAMILIES_MAX 64
-#define NAME_BYTES 128
+#define NAME_BYTES   128
 #define LABELS_BYTES 256
 
 typedef struct family {
@@ -37,7 +37,7 @@ typedef struct family {
 
 typedef struct series {
     char family[NAME_BYTES];
-    char labels[LABELS_BYTES];     /* without le */
+    char labels[LABELS_BYTES]; /* without le */
     double last_le;
     double last_count;
     int buckets;
@@ -135,8 +135,8 @@ static bool parse_value(const char *s, double *out) {
 
 /* Parses {a="x",b="y"}; copies every label but le into other (as rendered),
  * and le's value into le (empty when absent). */
-static void parse_labels(const char **p, const char *line, char *other, size_t other_cap,
-                         char *le, size_t le_cap) {
+static void parse_labels(const char **p, const char *line, char *other, size_t other_cap, char *le,
+                         size_t le_cap) {
     size_t used = 0;
     other[0] = '\0';
     le[0] = '\0';
@@ -162,8 +162,8 @@ static void parse_labels(const char **p, const char *line, char *other, size_t o
             cr_assert_neq(**p, '\0', "unterminated label value in: %s", line);
             cr_assert_neq(**p, '\n', "newline in label value in: %s", line);
             if (**p == '\\') {
-                cr_assert((*p)[1] == '\\' || (*p)[1] == '"' || (*p)[1] == 'n',
-                          "bad escape in: %s", line);
+                cr_assert((*p)[1] == '\\' || (*p)[1] == '"' || (*p)[1] == 'n', "bad escape in: %s",
+                          line);
                 value[v++] = (*p)[0];
                 (*p)++;
             }
@@ -178,8 +178,8 @@ static void parse_labels(const char **p, const char *line, char *other, size_t o
             cr_assert_lt(value_len, le_cap, "le label too long: %s", value);
             memcpy(le, value, value_len + 1);
         } else {
-            int w = snprintf(other + used, other_cap - used, "%s%s=\"%s\"", used ? "," : "",
-                             lname, value);
+            int w = snprintf(other + used, other_cap - used, "%s%s=\"%s\"", used ? "," : "", lname,
+                             value);
             cr_assert(w > 0 && (size_t)w < other_cap - used);
             used += (size_t)w;
         }
@@ -330,8 +330,7 @@ static void validate(const char *text, size_t len, exposition_t *e) {
     for (int i = 0; i < e->series_count; i++) {
         series_t *s = &e->series[i];
         cr_assert(s->saw_inf, "%s{%s} has no le=\"+Inf\" bucket", s->family, s->labels);
-        cr_assert(s->has_sum && s->has_count, "%s{%s} lacks _sum or _count", s->family,
-                  s->labels);
+        cr_assert(s->has_sum && s->has_count, "%s{%s} lacks _sum or _count", s->family, s->labels);
         cr_assert_eq(s->inf_count, s->count, "%s{%s}: +Inf bucket %g but _count %g", s->family,
                      s->labels, s->inf_count, s->count);
     }
@@ -447,8 +446,7 @@ Test(metrics, histogram_buckets_are_cumulative) {
     } want[] = {{"1", 2}, {"2", 3}, {"4", 5}, {"8", 5}, {"4096", 5}, {"+Inf", 6}};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         snprintf(series, sizeof series, "%s_bucket{le=\"%s\"}", h, want[i].le);
-        cr_assert_eq(sample(text, series), want[i].count, "%s = %g", series,
-                     sample(text, series));
+        cr_assert_eq(sample(text, series), want[i].count, "%s = %g", series, sample(text, series));
     }
     snprintf(series, sizeof series, "%s_count", h);
     cr_assert_eq(sample(text, series), 6);
@@ -507,8 +505,8 @@ static void check_buckets_match_labels(const char *text, const char *name, const
         for (size_t i = 0; i < count; i++) {
             want += values[i] <= bound ? 1 : 0;
         }
-        cr_assert_eq(got, want, "%s le=\"%s\": bucket holds %g observations, %g are <= %s",
-                     name, le, got, want, le);
+        cr_assert_eq(got, want, "%s le=\"%s\": bucket holds %g observations, %g are <= %s", name,
+                     le, got, want, le);
         buckets++;
     }
     cr_assert_gt(buckets, 1, "no buckets for %s", name);

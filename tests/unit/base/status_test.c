@@ -32,8 +32,7 @@ Test(status, every_status_has_a_name_text_and_codes) {
         cr_assert(grpc >= 0 && grpc <= 16, "%s: gRPC code %d out of range", name, grpc);
         cr_assert(http >= 100 && http <= 599, "%s: HTTP status %d out of range", name, http);
         for (const char *p = grpc_name; *p != '\0'; p++) {
-            cr_assert(isupper((unsigned char)*p) || *p == '_', "%s: gRPC name %s", name,
-                      grpc_name);
+            cr_assert(isupper((unsigned char)*p) || *p == '_', "%s: gRPC name %s", name, grpc_name);
         }
     }
 }

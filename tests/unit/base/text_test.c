@@ -22,7 +22,8 @@ typedef struct sample {
     const char *what;
 } sample_t;
 
-#define S(lit, what) {lit, sizeof(lit) - 1, what}
+#define S(lit, what)                                                                               \
+    { lit, sizeof(lit) - 1, what }
 
 static char *show(const sample_t *s, char *buf, size_t cap) {
     size_t used = 0;
@@ -200,13 +201,13 @@ Test(identifier, length_limit_is_in_bytes) {
 }
 
 Test(identifier, bad_bytes_are_invalid_and_named) {
-    static const char *const bad[] = {"a\nb", "\xc0\xaf", "\xed\xa0\x80", "tab\there", "\xff",
-                                      "cut\xe2\x82"};
+    static const char *const bad[] = {"a\nb",      "\xc0\xaf", "\xed\xa0\x80",
+                                      "tab\there", "\xff",     "cut\xe2\x82"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kf_error_t err;
         kf_error_clear(&err);
-        kf_status_t st = kf_check_identifier("worker_id", bad[i], KF_WORKER_ID_BYTES_MAX, true,
-                                             &err);
+        kf_status_t st =
+            kf_check_identifier("worker_id", bad[i], KF_WORKER_ID_BYTES_MAX, true, &err);
         cr_assert_eq(st, KF_E_INVALID, "sample %zu: got %s", i, kf_status_name(st));
         cr_assert_eq(err.status, KF_E_INVALID);
         cr_assert_not_null(strstr(err.message, "worker_id"), "message '%s'", err.message);

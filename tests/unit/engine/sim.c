@@ -16,7 +16,9 @@ static void recover(sim_t *sim) {
     kf_core_begin(sim->core, sim->batch, ++sim->group, sim->now_ms);
 }
 
-void sim_open(sim_t *sim, uint64_t seed) { sim_open_plugins(sim, seed, NULL); }
+void sim_open(sim_t *sim, uint64_t seed) {
+    sim_open_plugins(sim, seed, NULL);
+}
 
 void sim_open_plugins(sim_t *sim, uint64_t seed, const char *plugin_dir) {
     memset(sim, 0, sizeof *sim);
@@ -88,7 +90,12 @@ kf_cmd_t *sim_exec(sim_t *sim, kf_op_t op, const ProtobufCMessage *request) {
     return cmd;
 }
 
-#define NEW(T, init) ({ T *p_ = kf_arena_zalloc(&sim->arena, sizeof(T)); init(p_); p_; })
+#define NEW(T, init)                                                                               \
+    ({                                                                                             \
+        T *p_ = kf_arena_zalloc(&sim->arena, sizeof(T));                                           \
+        init(p_);                                                                                  \
+        p_;                                                                                        \
+    })
 
 Keyflow__V1__Rule *sim_debounce(sim_t *sim, int64_t window_ms, int64_t max_wait_ms) {
     Keyflow__V1__Rule *r = NEW(Keyflow__V1__Rule, keyflow__v1__rule__init);
@@ -184,7 +191,8 @@ kf_cmd_t *sim_complete(sim_t *sim, const char *run_id, const char *lease, const 
 }
 
 kf_cmd_t *sim_get(sim_t *sim, const char *run_id) {
-    Keyflow__V1__GetRunRequest *req = NEW(Keyflow__V1__GetRunRequest, keyflow__v1__get_run_request__init);
+    Keyflow__V1__GetRunRequest *req =
+        NEW(Keyflow__V1__GetRunRequest, keyflow__v1__get_run_request__init);
     req->run_id = kf_arena_strdup(&sim->arena, run_id);
     return sim_exec(sim, KF_OP_GET_RUN, &req->base);
 }

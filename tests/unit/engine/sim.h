@@ -25,7 +25,7 @@ typedef struct sim {
     int64_t now_ms;
     uint64_t group;
     kf_batch_t *batch;
-    kf_arena_t arena;            /* requests and responses of the test */
+    kf_arena_t arena; /* requests and responses of the test */
     uint64_t seed;
 } sim_t;
 
@@ -59,9 +59,9 @@ kf_cmd_t *sim_complete(sim_t *sim, const char *run_id, const char *lease, const 
 kf_cmd_t *sim_get(sim_t *sim, const char *run_id);
 
 /* Shorthands for responses. */
-#define SEND_RESP(cmd) ((Keyflow__V1__SendEventResponse *)(cmd)->response)
+#define SEND_RESP(cmd)     ((Keyflow__V1__SendEventResponse *)(cmd)->response)
 #define DESCRIBE_RESP(cmd) ((Keyflow__V1__DescribeCoordinatorResponse *)(cmd)->response)
-#define POLL_RESP(cmd) ((Keyflow__V1__PollRunsResponse *)(cmd)->response)
-#define RUN_RESP(cmd) ((Keyflow__V1__Run *)(cmd)->response)
+#define POLL_RESP(cmd)     ((Keyflow__V1__PollRunsResponse *)(cmd)->response)
+#define RUN_RESP(cmd)      ((Keyflow__V1__Run *)(cmd)->response)
 
 #endif

@@ -12,8 +12,12 @@
 #include "sim.h"
 
 static sim_t sim;
-static void setup(void) { sim_open(&sim, 42); }
-static void teardown(void) { sim_close(&sim); }
+static void setup(void) {
+    sim_open(&sim, 42);
+}
+static void teardown(void) {
+    sim_close(&sim);
+}
 
 TestSuite(coordinators, .init = setup, .fini = teardown, .timeout = 60);
 
@@ -165,14 +169,16 @@ Test(coordinators, continue_as_new_keeps_state_across_compaction_and_crash) {
         snprintf(input, sizeof input, "%d", i);
         run_id_of(sim_send(&sim, "wf", "k", NULL, rule, input));
     }
-    Keyflow__V1__DescribeCoordinatorResponse *before = DESCRIBE_RESP(sim_describe(&sim, 'b', "wf", "k"));
+    Keyflow__V1__DescribeCoordinatorResponse *before =
+        DESCRIBE_RESP(sim_describe(&sim, 'b', "wf", "k"));
     cr_assert_eq(before->compactions, 2);
     cr_assert_eq(before->journal_seq, n);
     cr_assert_eq(before->journal_length, n - 2 * KF_JOURNAL_ENTRIES_MAX);
     cr_assert_eq(before->n_journal, (size_t)before->journal_length, "only live entries are stored");
     cr_assert_eq(before->window->event_count, n);
     sim_crash(&sim);
-    Keyflow__V1__DescribeCoordinatorResponse *after = DESCRIBE_RESP(sim_describe(&sim, 'b', "wf", "k"));
+    Keyflow__V1__DescribeCoordinatorResponse *after =
+        DESCRIBE_RESP(sim_describe(&sim, 'b', "wf", "k"));
     cr_assert_str_eq(after->window->run_id, before->window->run_id);
     cr_assert_eq(after->window->event_count, n);
     cr_assert_eq(after->window->due_ms, before->window->due_ms);
@@ -224,7 +230,8 @@ Test(coordinators, crash_loses_only_the_unsynced_group) {
 
 Test(coordinators, overdue_window_closes_at_once_after_restart_and_never_twice) {
     int64_t t0 = sim.now_ms;
-    const char *run_id = run_id_of(sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 100, -1), "7"));
+    const char *run_id =
+        run_id_of(sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 100, -1), "7"));
     sim_crash(&sim);
     sim.now_ms = t0 + 5000; /* down while it fell due */
     sim_crash(&sim);
@@ -296,7 +303,8 @@ static void expect_invalid(kf_cmd_t *cmd, kf_status_t status, const char *field)
 
 Test(coordinators, bad_input_is_refused_naming_the_field_and_changes_nothing) {
     uint64_t writes = kf_memdisk_writes(sim.disk);
-    expect_invalid(sim_send(&sim, "wf", "", NULL, sim_debounce(&sim, 100, -1), "1"), KF_E_INVALID, "key");
+    expect_invalid(sim_send(&sim, "wf", "", NULL, sim_debounce(&sim, 100, -1), "1"), KF_E_INVALID,
+                   "key");
     expect_invalid(sim_send(&sim, "", "k", NULL, sim_debounce(&sim, 100, -1), "1"), KF_E_INVALID,
                    "workflow");
     expect_invalid(sim_send(&sim, "wf", "k", NULL, sim_batch(&sim, 0, 100), "1"), KF_E_INVALID,
@@ -305,8 +313,8 @@ Test(coordinators, bad_input_is_refused_naming_the_field_and_changes_nothing) {
                    "event.rule.max_events");
     expect_invalid(sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 0, -1), "1"), KF_E_INVALID,
                    "event.rule.window_ms");
-    expect_invalid(sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 100, -1), "{nope"), KF_E_INVALID,
-                   "event.input");
+    expect_invalid(sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 100, -1), "{nope"),
+                   KF_E_INVALID, "event.input");
     expect_invalid(sim_send(&sim, "wf", "k", NULL, NULL, "1"), KF_E_INVALID, "event.rule");
     Keyflow__V1__Rule *unknown = sim_debounce(&sim, 100, -1);
     unknown->kind = 7;
@@ -342,7 +350,8 @@ Test(coordinators, a_moved_window_neither_closes_early_nor_late_after_a_crash) {
     /* The stored wake-up may stay at the first due time while events move
      * the window later; after a restart it fires early and must re-arm. */
     int64_t t0 = sim.now_ms;
-    const char *run_id = run_id_of(sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 100, -1), "1"));
+    const char *run_id =
+        run_id_of(sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 100, -1), "1"));
     sim_advance(&sim, t0 + 60);
     run_id_of(sim_send(&sim, "wf", "k", NULL, sim_debounce(&sim, 100, -1), "2"));
     sim_advance(&sim, t0 + 120);

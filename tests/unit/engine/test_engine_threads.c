@@ -131,7 +131,8 @@ Test(engine_threads, failed_sync_stops_without_acknowledging, .timeout = 30) {
     cr_assert(kf_engine_failed(engine));
     static req_slot_t later;
     fill(&later, 2);
-    cr_assert_eq(kf_engine_submit(engine, &later.cmd), KF_E_UNAVAILABLE, "no new work after a failure");
+    cr_assert_eq(kf_engine_submit(engine, &later.cmd), KF_E_UNAVAILABLE,
+                 "no new work after a failure");
     kf_engine_stop(engine);
     pthread_mutex_lock(&w.lock);
     int done = w.done;

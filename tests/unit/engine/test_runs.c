@@ -14,7 +14,9 @@ static void setup(void) {
     sim.config.run_attempts_max = 2;
     sim.config.run_retention_ms = 10000;
 }
-static void teardown(void) { sim_close(&sim); }
+static void teardown(void) {
+    sim_close(&sim);
+}
 
 TestSuite(runs, .init = setup, .fini = teardown, .timeout = 60);
 
@@ -37,7 +39,8 @@ Test(runs, lease_expiry_requeues_then_fails_after_max_attempts) {
     cr_assert_eq(r1->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_LEASED);
     cr_assert_eq(strlen(r1->lease), 36);
     cr_assert_eq(r1->lease_expires_ms, t0 + 1000);
-    cr_assert_eq(POLL_RESP(sim_poll(&sim, "wf", 1000, 1, 0))->n_runs, 0, "leased runs are not handed out");
+    cr_assert_eq(POLL_RESP(sim_poll(&sim, "wf", 1000, 1, 0))->n_runs, 0,
+                 "leased runs are not handed out");
 
     sim_advance(&sim, t0 + 1000);
     cr_assert_eq(RUN_RESP(sim_get(&sim, id))->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_PENDING);
@@ -84,7 +87,8 @@ Test(runs, complete_then_retry_is_idempotent_and_other_outcomes_refused) {
     again = sim_complete(&sim, id, r->lease, "{\"done\":true}", NULL);
     cr_assert_eq(again->error.status, KF_OK, "%s", again->error.message);
     cr_assert(((Keyflow__V1__CompleteRunResponse *)again->response)->already_finished);
-    cr_assert_eq(RUN_RESP(sim_get(&sim, id))->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_COMPLETED);
+    cr_assert_eq(RUN_RESP(sim_get(&sim, id))->status,
+                 KEYFLOW__V1__RUN_STATUS__RUN_STATUS_COMPLETED);
 }
 
 Test(runs, error_completion_fails_the_run) {
@@ -171,7 +175,8 @@ Test(runs, list_pages_through_runs_with_a_status_filter) {
     req.page_token = "";
     req.page_size = 100;
     req.status = KEYFLOW__V1__RUN_STATUS__RUN_STATUS_PENDING;
-    Keyflow__V1__ListRunsResponse *pending = (Keyflow__V1__ListRunsResponse *)sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->response;
+    Keyflow__V1__ListRunsResponse *pending =
+        (Keyflow__V1__ListRunsResponse *)sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->response;
     cr_assert_eq(pending->n_runs, 3);
     cr_assert_str_eq(pending->runs[0]->run_id, ids[2]);
     req.page_token = "zz";
@@ -191,7 +196,10 @@ Test(runs, finished_runs_are_deleted_after_retention) {
     kf_cmd_t *g = sim_get(&sim, id);
     cr_assert_eq(g->error.status, KF_E_NOT_FOUND, "%s", g->error.message);
     Keyflow__V1__ListRunsRequest req = KEYFLOW__V1__LIST_RUNS_REQUEST__INIT;
-    cr_assert_eq(((Keyflow__V1__ListRunsResponse *)sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->response)->n_runs, 0);
+    cr_assert_eq(
+        ((Keyflow__V1__ListRunsResponse *)sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->response)
+            ->n_runs,
+        0);
 }
 
 Test(runs, leased_runs_survive_a_crash_with_their_lease) {

@@ -20,13 +20,15 @@ static int emit(const kf_host_t *h, kf_call_t *call, uint32_t i, const kf_activa
     return h->row_end(call);
 }
 
-static int invoke(const kf_host_t *h, kf_call_t *call, const kf_activation_t *acts, uint32_t count) {
+static int invoke(const kf_host_t *h, kf_call_t *call, const kf_activation_t *acts,
+                  uint32_t count) {
     int mode_col = h->input_column(call, "mode");
     int amount_col = h->input_column(call, "amount");
     for (uint32_t i = 0; i < count; i++) {
         const kf_activation_t *a = &acts[i];
         if (a->callback == KF_CALLBACK_TIMER) {
-            emit(h, call, i, a, a->event_time_us, a->state_kind == KF_STATE_VALUE ? a->state_value : -1);
+            emit(h, call, i, a, a->event_time_us,
+                 a->state_kind == KF_STATE_VALUE ? a->state_value : -1);
             continue;
         }
         size_t len;

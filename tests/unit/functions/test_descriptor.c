@@ -15,7 +15,8 @@ static Keyflow__V1__Field *in_ptrs[4], *out_ptrs[4];
 static char *keys[2] = {"user", "ts"};
 static char *timers[3] = {"idle", "flush", "idle"};
 
-static void field(Keyflow__V1__Field *f, const char *name, Keyflow__V1__FieldType t, bool nullable) {
+static void field(Keyflow__V1__Field *f, const char *name, Keyflow__V1__FieldType t,
+                  bool nullable) {
     keyflow__v1__field__init(f);
     f->name = (char *)name;
     f->type = t;
@@ -57,7 +58,9 @@ static void setup(void) {
     d.timer_names = timers;
 }
 
-static void teardown(void) { kf_arena_deinit(&arena); }
+static void teardown(void) {
+    kf_arena_deinit(&arena);
+}
 
 TestSuite(descriptor, .init = setup, .fini = teardown);
 
@@ -182,7 +185,8 @@ Test(descriptor, timer_names_are_unique) {
 Test(descriptor, zero_or_oversized_limits_are_refused) {
     Keyflow__V1__FunctionLimits l = KEYFLOW__V1__FUNCTION_LIMITS__INIT;
     d.limits = &l;
-    l.max_batch_rows_present_case = KEYFLOW__V1__FUNCTION_LIMITS__MAX_BATCH_ROWS_PRESENT_MAX_BATCH_ROWS;
+    l.max_batch_rows_present_case =
+        KEYFLOW__V1__FUNCTION_LIMITS__MAX_BATCH_ROWS_PRESENT_MAX_BATCH_ROWS;
     l.max_batch_rows = 0;
     expect_error("descriptor.limits.max_batch_rows");
     l.max_batch_rows = 5000;

@@ -24,7 +24,9 @@ static void setup(void) {
     cr_assert_eq(kf_sha256_file(KF_TEST_MISBEHAVING, d, &err), KF_OK, "%s", err.message);
     kf_hex_encode(d, sizeof d, digest);
 }
-static void teardown(void) { sim_close(&sim); }
+static void teardown(void) {
+    sim_close(&sim);
+}
 
 TestSuite(functions, .init = setup, .fini = teardown, .timeout = 60);
 
@@ -103,7 +105,8 @@ static kf_cmd_t *push(const char *producer, int64_t seq, const char *rows, int64
         req->rows_json = kf_arena_strdup(&sim.arena, rows);
     }
     if (watermark != INT64_MIN) {
-        req->watermark_present_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
+        req->watermark_present_case =
+            KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
         req->watermark_us = watermark;
     }
     return sim_exec(&sim, KF_OP_PUSH_BATCH, &req->base);
@@ -148,18 +151,21 @@ static int64_t out_int(json_t *rows, size_t i, const char *col) {
     return strtoll(json_string_value(v), NULL, 10);
 }
 
-#define ROW(k, ts, mode, amount) "{\"k\":\"" k "\",\"ts\":" #ts ",\"mode\":\"" mode "\",\"amount\":" #amount "}"
+#define ROW(k, ts, mode, amount)                                                                   \
+    "{\"k\":\"" k "\",\"ts\":" #ts ",\"mode\":\"" mode "\",\"amount\":" #amount "}"
 
 Test(functions, registration_is_idempotent_and_refuses_changes) {
     kf_cmd_t *a = register_fn(descriptor("f", "f.v1"));
     cr_assert_eq(a->error.status, KF_OK, "%s", a->error.message);
-    Keyflow__V1__RegisterFunctionResponse *ra = (Keyflow__V1__RegisterFunctionResponse *)a->response;
+    Keyflow__V1__RegisterFunctionResponse *ra =
+        (Keyflow__V1__RegisterFunctionResponse *)a->response;
     cr_assert(ra->function->available, "%s", ra->function->unavailable_reason);
     cr_assert_eq(strlen(ra->function->descriptor_sha256), 64);
     cr_assert_not(ra->already_registered);
     kf_cmd_t *b = register_fn(descriptor("f", "f.v1"));
     cr_assert_eq(b->error.status, KF_OK);
-    Keyflow__V1__RegisterFunctionResponse *rb = (Keyflow__V1__RegisterFunctionResponse *)b->response;
+    Keyflow__V1__RegisterFunctionResponse *rb =
+        (Keyflow__V1__RegisterFunctionResponse *)b->response;
     cr_assert(rb->already_registered);
     cr_assert_str_eq(rb->function->descriptor_sha256, ra->function->descriptor_sha256);
     Keyflow__V1__FunctionDescriptor *changed = descriptor("f", "f.v1");
@@ -171,7 +177,8 @@ Test(functions, registration_is_idempotent_and_refuses_changes) {
     cr_assert_eq(d->error.status, KF_E_EXISTS);
     cr_assert(strstr(d->error.message, "pipeline_state_id") != NULL, "%s", d->error.message);
     Keyflow__V1__FunctionDescriptor *missing = descriptor("h", "h.v1");
-    missing->implementation_digest = "1111111111111111111111111111111111111111111111111111111111111111";
+    missing->implementation_digest =
+        "1111111111111111111111111111111111111111111111111111111111111111";
     kf_cmd_t *e = register_fn(missing);
     cr_assert_eq(e->error.status, KF_E_PRECONDITION);
     cr_assert(strstr(e->error.message, "implementation_digest") != NULL, "%s", e->error.message);
@@ -205,12 +212,14 @@ static void expect_refused(const char *mode, kf_status_t status, const char *wor
     /* The bad row is a's second row, so it lands in a second handler call:
      * the first call (a=9, c=4) was applied and must be rolled back. */
     snprintf(rows, sizeof rows,
-             "[" ROW("a", 20, "ok", 9) "," ROW("c", 20, "ok", 4) ",{\"k\":\"a\",\"ts\":30,\"mode\":\"%s\",\"amount\":1}]",
+             "[" ROW("a", 20, "ok", 9) "," ROW(
+                 "c", 20, "ok", 4) ",{\"k\":\"a\",\"ts\":30,\"mode\":\"%s\",\"amount\":1}]",
              mode);
     kf_cmd_t *c = push("p", 2, rows, 500);
     cr_assert_eq(c->error.status, status, "%s: got %s: %s", mode, kf_status_name(c->error.status),
                  c->error.message);
-    cr_assert(strstr(c->error.message, words) != NULL, "'%s' should say '%s'", c->error.message, words);
+    cr_assert(strstr(c->error.message, words) != NULL, "'%s' should say '%s'", c->error.message,
+              words);
     cr_assert_eq(kf_memdisk_writes(sim.disk), writes, "nothing was written");
     cr_assert_eq(state_of("a")->value, 5, "the good rows of the refused batch were rolled back");
     cr_assert_eq(state_of("c")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
@@ -222,7 +231,8 @@ static void expect_refused(const char *mode, kf_status_t status, const char *wor
     json_decref(rows_out);
     Keyflow__V1__GetFunctionRequest g = KEYFLOW__V1__GET_FUNCTION_REQUEST__INIT;
     g.function_id = "f";
-    Keyflow__V1__FunctionInfo *info = (Keyflow__V1__FunctionInfo *)sim_exec(&sim, KF_OP_GET_FUNCTION, &g.base)->response;
+    Keyflow__V1__FunctionInfo *info =
+        (Keyflow__V1__FunctionInfo *)sim_exec(&sim, KF_OP_GET_FUNCTION, &g.base)->response;
     cr_assert_eq(info->watermark_us, 100, "the watermark did not move");
     /* The sequence was not consumed: the same sequence now succeeds. */
     Keyflow__V1__PushBatchResponse *ok = push_ok(2, "[" ROW("a", 20, "ok", 9) "]", INT64_MIN);
@@ -230,16 +240,36 @@ static void expect_refused(const char *mode, kf_status_t status, const char *wor
     cr_assert_eq(state_of("a")->value, 9);
 }
 
-Test(functions, refuses_an_undeclared_timer) { expect_refused("undeclared_timer", KF_E_PRECONDITION, "not declared"); }
-Test(functions, refuses_a_timer_at_the_watermark) { expect_refused("past_timer", KF_E_PRECONDITION, "not after the watermark"); }
-Test(functions, refuses_output_before_the_event_time) { expect_refused("early_output", KF_E_PRECONDITION, "before the activation"); }
-Test(functions, refuses_a_missing_non_nullable_column) { expect_refused("missing_column", KF_E_PRECONDITION, "non-nullable column key"); }
-Test(functions, refuses_two_mutations) { expect_refused("two_mutations", KF_E_PRECONDITION, "already has a state mutation"); }
-Test(functions, refuses_a_wrong_type) { expect_refused("wrong_type", KF_E_PRECONDITION, "not of that type"); }
-Test(functions, refuses_an_unended_row) { expect_refused("unended_row", KF_E_PRECONDITION, "not ended"); }
-Test(functions, refuses_an_unknown_activation) { expect_refused("bad_index", KF_E_PRECONDITION, "activation index"); }
-Test(functions, refuses_a_failed_call) { expect_refused("fail", KF_E_PRECONDITION, "mode fail"); }
-Test(functions, refuses_a_nonzero_return) { expect_refused("return", KF_E_PRECONDITION, "returned 7"); }
+Test(functions, refuses_an_undeclared_timer) {
+    expect_refused("undeclared_timer", KF_E_PRECONDITION, "not declared");
+}
+Test(functions, refuses_a_timer_at_the_watermark) {
+    expect_refused("past_timer", KF_E_PRECONDITION, "not after the watermark");
+}
+Test(functions, refuses_output_before_the_event_time) {
+    expect_refused("early_output", KF_E_PRECONDITION, "before the activation");
+}
+Test(functions, refuses_a_missing_non_nullable_column) {
+    expect_refused("missing_column", KF_E_PRECONDITION, "non-nullable column key");
+}
+Test(functions, refuses_two_mutations) {
+    expect_refused("two_mutations", KF_E_PRECONDITION, "already has a state mutation");
+}
+Test(functions, refuses_a_wrong_type) {
+    expect_refused("wrong_type", KF_E_PRECONDITION, "not of that type");
+}
+Test(functions, refuses_an_unended_row) {
+    expect_refused("unended_row", KF_E_PRECONDITION, "not ended");
+}
+Test(functions, refuses_an_unknown_activation) {
+    expect_refused("bad_index", KF_E_PRECONDITION, "activation index");
+}
+Test(functions, refuses_a_failed_call) {
+    expect_refused("fail", KF_E_PRECONDITION, "mode fail");
+}
+Test(functions, refuses_a_nonzero_return) {
+    expect_refused("return", KF_E_PRECONDITION, "returned 7");
+}
 
 Test(functions, refuses_too_many_output_rows_with_the_limit_named) {
     limits_storage.max_output_rows_present_case =
@@ -257,7 +287,8 @@ Test(functions, refuses_too_many_output_rows_with_the_limit_named) {
 
 Test(functions, a_retry_returns_the_original_ack_and_changes_nothing) {
     register_ok();
-    Keyflow__V1__PushBatchResponse *a = push_ok(1, "[" ROW("a", 10, "ok", 5) "," ROW("b", 10, "ok", 6) "]", INT64_MIN);
+    Keyflow__V1__PushBatchResponse *a =
+        push_ok(1, "[" ROW("a", 10, "ok", 5) "," ROW("b", 10, "ok", 6) "]", INT64_MIN);
     cr_assert_eq(a->rows_accepted, 2);
     cr_assert_eq(a->first_output_seq, 1);
     cr_assert_eq(a->last_output_seq, 2);
@@ -289,14 +320,19 @@ Test(functions, a_retry_returns_the_original_ack_and_changes_nothing) {
 
 Test(functions, rows_of_one_key_take_separate_calls_in_arrival_order) {
     Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
-    d->limits->max_batch_rows_present_case = KEYFLOW__V1__FUNCTION_LIMITS__MAX_BATCH_ROWS_PRESENT_MAX_BATCH_ROWS;
+    d->limits->max_batch_rows_present_case =
+        KEYFLOW__V1__FUNCTION_LIMITS__MAX_BATCH_ROWS_PRESENT_MAX_BATCH_ROWS;
     d->limits->max_batch_rows = 2;
     cr_assert_eq(register_fn(d)->error.status, KF_OK);
-    Keyflow__V1__PushBatchResponse *r = push_ok(1,
-        "[" ROW("a", 1, "ok", 1) "," ROW("b", 2, "ok", 2) "," ROW("c", 3, "ok", 3) "," ROW("d", 4, "ok", 4) "," ROW("e", 5, "ok", 5) "]",
-        INT64_MIN);
+    Keyflow__V1__PushBatchResponse *r =
+        push_ok(1,
+                "[" ROW("a", 1, "ok", 1) "," ROW("b", 2, "ok", 2) "," ROW("c", 3, "ok", 3) "," ROW(
+                    "d", 4, "ok", 4) "," ROW("e", 5, "ok", 5) "]",
+                INT64_MIN);
     cr_assert_eq(r->handler_calls, 3, "5 distinct keys in calls of 2");
-    r = push_ok(2, "[" ROW("a", 1, "ok", 10) "," ROW("a", 2, "ok", 11) "," ROW("a", 3, "ok", 12) "]", INT64_MIN);
+    r = push_ok(2,
+                "[" ROW("a", 1, "ok", 10) "," ROW("a", 2, "ok", 11) "," ROW("a", 3, "ok", 12) "]",
+                INT64_MIN);
     cr_assert_eq(r->handler_calls, 3, "one activation per key per call");
     cr_assert_eq(state_of("a")->value, 12, "the last row wins: arrival order kept");
     json_t *rows = output(5, 100, NULL);
@@ -315,8 +351,11 @@ Test(functions, timers_fire_in_order_when_the_watermark_passes_them) {
     d->limits->max_timer_callbacks_per_step = 2;
     cr_assert_eq(register_fn(d)->error.status, KF_OK);
     /* a@150, b@120, c@150, d@300, e@150 */
-    push_ok(1, "[" ROW("a", 100, "timer", 50) "," ROW("b", 100, "timer", 20) "," ROW("c", 100, "timer", 50) ","
-               ROW("d", 100, "timer", 200) "," ROW("e", 100, "timer", 50) "]", INT64_MIN);
+    push_ok(1,
+            "[" ROW("a", 100, "timer", 50) "," ROW("b", 100, "timer", 20) "," ROW(
+                "c", 100, "timer", 50) "," ROW("d", 100, "timer", 200) "," ROW("e", 100, "timer",
+                                                                               50) "]",
+            INT64_MIN);
     Keyflow__V1__GetKeyStateResponse *b = state_of("b");
     cr_assert_eq(b->n_timers, 1);
     cr_assert_eq(b->timers[0]->at_us, 120);
@@ -329,7 +368,8 @@ Test(functions, timers_fire_in_order_when_the_watermark_passes_them) {
     const char *order[] = {"b", "a", "c", "e"};
     int64_t at[] = {120, 150, 150, 150};
     for (size_t i = 0; i < 4; i++) {
-        cr_assert_str_eq(json_string_value(json_object_get(json_array_get(rows, i), "key")), order[i]);
+        cr_assert_str_eq(json_string_value(json_object_get(json_array_get(rows, i), "key")),
+                         order[i]);
         cr_assert_eq(out_int(rows, i, "ts"), at[i]);
     }
     json_decref(rows);
@@ -348,7 +388,8 @@ Test(functions, timers_fire_in_order_when_the_watermark_passes_them) {
 
 Test(functions, input_must_match_the_schema_and_limits) {
     Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
-    d->limits->max_input_rows_present_case = KEYFLOW__V1__FUNCTION_LIMITS__MAX_INPUT_ROWS_PRESENT_MAX_INPUT_ROWS;
+    d->limits->max_input_rows_present_case =
+        KEYFLOW__V1__FUNCTION_LIMITS__MAX_INPUT_ROWS_PRESENT_MAX_INPUT_ROWS;
     d->limits->max_input_rows = 2;
     cr_assert_eq(register_fn(d)->error.status, KF_OK);
     kf_cmd_t *c = push("p", 1, "[{\"k\":\"a\",\"ts\":1}]", INT64_MIN);
@@ -358,7 +399,8 @@ Test(functions, input_must_match_the_schema_and_limits) {
     cr_assert(strstr(c->error.message, "rows[0].ts") != NULL, "%s", c->error.message);
     c = push("p", 1, "[{\"k\":\"a\",\"ts\":1,\"mode\":\"ok\",\"extra\":1}]", INT64_MIN);
     cr_assert(strstr(c->error.message, "rows[0].extra") != NULL, "%s", c->error.message);
-    c = push("p", 1, "[" ROW("a", 1, "ok", 1) "," ROW("b", 1, "ok", 1) "," ROW("c", 1, "ok", 1) "]", INT64_MIN);
+    c = push("p", 1, "[" ROW("a", 1, "ok", 1) "," ROW("b", 1, "ok", 1) "," ROW("c", 1, "ok", 1) "]",
+             INT64_MIN);
     cr_assert_eq(c->error.status, KF_E_TOO_LARGE);
     cr_assert(strstr(c->error.message, "max_input_rows") != NULL, "%s", c->error.message);
     cr_assert_eq(state_of("a")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
@@ -373,24 +415,35 @@ Test(functions, columnar_batches_are_checked_against_the_schema) {
     req.rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH;
     Keyflow__V1__RowBatch b = KEYFLOW__V1__ROW_BATCH__INIT;
     Keyflow__V1__Column cols[4], *ptrs[4];
-    Keyflow__V1__StringValues keys = KEYFLOW__V1__STRING_VALUES__INIT, modes = KEYFLOW__V1__STRING_VALUES__INIT;
-    Keyflow__V1__Int64Values ts = KEYFLOW__V1__INT64_VALUES__INIT, amounts = KEYFLOW__V1__INT64_VALUES__INIT;
+    Keyflow__V1__StringValues keys = KEYFLOW__V1__STRING_VALUES__INIT,
+                              modes = KEYFLOW__V1__STRING_VALUES__INIT;
+    Keyflow__V1__Int64Values ts = KEYFLOW__V1__INT64_VALUES__INIT,
+                             amounts = KEYFLOW__V1__INT64_VALUES__INIT;
     char *kv[] = {"x", "y"}, *mv[] = {"ok", "ok"};
     int64_t tv[] = {5, 6}, av[] = {40, 2};
     protobuf_c_boolean nulls[] = {0, 1};
-    keys.n_values = 2; keys.values = kv;
-    modes.n_values = 2; modes.values = mv;
-    ts.n_values = 2; ts.values = tv;
-    amounts.n_values = 2; amounts.values = av;
+    keys.n_values = 2;
+    keys.values = kv;
+    modes.n_values = 2;
+    modes.values = mv;
+    ts.n_values = 2;
+    ts.values = tv;
+    amounts.n_values = 2;
+    amounts.values = av;
     for (int i = 0; i < 4; i++) {
         keyflow__v1__column__init(&cols[i]);
         ptrs[i] = &cols[i];
     }
-    cols[0].values_case = KEYFLOW__V1__COLUMN__VALUES_STRINGS; cols[0].strings = &keys;
-    cols[1].values_case = KEYFLOW__V1__COLUMN__VALUES_INT64S; cols[1].int64s = &ts;
-    cols[2].values_case = KEYFLOW__V1__COLUMN__VALUES_STRINGS; cols[2].strings = &modes;
-    cols[3].values_case = KEYFLOW__V1__COLUMN__VALUES_INT64S; cols[3].int64s = &amounts;
-    cols[3].n_nulls = 2; cols[3].nulls = nulls;
+    cols[0].values_case = KEYFLOW__V1__COLUMN__VALUES_STRINGS;
+    cols[0].strings = &keys;
+    cols[1].values_case = KEYFLOW__V1__COLUMN__VALUES_INT64S;
+    cols[1].int64s = &ts;
+    cols[2].values_case = KEYFLOW__V1__COLUMN__VALUES_STRINGS;
+    cols[2].strings = &modes;
+    cols[3].values_case = KEYFLOW__V1__COLUMN__VALUES_INT64S;
+    cols[3].int64s = &amounts;
+    cols[3].n_nulls = 2;
+    cols[3].nulls = nulls;
     b.row_count = 2;
     b.n_columns = 4;
     b.columns = ptrs;
@@ -437,7 +490,8 @@ Test(functions, output_pages_across_chunks) {
     size_t o = 0;
     o += (size_t)snprintf(rows + o, sizeof rows - o, "[");
     for (int i = 0; i < 300; i++) {
-        o += (size_t)snprintf(rows + o, sizeof rows - o, "%s{\"k\":\"k%d\",\"ts\":%d,\"mode\":\"ok\",\"amount\":%d}",
+        o += (size_t)snprintf(rows + o, sizeof rows - o,
+                              "%s{\"k\":\"k%d\",\"ts\":%d,\"mode\":\"ok\",\"amount\":%d}",
                               i ? "," : "", i, i, i);
     }
     snprintf(rows + o, sizeof rows - o, "]");
@@ -495,7 +549,8 @@ Test(functions, calls_answered_later_keep_order_and_atomicity) {
     cr_assert_eq(((Keyflow__V1__PushBatchResponse *)b->response)->first_output_seq, 2);
     cr_assert_eq(state_of("a")->value, 7);
     /* A refused response, taken later, still leaves nothing behind. */
-    kf_cmd_t *c = push("p", 3, "[" ROW("a", 12, "ok", 9) "," ROW("a", 13, "fail", 0) "]", INT64_MIN);
+    kf_cmd_t *c =
+        push("p", 3, "[" ROW("a", 12, "ok", 9) "," ROW("a", 13, "fail", 0) "]", INT64_MIN);
     cr_assert_null(c->response);
     sim_pump(&sim); /* first call (a=9) answered and applied; the second goes out */
     cr_assert_null(c->response);

@@ -52,16 +52,16 @@
 /* Field types, as in keyflow.v1.FieldType and handler.h. */
 enum { FH_BOOL = 1, FH_INT64 = 2, FH_FLOAT64 = 3, FH_UTF8 = 4, FH_BYTES = 5, FH_TS = 6 };
 
-#define FH_COLUMNS_MAX 8
-#define FH_ROWS_MAX 600        /* input rows and activations per fake call */
-#define FH_OUT_ROWS_MAX 600
+#define FH_COLUMNS_MAX   8
+#define FH_ROWS_MAX      600 /* input rows and activations per fake call */
+#define FH_OUT_ROWS_MAX  600
 #define FH_TIMER_OPS_MAX 600
-#define FH_TEXT_BYTES 96       /* copied UTF8 output values */
+#define FH_TEXT_BYTES    96 /* copied UTF8 output values */
 #define FH_MESSAGE_BYTES 512
-#define FH_KEY_BYTES 96
+#define FH_KEY_BYTES     96
 
 #define SIXTY_S_US INT64_C(60000000)
-#define FH_POISON INT64_C(777000000)
+#define FH_POISON  INT64_C(777000000)
 
 typedef struct fh_column {
     const char *name;
@@ -70,10 +70,10 @@ typedef struct fh_column {
 } fh_column_t;
 
 typedef struct fh_cell {
-    int set;                   /* output: set by the handler */
+    int set; /* output: set by the handler */
     int is_null;
-    int64_t i;                 /* INT64, TIMESTAMP_US, BOOL */
-    char text[FH_TEXT_BYTES];  /* UTF8, copied */
+    int64_t i;                /* INT64, TIMESTAMP_US, BOOL */
+    char text[FH_TEXT_BYTES]; /* UTF8, copied */
     size_t text_len;
 } fh_cell_t;
 
@@ -81,7 +81,7 @@ enum { FH_UNCHANGED = 0, FH_SET, FH_SET_NULL, FH_CLEAR };
 
 typedef struct fh_mutation {
     int kind;
-    int64_t value;             /* FH_SET */
+    int64_t value; /* FH_SET */
 } fh_mutation_t;
 
 typedef struct fh_out_row {
@@ -102,7 +102,7 @@ struct kf_call {
     int in_col_count;
     const fh_column_t *out_cols;
     int out_col_count;
-    int out_ts_column;               /* output_event_time_column's index, or -1 */
+    int out_ts_column; /* output_event_time_column's index, or -1 */
     const char *const *timer_names;
     size_t timer_count;
     int64_t watermark_us;
@@ -121,7 +121,7 @@ struct kf_call {
     uint32_t timer_op_count;
 
     int failed;
-    int fail_calls;                  /* host->fail by the handler itself */
+    int fail_calls; /* host->fail by the handler itself */
     char message[FH_MESSAGE_BYTES];
     int input_lookups;
     int output_lookups;
@@ -150,7 +150,9 @@ static int fh_lookup(const fh_column_t *cols, int count, const char *name) {
     return -1;
 }
 
-static int64_t fh_watermark_us(const kf_call_t *c) { return c->watermark_us; }
+static int64_t fh_watermark_us(const kf_call_t *c) {
+    return c->watermark_us;
+}
 
 static int fh_input_column(const kf_call_t *c, const char *name) {
     ((kf_call_t *)c)->input_lookups++;
@@ -488,8 +490,7 @@ static uint32_t fh_add_activation(kf_call_t *c, const char *key, int64_t time_us
 
 /* A row activation whose input row carries key and event time in the `user`
  * and `ts` columns (when the schema has them); every other cell is null. */
-static uint32_t fh_row(kf_call_t *c, const char *key, int64_t ts_us, int32_t kind,
-                       int64_t value) {
+static uint32_t fh_row(kf_call_t *c, const char *key, int64_t ts_us, int32_t kind, int64_t value) {
     cr_assert_lt(c->input_rows, FH_ROWS_MAX);
     uint32_t row = c->input_rows++;
     for (int col = 0; col < c->in_col_count; col++) {
@@ -587,8 +588,8 @@ static void fh_expect_ok(const kf_handler_t *h, kf_call_t *c) {
 static void fh_expect_failure(const kf_handler_t *h, kf_call_t *c, const char *needle) {
     int rc = fh_invoke(h, c);
     cr_assert_neq(rc, 0, "invoke succeeded; expected a failure naming '%s'", needle);
-    cr_assert_not_null(strstr(c->message, needle), "message '%s' does not mention '%s'",
-                       c->message, needle);
+    cr_assert_not_null(strstr(c->message, needle), "message '%s' does not mention '%s'", c->message,
+                       needle);
     /* The handler explained it itself, not a host function it misused. */
     cr_assert_eq(c->fail_calls, 1, "host->fail called %d times; message '%s'", c->fail_calls,
                  c->message);
@@ -632,9 +633,9 @@ static const fh_column_t RS_OUT[] = {
 #define NCOLS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static kf_call_t *rs_call(int with_reset) {
-    return with_reset ? fh_call_create(RS_IN_RESET, NCOLS(RS_IN_RESET), RS_OUT, NCOLS(RS_OUT),
-                                       NULL, 0)
-                      : fh_call_create(RS_IN, NCOLS(RS_IN), RS_OUT, NCOLS(RS_OUT), NULL, 0);
+    return with_reset
+               ? fh_call_create(RS_IN_RESET, NCOLS(RS_IN_RESET), RS_OUT, NCOLS(RS_OUT), NULL, 0)
+               : fh_call_create(RS_IN, NCOLS(RS_IN), RS_OUT, NCOLS(RS_OUT), NULL, 0);
 }
 
 /* Checks output row `row` in full; sum_null selects a null sum. */
@@ -740,9 +741,9 @@ Test(running_sum, absent_null_and_value_stay_distinct_across_calls) {
         int64_t sum;
         const char *previous;
     } steps[] = {
-        {0, 5, 0, 0, 5, "absent"},  {1, 0, 0, 1, 0, "value"}, {0, 3, 0, 0, 3, "null"},
-        {0, 4, 0, 0, 7, "value"},   {0, 9, 1, 1, 0, "value"}, {1, 0, 0, 1, 0, "absent"},
-        {1, 0, 1, 1, 0, "null"},    {0, -2, 0, 0, -2, "absent"},
+        {0, 5, 0, 0, 5, "absent"}, {1, 0, 0, 1, 0, "value"},    {0, 3, 0, 0, 3, "null"},
+        {0, 4, 0, 0, 7, "value"},  {0, 9, 1, 1, 0, "value"},    {1, 0, 0, 1, 0, "absent"},
+        {1, 0, 1, 1, 0, "null"},   {0, -2, 0, 0, -2, "absent"},
     };
     int32_t kind = KF_STATE_ABSENT;
     int64_t value = 0;
@@ -764,14 +765,9 @@ Test(running_sum, absent_null_and_value_stay_distinct_across_calls) {
             kind = KF_STATE_VALUE;
             value = c->mutations[a].value;
             break;
-        case FH_SET_NULL:
-            kind = KF_STATE_NULL;
-            break;
-        case FH_CLEAR:
-            kind = KF_STATE_ABSENT;
-            break;
-        default:
-            cr_assert_fail("step %zu left the state unchanged", i);
+        case FH_SET_NULL: kind = KF_STATE_NULL; break;
+        case FH_CLEAR: kind = KF_STATE_ABSENT; break;
+        default: cr_assert_fail("step %zu left the state unchanged", i);
         }
         free(c);
     }
@@ -810,8 +806,11 @@ Test(running_sum, overflow_fails_the_whole_call) {
 static int utf8_valid(const char *s) {
     const unsigned char *p = (const unsigned char *)s;
     while (*p != 0) {
-        int more = *p < 0x80 ? 0 : (*p & 0xE0) == 0xC0 ? 1 : (*p & 0xF0) == 0xE0 ? 2
-                 : (*p & 0xF8) == 0xF0 ? 3 : -1;
+        int more = *p < 0x80             ? 0
+                   : (*p & 0xE0) == 0xC0 ? 1
+                   : (*p & 0xF0) == 0xE0 ? 2
+                   : (*p & 0xF8) == 0xF0 ? 3
+                                         : -1;
         if (more < 0) {
             return 0;
         }
@@ -841,8 +840,7 @@ Test(running_sum, long_keys_are_cut_on_a_character_boundary) {
     fh_in_int64(c, a, "amount", 1);
     fh_expect_failure(running_sum(), c, "overflow");
     cr_assert(utf8_valid(c->message), "message is not UTF-8: %s", c->message);
-    cr_assert_not_null(strstr(c->message, "'a\xc3\xa9"), "message quotes the key: %s",
-                       c->message);
+    cr_assert_not_null(strstr(c->message, "'a\xc3\xa9"), "message quotes the key: %s", c->message);
     free(c);
 }
 
@@ -1011,8 +1009,8 @@ Test(session_counter, later_rows_count_up_and_re_arm) {
 }
 
 Test(session_counter, idle_us_column_is_optional) {
-    kf_call_t *c = fh_call_create(SC_IN_NO_IDLE, NCOLS(SC_IN_NO_IDLE), SC_OUT, NCOLS(SC_OUT),
-                                  SC_TIMERS, 1);
+    kf_call_t *c =
+        fh_call_create(SC_IN_NO_IDLE, NCOLS(SC_IN_NO_IDLE), SC_OUT, NCOLS(SC_OUT), SC_TIMERS, 1);
     uint32_t a = fh_row(c, "k", 7, KF_STATE_ABSENT, 0);
     fh_expect_ok(session_counter(), c);
     cr_assert_eq(sc_idle_at(c, a), 7 + SIXTY_S_US);
@@ -1022,7 +1020,7 @@ Test(session_counter, idle_us_column_is_optional) {
 Test(session_counter, late_rows_arm_just_after_the_watermark) {
     const int64_t watermark = 10 * SIXTY_S_US;
     kf_call_t *c = sc_call(watermark);
-    uint32_t late = fh_row(c, "late", 1000, KF_STATE_VALUE, 2);  /* idle at 1000 + 60 s */
+    uint32_t late = fh_row(c, "late", 1000, KF_STATE_VALUE, 2); /* idle at 1000 + 60 s */
     uint32_t edge = fh_row(c, "edge", watermark - SIXTY_S_US, KF_STATE_ABSENT, 0);
     uint32_t fresh = fh_row(c, "fresh", watermark + 1, KF_STATE_ABSENT, 0);
     uint32_t zero = fh_row(c, "zero", watermark, KF_STATE_ABSENT, 0);

@@ -35,7 +35,9 @@ static void setup(void) {
     kf_error_clear(&err);
 }
 
-static void teardown(void) { kf_arena_deinit(&arena); }
+static void teardown(void) {
+    kf_arena_deinit(&arena);
+}
 
 TestSuite(names, .init = setup, .fini = teardown);
 TestSuite(scalars, .init = setup, .fini = teardown);
@@ -133,10 +135,10 @@ static Keyflow__Test__Choice *decode_choice(const char *json) {
 }
 
 #define SCALARS (&keyflow__test__scalars__descriptor)
-#define LISTS (&keyflow__test__lists__descriptor)
-#define CHOICE (&keyflow__test__choice__descriptor)
-#define DEEP (&keyflow__test__deep__descriptor)
-#define EVENT (&keyflow__v1__event__descriptor)
+#define LISTS   (&keyflow__test__lists__descriptor)
+#define CHOICE  (&keyflow__test__choice__descriptor)
+#define DEEP    (&keyflow__test__deep__descriptor)
+#define EVENT   (&keyflow__v1__event__descriptor)
 
 /* ---- names ------------------------------------------------------------ */
 
@@ -218,9 +220,9 @@ Test(scalars, every_type_encodes) {
 }
 
 Test(scalars, defaults_are_omitted) {
-    Keyflow__Test__Scalars *m = decode_scalars(
-        "{\"fDouble\": 0, \"fInt32\": 0, \"fInt64\": \"0\", \"fBool\": false,"
-        " \"fString\": \"\", \"fBytes\": \"\", \"color\": \"COLOR_UNSPECIFIED\"}");
+    Keyflow__Test__Scalars *m =
+        decode_scalars("{\"fDouble\": 0, \"fInt32\": 0, \"fInt64\": \"0\", \"fBool\": false,"
+                       " \"fString\": \"\", \"fBytes\": \"\", \"color\": \"COLOR_UNSPECIFIED\"}");
     cr_assert_str_eq(m->f_string, "");
     cr_assert_eq(m->f_bytes.len, 0u);
     cr_assert_str_eq(encode(m), "{}");
@@ -267,9 +269,8 @@ Test(integers, int64_extremes_round_trip_as_strings) {
 }
 
 Test(integers, uint64_above_int64_max_round_trips_through_strings) {
-    Keyflow__Test__Scalars *m =
-        decode_scalars("{\"fUint64\": \"18446744073709551615\","
-                       " \"fFixed64\": \"9223372036854775808\"}");
+    Keyflow__Test__Scalars *m = decode_scalars("{\"fUint64\": \"18446744073709551615\","
+                                               " \"fFixed64\": \"9223372036854775808\"}");
     cr_assert_eq(m->f_uint64, UINT64_MAX);
     cr_assert_eq(m->f_fixed64, (uint64_t)INT64_MAX + 1);
     cr_assert_str_eq(encode(m), "{\"fUint64\":\"18446744073709551615\","
@@ -317,8 +318,8 @@ Test(integers, integer_strings_are_accepted) {
 }
 
 Test(integers, malformed_integer_strings_are_refused) {
-    const char *bad[] = {"\"ten\"", "\"\"", "\" 1\"", "\"1 \"", "\"+1\"", "\"1.0\"", "\"1e3\"",
-                         "\"-\"", "\"0x10\"", "\"--1\""};
+    const char *bad[] = {"\"ten\"", "\"\"",    "\" 1\"", "\"1 \"",   "\"+1\"",
+                         "\"1.0\"", "\"1e3\"", "\"-\"",  "\"0x10\"", "\"--1\""};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char json[64];
         char message[96];
@@ -358,8 +359,7 @@ Test(integers, other_json_types_are_refused) {
 /* ---- floats ----------------------------------------------------------- */
 
 Test(floats, numbers_and_numeric_strings) {
-    Keyflow__Test__Scalars *m =
-        decode_scalars("{\"fDouble\": 3, \"fFloat\": \"0.5\"}");
+    Keyflow__Test__Scalars *m = decode_scalars("{\"fDouble\": 3, \"fFloat\": \"0.5\"}");
     cr_assert(m->f_double == 3.0);
     cr_assert(m->f_float == 0.5f);
     m = decode_scalars("{\"fDouble\": \"-1e-3\"}");
@@ -367,8 +367,7 @@ Test(floats, numbers_and_numeric_strings) {
 }
 
 Test(floats, non_finite_names) {
-    Keyflow__Test__Scalars *m =
-        decode_scalars("{\"fDouble\": \"NaN\", \"fFloat\": \"-Infinity\"}");
+    Keyflow__Test__Scalars *m = decode_scalars("{\"fDouble\": \"NaN\", \"fFloat\": \"-Infinity\"}");
     cr_assert(isnan(m->f_double));
     cr_assert(isinf(m->f_float) && m->f_float < 0);
     cr_assert_str_eq(encode(m), "{\"fDouble\":\"NaN\",\"fFloat\":\"-Infinity\"}");
@@ -378,8 +377,8 @@ Test(floats, non_finite_names) {
 }
 
 Test(floats, malformed_numbers_are_refused) {
-    const char *bad[] = {"\"nan\"", "\"inf\"", "\"0x10\"", "\" 1\"", "\"1.5x\"", "\"\"",
-                         "\"+1\"", "\".5\""};
+    const char *bad[] = {"\"nan\"",  "\"inf\"", "\"0x10\"", "\" 1\"",
+                         "\"1.5x\"", "\"\"",    "\"+1\"",   "\".5\""};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char json[64];
         char message[96];
@@ -473,8 +472,8 @@ Test(bytes, url_safe_and_unpadded_input) {
 }
 
 Test(bytes, malformed_base64_is_refused) {
-    const char *bad[] = {"\"Q\"", "\"QUJDR\"", "\"QQ=\"", "\"QUI==\"", "\"QQ===\"", "\"====\"",
-                         "\"QU JD\"", "\"QU=D\"", "\"QUJD\\n\"", "\"QUJ*\""};
+    const char *bad[] = {"\"Q\"",    "\"QUJDR\"", "\"QQ=\"",  "\"QUI==\"",   "\"QQ===\"",
+                         "\"====\"", "\"QU JD\"", "\"QU=D\"", "\"QUJD\\n\"", "\"QUJ*\""};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char json[64];
         char message[96];
@@ -488,8 +487,14 @@ Test(bytes, malformed_base64_is_refused) {
 /* ---- enums ------------------------------------------------------------ */
 
 Test(enums, accepted_spellings) {
-    const char *forms[] = {"\"COLOR_GREEN\"", "\"color_green\"", "\"Color_Green\"", "\"GREEN\"",
-                           "\"green\"", "\"gReEn\"", "2", "\"2\""};
+    const char *forms[] = {"\"COLOR_GREEN\"",
+                           "\"color_green\"",
+                           "\"Color_Green\"",
+                           "\"GREEN\"",
+                           "\"green\"",
+                           "\"gReEn\"",
+                           "2",
+                           "\"2\""};
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         char json[64];
         snprintf(json, sizeof json, "{\"color\": %s}", forms[i]);
@@ -554,9 +559,9 @@ Test(messages, empty_object_makes_an_empty_present_message) {
 }
 
 Test(messages, null_means_absent) {
-    Keyflow__Test__Scalars *m = decode_scalars(
-        "{\"inner\": null, \"fInt32\": null, \"fString\": null, \"color\": null,"
-        " \"fBytes\": null}");
+    Keyflow__Test__Scalars *m =
+        decode_scalars("{\"inner\": null, \"fInt32\": null, \"fString\": null, \"color\": null,"
+                       " \"fBytes\": null}");
     cr_assert_null(m->inner);
     cr_assert_eq(m->f_int32, 0);
     cr_assert_str_eq(m->f_string, "");
@@ -1057,13 +1062,11 @@ Test(api, debounce_event_from_the_design) {
         EVENT, "{\"rule\": {\"kind\": \"debounce\", \"windowMs\": 50}, \"input\": 7}");
     cr_assert_str_eq(e->id, "");
     cr_assert_eq(e->rule->kind, KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE);
-    cr_assert_eq(e->rule->window_ms_present_case,
-                 KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS);
+    cr_assert_eq(e->rule->window_ms_present_case, KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS);
     cr_assert_eq(e->rule->window_ms, 50);
     cr_assert_eq(e->rule->max_wait_ms_present_case,
                  KEYFLOW__V1__RULE__MAX_WAIT_MS_PRESENT__NOT_SET);
-    cr_assert_eq(e->rule->max_events_present_case,
-                 KEYFLOW__V1__RULE__MAX_EVENTS_PRESENT__NOT_SET);
+    cr_assert_eq(e->rule->max_events_present_case, KEYFLOW__V1__RULE__MAX_EVENTS_PRESENT__NOT_SET);
     cr_assert_eq(e->rule->dedup_ms_present_case, KEYFLOW__V1__RULE__DEDUP_MS_PRESENT__NOT_SET);
     cr_assert_str_eq(e->input_json, "7");
 }
@@ -1431,8 +1434,11 @@ Test(encode, jansson_value_is_owned_by_the_caller) {
 
 Test(encode, invalid_utf8_is_replaced) {
     Keyflow__Test__Inner inner = KEYFLOW__TEST__INNER__INIT;
-    inner.name = "a\xff" "b\xe2\x82" "c\xf0\x9f\x98\x80";
-    cr_assert_str_eq(encode(&inner), "{\"name\":\"a\xef\xbf\xbd" "b\xef\xbf\xbd\xef\xbf\xbd"
+    inner.name = "a\xff"
+                 "b\xe2\x82"
+                 "c\xf0\x9f\x98\x80";
+    cr_assert_str_eq(encode(&inner), "{\"name\":\"a\xef\xbf\xbd"
+                                     "b\xef\xbf\xbd\xef\xbf\xbd"
                                      "c\xf0\x9f\x98\x80\"}");
     inner.name = "\xed\xa0\x80"; /* an encoded surrogate */
     cr_assert_str_eq(encode(&inner), "{\"name\":\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"}");

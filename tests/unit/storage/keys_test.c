@@ -45,7 +45,9 @@ static uint64_t next_random(uint64_t *state) {
     return z ^ (z >> 31);
 }
 
-static int sign(int v) { return (v > 0) - (v < 0); }
+static int sign(int v) {
+    return (v > 0) - (v < 0);
+}
 
 /* ---- integers and times ----------------------------------------------- */
 
@@ -59,8 +61,9 @@ Test(keys, be64_layout_is_big_endian) {
 }
 
 Test(keys, be64_sorts_numerically_as_bytes) {
-    static const uint64_t edges[] = {0, 1, 255, 256, 65535, 65536, UINT32_MAX, 1ULL << 32,
-                                     INT64_MAX, 1ULL << 63, UINT64_MAX - 1, UINT64_MAX};
+    static const uint64_t edges[] = {
+        0,          1,          255,       256,        65535,          65536,
+        UINT32_MAX, 1ULL << 32, INT64_MAX, 1ULL << 63, UINT64_MAX - 1, UINT64_MAX};
     uint64_t values[212];
     memcpy(values, edges, sizeof edges);
     uint64_t rs = 42;
@@ -100,9 +103,9 @@ Test(keys, time_layout_flips_the_sign_bit) {
 }
 
 Test(keys, signed_times_sort_numerically_including_negatives) {
-    static const int64_t edges[] = {INT64_MIN, INT64_MIN + 1, -1000000, -86400000, -2, -1,
-                                    0,         1,             2,        1000,      INT64_MAX - 1,
-                                    INT64_MAX, 1700000000000LL, -1700000000000LL};
+    static const int64_t edges[] = {
+        INT64_MIN,     INT64_MIN + 1, -1000000,        -86400000,       -2, -1, 0, 1, 2, 1000,
+        INT64_MAX - 1, INT64_MAX,     1700000000000LL, -1700000000000LL};
     enum { N = 214 };
     int64_t values[N];
     memcpy(values, edges, sizeof edges);
@@ -249,8 +252,7 @@ Test(keys, prefix_freedom_holds_for_random_identities) {
                 cr_assert_eq(key_cmp(&coords[i], &coords[j]), 0);
                 continue;
             }
-            cr_assert_not(is_prefix(&coords[i], &coords[j]), "identity %d is a prefix of %d",
-                          i, j);
+            cr_assert_not(is_prefix(&coords[i], &coords[j]), "identity %d is a prefix of %d", i, j);
             kf_key_t journal;
             kf_key_journal(&journal, &coords[i], next_random(&rs));
             cr_assert_not(in_prefix_range(&coords[j], &journal),
@@ -262,7 +264,7 @@ Test(keys, prefix_freedom_holds_for_random_identities) {
 Test(keys, journal_keys_sort_by_seq_inside_their_coordinator) {
     kf_key_t coord;
     kf_key_coord(&coord, 1, "workflow", 8, "key", 3);
-    static const uint64_t seqs[] = {0, 1, 2, 255, 256, 65536, 1ULL << 40, UINT64_MAX - 1,
+    static const uint64_t seqs[] = {0,         1, 2, 255, 256, 65536, 1ULL << 40, UINT64_MAX - 1,
                                     UINT64_MAX};
     enum { N = sizeof seqs / sizeof seqs[0] };
     kf_key_t journal[N];

@@ -118,8 +118,8 @@ void harness_write(kf_store_t *store, kf_batch_t *batch) {
     cr_assert_eq(st, KF_OK, "write: %s: %s", kf_status_name(st), err.message);
 }
 
-void harness_put(kf_store_t *store, kf_cf_t cf, const void *key, size_t key_len,
-                 const void *value, size_t value_len) {
+void harness_put(kf_store_t *store, kf_cf_t cf, const void *key, size_t key_len, const void *value,
+                 size_t value_len) {
     kf_batch_t *batch = kf_batch_create(store);
     cr_assert_not_null(batch);
     kf_batch_put(batch, cf, key, key_len, value, value_len);

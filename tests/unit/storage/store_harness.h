@@ -20,11 +20,11 @@
 #define HARNESS_PATH_BYTES 128
 
 typedef struct store_harness {
-    bool rocks;                      /* RocksDB, or else the memory store */
-    kf_memdisk_t *disk;              /* memory store: survives close/reopen */
-    kf_mem_faults_t faults;          /* memory store: faults for the next open */
-    char dir[HARNESS_PATH_BYTES];    /* RocksDB: this test's own directory */
-    kf_store_t *store;               /* the open handle, or NULL */
+    bool rocks;                   /* RocksDB, or else the memory store */
+    kf_memdisk_t *disk;           /* memory store: survives close/reopen */
+    kf_mem_faults_t faults;       /* memory store: faults for the next open */
+    char dir[HARNESS_PATH_BYTES]; /* RocksDB: this test's own directory */
+    kf_store_t *store;            /* the open handle, or NULL */
 } store_harness_t;
 
 /* Creates a fresh directory under $TMPDIR (or /tmp); out is
@@ -48,8 +48,8 @@ void harness_close(store_harness_t *h);
 void harness_reopen(store_harness_t *h);
 
 /* One-operation batches, asserting KF_OK. */
-void harness_put(kf_store_t *store, kf_cf_t cf, const void *key, size_t key_len,
-                 const void *value, size_t value_len);
+void harness_put(kf_store_t *store, kf_cf_t cf, const void *key, size_t key_len, const void *value,
+                 size_t value_len);
 void harness_put_str(kf_store_t *store, kf_cf_t cf, const char *key, const char *value);
 void harness_delete_str(kf_store_t *store, kf_cf_t cf, const char *key);
 /* Writes the batch and asserts KF_OK. */

@@ -17,8 +17,12 @@
 
 static store_harness_t h;
 
-static void setup(void) { harness_setup_mem(&h); }
-static void teardown(void) { harness_teardown(&h); }
+static void setup(void) {
+    harness_setup_mem(&h);
+}
+static void teardown(void) {
+    harness_teardown(&h);
+}
 
 TestSuite(store_mem_faults, .init = setup, .fini = teardown);
 

@@ -24,8 +24,12 @@
 
 static store_harness_t h;
 
-static void setup(void) { harness_setup_rocks(&h); }
-static void teardown(void) { harness_teardown(&h); }
+static void setup(void) {
+    harness_setup_rocks(&h);
+}
+static void teardown(void) {
+    harness_teardown(&h);
+}
 
 TestSuite(store_rocks_only, .init = setup, .fini = teardown);
 

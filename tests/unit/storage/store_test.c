@@ -21,15 +21,25 @@
 
 static store_harness_t h;
 
-static void setup_mem(void) { harness_setup_mem(&h); }
-static void setup_rocks(void) { harness_setup_rocks(&h); }
-static void teardown(void) { harness_teardown(&h); }
+static void setup_mem(void) {
+    harness_setup_mem(&h);
+}
+static void setup_rocks(void) {
+    harness_setup_rocks(&h);
+}
+static void teardown(void) {
+    harness_teardown(&h);
+}
 
 /* Defines one body and registers it in both suites. */
-#define STORE_TEST(name)                                                                   \
-    static void body_##name(void);                                                         \
-    Test(store_mem, name, .init = setup_mem, .fini = teardown) { body_##name(); }          \
-    Test(store_rocks, name, .init = setup_rocks, .fini = teardown) { body_##name(); }      \
+#define STORE_TEST(name)                                                                           \
+    static void body_##name(void);                                                                 \
+    Test(store_mem, name, .init = setup_mem, .fini = teardown) {                                   \
+        body_##name();                                                                             \
+    }                                                                                              \
+    Test(store_rocks, name, .init = setup_rocks, .fini = teardown) {                               \
+        body_##name();                                                                             \
+    }                                                                                              \
     static void body_##name(void)
 
 #define LIST_BYTES 4096
@@ -179,8 +189,7 @@ STORE_TEST(delete_range_is_half_open) {
     for (uint64_t i = 0; i < 10; i++) {
         bool want = i < 3 || i >= 7;
         cr_assert_eq(has_seq(KF_CF_RUN_QUEUE, i), want, "key %llu", (unsigned long long)i);
-        cr_assert(has_seq(KF_CF_RUN_INDEX, i), "other family lost key %llu",
-                  (unsigned long long)i);
+        cr_assert(has_seq(KF_CF_RUN_INDEX, i), "other family lost key %llu", (unsigned long long)i);
     }
 }
 
@@ -502,8 +511,8 @@ STORE_TEST(format_version_is_recorded_at_first_open) {
     kf_value_t value;
     bool found = false;
     kf_error_t err;
-    kf_status_t st = kf_store_get(h.store, KF_CF_META, format_key, sizeof format_key - 1, &value,
-                                  &found, &err);
+    kf_status_t st =
+        kf_store_get(h.store, KF_CF_META, format_key, sizeof format_key - 1, &value, &found, &err);
     cr_assert_eq(st, KF_OK);
     cr_assert(found, "no format record after the first open");
     cr_assert_eq(value.len, 4);
