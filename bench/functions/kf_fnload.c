@@ -37,12 +37,13 @@
  *   * the first request of every run is decoded back with protobuf-c and
  *     checked field by field before any load starts.
  *
- * Measurement: as kf_load. Latency from just before the call is created to
- * its completion (monotonic clock) into a log-linear histogram (1/64
- * relative bucket width); statuses into a per-code count; the first error
- * of each kind printed with its details. CPU of the client (getrusage), the
- * server (/proc/PID/stat), each server thread by name (/proc/PID/task) and
- * the machine (/proc/stat) over the window. Output: one human line, then one
+ * Measurement: as kf_load, with the same instruments (bench/common/
+ * bench_util.h). Latency from just before the call is created to its
+ * completion (monotonic clock) into a log-linear histogram (1/64 relative
+ * bucket width); statuses into a per-code count; the first error of each
+ * kind printed with its details. CPU of the client (getrusage), the server
+ * (/proc/PID/stat), each server thread by name (/proc/PID/task) and the
+ * machine (/proc/stat) over the window. Output: one human line, then one
  * JSON line per result. The tool reports; it never judges (exit status 0
  * unless the run itself could not be set up).
  *
@@ -70,14 +71,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
-#include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/log.h>
@@ -85,6 +83,7 @@
 
 #include "base/arena.h"
 #include "base/status.h"
+#include "bench/common/bench_util.h"
 #include "http/json_map.h"
 #include "keyflow/v1/functions.pb-c.h"
 
@@ -115,178 +114,7 @@
 #define METHOD_PUSH     "/keyflow.v1.Functions/PushBatch"
 #define METHOD_READ     "/keyflow.v1.Functions/ReadOutput"
 
-/* ---- Histogram ---------------------------------------------------------
- *
- * Log-linear over nanoseconds: every power of two [2^k, 2^(k+1)) above
- * 2^HIST_BITS is cut into 2^HIST_BITS equal buckets (1/64 of the value at
- * most); below that each value has its own bucket. Clamped at 2^40 ns. */
-#define HIST_BITS       6
-#define HIST_PER_OCTAVE (1u << HIST_BITS)
-#define HIST_TOP_BIT    40
-#define HIST_CLAMP      ((UINT64_C(1) << HIST_TOP_BIT) - 1)
-#define HIST_SIZE       ((HIST_TOP_BIT - HIST_BITS + 1) * HIST_PER_OCTAVE)
-
-typedef struct histogram {
-    uint64_t bucket[HIST_SIZE];
-    uint64_t count;
-    uint64_t sum_ns;
-    uint64_t max_ns;
-} histogram_t;
-
-static size_t hist_bucket_of(uint64_t ns) {
-    if (ns > HIST_CLAMP) {
-        ns = HIST_CLAMP;
-    }
-    if (ns < HIST_PER_OCTAVE) {
-        return (size_t)ns;
-    }
-    unsigned top = 63u - (unsigned)__builtin_clzll(ns);    /* >= HIST_BITS */
-    unsigned drop = top - HIST_BITS;                       /* low bits ignored */
-    size_t sub = (size_t)((ns >> drop) - HIST_PER_OCTAVE); /* 0 .. 63 */
-    return (size_t)(drop + 1) * HIST_PER_OCTAVE + sub;
-}
-
-/* The midpoint of a bucket, in nanoseconds. */
-static uint64_t hist_bucket_mid(size_t b) {
-    if (b < HIST_PER_OCTAVE) {
-        return b;
-    }
-    unsigned drop = (unsigned)(b / HIST_PER_OCTAVE) - 1;
-    uint64_t low = ((uint64_t)(b % HIST_PER_OCTAVE) + HIST_PER_OCTAVE) << drop;
-    return low + (((UINT64_C(1) << drop) - 1) >> 1);
-}
-
-static void hist_add(histogram_t *h, uint64_t ns) {
-    h->bucket[hist_bucket_of(ns)]++;
-    h->count++;
-    h->sum_ns += ns;
-    if (ns > h->max_ns) {
-        h->max_ns = ns;
-    }
-}
-
-/* The q-quantile in microseconds: the first bucket whose running count
- * reaches ceil(q * count), reported as its midpoint, never above the max. */
-static double hist_q_us(const histogram_t *h, double q) {
-    if (h->count == 0) {
-        return 0.0;
-    }
-    double want = q * (double)h->count;
-    uint64_t rank = (uint64_t)want;
-    if ((double)rank < want || rank == 0) {
-        rank++;
-    }
-    uint64_t run = 0;
-    for (size_t b = 0; b < HIST_SIZE; b++) {
-        run += h->bucket[b];
-        if (run >= rank) {
-            uint64_t v = hist_bucket_mid(b);
-            return (double)(v < h->max_ns ? v : h->max_ns) / 1e3;
-        }
-    }
-    return (double)h->max_ns / 1e3;
-}
-
-static double hist_mean_us(const histogram_t *h) {
-    return h->count ? (double)h->sum_ns / (double)h->count / 1e3 : 0.0;
-}
-
-/* ---- Clocks, CPU and memory -------------------------------------------- */
-
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int64_t wall_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static void sleep_until(int64_t when_ns) {
-    struct timespec ts = {.tv_sec = when_ns / 1000000000, .tv_nsec = when_ns % 1000000000};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-    }
-}
-
-/* splitmix64: one multiply-xorshift chain per draw, plenty for key picks. */
-static uint64_t rand_next(uint64_t *s) {
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
-static double own_cpu_s(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
-/* utime + stime clock ticks from a /proc/.../stat text; -1 when unreadable.
- * The command name in parentheses may hold spaces: parse after the last
- * ')'. `comm` (optional) receives the name. */
-static long long stat_ticks(const char *path, char *comm, size_t comm_size) {
-    char buf[1024];
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        return -1;
-    }
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *open = strchr(buf, '(');
-    char *close = strrchr(buf, ')');
-    if (open == NULL || close == NULL || close < open) {
-        return -1;
-    }
-    if (comm != NULL && comm_size > 0) {
-        size_t len = (size_t)(close - open - 1);
-        if (len >= comm_size) {
-            len = comm_size - 1;
-        }
-        memcpy(comm, open + 1, len);
-        comm[len] = '\0';
-    }
-    unsigned long long ut = 0, st = 0;
-    /* state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
-     * utime stime */
-    if (sscanf(close + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) !=
-        2) {
-        return -1;
-    }
-    return (long long)(ut + st);
-}
-
-static double ticks_per_s(void) {
-    return (double)sysconf(_SC_CLK_TCK);
-}
-
-static double process_cpu_s(long pid) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-    long long t = stat_ticks(path, NULL, 0);
-    return t < 0 ? -1.0 : (double)t / ticks_per_s();
-}
-
-/* Busy CPU seconds of the whole machine (idle and iowait excluded). */
-static double machine_cpu_s(void) {
-    FILE *f = fopen("/proc/stat", "r");
-    if (f == NULL) {
-        return -1.0;
-    }
-    unsigned long long user, nice, sys, idle, iowait, irq, softirq, steal;
-    int got = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &sys, &idle,
-                     &iowait, &irq, &softirq, &steal);
-    fclose(f);
-    if (got != 8) {
-        return -1.0;
-    }
-    return (double)(user + nice + sys + irq + softirq + steal) / ticks_per_s();
-}
+/* ---- Server CPU and memory ---------------------------------------------- */
 
 /* One field of /proc/PID/status in kB (VmRSS, VmHWM); -1 when unknown. */
 static long proc_status_kb(long pid, const char *field) {
@@ -345,7 +173,7 @@ static void threads_take(long pid, threads_snapshot_t *s) {
         char path[384]; /* d_name is up to 255 bytes */
         snprintf(path, sizeof path, "/proc/%ld/task/%s/stat", pid, e->d_name);
         thread_sample_t *t = &s->t[s->n];
-        t->ticks = stat_ticks(path, t->name, sizeof t->name);
+        t->ticks = kf_bench_stat_ticks(path, t->name, sizeof t->name);
         if (t->ticks >= 0) {
             t->tid = atoi(e->d_name);
             s->n++;
@@ -379,7 +207,7 @@ static void threads_diff(const threads_snapshot_t *a, const threads_snapshot_t *
         if (before < 0) {
             continue;
         }
-        double pct = 100.0 * (double)(b->t[i].ticks - before) / ticks_per_s() / window_s;
+        double pct = 100.0 * (double)(b->t[i].ticks - before) / kf_bench_ticks_per_s() / window_s;
         size_t k = 0;
         while (k < out->n && strcmp(out->name[k], b->t[i].name) != 0) {
             k++;
@@ -396,57 +224,45 @@ static void threads_diff(const threads_snapshot_t *a, const threads_snapshot_t *
     }
 }
 
-/* CPU over a window: client, server, each server thread name, machine. */
+/* CPU over a window: client, server and machine (kf_bench_cpu_*), and
+ * each server thread name. */
 typedef struct cpu_window {
     long server_pid;
     int64_t t0_ns, t1_ns;
-    double client0, client1, server0, server1, machine0, machine1;
+    kf_bench_cpu_sample_t cpu0, cpu1;
     threads_snapshot_t threads0, threads1;
 } cpu_window_t;
 
 static void cpu_begin(cpu_window_t *w, long server_pid) {
     w->server_pid = server_pid;
-    w->t0_ns = now_ns();
-    w->client0 = own_cpu_s();
-    w->server0 = server_pid > 0 ? process_cpu_s(server_pid) : -1.0;
-    w->machine0 = machine_cpu_s();
+    w->t0_ns = kf_bench_mono_ns();
+    kf_bench_cpu_begin(&w->cpu0, server_pid);
     threads_take(server_pid, &w->threads0);
 }
 
 static void cpu_end(cpu_window_t *w) {
-    w->t1_ns = now_ns();
-    w->machine1 = machine_cpu_s();
-    w->client1 = own_cpu_s();
-    w->server1 = w->server_pid > 0 ? process_cpu_s(w->server_pid) : -1.0;
+    w->t1_ns = kf_bench_mono_ns();
+    kf_bench_cpu_end(&w->cpu1, w->server_pid);
     threads_take(w->server_pid, &w->threads1);
 }
 
 typedef struct cpu_pct {
-    double client, server, other; /* percent of one core; server/other -1 when unknown */
+    kf_bench_cpu_pct_t cpu;
     thread_use_t threads;
 } cpu_pct_t;
 
 static void cpu_percent(const cpu_window_t *w, cpu_pct_t *p) {
     double s = (double)(w->t1_ns - w->t0_ns) / 1e9;
-    p->client = s > 0 ? 100.0 * (w->client1 - w->client0) / s : 0.0;
-    p->server =
-        s > 0 && w->server0 >= 0 && w->server1 >= 0 ? 100.0 * (w->server1 - w->server0) / s : -1.0;
-    p->other = -1.0;
-    if (s > 0 && p->server >= 0 && w->machine0 >= 0 && w->machine1 >= 0) {
-        p->other = 100.0 * (w->machine1 - w->machine0) / s - p->client - p->server;
-        if (p->other < 0) {
-            p->other = 0; /* tick rounding */
-        }
-    }
+    kf_bench_cpu_pct(&w->cpu0, &w->cpu1, s, &p->cpu);
     threads_diff(&w->threads0, &w->threads1, s, &p->threads);
 }
 
 /* " server 95% other 3% [kf-engine 90% kf-commit 4%]" for the human line. */
 static void cpu_text(const cpu_pct_t *p, char *buf, size_t size) {
-    int n = snprintf(buf, size, "cpu client %.0f%%", p->client);
-    if (p->server >= 0 && n >= 0 && (size_t)n < size) {
-        n +=
-            snprintf(buf + n, size - (size_t)n, " server %.0f%% other %.0f%%", p->server, p->other);
+    int n = snprintf(buf, size, "cpu client %.0f%%", p->cpu.client);
+    if (p->cpu.server >= 0 && n >= 0 && (size_t)n < size) {
+        n += snprintf(buf + n, size - (size_t)n, " server %.0f%% other %.0f%%", p->cpu.server,
+                      p->cpu.other);
     }
     bool listed = false;
     for (size_t i = 0; i < p->threads.n && n >= 0 && (size_t)n < size; i++) {
@@ -466,7 +282,7 @@ static void cpu_json(FILE *out, const cpu_pct_t *p) {
     fprintf(out,
             ",\"client_cpu_pct\":%.1f,\"server_cpu_pct\":%.1f,\"other_cpu_pct\":%.1f,"
             "\"server_threads_cpu_pct\":{",
-            p->client, p->server, p->other);
+            p->cpu.client, p->cpu.server, p->cpu.other);
     for (size_t i = 0; i < p->threads.n; i++) {
         /* Thread names are short identifiers; quotes would break the line. */
         char name[32];
@@ -723,42 +539,6 @@ typedef struct options {
     bool minimal_stack;
 } options_t;
 
-static bool parse_ll(const char *flag, const char *text, long long lo, long long hi,
-                     long long *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "kf_fnload: %s must be an integer in %lld..%lld, got '%s'\n", flag, lo, hi,
-                text);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-static bool parse_l(const char *flag, const char *text, long lo, long hi, long *out) {
-    long long v;
-    if (!parse_ll(flag, text, lo, hi, &v)) {
-        return false;
-    }
-    *out = (long)v;
-    return true;
-}
-
-static bool parse_s(const char *flag, const char *text, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (errno != 0 || end == text || *end != '\0' || !(v >= 0.0) || v > DURATION_S_MAX) {
-        fprintf(stderr, "kf_fnload: %s must be seconds in 0..%d, got '%s'\n", flag, DURATION_S_MAX,
-                text);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
 /* Identifiers go into JSON output unescaped and into key prefixes: keep them
  * to a safe alphabet. */
 static bool check_id(const char *flag, const char *v) {
@@ -864,44 +644,44 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             ok = check_id(a, v);
             o->function_id = v;
         } else if (strcmp(a, "--producers") == 0) {
-            ok = parse_l(a, v, 1, PRODUCERS_MAX, &o->producers);
+            ok = kf_bench_parse_long("kf_fnload", a, v, 1, PRODUCERS_MAX, &o->producers);
         } else if (strcmp(a, "--rows") == 0) {
-            ok = parse_l(a, v, 1, ROWS_MAX, &o->rows);
+            ok = kf_bench_parse_long("kf_fnload", a, v, 1, ROWS_MAX, &o->rows);
         } else if (strcmp(a, "--keys") == 0) {
-            ok = parse_l(a, v, 1, KEYS_MAX, &o->keys);
+            ok = kf_bench_parse_long("kf_fnload", a, v, 1, KEYS_MAX, &o->keys);
         } else if (strcmp(a, "--rows-total") == 0) {
-            ok = parse_ll(a, v, 1, ROWS_TOTAL_MAX, &o->rows_total);
+            ok = kf_bench_parse_ll("kf_fnload", a, v, 1, ROWS_TOTAL_MAX, &o->rows_total);
         } else if (strcmp(a, "--timers") == 0) {
-            ok = parse_ll(a, v, 1, KEYS_MAX, &o->timers);
+            ok = kf_bench_parse_ll("kf_fnload", a, v, 1, KEYS_MAX, &o->timers);
         } else if (strcmp(a, "--idle-us") == 0) {
-            ok = parse_ll(a, v, 1, 1000000000000LL, &o->idle_us);
+            ok = kf_bench_parse_ll("kf_fnload", a, v, 1, 1000000000000LL, &o->idle_us);
         } else if (strcmp(a, "--max-keys") == 0) {
-            ok = parse_ll(a, v, 1, 10000000, &o->max_keys);
+            ok = kf_bench_parse_ll("kf_fnload", a, v, 1, 10000000, &o->max_keys);
         } else if (strcmp(a, "--max-timers") == 0) {
-            ok = parse_ll(a, v, 1, 10000000, &o->max_timers);
+            ok = kf_bench_parse_ll("kf_fnload", a, v, 1, 10000000, &o->max_timers);
         } else if (strcmp(a, "--max-batch-rows") == 0) {
-            ok = parse_l(a, v, 1, 4096, &o->max_batch_rows);
+            ok = kf_bench_parse_long("kf_fnload", a, v, 1, 4096, &o->max_batch_rows);
         } else if (strcmp(a, "--max-timer-callbacks") == 0) {
-            ok = parse_l(a, v, 1, 4096, &o->max_timer_callbacks);
+            ok = kf_bench_parse_long("kf_fnload", a, v, 1, 4096, &o->max_timer_callbacks);
         } else if (strcmp(a, "--limit") == 0) {
-            ok = parse_l(a, v, 1, 65536, &o->limit);
+            ok = kf_bench_parse_long("kf_fnload", a, v, 1, 65536, &o->limit);
         } else if (strcmp(a, "--duration-s") == 0) {
-            ok = parse_s(a, v, &o->duration_s);
+            ok = kf_bench_parse_seconds("kf_fnload", a, v, DURATION_S_MAX, &o->duration_s);
         } else if (strcmp(a, "--warmup-s") == 0) {
-            ok = parse_s(a, v, &o->warmup_s);
+            ok = kf_bench_parse_seconds("kf_fnload", a, v, DURATION_S_MAX, &o->warmup_s);
         } else if (strcmp(a, "--channels") == 0) {
-            ok = parse_l(a, v, 1, CHANNELS_MAX, &o->channels);
+            ok = kf_bench_parse_long("kf_fnload", a, v, 1, CHANNELS_MAX, &o->channels);
         } else if (strcmp(a, "--deadline-ms") == 0) {
-            ok = parse_l(a, v, 1, 3600000, &o->deadline_ms);
+            ok = kf_bench_parse_long("kf_fnload", a, v, 1, 3600000, &o->deadline_ms);
         } else if (strcmp(a, "--step-deadline-ms") == 0) {
-            ok = parse_l(a, v, 1, 3600000, &o->step_deadline_ms);
+            ok = kf_bench_parse_long("kf_fnload", a, v, 1, 3600000, &o->step_deadline_ms);
         } else if (strcmp(a, "--server-pid") == 0) {
-            ok = parse_ll(a, v, 1, 1LL << 30, &ll);
+            ok = kf_bench_parse_ll("kf_fnload", a, v, 1, 1LL << 30, &ll);
             o->server_pid = (long)ll;
         } else if (strcmp(a, "--metrics") == 0) {
             o->metrics = v;
         } else if (strcmp(a, "--minimal-stack") == 0) {
-            ok = parse_ll(a, v, 0, 1, &ll);
+            ok = kf_bench_parse_ll("kf_fnload", a, v, 0, 1, &ll);
             o->minimal_stack = ll != 0;
         } else {
             fprintf(stderr, "kf_fnload: unknown option %s\n", a);
@@ -954,36 +734,6 @@ static bool parse_args(int argc, char **argv, options_t *o) {
 
 /* ---- gRPC plumbing ------------------------------------------------------ */
 
-/* One TCP connection per channel (local subchannel pool), no retries (every
- * attempt the server sees is one the client counts), no receive limit (a
- * 65536-row output page is several MB). The minimal stack drops the
- * client-side filters, as in kf_load; deadlines still travel as
- * grpc-timeout and invariant 3 covers a server that never answers. */
-static grpc_channel *channel_open(const char *target, int index, bool minimal_stack) {
-    grpc_arg args[5];
-    memset(args, 0, sizeof args);
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
-    args[0].value.integer = 1;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = GRPC_ARG_ENABLE_RETRIES;
-    args[1].value.integer = 0;
-    args[2].type = GRPC_ARG_INTEGER;
-    args[2].key = "kf_fnload.channel"; /* distinct args: distinct connections */
-    args[2].value.integer = index;
-    args[3].type = GRPC_ARG_INTEGER;
-    args[3].key = GRPC_ARG_MINIMAL_STACK;
-    args[3].value.integer = minimal_stack;
-    args[4].type = GRPC_ARG_INTEGER;
-    args[4].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[4].value.integer = -1;
-    grpc_channel_args list = {5, args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(target, creds, &list);
-    grpc_channel_credentials_release(creds);
-    return ch;
-}
-
 /* A blocking unary call: sends `request` (a reference is taken), fills
  * `*response` (a slice the caller unrefs; empty without a message) and
  * `details` (the status message). Returns the status; -1 for a failed
@@ -996,31 +746,8 @@ static int unary_call(grpc_channel *ch, const char *method, grpc_slice request, 
     grpc_slice method_slice = grpc_slice_from_static_string(method);
     grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method_slice,
                                                NULL, deadline, NULL);
-    grpc_byte_buffer *req = grpc_raw_byte_buffer_create(&request, 1);
-    grpc_byte_buffer *resp = NULL;
-    grpc_metadata_array md_initial, md_trailing;
-    grpc_metadata_array_init(&md_initial);
-    grpc_metadata_array_init(&md_trailing);
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_slice status_details = grpc_empty_slice();
-    grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = req;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &md_initial;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &resp;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &md_trailing;
-    ops[5].data.recv_status_on_client.status = &status;
-    ops[5].data.recv_status_on_client.status_details = &status_details;
-    if (grpc_call_start_batch(call, ops, 6, call, NULL) != GRPC_CALL_OK) {
-        fprintf(stderr, "kf_fnload: grpc_call_start_batch failed\n");
-        abort(); /* only bad ops make this fail */
-    }
+    kf_bench_unary_t u;
+    kf_bench_unary_start(call, &u, grpc_raw_byte_buffer_create(&request, 1), call);
     /* The minimal stack has no client deadline filter: wait a little past
      * the deadline, then cancel (invariant 3). */
     gpr_timespec give_up =
@@ -1030,18 +757,12 @@ static int unary_call(grpc_channel *ch, const char *method, grpc_slice request, 
         grpc_call_cancel(call, NULL);
         ev = grpc_completion_queue_pluck(cq, call, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
     }
-    int result = ev.success ? (int)status : -1;
-    *response = resp != NULL ? buffer_flatten(resp) : grpc_empty_slice();
-    char *text = grpc_slice_to_c_string(status_details);
+    int result = ev.success ? (int)u.status : -1;
+    *response = u.response != NULL ? buffer_flatten(u.response) : grpc_empty_slice();
+    char *text = grpc_slice_to_c_string(u.details);
     snprintf(details, details_size, "%s", ev.success ? text : "the call's batch failed");
     gpr_free(text);
-    if (resp != NULL) {
-        grpc_byte_buffer_destroy(resp);
-    }
-    grpc_byte_buffer_destroy(req);
-    grpc_slice_unref(status_details);
-    grpc_metadata_array_destroy(&md_initial);
-    grpc_metadata_array_destroy(&md_trailing);
+    kf_bench_unary_release(&u);
     grpc_call_unref(call);
     grpc_completion_queue_shutdown(cq);
     grpc_completion_queue_destroy(cq);
@@ -1054,41 +775,16 @@ static grpc_slice pack_message(const ProtobufCMessage *m) {
     return s;
 }
 
-/* Status names: the 17 gRPC codes, then failures without a code. */
-#define STATUS_CODES        17
-#define STATUS_BATCH_FAILED 17 /* the completion queue reported success = 0 */
-#define STATUS_BAD_ACK      18 /* OK, but no or an unexpected acknowledgement */
-#define STATUS_OTHER        19 /* a code outside 0..16 */
-#define STATUS_SLOTS        20
+/* Calls are counted in kf_bench_status_slot's slots. An OK PushBatch must
+ * also carry the acknowledgement of the batch sent (and a read page must
+ * decode); one that does not counts in the slot for calls the tool rejects,
+ * under this name. */
+#define STATUS_BAD_ACK KF_BENCH_STATUS_REJECTED
+#define BAD_ACK_NAME   "BAD_ACK"
 
-static const char *const status_names[STATUS_SLOTS] = {
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-    "BATCH_FAILED",
-    "BAD_ACK",
-    "OTHER",
-};
-
+/* The name of a unary_call result (-1: the batch failed). */
 static const char *status_name(int st) {
-    if (st < 0) {
-        return "BATCH_FAILED";
-    }
-    return st < STATUS_CODES ? status_names[st] : "OTHER";
+    return kf_bench_status_name(kf_bench_status_slot(st >= 0, (grpc_status_code)st), BAD_ACK_NAME);
 }
 
 /* ---- Registration ------------------------------------------------------- */
@@ -1242,12 +938,7 @@ typedef struct producer {
     grpc_channel *channel;
     void *method;
     grpc_call *call; /* NULL when idle */
-    grpc_byte_buffer *request;
-    grpc_byte_buffer *response;
-    grpc_metadata_array md_initial;
-    grpc_metadata_array md_trailing;
-    grpc_status_code status;
-    grpc_slice details;
+    kf_bench_unary_t unary;
     int64_t start_ns;
     int64_t sequence; /* of the last batch started */
     int64_t rows_in_call;
@@ -1277,9 +968,9 @@ struct load {
     long long rows_total; /* untimed: rows to start in all */
     long long rows_started;
     /* results (calls completing inside the window; untimed: all) */
-    histogram_t hist;
-    uint64_t statuses[STATUS_SLOTS];
-    bool status_printed[STATUS_SLOTS];
+    kf_bench_hist_t hist;
+    uint64_t statuses[KF_BENCH_STATUS_SLOTS];
+    bool status_printed[KF_BENCH_STATUS_SLOTS];
     uint64_t rows_acked;
     uint64_t batches_ok;
     uint64_t duplicates;
@@ -1294,7 +985,7 @@ struct load {
  * row `first_row` (uniform: per producer; distinct: of the whole run). */
 static void build_columns(load_t *l, int64_t first_row, int64_t n, grpc_slice cols[3]) {
     if (l->keys == KEYS_UNIFORM && n == l->o->rows) {
-        cols[0] = grpc_slice_ref(l->user_pool[rand_next(&l->rng) % USER_POOL]);
+        cols[0] = grpc_slice_ref(l->user_pool[kf_bench_rng_next(&l->rng) % USER_POOL]);
         cols[2] = grpc_slice_ref(l->third_full);
     } else {
         uint32_t *keys = malloc((size_t)n * sizeof *keys);
@@ -1304,7 +995,7 @@ static void build_columns(load_t *l, int64_t first_row, int64_t n, grpc_slice co
         }
         for (int64_t i = 0; i < n; i++) {
             keys[i] = l->keys == KEYS_UNIFORM
-                          ? (uint32_t)(rand_next(&l->rng) % (uint64_t)l->o->keys)
+                          ? (uint32_t)(kf_bench_rng_next(&l->rng) % (uint64_t)l->o->keys)
                           : (uint32_t)(first_row + i);
         }
         cols[0] = encode_key_column(l->key_prefix, keys, (size_t)n);
@@ -1351,48 +1042,29 @@ static bool producer_request(load_t *l, producer_t *p, grpc_byte_buffer **out, i
 static void producer_start(producer_t *p) {
     load_t *l = p->load;
     int64_t rows;
-    if (!producer_request(l, p, &p->request, &rows)) {
+    grpc_byte_buffer *request;
+    if (!producer_request(l, p, &request, &rows)) {
         return;
     }
     p->rows_in_call = rows;
-    p->response = NULL;
     p->cancelled = false;
-    grpc_metadata_array_init(&p->md_initial);
-    grpc_metadata_array_init(&p->md_trailing);
-    p->details = grpc_empty_slice();
     gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                          gpr_time_from_millis(l->o->deadline_ms, GPR_TIMESPAN));
-    p->start_ns = now_ns();
+    p->start_ns = kf_bench_mono_ns();
     if (l->first_start_ns == 0) {
         l->first_start_ns = p->start_ns;
     }
     p->call = grpc_channel_create_registered_call(p->channel, NULL, GRPC_PROPAGATE_DEFAULTS, l->cq,
                                                   p->method, deadline, NULL);
-    grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = p->request;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &p->md_initial;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &p->response;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &p->md_trailing;
-    ops[5].data.recv_status_on_client.status = &p->status;
-    ops[5].data.recv_status_on_client.status_details = &p->details;
-    if (grpc_call_start_batch(p->call, ops, 6, p, NULL) != GRPC_CALL_OK) {
-        fprintf(stderr, "kf_fnload: grpc_call_start_batch failed\n");
-        abort(); /* only bad ops make this fail */
-    }
+    kf_bench_unary_start(p->call, &p->unary, request, p);
     l->outstanding++;
 }
 
 static void report_once(load_t *l, int slot, const char *text) {
     if (!l->status_printed[slot]) {
         l->status_printed[slot] = true;
-        fprintf(stderr, "kf_fnload: first %s: %s\n", status_names[slot], text);
+        fprintf(stderr, "kf_fnload: first %s: %s\n", kf_bench_status_name(slot, BAD_ACK_NAME),
+                text);
     }
 }
 
@@ -1401,18 +1073,11 @@ static void producer_finish(producer_t *p, bool ok, int64_t t) {
     load_t *l = p->load;
     bool counted = !l->timed || (t >= l->window_start_ns && t < l->window_end_ns);
     if (counted) {
-        int slot;
-        if (!ok) {
-            slot = STATUS_BATCH_FAILED;
-        } else if ((int)p->status < 0 || (int)p->status >= STATUS_CODES) {
-            slot = STATUS_OTHER;
-        } else {
-            slot = (int)p->status;
-        }
+        int slot = kf_bench_status_slot(ok, p->unary.status);
         if (slot == GRPC_STATUS_OK) {
             Keyflow__V1__PushBatchResponse *ack = NULL;
-            if (p->response != NULL) {
-                grpc_slice flat = buffer_flatten(p->response);
+            if (p->unary.response != NULL) {
+                grpc_slice flat = buffer_flatten(p->unary.response);
                 ack = keyflow__v1__push_batch_response__unpack(NULL, GRPC_SLICE_LENGTH(flat),
                                                                GRPC_SLICE_START_PTR(flat));
                 grpc_slice_unref(flat);
@@ -1437,21 +1102,15 @@ static void producer_finish(producer_t *p, bool ok, int64_t t) {
                 keyflow__v1__push_batch_response__free_unpacked(ack, NULL);
             }
         } else {
-            char *text = grpc_slice_to_c_string(p->details);
+            char *text = grpc_slice_to_c_string(p->unary.details);
             report_once(l, slot, text);
             gpr_free(text);
         }
         l->statuses[slot]++;
-        hist_add(&l->hist, (uint64_t)(t - p->start_ns));
+        kf_bench_hist_record(&l->hist, (uint64_t)(t - p->start_ns));
         l->last_done_ns = t;
     }
-    if (p->response != NULL) {
-        grpc_byte_buffer_destroy(p->response);
-    }
-    grpc_byte_buffer_destroy(p->request);
-    grpc_metadata_array_destroy(&p->md_initial);
-    grpc_metadata_array_destroy(&p->md_trailing);
-    grpc_slice_unref(p->details);
+    kf_bench_unary_release(&p->unary);
     grpc_call_unref(p->call);
     p->call = NULL;
     l->outstanding--;
@@ -1467,7 +1126,7 @@ static void *load_main(void *arg) {
         gpr_timespec wait =
             gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(POLL_MS, GPR_TIMESPAN));
         grpc_event ev = grpc_completion_queue_next(l->cq, wait, NULL);
-        int64_t t = now_ns();
+        int64_t t = kf_bench_mono_ns();
         if (ev.type == GRPC_OP_COMPLETE) {
             producer_t *p = ev.tag;
             producer_finish(p, ev.success != 0, t);
@@ -1549,10 +1208,10 @@ static bool load_init(load_t *l, const options_t *o, key_source_t keys, grpc_cha
     l->o = o;
     l->keys = keys;
     l->cq = grpc_completion_queue_create_for_next(NULL);
-    l->rng = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 32);
+    l->rng = (uint64_t)kf_bench_mono_ns() ^ ((uint64_t)getpid() << 32);
     l->key_prefix = keys == KEYS_UNIFORM ? 'u' : 's';
     /* Event times start now, so output timestamps look like real ones. */
-    l->ts_base_us = wall_us();
+    l->ts_base_us = kf_bench_wall_us();
     /* running_sum's amount; session_counter's idle_us. */
     l->third_value = keys == KEYS_UNIFORM ? 7 : o->idle_us;
     for (long c = 0; c < o->channels; c++) {
@@ -1566,7 +1225,7 @@ static bool load_init(load_t *l, const options_t *o, key_source_t keys, grpc_cha
         }
         for (int k = 0; k < USER_POOL; k++) {
             for (long i = 0; i < o->rows; i++) {
-                draw[i] = (uint32_t)(rand_next(&l->rng) % (uint64_t)o->keys);
+                draw[i] = (uint32_t)(kf_bench_rng_next(&l->rng) % (uint64_t)o->keys);
             }
             l->user_pool[k] = encode_key_column(l->key_prefix, draw, (size_t)o->rows);
         }
@@ -1605,49 +1264,24 @@ static void load_destroy(load_t *l) {
     free(l->producers);
 }
 
-static void errors_text(const uint64_t *statuses, char *buf, size_t size, bool json) {
-    size_t used = 0;
-    buf[0] = '\0';
-    bool first = true;
-    for (int i = 1; i < STATUS_SLOTS && used < size; i++) {
-        if (statuses[i] == 0) {
-            continue;
-        }
-        int n =
-            json ? snprintf(buf + used, size - used, "%s\"%s\":%" PRIu64, first ? "" : ",",
-                            status_names[i], statuses[i])
-                 : snprintf(buf + used, size - used, " %s=%" PRIu64, status_names[i], statuses[i]);
-        used += n > 0 ? (size_t)n : 0;
-        first = false;
-    }
-}
-
-static uint64_t errors_total(const uint64_t *statuses) {
-    uint64_t e = 0;
-    for (int i = 1; i < STATUS_SLOTS; i++) {
-        e += statuses[i];
-    }
-    return e;
-}
-
 /* One human line and one JSON line for a push or fill run. */
 static void print_load(const load_t *l, const char *kind, double window_s, const cpu_pct_t *cpu,
                        const registered_t *reg) {
     const options_t *o = l->o;
     double rows_s = window_s > 0 ? (double)l->rows_acked / window_s : 0.0;
     double batches_s = window_s > 0 ? (double)l->batches_ok / window_s : 0.0;
-    uint64_t errors = errors_total(l->statuses);
+    uint64_t errors = kf_bench_errors_total(l->statuses);
     long long keys = l->keys == KEYS_DISTINCT ? o->timers : o->keys;
     char etext[512], ejson[512], ctext[512];
-    errors_text(l->statuses, etext, sizeof etext, false);
-    errors_text(l->statuses, ejson, sizeof ejson, true);
+    kf_bench_errors_text(l->statuses, BAD_ACK_NAME, false, etext, sizeof etext);
+    kf_bench_errors_text(l->statuses, BAD_ACK_NAME, true, ejson, sizeof ejson);
     cpu_text(cpu, ctext, sizeof ctext);
     printf("%s producers=%ld rows/batch=%ld keys=%lld: %" PRIu64 " batches ok in %.1f s = %.0f "
            "batches/s, %.0f rows/s; ack latency us p50 %.1f p99 %.1f max %.1f; errors %" PRIu64
            "%s; %s\n",
            kind, o->producers, o->rows, keys, l->batches_ok, window_s, batches_s, rows_s,
-           hist_q_us(&l->hist, 0.50), hist_q_us(&l->hist, 0.99), (double)l->hist.max_ns / 1e3,
-           errors, etext, ctext);
+           kf_bench_hist_quantile_us(&l->hist, 0.50), kf_bench_hist_quantile_us(&l->hist, 0.99),
+           kf_bench_hist_max_us(&l->hist), errors, etext, ctext);
     printf("{\"kind\":\"%s\",\"function_id\":\"%s\",\"descriptor_sha256\":\"%s\","
            "\"producers\":%ld,\"rows_per_batch\":%ld,\"keys\":%lld,\"channels\":%ld,"
            "\"window_s\":%.3f,\"warmup_s\":%.3f,\"batches_ok\":%" PRIu64 ",\"rows_acked\":%" PRIu64
@@ -1657,17 +1291,23 @@ static void print_load(const load_t *l, const char *kind, double window_s, const
            ",\"errors_by_status\":{%s},\"abandoned\":%" PRIu64,
            kind, o->function_id, reg->sha256, o->producers, o->rows, keys, o->channels, window_s,
            l->timed ? o->warmup_s : 0.0, l->batches_ok, l->rows_acked, batches_s, rows_s,
-           l->activations, l->handler_calls, l->duplicates, hist_q_us(&l->hist, 0.50),
-           hist_q_us(&l->hist, 0.99), hist_q_us(&l->hist, 0.999), (double)l->hist.max_ns / 1e3,
-           hist_mean_us(&l->hist), errors, ejson, l->abandoned);
+           l->activations, l->handler_calls, l->duplicates,
+           kf_bench_hist_quantile_us(&l->hist, 0.50), kf_bench_hist_quantile_us(&l->hist, 0.99),
+           kf_bench_hist_quantile_us(&l->hist, 0.999), kf_bench_hist_max_us(&l->hist),
+           kf_bench_hist_mean_us(&l->hist), errors, ejson, l->abandoned);
     cpu_json(stdout, cpu);
     printf("}\n");
     fflush(stdout);
 }
 
+/* No receive limit: a 65536-row output page is several MB. */
+static grpc_channel *open_channel(const options_t *o, int index) {
+    return kf_bench_channel_create(o->target, index, o->minimal_stack, true);
+}
+
 static bool open_channels(const options_t *o, grpc_channel **channels) {
     for (long c = 0; c < o->channels; c++) {
-        channels[c] = channel_open(o->target, (int)c, o->minimal_stack);
+        channels[c] = open_channel(o, (int)c);
         if (channels[c] == NULL) {
             return false;
         }
@@ -1702,7 +1342,7 @@ static int run_push(const options_t *o) {
     }
     pthread_t worker;
     cpu_window_t cw;
-    int64_t start = now_ns();
+    int64_t start = kf_bench_mono_ns();
     if (o->mode == MODE_PUSH) {
         l->timed = true;
         l->window_start_ns = start + (int64_t)(o->warmup_s * 1e9);
@@ -1719,9 +1359,9 @@ static int run_push(const options_t *o) {
     }
     if (l->timed) {
         /* CPU over exactly the window the latencies cover. */
-        sleep_until(l->window_start_ns);
+        kf_bench_sleep_until_ns(l->window_start_ns);
         cpu_begin(&cw, o->server_pid);
-        sleep_until(l->window_end_ns);
+        kf_bench_sleep_until_ns(l->window_end_ns);
         cpu_end(&cw);
     }
     pthread_join(worker, NULL);
@@ -1833,9 +1473,9 @@ static const char *page_verify(const uint8_t *data, size_t len, int64_t rows) {
 }
 
 static int run_read(const options_t *o) {
-    grpc_channel *ch = channel_open(o->target, 0, o->minimal_stack);
-    static histogram_t hist;
-    uint64_t statuses[STATUS_SLOTS] = {0};
+    grpc_channel *ch = open_channel(o, 0);
+    static kf_bench_hist_t hist;
+    uint64_t statuses[KF_BENCH_STATUS_SLOTS] = {0};
     int64_t after = 0, rows = 0, pages = 0, high = 0;
     uint64_t bytes = 0;
     const char *verify_problem = NULL;
@@ -1846,18 +1486,18 @@ static int run_read(const options_t *o) {
     req.format = KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_COLUMNAR;
     cpu_window_t cw;
     cpu_begin(&cw, o->server_pid);
-    int64_t t0 = now_ns();
+    int64_t t0 = kf_bench_mono_ns();
     for (;;) {
         req.after_seq = after;
         grpc_slice packed = pack_message(&req.base);
         grpc_slice resp;
         char details[512];
-        int64_t s0 = now_ns();
+        int64_t s0 = kf_bench_mono_ns();
         int st =
             unary_call(ch, METHOD_READ, packed, o->deadline_ms, &resp, details, sizeof details);
-        int64_t s1 = now_ns();
+        int64_t s1 = kf_bench_mono_ns();
         grpc_slice_unref(packed);
-        int slot = st < 0 ? STATUS_BATCH_FAILED : st < STATUS_CODES ? st : STATUS_OTHER;
+        int slot = kf_bench_status_slot(st >= 0, (grpc_status_code)st);
         page_t pg;
         if (slot == GRPC_STATUS_OK &&
             !page_scan(GRPC_SLICE_START_PTR(resp), GRPC_SLICE_LENGTH(resp), &pg)) {
@@ -1868,7 +1508,7 @@ static int run_read(const options_t *o) {
         if (slot != GRPC_STATUS_OK) {
             if (first_error[0] == '\0') {
                 snprintf(first_error, sizeof first_error, "%s after_seq %" PRId64 ": %s",
-                         status_names[slot], after, details);
+                         kf_bench_status_name(slot, BAD_ACK_NAME), after, details);
                 fprintf(stderr, "kf_fnload: read: %s\n", first_error);
             }
             grpc_slice_unref(resp);
@@ -1889,14 +1529,14 @@ static int run_read(const options_t *o) {
         if (pages == 0 && verify_problem == NULL) {
             verify_problem = page_verify(GRPC_SLICE_START_PTR(resp), GRPC_SLICE_LENGTH(resp), n);
         }
-        hist_add(&hist, (uint64_t)(s1 - s0));
+        kf_bench_hist_record(&hist, (uint64_t)(s1 - s0));
         bytes += GRPC_SLICE_LENGTH(resp);
         rows += n;
         pages++;
         after = pg.next_after_seq;
         grpc_slice_unref(resp);
     }
-    int64_t t1 = now_ns();
+    int64_t t1 = kf_bench_mono_ns();
     cpu_end(&cw);
     grpc_channel_destroy(ch);
     if (verify_problem != NULL) {
@@ -1908,25 +1548,25 @@ static int run_read(const options_t *o) {
     cpu_percent(&cw, &cpu);
     char ctext[512], etext[512], ejson[512];
     cpu_text(&cpu, ctext, sizeof ctext);
-    errors_text(statuses, etext, sizeof etext, false);
-    errors_text(statuses, ejson, sizeof ejson, true);
-    uint64_t errors = errors_total(statuses);
+    kf_bench_errors_text(statuses, BAD_ACK_NAME, false, etext, sizeof etext);
+    kf_bench_errors_text(statuses, BAD_ACK_NAME, true, ejson, sizeof ejson);
+    uint64_t errors = kf_bench_errors_total(statuses);
     printf("read limit=%ld: %" PRId64 " rows in %" PRId64 " pages in %.2f s = %.0f rows/s, "
            "%.1f MB/s; page latency us p50 %.1f p99 %.1f max %.1f; high water %" PRId64
            "; errors %" PRIu64 "%s%s%s; %s\n",
            o->limit, rows, pages, s, rows_s, s > 0 ? (double)bytes / s / 1e6 : 0.0,
-           hist_q_us(&hist, 0.50), hist_q_us(&hist, 0.99), (double)hist.max_ns / 1e3, high, errors,
-           etext, verify_problem ? "; CHECK FAILED: " : "", verify_problem ? verify_problem : "",
-           ctext);
+           kf_bench_hist_quantile_us(&hist, 0.50), kf_bench_hist_quantile_us(&hist, 0.99),
+           kf_bench_hist_max_us(&hist), high, errors, etext,
+           verify_problem ? "; CHECK FAILED: " : "", verify_problem ? verify_problem : "", ctext);
     printf("{\"kind\":\"fn_read\",\"function_id\":\"%s\",\"limit\":%ld,\"rows\":%" PRId64
            ",\"pages\":%" PRId64 ",\"bytes\":%" PRIu64 ",\"elapsed_s\":%.3f,\"rows_per_s\":%.1f,"
            "\"page_p50_us\":%.1f,\"page_p99_us\":%.1f,\"page_max_us\":%.1f,"
            "\"high_water_seq\":%" PRId64 ",\"complete\":%s,\"check_ok\":%s,\"errors\":%" PRIu64
            ",\"errors_by_status\":{%s}",
-           o->function_id, o->limit, rows, pages, bytes, s, rows_s, hist_q_us(&hist, 0.50),
-           hist_q_us(&hist, 0.99), (double)hist.max_ns / 1e3, high,
-           errors == 0 && after >= high ? "true" : "false", verify_problem ? "false" : "true",
-           errors, ejson);
+           o->function_id, o->limit, rows, pages, bytes, s, rows_s,
+           kf_bench_hist_quantile_us(&hist, 0.50), kf_bench_hist_quantile_us(&hist, 0.99),
+           kf_bench_hist_max_us(&hist), high, errors == 0 && after >= high ? "true" : "false",
+           verify_problem ? "false" : "true", errors, ejson);
     cpu_json(stdout, &cpu);
     printf("}\n");
     fflush(stdout);
@@ -1984,10 +1624,10 @@ static int run_timers(const options_t *o) {
     cpu_begin(&cw, o->server_pid);
     grpc_slice resp;
     char details[512];
-    int64_t t0 = now_ns();
+    int64_t t0 = kf_bench_mono_ns();
     int st = unary_call(channels[0], METHOD_PUSH, header, o->step_deadline_ms, &resp, details,
                         sizeof details);
-    int64_t t1 = now_ns();
+    int64_t t1 = kf_bench_mono_ns();
     cpu_end(&cw);
     long rss1 = proc_status_kb(o->server_pid, "VmRSS");
     long hwm1 = proc_status_kb(o->server_pid, "VmHWM");
