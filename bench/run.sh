@@ -46,31 +46,9 @@ KEEP_DATA=${KEEP_DATA:-0}
 SUITES=${SUITES:-"coordinators functions"}
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
-log() { printf '== %s\n' "$*" >&2; }
-
-# The process-functions benchmark has its own script; it shares the build
-# tree and the results directory.
-run_functions() {
-    BUILD_DIR=$BUILD_DIR RESULTS_DIR=$RESULTS_DIR KEEP_DATA=$KEEP_DATA \
-        KEYFLOWD_ARGS=$KEYFLOWD_ARGS "$ROOT/bench/run_functions.sh"
-}
-case " $SUITES " in
-    *" coordinators "*) ;;
-    *" functions "*) run_functions; exit ;;
-    *) log "SUITES must name coordinators and/or functions, got '$SUITES'"; exit 2 ;;
-esac
-
-# Percent of CPU time idle over two seconds, from /proc/stat. Other work on
-# the machine skews every number here, so the report prints this.
-idle_pct() {
-    local cpu u n s i w q sq st t1 i1 t2 i2
-    read -r cpu u n s i w q sq st _ </proc/stat
-    t1=$((u + n + s + i + w + q + sq + st)); i1=$((i + w))
-    sleep 2
-    read -r cpu u n s i w q sq st _ </proc/stat
-    t2=$((u + n + s + i + w + q + sq + st)); i2=$((i + w))
-    echo $(( 100 * (i2 - i1) / (t2 - t1 > 0 ? t2 - t1 : 1) ))
-}
+s_lib="$(dirname "$0")/lib.sh"
+# shellcheck source=bench/lib.sh
+. "$s_lib"
 
 # ---- build ------------------------------------------------------------------
 log "building kf_load and keyflowd in $BUILD_DIR"
@@ -94,69 +72,7 @@ command -v wrk >/dev/null || { log "wrk is not installed (apt-get install wrk)";
 command -v curl >/dev/null || { log "curl is not installed"; exit 1; }
 
 # ---- server -----------------------------------------------------------------
-# The data directory lives in the build tree: the same disk as the work tree,
-# which is the disk whose fdatasync the probe measures.
-mkdir -p "$RESULTS_DIR"
-WORK=$(mktemp -d "$BUILD_DIR/bench-run.XXXXXX")
-RESULTS=$RESULTS_DIR/$STAMP.jsonl
-TEXT=$RESULTS_DIR/$STAMP.txt
-SERVER_LOG=$RESULTS_DIR/$STAMP.keyflowd.log
-: >"$RESULTS"
-SERVER_PID=
-
-stop_server() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        for _ in $(seq 1 150); do
-            kill -0 "$SERVER_PID" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$SERVER_PID" 2>/dev/null; then
-            log "keyflowd did not stop within 15 s of SIGTERM; sending SIGKILL"
-            kill -KILL "$SERVER_PID" 2>/dev/null || true
-        fi
-        local rc=0
-        wait "$SERVER_PID" 2>/dev/null || rc=$?
-        log "keyflowd exited with status $rc"
-    fi
-    SERVER_PID=
-}
-cleanup() {
-    stop_server
-    if [ "$KEEP_DATA" = 1 ]; then
-        log "data kept in $WORK"
-    else
-        rm -rf "$WORK"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log "starting keyflowd (data $WORK/data, log $SERVER_LOG)"
-# shellcheck disable=SC2086  # KEYFLOWD_ARGS is a list of flags
-"$KEYFLOWD" --data "$WORK/data" --grpc 127.0.0.1:0 --http 127.0.0.1:0 \
-    --port-file "$WORK/ports" --log-level warn $KEYFLOWD_ARGS >"$SERVER_LOG" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 200); do
-    [ -s "$WORK/ports" ] && break
-    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$SERVER_LOG" >&2; log "keyflowd died"; exit 1; }
-    sleep 0.1
-done
-[ -s "$WORK/ports" ] || { log "keyflowd wrote no port file within 20 s"; exit 1; }
-GRPC_PORT=$(sed -n 's/^grpc=//p' "$WORK/ports")
-HTTP_PORT=$(sed -n 's/^http=//p' "$WORK/ports")
-log "keyflowd pid $SERVER_PID, grpc 127.0.0.1:$GRPC_PORT, http 127.0.0.1:$HTTP_PORT"
-
-# Records a JSON line (lines starting with "{") and keeps the human line.
-collect() {
-    local line
-    while IFS= read -r line; do
-        case $line in
-            '{'*) printf '%s\n' "$line" >>"$RESULTS" ;;
-            *) printf '%s\n' "$line" | tee -a "$TEXT" >&2 ;;
-        esac
-    done
-}
+start_server "$KEYFLOWD" bench-run
 
 metric() {  # prints one counter from the server's /metrics, or 0
     curl -s --max-time 5 "http://127.0.0.1:$HTTP_PORT/metrics" |

@@ -55,18 +55,9 @@ KEEP_DATA=${KEEP_DATA:-0}
 PERF_RECORD=${PERF_RECORD:-0}
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)-functions
 
-log() { printf '== %s\n' "$*" >&2; }
-
-# Percent of CPU time idle over two seconds, from /proc/stat.
-idle_pct() {
-    local cpu u n s i w q sq st t1 i1 t2 i2
-    read -r cpu u n s i w q sq st _ </proc/stat
-    t1=$((u + n + s + i + w + q + sq + st)); i1=$((i + w))
-    sleep 2
-    read -r cpu u n s i w q sq st _ </proc/stat
-    t2=$((u + n + s + i + w + q + sq + st)); i2=$((i + w))
-    echo $(( 100 * (i2 - i1) / (t2 - t1 > 0 ? t2 - t1 : 1) ))
-}
+s_lib="$(dirname "$0")/lib.sh"
+# shellcheck source=bench/lib.sh
+. "$s_lib"
 
 # ---- build ------------------------------------------------------------------
 log "building kf_fnload, kf_load, keyflowd and the example handlers in $BUILD_DIR"
@@ -90,68 +81,8 @@ log "CPU idle before the run: $IDLE_BEFORE%"
 command -v curl >/dev/null || { log "curl is not installed"; exit 1; }
 
 # ---- server -----------------------------------------------------------------
-mkdir -p "$RESULTS_DIR"
-WORK=$(mktemp -d "$BUILD_DIR/bench-fn.XXXXXX")
-RESULTS=$RESULTS_DIR/$STAMP.jsonl
-TEXT=$RESULTS_DIR/$STAMP.txt
-SERVER_LOG=$RESULTS_DIR/$STAMP.keyflowd.log
-: >"$RESULTS"
-SERVER_PID=
-
-stop_server() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        for _ in $(seq 1 300); do
-            kill -0 "$SERVER_PID" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$SERVER_PID" 2>/dev/null; then
-            log "keyflowd did not stop within 30 s of SIGTERM; sending SIGKILL"
-            kill -KILL "$SERVER_PID" 2>/dev/null || true
-        fi
-        local rc=0
-        wait "$SERVER_PID" 2>/dev/null || rc=$?
-        log "keyflowd exited with status $rc"
-    fi
-    SERVER_PID=
-}
-cleanup() {
-    stop_server
-    if [ "$KEEP_DATA" = 1 ]; then
-        log "data kept in $WORK"
-    else
-        rm -rf "$WORK"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log "starting keyflowd (data $WORK/data, plugins $HANDLERS, log $SERVER_LOG)"
-# shellcheck disable=SC2086  # KEYFLOWD_ARGS is a list of flags
-"$KEYFLOWD" --data "$WORK/data" --grpc 127.0.0.1:0 --http 127.0.0.1:0 --plugin-dir "$HANDLERS" \
-    --port-file "$WORK/ports" --log-level warn $KEYFLOWD_ARGS >"$SERVER_LOG" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 200); do
-    [ -s "$WORK/ports" ] && break
-    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$SERVER_LOG" >&2; log "keyflowd died"; exit 1; }
-    sleep 0.1
-done
-[ -s "$WORK/ports" ] || { log "keyflowd wrote no port file within 20 s"; exit 1; }
-GRPC_PORT=$(sed -n 's/^grpc=//p' "$WORK/ports")
-HTTP_PORT=$(sed -n 's/^http=//p' "$WORK/ports")
+start_server "$KEYFLOWD" bench-fn --plugin-dir "$HANDLERS"
 TARGET=127.0.0.1:$GRPC_PORT
-log "keyflowd pid $SERVER_PID, grpc $TARGET, http 127.0.0.1:$HTTP_PORT"
-
-# Records JSON lines (starting with "{") and keeps the human lines.
-collect() {
-    local line
-    while IFS= read -r line; do
-        case $line in
-            '{'*) printf '%s\n' "$line" >>"$RESULTS" ;;
-            *) printf '%s\n' "$line" | tee -a "$TEXT" >&2 ;;
-        esac
-    done
-}
 
 # The commit counters of the server's /metrics, as "name value" lines.
 commit_metrics() {

@@ -1,0 +1,93 @@
+# lib.sh - shared by bench/run.sh and bench/run_functions.sh (sourced, not
+# run): logging, the idle-CPU reading, and one keyflowd on 127.0.0.1 port 0
+# that is always stopped with SIGTERM when the script exits.
+#
+# The caller sets BUILD_DIR, RESULTS_DIR, STAMP and KEEP_DATA, and
+# KEYFLOWD_ARGS (extra flags) before calling start_server.
+# shellcheck shell=bash
+
+log() { printf '== %s\n' "$*" >&2; }
+
+# Percent of CPU time idle over two seconds, from /proc/stat. Other work on
+# the machine skews every number, so the reports print this.
+idle_pct() {
+    local cpu u n s i w q sq st t1 i1 t2 i2
+    read -r cpu u n s i w q sq st _ </proc/stat
+    t1=$((u + n + s + i + w + q + sq + st)); i1=$((i + w))
+    sleep 2
+    read -r cpu u n s i w q sq st _ </proc/stat
+    t2=$((u + n + s + i + w + q + sq + st)); i2=$((i + w))
+    echo $(( 100 * (i2 - i1) / (t2 - t1 > 0 ? t2 - t1 : 1) ))
+}
+
+SERVER_PID=
+STOP_WAIT_S=${STOP_WAIT_S:-30}
+
+stop_server() {
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        for _ in $(seq 1 $((STOP_WAIT_S * 10))); do
+            kill -0 "$SERVER_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$SERVER_PID" 2>/dev/null; then
+            log "keyflowd did not stop within $STOP_WAIT_S s of SIGTERM; sending SIGKILL"
+            kill -KILL "$SERVER_PID" 2>/dev/null || true
+        fi
+        local rc=0
+        wait "$SERVER_PID" 2>/dev/null || rc=$?
+        log "keyflowd exited with status $rc"
+    fi
+    SERVER_PID=
+}
+
+cleanup() {
+    stop_server
+    if [ "$KEEP_DATA" = 1 ]; then
+        log "data kept in $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+}
+
+# start_server KEYFLOWD WORK_PREFIX [extra keyflowd flags...]
+# Sets WORK, RESULTS, TEXT, SERVER_LOG, SERVER_PID, GRPC_PORT, HTTP_PORT.
+# The data directory lives in the build tree: the same disk as the work tree,
+# which is the disk whose fdatasync the probe measures.
+start_server() {
+    local keyflowd=$1 prefix=$2
+    shift 2
+    mkdir -p "$RESULTS_DIR"
+    WORK=$(mktemp -d "$BUILD_DIR/$prefix.XXXXXX")
+    RESULTS=$RESULTS_DIR/$STAMP.jsonl
+    TEXT=$RESULTS_DIR/$STAMP.txt
+    SERVER_LOG=$RESULTS_DIR/$STAMP.keyflowd.log
+    : >"$RESULTS"
+    trap cleanup EXIT
+    trap 'exit 130' INT TERM
+    log "starting keyflowd (data $WORK/data, log $SERVER_LOG)"
+    # shellcheck disable=SC2086  # KEYFLOWD_ARGS is a list of flags
+    "$keyflowd" --data "$WORK/data" --grpc 127.0.0.1:0 --http 127.0.0.1:0 "$@" \
+        --port-file "$WORK/ports" --log-level warn $KEYFLOWD_ARGS >"$SERVER_LOG" 2>&1 &
+    SERVER_PID=$!
+    for _ in $(seq 1 200); do
+        [ -s "$WORK/ports" ] && break
+        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$SERVER_LOG" >&2; log "keyflowd died"; exit 1; }
+        sleep 0.1
+    done
+    [ -s "$WORK/ports" ] || { log "keyflowd wrote no port file within 20 s"; exit 1; }
+    GRPC_PORT=$(sed -n 's/^grpc=//p' "$WORK/ports")
+    HTTP_PORT=$(sed -n 's/^http=//p' "$WORK/ports")
+    log "keyflowd pid $SERVER_PID, grpc 127.0.0.1:$GRPC_PORT, http 127.0.0.1:$HTTP_PORT"
+}
+
+# Records JSON lines (starting with "{") and keeps the human lines.
+collect() {
+    local line
+    while IFS= read -r line; do
+        case $line in
+            '{'*) printf '%s\n' "$line" >>"$RESULTS" ;;
+            *) printf '%s\n' "$line" | tee -a "$TEXT" >&2 ;;
+        esac
+    done
+}
