@@ -19,6 +19,7 @@
 #include "rpc/grpc_server.h"
 #include "rpc/wire_check.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -604,8 +605,31 @@ static void *cq_main(void *arg) {
     return NULL;
 }
 
+/* Debian builds abseil without NDEBUG, so every absl::Mutex inside gRPC
+ * keeps a lock-order graph for deadlock detection (a debug aid; release
+ * builds of abseil leave it off). It cost 3-4% of the server's CPU in the
+ * SendEvent profile; turning it off gave Health/Check at c=64 +5-13%
+ * (bench/README.md). Turned off the way abseil offers it,
+ * absl::SetMutexDeadlockDetectionMode(kIgnore), looked up by its mangled
+ * name because this is C; when the symbol is absent nothing changes. */
+static void absl_deadlock_detection_off(void) {
+    static const char *const names[] = {
+        "_ZN4absl7debian329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE",
+        "_ZN4absl12lts_2022062329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        void *sym = dlsym(RTLD_DEFAULT, names[i]);
+        if (sym != NULL) {
+            void (*set_mode)(int) = (void (*)(int))(uintptr_t)sym;
+            set_mode(0); /* absl::OnDeadlockCycle::kIgnore */
+            return;
+        }
+    }
+}
+
 kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t *engine,
                                   kf_grpc_server_t **out, int *port, kf_error_t *err) {
+    absl_deadlock_detection_off();
     grpc_init();
     gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
     kf_grpc_server_t *s = calloc(1, sizeof *s);
