@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <grpc/byte_buffer.h>
@@ -126,7 +127,10 @@ static bool fsync_prepare(int fd, fsync_mode_t mode, long count, const char *pat
     return true;
 }
 
-static int run_fsync_probe(const char *dir, long count, fsync_mode_t mode) {
+/* gap_us > 0: the probe sleeps that long before each record, as a c=1
+ * client leaves the disk idle between its syncs (the wait for the reply and
+ * the next request); back to back (0) is the reference the target uses. */
+static int run_fsync_probe(const char *dir, long count, fsync_mode_t mode, long gap_us) {
     char path[4096];
     snprintf(path, sizeof path, "%s/kf_fsync_probe.%ld", dir, (long)getpid());
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -141,7 +145,11 @@ static int run_fsync_probe(const char *dir, long count, fsync_mode_t mode) {
     memset(&hist, 0, sizeof hist);
     int status = fsync_prepare(fd, mode, count, path) ? 0 : 1;
     int64_t t0 = kf_bench_mono_ns();
+    const struct timespec gap = {gap_us / 1000000, (gap_us % 1000000) * 1000};
     for (long i = 0; i < count && status == 0; i++) {
+        if (gap_us > 0) {
+            nanosleep(&gap, NULL);
+        }
         off_t at = (off_t)i * FSYNC_RECORD_BYTES;
         if (pwrite(fd, record, sizeof record, at) != (ssize_t)sizeof record) {
             fprintf(stderr, "kf_load: pwrite %s: %s\n", path, strerror(errno));
@@ -168,13 +176,14 @@ static int run_fsync_probe(const char *dir, long count, fsync_mode_t mode) {
     double p99 = kf_bench_hist_quantile_us(&hist, 0.99);
     double max_us = kf_bench_hist_max_us(&hist);
     double mean_us = kf_bench_hist_mean_us(&hist);
-    printf("fsync-probe %s dir=%s: %" PRIu64 " x (pwrite %d B + fdatasync) in %.2f s = %.0f ops/s;"
-           " fdatasync p50 %.1f us p99 %.1f us mean %.1f us max %.1f us\n",
-           name, dir, hist.count, FSYNC_RECORD_BYTES, elapsed_s, ops, p50, p99, mean_us, max_us);
-    printf("{\"kind\":\"fsync_probe\",\"mode\":\"%s\",\"count\":%" PRIu64 ",\"record_bytes\":%d,"
-           "\"elapsed_s\":%.3f,\"ops_per_s\":%.1f,\"fdatasync_p50_us\":%.1f,"
+    printf("fsync-probe %s gap=%ldus dir=%s: %" PRIu64 " x (pwrite %d B + fdatasync) in %.2f s ="
+           " %.0f ops/s; fdatasync p50 %.1f us p99 %.1f us mean %.1f us max %.1f us\n",
+           name, gap_us, dir, hist.count, FSYNC_RECORD_BYTES, elapsed_s, ops, p50, p99, mean_us,
+           max_us);
+    printf("{\"kind\":\"fsync_probe\",\"mode\":\"%s\",\"gap_us\":%ld,\"count\":%" PRIu64
+           ",\"record_bytes\":%d,\"elapsed_s\":%.3f,\"ops_per_s\":%.1f,\"fdatasync_p50_us\":%.1f,"
            "\"fdatasync_p99_us\":%.1f,\"fdatasync_mean_us\":%.1f,\"fdatasync_max_us\":%.1f}\n",
-           name, hist.count, FSYNC_RECORD_BYTES, elapsed_s, ops, p50, p99, mean_us, max_us);
+           name, gap_us, hist.count, FSYNC_RECORD_BYTES, elapsed_s, ops, p50, p99, mean_us, max_us);
     fflush(stdout);
     return 0;
 }
@@ -202,6 +211,7 @@ typedef struct options {
     const char *fsync_dir; /* non-NULL: run the fsync probe instead */
     long fsync_count;
     fsync_mode_t fsync_mode;
+    long fsync_gap_us;
 } options_t;
 
 /* Calls are counted in kf_bench_status_slot's slots. An OK call must also
@@ -516,7 +526,7 @@ static int run_load(const options_t *o) {
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kf_load --target HOST:PORT --rpc health|send [options]\n"
-            "       kf_load --fsync-probe DIR [--count N] [--fsync-mode M]\n"
+            "       kf_load --fsync-probe DIR [--count N] [--fsync-mode M] [--gap-us N]\n"
             "  --concurrency N   calls kept outstanding (default 1, max %d)\n"
             "  --duration-s S    measurement window (default 10)\n"
             "  --warmup-s S      load before the window, not counted (default 2)\n"
@@ -528,7 +538,8 @@ static void usage(FILE *out) {
             "  --server-pid PID  also report that process's CPU use in the window\n"
             "  --minimal-stack B 1: client channels without optional filters (default 1)\n"
             "  --count N         fsync probe records (default 2000)\n"
-            "  --fsync-mode M    append (default), fallocate or overwrite (see the source)\n",
+            "  --fsync-mode M    append (default), fallocate or overwrite (see the source)\n"
+            "  --gap-us N        fsync probe: idle this long before each record (default 0)\n",
             CONCURRENCY_MAX, CHANNELS_MAX);
 }
 
@@ -609,6 +620,8 @@ static bool parse_args(int argc, char **argv, options_t *o) {
                 fprintf(stderr, "kf_load: --fsync-mode must be append, fallocate or overwrite\n");
                 ok = false;
             }
+        } else if (strcmp(a, "--gap-us") == 0) {
+            ok = kf_bench_parse_long("kf_load", a, v, 0, 1000000, &o->fsync_gap_us);
         } else if (strcmp(a, "--count") == 0) {
             ok = kf_bench_parse_long("kf_load", a, v, 1, FSYNC_COUNT_MAX, &o->fsync_count);
         } else {
@@ -649,7 +662,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (o.fsync_dir != NULL) {
-        return run_fsync_probe(o.fsync_dir, o.fsync_count, o.fsync_mode);
+        return run_fsync_probe(o.fsync_dir, o.fsync_count, o.fsync_mode, o.fsync_gap_us);
     }
     return run_load(&o);
 }
