@@ -2,9 +2,20 @@
 # run): logging, the idle-CPU reading, and one keyflowd on 127.0.0.1 port 0
 # that is always stopped with SIGTERM when the script exits.
 #
-# The caller sets BUILD_DIR, RESULTS_DIR, STAMP and KEEP_DATA, and
-# KEYFLOWD_ARGS (extra flags) before calling start_server.
+# The knobs both scripts take get their defaults here (each script's header
+# documents them); the caller sets STAMP before calling start_server.
 # shellcheck shell=bash
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$ROOT/build-bench}
+DURATION_S=${DURATION_S:-10}
+WARMUP_S=${WARMUP_S:-2}
+KEYS=${KEYS:-10000}
+CHANNELS=${CHANNELS:-1}
+FSYNC_COUNT=${FSYNC_COUNT:-2000}
+KEYFLOWD_ARGS=${KEYFLOWD_ARGS:-}
+RESULTS_DIR=${RESULTS_DIR:-$BUILD_DIR/bench-results}
+KEEP_DATA=${KEEP_DATA:-0}
 
 log() { printf '== %s\n' "$*" >&2; }
 

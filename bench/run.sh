@@ -29,27 +29,19 @@
 #   SUITES         what to run: "coordinators", "functions" or both (default both)
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD_DIR=${BUILD_DIR:-$ROOT/build-bench}
-DURATION_S=${DURATION_S:-10}
-WARMUP_S=${WARMUP_S:-2}
-CONCURRENCIES=${CONCURRENCIES:-"1 16 64 256"}
-KEYS=${KEYS:-10000}
-CHANNELS=${CHANNELS:-1}
-THREADS=${THREADS:-1}
-HTTP_CONNECTIONS=${HTTP_CONNECTIONS:-64}
-WRK_THREADS=${WRK_THREADS:-1}
-FSYNC_COUNT=${FSYNC_COUNT:-2000}
-FSYNC_GAP_US=${FSYNC_GAP_US:-300}
-KEYFLOWD_ARGS=${KEYFLOWD_ARGS:-}
-RESULTS_DIR=${RESULTS_DIR:-$BUILD_DIR/bench-results}
-KEEP_DATA=${KEEP_DATA:-0}
-SUITES=${SUITES:-"coordinators functions"}
-
-STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 s_lib="$(dirname "$0")/lib.sh"
 # shellcheck source=bench/lib.sh
 . "$s_lib"
+
+# Knobs of this script only (lib.sh sets the shared ones).
+CONCURRENCIES=${CONCURRENCIES:-"1 16 64 256"}
+THREADS=${THREADS:-1}
+HTTP_CONNECTIONS=${HTTP_CONNECTIONS:-64}
+WRK_THREADS=${WRK_THREADS:-1}
+FSYNC_GAP_US=${FSYNC_GAP_US:-300}
+SUITES=${SUITES:-"coordinators functions"}
+
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 
 # ---- build ------------------------------------------------------------------
 log "building kf_load and keyflowd in $BUILD_DIR"

@@ -37,27 +37,18 @@
 #                    (written to RESULTS_DIR/<stamp>.perf.data)
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD_DIR=${BUILD_DIR:-$ROOT/build-bench}
-DURATION_S=${DURATION_S:-10}
-WARMUP_S=${WARMUP_S:-2}
-PRODUCERS=${PRODUCERS:-"1 4 16"}
-ROWS=${ROWS:-4096}
-KEYS=${KEYS:-10000}
-CHANNELS=${CHANNELS:-1}
-READ_ROWS=${READ_ROWS:-10000000}
-FILL_PRODUCERS=${FILL_PRODUCERS:-4}
-TIMERS=${TIMERS:-1000000}
-FSYNC_COUNT=${FSYNC_COUNT:-2000}
-KEYFLOWD_ARGS=${KEYFLOWD_ARGS:-}
-RESULTS_DIR=${RESULTS_DIR:-$BUILD_DIR/bench-results}
-KEEP_DATA=${KEEP_DATA:-0}
-PERF_RECORD=${PERF_RECORD:-0}
-STAMP=$(date -u +%Y%m%dT%H%M%SZ)-functions
-
 s_lib="$(dirname "$0")/lib.sh"
 # shellcheck source=bench/lib.sh
 . "$s_lib"
+
+# Knobs of this script only (lib.sh sets the shared ones).
+PRODUCERS=${PRODUCERS:-"1 4 16"}
+ROWS=${ROWS:-4096}
+READ_ROWS=${READ_ROWS:-10000000}
+FILL_PRODUCERS=${FILL_PRODUCERS:-4}
+TIMERS=${TIMERS:-1000000}
+PERF_RECORD=${PERF_RECORD:-0}
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)-functions
 
 # ---- build ------------------------------------------------------------------
 log "building kf_fnload, kf_load, keyflowd and the example handlers in $BUILD_DIR"
