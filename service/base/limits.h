@@ -154,6 +154,9 @@
 #define KF_GRPC_PENDING_PER_METHOD 64
 /* HTTP connections the gateway serves at once. */
 #define KF_HTTP_CONNECTIONS_MAX 4096
+/* Parameters in one HTTP query string (repeated ones each count): enough for
+ * PollRuns' 32 workflows and the rest, and it bounds the work a query costs. */
+#define KF_HTTP_QUERY_PARAMS_MAX 64
 /* Nesting depth of JSON documents the gateway accepts. */
 #define KF_JSON_DEPTH_MAX 64
 

@@ -528,6 +528,20 @@ static void close_window(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char 
 
 /* ---- requests ---------------------------------------------------------- */
 
+/* Closes the window of `c` if its due time has passed, as its timer would
+ * have. The engine fires due timers before each turn's commands, but at most
+ * KF_TIMERS_PER_TURN_MAX of them, so a request may still meet a window that
+ * is over: it must not join, cancel, flush or describe it as open. Returns
+ * the coordinator as it is afterwards (NULL when settling deleted it). */
+static coord_t *close_if_overdue(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const kf_key_t *ckey) {
+    if (c == NULL || !c->open || c->due_ms > ctx->now_ms || kf_runs_full(cs->runs)) {
+        return c;
+    }
+    close_window(cs, ctx, c, "due");
+    coord_settle(cs, ctx, c);
+    return coord_find(cs, ckey);
+}
+
 static char *run_id_in(kf_arena_t *arena, const char *key, const char *uuid) {
     char *s = kf_arena_printf(arena, "%s@%s", key, uuid);
     KF_ASSERT(s != NULL);
@@ -599,7 +613,7 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     kf_key_t ckey;
     kf_key_coord(&ckey, (uint8_t)rule.kind, req->workflow, strlen(req->workflow), req->key,
                  strlen(req->key));
-    coord_t *c = coord_find(cs, &ckey);
+    coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
     int64_t now = ctx->now_ms;
 
     Keyflow__V1__SendEventResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
@@ -788,7 +802,7 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     ref->workflow = req->coordinator->workflow;
     ref->key = req->coordinator->key;
     resp->coordinator = ref;
-    coord_t *c = coord_find(cs, &ckey);
+    coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
     if (c != NULL) {
         resp->exists = true;
         if (c->open) {
@@ -846,7 +860,7 @@ void kf_coords_flush(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     }
     Keyflow__V1__FlushWindowResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__flush_window_response__init(resp);
-    coord_t *c = coord_find(cs, &ckey);
+    coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
     if (c != NULL && c->open) {
         if (kf_runs_full(cs->runs)) {
             kf_error_set(&cmd->error, KF_E_LIMIT,
@@ -877,7 +891,7 @@ void kf_coords_cancel(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     }
     Keyflow__V1__CancelWindowResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__cancel_window_response__init(resp);
-    coord_t *c = coord_find(cs, &ckey);
+    coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
     if (c != NULL && c->open) {
         resp->run_id = run_id_in(cmd->arena, c->key, c->run_uuid);
         resp->events_dropped = c->event_count;

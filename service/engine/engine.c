@@ -279,6 +279,9 @@ static void *engine_main(void *arg) {
         }
         int64_t now = kf_clock_now_ms(&e->config.clock);
         kf_core_begin(e->core, open->batch, open->id, now);
+        /* Due timers first: a request that arrives after a window's due
+         * time must find that window closed (its run started), not join it. */
+        kf_core_tick(e->core, KF_TIMERS_PER_TURN_MAX);
         int64_t now_ns = kf_mono_ns();
         for (kf_cmd_t *c = cmds; c != NULL;) {
             kf_cmd_t *next = c->next;

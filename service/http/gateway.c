@@ -500,6 +500,24 @@ void kf_gateway_shutdown(kf_gateway_t *gw) {
     }
 }
 
+/* Connections still open when the loop stopped (an idle keep-alive, a
+ * client that never finished its request) hold entries in h2o's request and
+ * idle timeouts, and h2o_context_dispose refuses to run over them. Make those
+ * timeouts due now and turn the loop until they fired: each connection is
+ * then closed by h2o's own timeout path, as if it had idled out. Every reply
+ * was already sent (or given up on) by then. */
+static void close_connections(kf_gateway_t *gw) {
+    gw->ctx.http1.req_timeout.timeout = 0;
+    gw->ctx.http2.idle_timeout.timeout = 0;
+    gw->ctx.http2.graceful_shutdown_timeout.timeout = 0;
+    int64_t deadline = kf_mono_us() + 2 * 1000 * 1000;
+    while ((!h2o_linklist_is_empty(&gw->ctx.http1._conns) ||
+            !h2o_linklist_is_empty(&gw->ctx.http2._conns)) &&
+           kf_mono_us() < deadline) {
+        h2o_evloop_run(gw->loop, 10);
+    }
+}
+
 void kf_gateway_destroy(kf_gateway_t *gw) {
     if (gw == NULL) {
         return;
@@ -519,6 +537,7 @@ void kf_gateway_destroy(kf_gateway_t *gw) {
         h2o_socket_close(gw->listener);
         gw->listener = NULL;
     }
+    close_connections(gw);
     if (h2o_timeout_is_linked(&gw->watch_entry)) {
         h2o_timeout_unlink(&gw->watch_entry);
     }

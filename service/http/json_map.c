@@ -1209,6 +1209,11 @@ static kf_status_t text_to_jansson(decoder_t *d, const ProtobufCFieldDescriptor 
 
 kf_status_t kf_message_set_text(ProtobufCMessage *msg, const char *name, const char *text,
                                 kf_arena_t *arena, kf_error_t *err) {
+    return kf_message_set_text_as(msg, name, text, KF_SET_REPLACE, arena, err);
+}
+
+kf_status_t kf_message_set_text_as(ProtobufCMessage *msg, const char *name, const char *text,
+                                   kf_set_mode_t mode, kf_arena_t *arena, kf_error_t *err) {
     KF_ASSERT(msg != NULL && name != NULL && text != NULL && arena != NULL);
     decoder_t d;
     decoder_init(&d, arena, err, "");
@@ -1233,6 +1238,21 @@ kf_status_t kf_message_set_text(ProtobufCMessage *msg, const char *name, const c
             if (form == FORM_DIRECT && f->type == PROTOBUF_C_TYPE_MESSAGE) {
                 return fail(&d, KF_E_INVALID, "is a message; set one of its fields (%s.<field>)",
                             name);
+            }
+            if (mode != KF_SET_REPLACE && f->label != PROTOBUF_C_LABEL_REPEATED &&
+                field_is_present(msg, f)) {
+                if (mode == KF_SET_DEFAULT) {
+                    return KF_OK;
+                }
+                const char *held = NULL;
+                if (form == FORM_DIRECT && f->type == PROTOBUF_C_TYPE_STRING) {
+                    memcpy(&held, field_slot(msg, f), sizeof held);
+                }
+                if (held == NULL || strcmp(held, text) != 0) {
+                    return fail(&d, KF_E_INVALID,
+                                "given more than once (in the path, the query or the body)");
+                }
+                return KF_OK;
             }
             json_t *v;
             kf_status_t status = text_to_jansson(&d, f, form, text, &v);

@@ -100,6 +100,20 @@ kf_status_t kf_json_merge(json_t *obj, ProtobufCMessage *msg, const char *path, 
 kf_status_t kf_message_set_text(ProtobufCMessage *msg, const char *name, const char *text,
                                 kf_arena_t *arena, kf_error_t *err) KF_MUST_USE;
 
+/* What kf_message_set_text_as does when the singular field `name` already
+ * holds a value (is present as the encoder sees it). Repeated fields always
+ * take one more element. */
+typedef enum kf_set_mode {
+    KF_SET_REPLACE, /* the new value wins (kf_message_set_text) */
+    KF_SET_ONCE,    /* KF_E_INVALID "given more than once", unless a string
+                       field already holds this very text */
+    KF_SET_DEFAULT, /* the value already there stays */
+} kf_set_mode_t;
+
+kf_status_t kf_message_set_text_as(ProtobufCMessage *msg, const char *name, const char *text,
+                                   kf_set_mode_t mode, kf_arena_t *arena,
+                                   kf_error_t *err) KF_MUST_USE;
+
 /* Renders a message as compact JSON (NUL-terminated, in the arena). NULL
  * only when the arena is exhausted. */
 char *kf_message_to_json(const ProtobufCMessage *msg, kf_arena_t *arena, size_t *len);

@@ -84,8 +84,12 @@ static int hexval(char c) {
     return -1;
 }
 
-/* Percent-decodes into the arena; '+' is a space only in query strings. */
-static char *decode(kf_arena_t *arena, const char *s, size_t len, bool plus_is_space) {
+/* Percent-decodes into the arena; '+' is a space only in query strings.
+ * `*nul` tells whether the text decoded to a NUL byte (%00): the result is
+ * a C string, so such a value would silently end early and name something
+ * else (the key "k%00x" would act on "k"); callers refuse it. */
+static char *decode(kf_arena_t *arena, const char *s, size_t len, bool plus_is_space, bool *nul) {
+    *nul = false;
     char *out = kf_arena_alloc(arena, len + 1);
     if (out == NULL) {
         return NULL;
@@ -94,6 +98,7 @@ static char *decode(kf_arena_t *arena, const char *s, size_t len, bool plus_is_s
     for (size_t i = 0; i < len; i++) {
         if (s[i] == '%' && i + 2 < len && hexval(s[i + 1]) >= 0 && hexval(s[i + 2]) >= 0) {
             out[o++] = (char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
+            *nul = *nul || out[o - 1] == '\0';
             i += 2;
         } else if (plus_is_space && s[i] == '+') {
             out[o++] = ' ';
@@ -166,8 +171,12 @@ static bool method_is(const kf_http_request_t *req, const char *m) {
 /* Parses the body and merges it into msg, whole or under one field. */
 static kf_status_t merge_body(const kf_http_request_t *req, const char *body_field,
                               ProtobufCMessage *msg, kf_arena_t *arena, kf_error_t *err) {
-    if (req->body == NULL || req->body_len == 0) {
-        return KF_OK;
+    size_t blank = 0;
+    while (blank < req->body_len && strchr(" \t\r\n", req->body[blank]) != NULL) {
+        blank++;
+    }
+    if (req->body == NULL || blank == req->body_len) {
+        return KF_OK; /* an empty (or all-whitespace) body is {} */
     }
     json_error_t jerr;
     json_t *doc = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &jerr);
@@ -204,21 +213,34 @@ static const char *alias_of(const char *aliases, const char *name, kf_arena_t *a
     return name;
 }
 
-static kf_status_t apply_query(const char *q, size_t left, const char *aliases,
+/* Sets the fields a query string names. A singular field may be given once
+ * in all of path, query and body (mode KF_SET_ONCE); the route's defaults
+ * use KF_SET_DEFAULT, after everything the client sent. */
+static kf_status_t apply_query(const char *q, size_t left, const char *aliases, kf_set_mode_t mode,
                                ProtobufCMessage *msg, kf_arena_t *arena, kf_error_t *err) {
+    size_t params = 0;
     while (q != NULL && left > 0) {
         const char *amp = memchr(q, '&', left);
         size_t len = amp ? (size_t)(amp - q) : left;
         if (len > 0) {
+            if (++params > KF_HTTP_QUERY_PARAMS_MAX) {
+                return kf_error_set(err, KF_E_INVALID, "query: at most %d parameters",
+                                    KF_HTTP_QUERY_PARAMS_MAX);
+            }
             const char *eq = memchr(q, '=', len);
             size_t name_len = eq ? (size_t)(eq - q) : len;
-            char *name = decode(arena, q, name_len, true);
-            char *value = eq ? decode(arena, eq + 1, len - name_len - 1, true) : "";
+            bool nul_name = false, nul_value = false;
+            char *name = decode(arena, q, name_len, true, &nul_name);
+            char *value = eq ? decode(arena, eq + 1, len - name_len - 1, true, &nul_value) : "";
             if (name == NULL || value == NULL) {
                 return kf_error_set(err, KF_E_TOO_LARGE, "query: too large");
             }
+            if (nul_name || nul_value) {
+                return kf_error_set(err, KF_E_INVALID, "query: %s contains a NUL byte (%%00)",
+                                    nul_name ? "a parameter name" : name);
+            }
             const char *field = alias_of(aliases, name, arena);
-            kf_status_t st = field ? kf_message_set_text(msg, field, value, arena, err)
+            kf_status_t st = field ? kf_message_set_text_as(msg, field, value, mode, arena, err)
                                    : kf_error_set(err, KF_E_TOO_LARGE, "query: too large");
             if (st != KF_OK) {
                 return st;
@@ -305,19 +327,23 @@ kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
     } else if (req->body_len > 0) {
         st = kf_error_set(err, KF_E_INVALID, "body: %s takes no body", m->name);
     }
-    if (st == KF_OK && defaults != NULL) {
-        st = apply_query(defaults, strlen(defaults), NULL, msg, arena, err);
-    }
     if (st == KF_OK && req->query_len > 0) {
-        st = apply_query(req->query, req->query_len, aliases, msg, arena, err);
+        st = apply_query(req->query, req->query_len, aliases, KF_SET_ONCE, msg, arena, err);
     }
     for (size_t i = 0; st == KF_OK && i < ncaps; i++) {
         char *field = kf_arena_strndup(arena, caps[i].field, caps[i].field_len);
-        char *value = decode(arena, caps[i].value.p, caps[i].value.len, false);
+        bool nul;
+        char *value = decode(arena, caps[i].value.p, caps[i].value.len, false, &nul);
         if (field == NULL || value == NULL) {
             return kf_error_set(err, KF_E_TOO_LARGE, "path: too large");
         }
-        st = kf_message_set_text(msg, field, value, arena, err);
+        if (nul) {
+            return kf_error_set(err, KF_E_INVALID, "%s: contains a NUL byte (%%00)", field);
+        }
+        st = kf_message_set_text_as(msg, field, value, KF_SET_ONCE, arena, err);
+    }
+    if (st == KF_OK && defaults != NULL) {
+        st = apply_query(defaults, strlen(defaults), NULL, KF_SET_DEFAULT, msg, arena, err);
     }
     if (st != KF_OK) {
         return st;

@@ -644,8 +644,9 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
+    /* r->lease_ms stays the length the lease was granted with: a heartbeat
+     * without lease_ms extends by that, whatever earlier heartbeats asked. */
     int64_t lease_ms = req->lease_ms ? req->lease_ms : r->lease_ms;
-    r->lease_ms = lease_ms;
     r->lease_expires_ms = kf_time_add_sat(ctx->now_ms, lease_ms);
     r->updated_ms = ctx->now_ms;
     run_save(ctx, r);
@@ -952,6 +953,10 @@ void kf_runs_fire(kf_runs_t *rs, kf_ctx_t *ctx, kf_timer_t *timer) {
             char msg[160];
             snprintf(msg, sizeof msg, "lease expired on attempt %lld of %lld",
                      (long long)r->attempts, (long long)attempts_max(ctx));
+            /* The worker's lease ended unused: forget it, so a late
+             * CompleteRun with it is refused rather than taken for a retry
+             * of a completion that never happened. */
+            r->lease[0] = '\0';
             finish_run(rs, ctx, r, ST_FAILED, NULL, msg);
         } else {
             rs->leased--;

@@ -719,9 +719,12 @@ class RunsTest(ServerTest):
         got = self.get_run(run_id)
         self.assertEqual(got.lease_expires_ms, hb.lease_expires_ms)
         self.assertEqual(got.lease, "", "GetRun must not reveal the lease token")
-        # Heartbeat without lease_ms: the lease's (new) length again.
+        # Heartbeat without lease_ms: the length the lease was granted with
+        # (2 s), not the 60 s the heartbeat above asked for once.
+        before = now_ms()
         hb2 = self.runs.HeartbeatRun(R.HeartbeatRunRequest(run_id=run_id, lease=run.lease), timeout=10)
-        self.assertGreaterEqual(hb2.lease_expires_ms, hb.lease_expires_ms)
+        self.assertGreaterEqual(hb2.lease_expires_ms, before + 2000 - CLOCK_SLACK_MS)
+        self.assertLessEqual(hb2.lease_expires_ms, now_ms() + 2000 + CLOCK_SLACK_MS)
         done = self.complete(run_id, run.lease, result_json='{"ok": true}')
         self.assertFalse(done.already_finished)
         self.assertEqual(done.run.status, R.RUN_STATUS_COMPLETED)

@@ -433,6 +433,47 @@ class GatewayTest(unittest.TestCase):
         self.assert_error(self.curl("GET", self.coord_path("sometimes", "k")), 400, 3, "INVALID_ARGUMENT",
                           "kind")
 
+    def test_path_query_and_body_cannot_disagree_or_hide_bytes(self):
+        """A value in the path or query that decodes to a NUL byte is refused
+        (as a C string it would name another key or run); a singular field
+        may come from one place only (path, query or body) unless it is the
+        same text; queries are bounded; nothing changes on a refusal."""
+        batch = {"kind": "batch", "maxEvents": 10, "maxWaitMs": 60000}
+        sent = self.send("k", {"id": "e1", "rule": batch, "input": 1})
+        run_id = sent["receipt"]["runId"]
+        nul = "/v1/workflows/%s/keys/k%%00junk/events" % enc(self.wf)
+        self.assert_error(self.curl("POST", nul, {"rule": batch}), 400, 3, "INVALID_ARGUMENT",
+                          re.compile(r"key: contains a NUL byte"))
+        self.assert_error(self.curl("POST", "/v1/coordinators/batch/%s/k%%00x:cancel" % enc(self.wf), {}),
+                          400, 3, "INVALID_ARGUMENT", "coordinator.key: contains a NUL byte")
+        self.assert_error(self.curl("GET", "/v1/runs/%s%%00zz" % enc(run_id)), 400, 3, "INVALID_ARGUMENT",
+                          "run_id: contains a NUL byte")
+        self.assert_error(self.curl("GET", "/v1/runs?workflow=%s%%00zz" % enc(self.wf)), 400, 3,
+                          "INVALID_ARGUMENT", "NUL")
+        # The query may not override the body, nor repeat a singular field.
+        self.assert_error(self.curl("POST", self.events_path("k") + "?event.id=q1", {"id": "b1", "rule": batch}),
+                          400, 3, "INVALID_ARGUMENT", "given more than once")
+        self.assert_error(self.curl("POST", self.events_path("k") + "?event.input=2",
+                                    {"id": "b2", "rule": batch, "input": 1}),
+                          400, 3, "INVALID_ARGUMENT", "given more than once")
+        self.assert_error(self.curl("POST", self.events_path("k") + "?event.id=q1&event.id=q2", {"rule": batch}),
+                          400, 3, "INVALID_ARGUMENT", "given more than once")
+        # A path value repeated in the body must be the same text.
+        self.assert_error(self.curl("POST", self.run_path(run_id, ":heartbeat"),
+                                    {"runId": run_id + "x", "lease": "0" * 36}),
+                          400, 3, "INVALID_ARGUMENT", "given more than once")
+        d = self.describe("batch", "k")
+        self.assertEqual(d["window"]["eventCount"], "1", "refused requests add nothing: %r" % d)
+        self.assertEqual([r["id"] for r in d.get("rememberedIds", [])], ["e1"])
+        # Bounded query: 64 parameters at most (each repetition counts).
+        many = "&".join(["workflows=%s" % enc(self.wf)] * 65)
+        self.assert_error(self.curl("POST", "/v1/runs:poll?" + many, {"workerId": "w", "waitMs": 0}), 400, 3,
+                          "INVALID_ARGUMENT", "at most 64 parameters")
+        # A whitespace-only body is an empty one ({}).
+        self.ok("POST", self.coord_path("batch", "k", ":flush"), raw=" \n ")
+        runs = self.poll()
+        self.assertEqual([r["runId"] for r in runs], [run_id])
+
     def test_generic_rpc_route(self):
         r = self.ok("POST", "/v1/keyflow.v1.Coordinators/SendEvent",
                     {"workflow": self.wf, "key": "g", "event": {"rule": {"kind": "debounce", "windowMs": 60000},

@@ -209,6 +209,32 @@ class LifecycleTest(unittest.TestCase):
         if code == "200":
             self.assertEqual(json.loads(body), {}, "a parked poll ends empty at shutdown")
 
+    def test_sigterm_with_idle_and_unfinished_http_connections_exits_zero(self):
+        """HTTP clients that keep a connection open (keep-alive after a
+        request, connected but silent, half a body sent) must not stop a
+        clean shutdown: the gateway closes them, and the process exits 0
+        after its final sync ("stopped" in the log)."""
+        import socket
+        port = int(self.server.http_base.rsplit(":", 1)[1])
+        socks = []
+        keepalive = socket.create_connection(("127.0.0.1", port), timeout=10)
+        keepalive.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        self.assertTrue(keepalive.recv(64).startswith(b"HTTP/1.1 200"))
+        socks.append(keepalive)
+        socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        half = socket.create_connection(("127.0.0.1", port), timeout=10)
+        half.sendall(b"POST /v1/runs:poll HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{")
+        socks.append(half)
+        # One listener accepts in arrival order: once a fourth connection is
+        # answered, the three above are open on the server's side.
+        self.assertEqual(self.server.http("GET", "/healthz")[0], 200)
+        try:
+            self.assertEqual(self.server.stop(), 0, self.server.read_log()[-2000:])
+            self.assertIn("stopped", self.server.read_log())
+        finally:
+            for s in socks:
+                s.close()
+
     def check_restart_keeps_state(self, crash):
         deb = C.Rule(kind=DEBOUNCE, window_ms=600000)
         bat = C.Rule(kind=BATCH, max_events=10, max_wait_ms=600000)

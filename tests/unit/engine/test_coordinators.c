@@ -369,3 +369,61 @@ Test(coordinators, a_moved_window_neither_closes_early_nor_late_after_a_crash) {
     cr_assert_str_eq(runs->runs[0]->run_id, run_id);
     cr_assert_str_eq(runs->runs[0]->input_json, "3");
 }
+
+/* The engine fires at most KF_TIMERS_PER_TURN_MAX timers before a turn's
+ * commands, so a request can meet a window whose due time has passed before
+ * its timer fired. It must find that window closed: an event opens the next
+ * window (it never joins a run that should have started), and cancel, flush
+ * and describe see no open window. The clock moves here without firing
+ * timers, which is that situation. */
+Test(coordinators, a_request_after_the_due_time_finds_the_window_closed) {
+    int64_t t0 = sim.now_ms;
+    Keyflow__V1__Rule *rule = sim_batch(&sim, 10, 1000);
+    const char *first = run_id_of(sim_send(&sim, "wf", "k", NULL, rule, "\"a\""));
+    run_id_of(sim_send(&sim, "wf", "cancel", NULL, rule, "1"));
+    run_id_of(sim_send(&sim, "wf", "flush", NULL, rule, "2"));
+    run_id_of(sim_send(&sim, "wf", "describe", NULL, sim_debounce(&sim, 1000, -1), "3"));
+    sim.now_ms = t0 + 1000; /* due, no timer fired */
+
+    kf_cmd_t *b = sim_send(&sim, "wf", "k", NULL, rule, "\"b\"");
+    cr_assert_str_neq(run_id_of(b), first, "a late event opens the next window");
+    cr_assert_eq(SEND_RESP(b)->receipt->due_ms, t0 + 2000);
+
+    Keyflow__V1__CoordinatorRef ref = KEYFLOW__V1__COORDINATOR_REF__INIT;
+    ref.kind = KEYFLOW__V1__RULE_KIND__RULE_KIND_BATCH;
+    ref.workflow = "wf";
+    ref.key = "cancel";
+    Keyflow__V1__CancelWindowRequest cancel = KEYFLOW__V1__CANCEL_WINDOW_REQUEST__INIT;
+    cancel.coordinator = &ref;
+    kf_cmd_t *c = sim_exec(&sim, KF_OP_CANCEL_WINDOW, &cancel.base);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    cr_assert_not(((Keyflow__V1__CancelWindowResponse *)c->response)->cancelled,
+                  "the window was over: its run started, nothing to cancel");
+
+    Keyflow__V1__CoordinatorRef fref = ref;
+    fref.key = "flush";
+    Keyflow__V1__FlushWindowRequest flush = KEYFLOW__V1__FLUSH_WINDOW_REQUEST__INIT;
+    flush.coordinator = &fref;
+    kf_cmd_t *f = sim_exec(&sim, KF_OP_FLUSH_WINDOW, &flush.base);
+    cr_assert_eq(f->error.status, KF_OK, "%s", f->error.message);
+    cr_assert_not(((Keyflow__V1__FlushWindowResponse *)f->response)->flushed);
+
+    Keyflow__V1__DescribeCoordinatorResponse *d =
+        DESCRIBE_RESP(sim_describe(&sim, 'd', "wf", "describe"));
+    cr_assert_null(d->window, "describe shows no open window after the due time");
+
+    /* Each of the four windows started exactly one run, with its own input;
+     * the late event's window is still open. */
+    Keyflow__V1__PollRunsResponse *runs = take_runs("wf");
+    cr_assert_eq(runs->n_runs, 4);
+    int seen_first = 0;
+    for (size_t i = 0; i < runs->n_runs; i++) {
+        if (strcmp(runs->runs[i]->run_id, first) == 0) {
+            seen_first++;
+            cr_assert_str_eq(runs->runs[i]->input_json, "[\"a\"]");
+        }
+    }
+    cr_assert_eq(seen_first, 1);
+    sim_advance(&sim, t0 + 1500);
+    cr_assert_eq(take_runs("wf")->n_runs, 0, "no run started twice when the timers fire late");
+}

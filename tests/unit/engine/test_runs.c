@@ -234,3 +234,51 @@ Test(runs, destroying_with_live_runs_is_clean) {
     cr_assert_eq(POLL_RESP(sim_poll(&sim, "wf-a", 30000, 1, 0))->n_runs, 1);
     cr_assert_eq(POLL_RESP(sim_poll(&sim, "none", 30000, 1, 0))->n_runs, 0);
 }
+
+/* A lease that expired on the last attempt failed the run without the
+ * worker: the worker's late report (result or error) is refused, never
+ * taken for a retry of a completion that did not happen, and crash recovery
+ * keeps it that way. */
+Test(runs, a_late_report_after_the_final_expiry_is_refused) {
+    int64_t t0 = sim.now_ms;
+    const char *id = make_run("wf", "k", "1");
+    const char *lease = NULL;
+    for (int attempt = 1; attempt <= 2; attempt++) {
+        kf_cmd_t *p = sim_poll(&sim, "wf", 1000, 1, 0);
+        cr_assert_eq(POLL_RESP(p)->n_runs, 1);
+        lease = POLL_RESP(p)->runs[0]->lease;
+        sim_advance(&sim, t0 + 1000 * attempt);
+    }
+    cr_assert_eq(RUN_RESP(sim_get(&sim, id))->status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_FAILED);
+    for (int round = 0; round < 2; round++) {
+        kf_cmd_t *err = sim_complete(&sim, id, lease, NULL, "worker failure");
+        cr_assert_eq(err->error.status, KF_E_PRECONDITION, "%s", err->error.message);
+        kf_cmd_t *ok = sim_complete(&sim, id, lease, "1", NULL);
+        cr_assert_eq(ok->error.status, KF_E_PRECONDITION, "%s", ok->error.message);
+        Keyflow__V1__Run *r = RUN_RESP(sim_get(&sim, id));
+        cr_assert(strstr(r->error, "lease expired on attempt 2 of 2") != NULL, "%s", r->error);
+        sim_crash(&sim); /* the second round runs against the recovered state */
+    }
+}
+
+/* HeartbeatRun without lease_ms extends by the length the lease was granted
+ * with, not by whatever an earlier heartbeat asked for. */
+Test(runs, heartbeat_default_is_the_granted_length) {
+    const char *id = make_run("wf", "k", "1");
+    kf_cmd_t *p = sim_poll(&sim, "wf", 1000, 1, 0);
+    const char *lease = POLL_RESP(p)->runs[0]->lease;
+    Keyflow__V1__HeartbeatRunRequest hb = KEYFLOW__V1__HEARTBEAT_RUN_REQUEST__INIT;
+    hb.run_id = (char *)id;
+    hb.lease = (char *)lease;
+    hb.lease_ms = 20000;
+    kf_cmd_t *h1 = sim_exec(&sim, KF_OP_HEARTBEAT_RUN, &hb.base);
+    cr_assert_eq(h1->error.status, KF_OK, "%s", h1->error.message);
+    cr_assert_eq(((Keyflow__V1__HeartbeatRunResponse *)h1->response)->lease_expires_ms,
+                 sim.now_ms + 20000);
+    sim_advance(&sim, sim.now_ms + 500);
+    hb.lease_ms = 0;
+    kf_cmd_t *h2 = sim_exec(&sim, KF_OP_HEARTBEAT_RUN, &hb.base);
+    cr_assert_eq(h2->error.status, KF_OK, "%s", h2->error.message);
+    cr_assert_eq(((Keyflow__V1__HeartbeatRunResponse *)h2->response)->lease_expires_ms,
+                 sim.now_ms + 1000);
+}
