@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "base/assert.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "base/map.h"
 #include "base/metrics.h"
@@ -76,25 +77,6 @@ static void publish_gauges(const kf_coords_t *cs) {
 }
 
 /* Checks that text is one JSON value; an empty text means null. */
-static kf_status_t check_json(const char *field, const char *text, size_t len, size_t max_bytes,
-                              kf_error_t *err) {
-    if (len > max_bytes) {
-        return kf_error_set(err, KF_E_TOO_LARGE, "%s: at most %zu bytes of JSON, got %zu", field,
-                            max_bytes, len);
-    }
-    if (len == 0) {
-        return KF_OK;
-    }
-    json_error_t jerr;
-    json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
-    if (v == NULL) {
-        return kf_error_set(err, KF_E_INVALID, "%s: not valid JSON: %s (line %d, column %d)", field,
-                            jerr.text, jerr.line, jerr.column);
-    }
-    json_decref(v);
-    return KF_OK;
-}
-
 /* ---- coordinator objects ----------------------------------------------- */
 
 static coord_t *coord_find(const kf_coords_t *cs, const kf_key_t *ckey) {
@@ -604,7 +586,7 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     }
     if (kf_check_identifier("event.id", ev->id, KF_EVENT_ID_BYTES_MAX, false, err) != KF_OK ||
         kf_rule_resolve(ev->rule, "event.rule", &rule, err) != KF_OK ||
-        check_json("event.input", input, input_len, KF_EVENT_INPUT_BYTES_MAX, err) != KF_OK) {
+        kf_json_check("event.input", input, input_len, KF_EVENT_INPUT_BYTES_MAX, err) != KF_OK) {
         {
             kf_ctx_fail(ctx, cmd);
             return;

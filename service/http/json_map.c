@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "base/assert.h"
+#include "base/json.h"
 #include "base/base64.h"
 #include "base/limits.h"
 
@@ -647,33 +648,6 @@ static const char *excerpt(const json_t *v, excerpt_t *e) {
 }
 
 /* True when v holds containers nested more than `levels` deep. */
-static bool json_deeper_than(json_t *v, int levels) {
-    if (!json_is_object(v) && !json_is_array(v)) {
-        return false;
-    }
-    if (levels <= 0) {
-        return true;
-    }
-    if (json_is_array(v)) {
-        size_t i;
-        json_t *item;
-        json_array_foreach(v, i, item) {
-            if (json_deeper_than(item, levels - 1)) {
-                return true;
-            }
-        }
-        return false;
-    }
-    const char *key;
-    json_t *item;
-    json_object_foreach(v, key, item) {
-        if (json_deeper_than(item, levels - 1)) {
-            return true;
-        }
-    }
-    return false;
-}
-
 static ProtobufCMessage *new_message(decoder_t *d, const ProtobufCMessageDescriptor *desc) {
     KF_ASSERT(desc->magic == PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC);
     ProtobufCMessage *msg = kf_arena_alloc(d->arena, desc->sizeof_message);
@@ -1031,10 +1005,11 @@ static kf_status_t append_element(decoder_t *d, ProtobufCMessage *msg,
  * a value here, not absence), stored as compact JSON text. */
 static kf_status_t decode_embedded(decoder_t *d, ProtobufCMessage *msg,
                                    const ProtobufCFieldDescriptor *f, json_t *v, int level) {
-    if (json_deeper_than(v, KF_JSON_DEPTH_MAX - level)) {
+    (void)level; /* an embedded value's own depth counts, as over gRPC */
+    if (kf_json_deeper_than(v, KF_JSON_DEPTH_MAX)) {
         return fail_depth(d);
     }
-    char *dumped = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *dumped = kf_json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (dumped == NULL) {
         return fail(d, KF_E_NOMEM, "out of memory re-serializing the value");
     }
@@ -1155,7 +1130,7 @@ kf_status_t kf_json_to_message(const char *json, size_t len, const ProtobufCMess
         return KF_OK;
     }
     json_error_t jerr;
-    json_t *root = json_loadb(json, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(json, len, KF_JSON_LOAD_FLAGS, &jerr);
     if (root == NULL) {
         return fail(&d, KF_E_INVALID, "not valid JSON: %s (line %d, column %d)", jerr.text,
                     jerr.line, jerr.column);
@@ -1184,7 +1159,7 @@ static kf_status_t text_to_jansson(decoder_t *d, const ProtobufCFieldDescriptor 
     size_t len = strlen(text);
     if (form == FORM_EMBEDDED) {
         json_error_t jerr;
-        *out = json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+        *out = json_loadb(text, len, KF_JSON_LOAD_FLAGS, &jerr);
         if (*out == NULL) {
             return fail(d, KF_E_INVALID, "not valid JSON: %s", jerr.text);
         }
@@ -1498,7 +1473,7 @@ static json_t *json_text_to_jansson(const ProtobufCFieldDescriptor *f, const voi
     if (text == NULL || text[0] == '\0') {
         return json_null();
     }
-    json_t *v = json_loads(text, JSON_DECODE_ANY, NULL);
+    json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
     if (v != NULL) {
         return v;
     }
@@ -1552,7 +1527,7 @@ char *kf_message_to_json(const ProtobufCMessage *msg, kf_arena_t *arena, size_t 
     if (v == NULL) {
         return NULL;
     }
-    char *dumped = json_dumps(v, JSON_COMPACT);
+    char *dumped = kf_json_dumps(v, JSON_COMPACT);
     json_decref(v);
     if (dumped == NULL) {
         return NULL;

@@ -23,7 +23,8 @@
  *     JSON text over gRPC; over HTTP it appears under the name without the
  *     suffix (lowerCamelCase: `input_json` -> "input") as an embedded JSON
  *     value of any type. On input the embedded value is re-serialized
- *     compactly into the string; the string form under the full name
+ *     compactly into the string (kf_json_dumps: reals in their fewest exact
+ *     digits); the string form under the full name
  *     ("inputJson": "<text>") is accepted as well. On output the text is
  *     parsed and embedded (empty text is omitted).
  *   - Output omits fields at their default (proto3 default), except oneof
@@ -53,7 +54,11 @@
  *   - Present message fields merge into an existing sub-message; present
  *     repeated fields replace the existing elements; null elements in an
  *     array are an error. One field given under two spellings is an error.
- *   - Depth counts containers: the body object is level 1.
+ *   - Depth counts containers: the body object is level 1. An embedded
+ *     `_json` value has a limit of its own (KF_JSON_DEPTH_MAX levels of the
+ *     value itself, as kf_json_check applies over gRPC).
+ *   - "\u0000" is accepted in JSON strings (it is valid JSON); a string
+ *     field refuses it by name, an embedded value keeps it.
  *   - Errors about the document itself use the path "body". A path too long
  *     for the message keeps its end ("...next.many"). Running out of arena is
  *     KF_E_TOO_LARGE, naming the path being decoded; jansson running out of

@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "base/assert.h"
+#include "base/json.h"
 #include "base/limits.h"
 #include "http/json_map.h"
 
@@ -179,10 +180,11 @@ static kf_status_t merge_body(const kf_http_request_t *req, const char *body_fie
         return KF_OK; /* an empty (or all-whitespace) body is {} */
     }
     json_error_t jerr;
-    json_t *doc = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *doc = json_loadb(req->body, req->body_len, KF_JSON_LOAD_FLAGS, &jerr);
     if (doc == NULL) {
-        return kf_error_set(err, KF_E_INVALID, "body: not a JSON object: %s (line %d, column %d)",
-                            jerr.text, jerr.line, jerr.column);
+        return kf_error_set(err, KF_E_INVALID,
+                            "body: cannot be read as JSON: %s (line %d, column %d)", jerr.text,
+                            jerr.line, jerr.column);
     }
     if (!json_is_object(doc)) {
         json_decref(doc);

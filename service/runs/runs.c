@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "base/assert.h"
+#include "base/json.h"
 #include "base/bytes.h"
 #include "base/log.h"
 #include "base/map.h"
@@ -660,22 +661,8 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
 
 static kf_status_t check_outcome(const Keyflow__V1__CompleteRunRequest *req, kf_error_t *err) {
     if (req->outcome_case == KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_RESULT_JSON) {
-        size_t len = strlen(req->result_json);
-        if (len > KF_RUN_RESULT_BYTES_MAX) {
-            return kf_error_set(err, KF_E_TOO_LARGE, "result: at most %d bytes of JSON, got %zu",
-                                KF_RUN_RESULT_BYTES_MAX, len);
-        }
-        if (len > 0) {
-            json_error_t jerr;
-            json_t *v = json_loadb(req->result_json, len, JSON_DECODE_ANY, &jerr);
-            if (v == NULL) {
-                return kf_error_set(err, KF_E_INVALID,
-                                    "result: not valid JSON: %s (line %d, column %d)", jerr.text,
-                                    jerr.line, jerr.column);
-            }
-            json_decref(v);
-        }
-        return KF_OK;
+        return kf_json_check("result", req->result_json, strlen(req->result_json),
+                             KF_RUN_RESULT_BYTES_MAX, err);
     }
     if (req->outcome_case == KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_ERROR) {
         size_t len = strlen(req->error);
@@ -818,6 +805,43 @@ static bool hex_decode(const char *hex, kf_key_t *out) {
     return true;
 }
 
+/* A page token is the hex of: TOKEN_MAGIC, the status filter, and the last
+ * run index key returned. The filter and the index key's shape (and its
+ * workflow, when the listing names one) are checked on the way back, so a
+ * token of another query, or made up, is refused instead of silently
+ * ending or restarting the listing. */
+#define TOKEN_MAGIC 0x4c /* 'L' */
+
+static char *token_encode(kf_arena_t *arena, uint8_t status, const void *key, size_t len) {
+    uint8_t head[2] = {TOKEN_MAGIC, status};
+    char *hex = kf_arena_alloc(arena, (sizeof head + len) * 2 + 1);
+    KF_ASSERT(hex != NULL);
+    kf_hex_encode(head, sizeof head, hex);
+    kf_hex_encode(key, len, hex + sizeof head * 2);
+    return hex;
+}
+
+static bool token_decode(const char *hex, uint8_t status, const kf_key_t *prefix, kf_key_t *key) {
+    kf_key_t raw;
+    if (!hex_decode(hex, &raw) || raw.len < 2 || raw.bytes[0] != TOKEN_MAGIC ||
+        raw.bytes[1] != status) {
+        return false;
+    }
+    kf_key_reset(key);
+    kf_key_raw(key, raw.bytes + 2, raw.len - 2);
+    /* lp(workflow) | run_seq be64, nothing more */
+    kf_key_reader_t r = kf_key_reader(key->bytes, key->len);
+    const char *workflow;
+    size_t workflow_len;
+    uint64_t seq;
+    if (!kf_key_read_lp(&r, &workflow, &workflow_len) || workflow_len == 0 ||
+        !kf_key_read_be64(&r, &seq) || r.left != 0) {
+        return false;
+    }
+    return prefix == NULL ||
+           (key->len > prefix->len && memcmp(key->bytes, prefix->bytes, prefix->len) == 0);
+}
+
 /* Lists runs in (workflow, creation) order through the run index. Runs in
  * memory are shown as they are now; others as stored. Examines at most
  * KF_LIST_SCAN_MAX index entries per call and returns a token to go on. */
@@ -828,7 +852,7 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             KF_OK ||
         (req->page_size != 0 &&
          check_range(err, "page_size", req->page_size, 1, KF_LIST_PAGE_MAX) != KF_OK) ||
-        check_range(err, "status", req->status, 0, ST_FAILED) != KF_OK) {
+        check_range(err, "status", (int)req->status, 0, ST_FAILED) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
@@ -840,8 +864,10 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         bool ok = kf_key_prefix_end(&lower, &upper);
         KF_ASSERT(ok);
     }
-    if (req->page_token[0] && !hex_decode(req->page_token, &after)) {
-        kf_error_set(err, KF_E_INVALID, "page_token: not a token this server returned");
+    if (req->page_token[0] &&
+        !token_decode(req->page_token, (uint8_t)req->status, bounded ? &lower : NULL, &after)) {
+        kf_error_set(err, KF_E_INVALID,
+                     "page_token: not a token this server returned for this workflow and status");
         kf_ctx_fail(ctx, cmd);
         return;
     }
@@ -905,10 +931,7 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         }
         last_key = k;
         last_len = klen;
-        char *hex = kf_arena_alloc(cmd->arena, last_len * 2 + 1);
-        KF_ASSERT(hex != NULL);
-        kf_hex_encode((const uint8_t *)last_key, last_len, hex);
-        resp->next_page_token = hex;
+        resp->next_page_token = token_encode(cmd->arena, (uint8_t)req->status, last_key, last_len);
         kf_iter_next(it);
     }
     if (token == NULL) {

@@ -474,6 +474,28 @@ class GatewayTest(unittest.TestCase):
         runs = self.poll()
         self.assertEqual([r["runId"] for r in runs], [run_id])
 
+    def test_numbers_keep_their_value_and_short_form(self):
+        """Embedded JSON is re-serialized over HTTP: numbers keep their exact
+        value in the fewest digits (0.1 stays 0.1, not 0.10000000000000001),
+        and the same document is accepted or refused on both transports."""
+        body = '{"rule": {"kind": "batch", "maxEvents": 1}, "input": [0.1, 1e2, 2.5e-7, 7]}'
+        sent = self.curl("POST", self.events_path("n"), raw=body)
+        self.assertEqual(sent.status, 200, repr(sent))
+        run = self.poll()[0]
+        self.assertEqual(run["runId"], sent.body["receipt"]["runId"])
+        got = self.curl("GET", self.run_path(run["runId"]))
+        self.assertIn('"input":[[0.1,100.0,2.5e-7,7]]', got.text)
+        self.assertEqual(run["input"], [[0.1, 100.0, 2.5e-7, 7]])
+        # Duplicate keys in an embedded value are refused here as over gRPC.
+        dup = '{"rule": {"kind": "batch"}, "input": {"a": 1, "a": 2}}'
+        self.assert_error(self.curl("POST", self.events_path("n"), raw=dup), 400, 3, "INVALID_ARGUMENT",
+                          "duplicate object key")
+        # "\u0000" inside a JSON string is valid JSON: accepted and shown back.
+        nul = '{"rule": {"kind": "batch", "maxEvents": 1}, "input": "a\\u0000b"}'
+        sent = self.curl("POST", self.events_path("z"), raw=nul)
+        self.assertEqual(sent.status, 200, repr(sent))
+        self.assertEqual(self.poll()[0]["input"], ["a\u0000b"])
+
     def test_generic_rpc_route(self):
         r = self.ok("POST", "/v1/keyflow.v1.Coordinators/SendEvent",
                     {"workflow": self.wf, "key": "g", "event": {"rule": {"kind": "debounce", "windowMs": 60000},

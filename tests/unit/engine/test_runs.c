@@ -282,3 +282,49 @@ Test(runs, heartbeat_default_is_the_granted_length) {
     cr_assert_eq(((Keyflow__V1__HeartbeatRunResponse *)h2->response)->lease_expires_ms,
                  sim.now_ms + 1000);
 }
+
+/* A page token carries its query: a token of another workflow or status
+ * filter, a made-up one, or a truncated one is refused (the listing would
+ * otherwise silently end or restart); the token a query returned goes on. */
+Test(runs, page_tokens_of_other_queries_or_made_up_are_refused) {
+    for (int i = 0; i < 3; i++) {
+        char key[8];
+        snprintf(key, sizeof key, "k%d", i);
+        make_run("wf", key, "1");
+        make_run("other", key, "1");
+    }
+    Keyflow__V1__ListRunsRequest req = KEYFLOW__V1__LIST_RUNS_REQUEST__INIT;
+    req.workflow = "wf";
+    req.page_size = 1;
+    kf_cmd_t *first = sim_exec(&sim, KF_OP_LIST_RUNS, &req.base);
+    cr_assert_eq(first->error.status, KF_OK, "%s", first->error.message);
+    char *token = ((Keyflow__V1__ListRunsResponse *)first->response)->next_page_token;
+    cr_assert_neq(token[0], '\0');
+
+    req.page_token = token;
+    kf_cmd_t *next = sim_exec(&sim, KF_OP_LIST_RUNS, &req.base);
+    cr_assert_eq(next->error.status, KF_OK, "%s", next->error.message);
+    cr_assert_eq(((Keyflow__V1__ListRunsResponse *)next->response)->n_runs, 1);
+
+    char truncated[256];
+    snprintf(truncated, sizeof truncated, "%.*s", (int)strlen(token) - 2, token);
+    const char *bad[] = {"ff", "00", "4c00", truncated, "zz"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        req.page_token = (char *)bad[i];
+        kf_cmd_t *c = sim_exec(&sim, KF_OP_LIST_RUNS, &req.base);
+        cr_assert_eq(c->error.status, KF_E_INVALID, "token %s: %s", bad[i], c->error.message);
+        cr_assert(strstr(c->error.message, "page_token") != NULL);
+    }
+    req.page_token = token;
+    req.workflow = "other";
+    cr_assert_eq(sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->error.status, KF_E_INVALID,
+                 "a token of another workflow");
+    req.workflow = "wf";
+    req.status = KEYFLOW__V1__RUN_STATUS__RUN_STATUS_PENDING;
+    cr_assert_eq(sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->error.status, KF_E_INVALID,
+                 "a token of another status filter");
+    req.workflow = "";
+    req.status = 0;
+    cr_assert_eq(sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->error.status, KF_OK,
+                 "a listing of every workflow may go on from any workflow's position");
+}
