@@ -327,4 +327,9 @@ Test(runs, page_tokens_of_other_queries_or_made_up_are_refused) {
     req.status = 0;
     cr_assert_eq(sim_exec(&sim, KF_OP_LIST_RUNS, &req.base)->error.status, KF_OK,
                  "a listing of every workflow may go on from any workflow's position");
+    req.page_token = "";
+    req.status = (Keyflow__V1__RunStatus)-1;
+    kf_cmd_t *neg = sim_exec(&sim, KF_OP_LIST_RUNS, &req.base);
+    cr_assert_eq(neg->error.status, KF_E_INVALID);
+    cr_assert_str_eq(neg->error.message, "status: must be in 0..4, got -1");
 }
