@@ -27,7 +27,8 @@ const kf__cli_flag_t kf__cli_global_flags[] = {
     {"--addr", KF__CLI_VALUE, "HOST:PORT",
      "server address (default: $KEYFLOW_ADDR, else 127.0.0.1:50051)"},
     {"--timeout-ms", KF__CLI_VALUE, "N",
-     "deadline of each call (default 30000; long polls add their wait)"},
+     "deadline of each call (default 30000, plus the wait of a long poll; a value given "
+     "here bounds the whole call, long poll included)"},
 };
 const size_t kf__cli_global_flag_count =
     sizeof kf__cli_global_flags / sizeof kf__cli_global_flags[0];

@@ -279,6 +279,14 @@ static int cmd_push(kf__cli_t *cli, const kf__cli_args_t *args) {
         }
     }
     free(text);
+    if (rc == KF__CLI_EXIT_OK && count == 1 && batches[0].row_count == 0 && !watermark) {
+        /* The server would accept it and spend the sequence on nothing; a
+         * later push of real rows under that sequence would then be taken
+         * for a retry and dropped. */
+        rc = kf__cli_usage_error(args->command,
+                                 "%s has no rows and --watermark-us is not given: nothing to push",
+                                 shown);
+    }
     /* The last batch's sequence must exist; the server judges the first. */
     if (rc == KF__CLI_EXIT_OK && req.sequence > 0 &&
         (uint64_t)(count - 1) > (uint64_t)(INT64_MAX - req.sequence)) {

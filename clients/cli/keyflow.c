@@ -550,7 +550,8 @@ static const command_t commands[] = {
      0, 0, false, cmd_coordinator},
     {"poll", "--worker ID [--workflow W ...] [--lease-ms N] [--max-runs N] [--wait-ms N]",
      "lease pending runs (long poll with --wait-ms)",
-     "Prints {\"runs\": [...]}, each run with its \"lease\" token for heartbeat and complete.",
+     "Prints {\"runs\": [...]}, each run with its \"lease\" token for heartbeat and complete\n"
+     "({} when no run was leased: fields at their default are left out, as in proto3 JSON).",
      FLAGS(poll_flags), 0, 0, false, cmd_poll},
     {"heartbeat", "RUN_ID --lease L [--lease-ms N]", "extend a run's lease", NULL,
      FLAGS(heartbeat_flags), 1, 1, false, cmd_heartbeat},
@@ -733,6 +734,10 @@ int main(int argc, char **argv) {
     if (i >= argc) {
         print_main_help(stderr);
         return KF__CLI_EXIT_USAGE;
+    }
+    if (strcmp(argv[i], "help") == 0 && i + 1 == argc) {
+        print_main_help(stdout);
+        return KF__CLI_EXIT_OK;
     }
     const command_t *cmd = find_command(commands, command_count, argv[i]);
     if (cmd == NULL) {

@@ -129,6 +129,9 @@
 #define KF_FN_MAX_OUTPUT_BYTES_MAX        (64LL * 1024 * 1024)
 #define KF_FN_MAX_TIMER_CALLBACKS_DEFAULT 256
 #define KF_FN_MAX_TIMER_CALLBACKS_MAX     4096
+/* timer_set/timer_cancel calls one handler call may make (each is kept until
+ * the call's response is validated). */
+#define KF_FN_TIMER_OPS_PER_CALL_MAX 262144
 /* Producers remembered per function, and acknowledgements per producer kept
  * for retries of recent sequences. */
 #define KF_PRODUCERS_MAX      10000

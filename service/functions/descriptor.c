@@ -212,8 +212,9 @@ static kf_status_t check_names(const char *field, char **names, size_t n, size_t
     for (size_t i = 0; i < n; i++) {
         if (!is_name(names[i], KF_FIELD_NAME_BYTES_MAX)) {
             return kf_error_set(err, KF_E_INVALID,
-                                "%s[%zu]: must match [A-Za-z_][A-Za-z0-9_]*, got \"%s\"", field, i,
-                                names[i]);
+                                "%s[%zu]: must match [A-Za-z_][A-Za-z0-9_]* and be at most %d "
+                                "bytes, got \"%s\"",
+                                field, i, KF_FIELD_NAME_BYTES_MAX, names[i]);
         }
         for (size_t j = 0; j < i; j++) {
             if (strcmp(names[i], names[j]) == 0) {
@@ -288,9 +289,12 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
         return st;
     }
     if (!is_name(d->value_state_name, KF_FIELD_NAME_BYTES_MAX)) {
-        return kf_error_set(
-            err, KF_E_INVALID,
-            "descriptor.value_state_name: required, must match [A-Za-z_][A-Za-z0-9_]*");
+        return d->value_state_name[0] == '\0'
+                   ? kf_error_set(err, KF_E_INVALID, "descriptor.value_state_name: required")
+                   : kf_error_set(err, KF_E_INVALID,
+                                  "descriptor.value_state_name: must match "
+                                  "[A-Za-z_][A-Za-z0-9_]* and be at most %d bytes, got \"%s\"",
+                                  KF_FIELD_NAME_BYTES_MAX, d->value_state_name);
     }
     if ((st = check_names("descriptor.timer_names", d->timer_names, d->n_timer_names,
                           KF_TIMER_NAMES_MAX, err)) != KF_OK) {

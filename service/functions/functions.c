@@ -542,7 +542,9 @@ static int host_row_begin(kf_call_t *call, uint32_t act) {
     if (call->out.rows > call->row_act_cap) {
         uint32_t cap = call->row_act_cap ? call->row_act_cap * 2 : 256;
         uint32_t *p = kf_arena_alloc(call->step->arena, cap * sizeof *p);
-        KF_ASSERT(p != NULL);
+        if (p == NULL) {
+            return call_fail(call, KF_E_LIMIT, "output: out of memory for this step");
+        }
         if (call->row_act_cap) {
             memcpy(p, call->row_act, call->row_act_cap * sizeof *p);
         }
@@ -634,6 +636,16 @@ static int set_bytes(kf_call_t *call, int column, const void *value, size_t len,
         (!kf_utf8_valid(value, len) || (len > 0 && memchr(value, 0, len) != NULL))) {
         return call_fail(call, KF_E_PRECONDITION, "%s: not valid UTF-8 without NUL bytes", what);
     }
+    /* Checked as values arrive, not only when the call returns: every
+     * copy (overwrites included) lives in the step's arena until the step
+     * ends, so a handler must not be able to fill it. */
+    int64_t limit = call->step->fn->limits.max_output_bytes;
+    if ((int64_t)(call->out.bytes + len) > limit) {
+        return call_fail(call, KF_E_LIMIT,
+                         "max_output_bytes: one handler call produced more than %lld bytes; "
+                         "nothing applied",
+                         (long long)limit);
+    }
     char *copy = kf_arena_alloc(call->step->arena, len + 1);
     if (copy == NULL) {
         return call_fail(call, KF_E_LIMIT, "output: out of memory for this step");
@@ -713,10 +725,17 @@ static int timer_op(kf_call_t *call, uint32_t act, const char *name, uint8_t op,
                          "%s: timer \"%.64s\" is not declared in timer_names", what,
                          name ? name : "(null)");
     }
-    if (op == TOP_SET && call->step->has_watermark && at_us <= call->step->watermark) {
+    /* Before the first watermark, watermark_us() is INT64_MIN: nothing is
+     * after it but a real time (INT64_MIN also means "no timer" inside). */
+    int64_t watermark = call->step->has_watermark ? call->step->watermark : INT64_MIN;
+    if (op == TOP_SET && at_us <= watermark) {
         return call_fail(call, KF_E_PRECONDITION,
                          "%s: timer \"%s\" at %" PRId64 " us is not after the watermark %" PRId64,
-                         what, name, at_us, call->step->watermark);
+                         what, name, at_us, watermark);
+    }
+    if (call->ntops >= KF_FN_TIMER_OPS_PER_CALL_MAX) {
+        return call_fail(call, KF_E_LIMIT, "%s: more than %d timer operations in one call", what,
+                         KF_FN_TIMER_OPS_PER_CALL_MAX);
     }
     if (call->ntops == call->tops_cap) {
         uint32_t cap = call->tops_cap ? call->tops_cap * 2 : 64;
@@ -1548,9 +1567,10 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
         }
         kf_error_set(
             err, KF_E_PRECONDITION,
-            "sequence: %lld is not after %lld, the last accepted from producer %s (and its "
-            "acknowledgement is no longer kept)",
-            (long long)req->sequence, (long long)p->last_sequence, p->id);
+            "sequence: %lld is not after %lld, the last accepted from producer %s (if %lld was "
+            "accepted, its acknowledgement is no longer kept: only the last %d are)",
+            (long long)req->sequence, (long long)p->last_sequence, p->id, (long long)req->sequence,
+            KF_PRODUCER_ACKS_KEPT);
         kf_ctx_fail(ctx, cmd);
         return;
     }

@@ -273,7 +273,17 @@ static bool path_is(h2o_req_t *req, size_t path_len, const char *want) {
 static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
-    bool is_get = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"));
+    bool is_get = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) ||
+                  h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
+    static const char *const probes[] = {"/healthz", "/readyz", "/metrics"};
+    for (size_t i = 0; i < sizeof probes / sizeof probes[0]; i++) {
+        if (!is_get && path_is(req, path_len, probes[i])) {
+            char message[64];
+            snprintf(message, sizeof message, "method: use GET for %s", probes[i]);
+            send_error(req, KF_E_UNIMPLEMENTED, message, 405);
+            return 0;
+        }
+    }
     if (path_is(req, path_len, "/healthz")) {
         static const char ok[] = "{\"status\":\"ok\"}";
         send_body(req, 200, "application/json", ok, sizeof ok - 1);
@@ -290,7 +300,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         }
         return 0;
     }
-    if (path_is(req, path_len, "/metrics") && is_get) {
+    if (path_is(req, path_len, "/metrics")) {
         size_t len;
         char *text = kf_metrics_render(&len);
         if (text == NULL) {

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/assert.h"
 #include "base/limits.h"
 #include "base/log.h"
 #include "base/metrics.h"
@@ -129,6 +130,37 @@ static bool parse_env(options_t *o) {
     return true;
 }
 
+static bool known_flag(const char *a) {
+    static const char *const flags[] = {
+        "--data",         "--grpc",        "--http",
+        "--port-file",    "--plugin-dir",  "--run-retention-ms",
+        "--run-attempts", "--queue-depth", "--grpc-threads",
+        "--log-level",
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        if (strcmp(a, flags[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* "host:port" or "[v6]:port" with a non-empty host and a decimal port in
+ * 0..65535: checked here, so a typo is a usage error (exit 2, which the
+ * systemd unit does not restart) before any storage is opened. */
+static bool check_address(const char *what, const char *address) {
+    const char *colon = strrchr(address, ':');
+    const char *port = colon ? colon + 1 : "";
+    size_t digits = strspn(port, "0123456789");
+    bool ok = colon != NULL && colon != address && digits > 0 && digits <= 5 &&
+              port[digits] == '\0' && atol(port) <= 65535;
+    if (!ok) {
+        fprintf(stderr, "keyflowd: %s: expected host:port with a port in 0..65535, got \"%s\"\n",
+                what, address);
+    }
+    return ok;
+}
+
 static bool parse_args(int argc, char **argv, options_t *o) {
     if (!parse_env(o)) {
         return false;
@@ -140,6 +172,11 @@ static bool parse_args(int argc, char **argv, options_t *o) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             exit(0);
+        }
+        if (!known_flag(a)) {
+            fprintf(stderr, "keyflowd: unknown option %s\n", a);
+            usage(stderr);
+            return false;
         }
         if (v == NULL) {
             fprintf(stderr, "keyflowd: %s needs a value\n", a);
@@ -173,12 +210,11 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             if (!parse_level(v, &o->log_level))
                 return false;
         } else {
-            fprintf(stderr, "keyflowd: unknown option %s\n", a);
-            usage(stderr);
-            return false;
+            KF_UNREACHABLE(); /* known_flag() lists every flag above */
         }
     }
-    return true;
+    return check_address("gRPC address (--grpc, KEYFLOW_GRPC_ADDRESS)", o->grpc_address) &&
+           check_address("HTTP address (--http, KEYFLOW_HTTP_ADDRESS)", o->http_address);
 }
 
 static bool write_port_file(const char *path, int grpc_port, int http_port) {
@@ -229,6 +265,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     kf_log_set_level(o.log_level);
+    struct stat st_plugins;
+    if (o.plugin_dir != NULL &&
+        (stat(o.plugin_dir, &st_plugins) != 0 || !S_ISDIR(st_plugins.st_mode))) {
+        /* Not fatal: the directory may be mounted later (registrations look
+         * it up each time), but say so now rather than at the first one. */
+        kf_log(KF_LOG_WARN, "main",
+               "plugin directory %s is not a readable directory; NATIVE "
+               "functions will not register until it is",
+               o.plugin_dir);
+    }
     /* Signals are taken by sigwait in main; every thread inherits the mask. */
     sigset_t sigs;
     sigemptyset(&sigs);

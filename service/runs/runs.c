@@ -697,10 +697,16 @@ static void complete_finished(kf_ctx_t *ctx, kf_cmd_t *cmd, const Keyflow__Recor
         kf_ctx_ready(ctx, cmd);
         return;
     }
-    kf_error_set(
-        &cmd->error, KF_E_PRECONDITION,
-        "lease: does not hold run %s (it is %s; the lease expired or belongs to another attempt)",
-        rec->run_id, status_word(rec->status));
+    if (finished && strcmp(rec->lease, req->lease) == 0) {
+        kf_error_set(&cmd->error, KF_E_PRECONDITION,
+                     "outcome: run %s already finished %s with this lease; a %s cannot replace it",
+                     rec->run_id, status_word(rec->status), wants_success ? "result" : "error");
+    } else {
+        kf_error_set(&cmd->error, KF_E_PRECONDITION,
+                     "lease: does not hold run %s (it is %s; the lease expired or belongs to "
+                     "another attempt)",
+                     rec->run_id, status_word(rec->status));
+    }
     kf_ctx_fail(ctx, cmd);
 }
 

@@ -483,6 +483,10 @@ class TestPush(FunctionsTestCase):
                                                                    "not nullable"])
         self.usage_error(*args, stdin=good + '{"user": "a", "ts": 1, "ts": 2}\n',
                          names=["line 3", "duplicate"])
+        # No rows and no watermark: nothing to push (a sequence spent on an
+        # empty batch would make a later push of it look like a retry).
+        self.usage_error(*args, stdin="", names=["stdin", "no rows", "--watermark-us"])
+        self.usage_error(*args, stdin="\n\n", names=["no rows"])
         # Nothing was sent, although the first lines alone were good batches.
         self.assertEqual(self.high_water(fid), 0)
         self.assertEqual(self.state(fid, "a")["state"], "STATE_KIND_ABSENT")

@@ -524,6 +524,12 @@ class GatewayTest(unittest.TestCase):
         r = self.curl("GET", "/readyz")
         self.assertEqual(r.status, 200)
         self.assertEqual(r.body, {"status": "ready"})
+        # Probes answer GET (and HEAD); another method is 405, not a 200.
+        for path in ("/healthz", "/readyz", "/metrics"):
+            for method in ("POST", "PUT", "DELETE"):
+                self.assert_error(self.curl(method, path), 405, 12, "UNIMPLEMENTED", "use GET for " + path)
+        r = self.curl("HEAD", "/healthz", extra=["-I"])
+        self.assertEqual(r.status, 200)
 
     def test_metrics(self):
         sample = 'keyflow_requests_total'

@@ -235,6 +235,29 @@ class LifecycleTest(unittest.TestCase):
             for s in socks:
                 s.close()
 
+    def test_usage_errors_exit_2_before_opening_anything(self):
+        """Bad flags and addresses are usage errors: exit 2 (the systemd unit
+        does not restart on it) with a message naming the problem, and no
+        data directory is created."""
+        import subprocess
+        import tempfile
+        cases = [
+            (["--bogus"], "unknown option --bogus"),
+            (["--grpc-threads"], "--grpc-threads needs a value"),
+            (["--http", "127.0.0.1:99999"], "port in 0..65535"),
+            (["--http", "127.0.0.1"], "expected host:port"),
+            (["--grpc", ":5"], "expected host:port"),
+            (["--run-attempts", "0"], "run-attempts"),
+        ]
+        for args, message in cases:
+            with self.subTest(args=args):
+                data = os.path.join(tempfile.mkdtemp(prefix="kf-usage-"), "data")
+                p = subprocess.run([harness.KEYFLOWD, "--data", data] + args, capture_output=True,
+                                   timeout=30)
+                self.assertEqual(p.returncode, 2, p.stderr.decode())
+                self.assertIn(message, p.stderr.decode())
+                self.assertFalse(os.path.exists(data), "a usage error must not create the data directory")
+
     def check_restart_keeps_state(self, crash):
         deb = C.Rule(kind=DEBOUNCE, window_ms=600000)
         bat = C.Rule(kind=BATCH, max_events=10, max_wait_ms=600000)

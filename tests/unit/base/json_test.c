@@ -71,7 +71,7 @@ Test(json_dumps, reals_use_the_fewest_digits_that_read_back) {
         double x;
         const char *text;
     } cases[] = {
-        {0.1, "0.1"},      {1.0 / 3, "0.3333333333333333"}, {100.0, "100.0"},   {-0.5, "-0.5"},
+        {0.1, "0.1"},     {1.0 / 3, "0.3333333333333333"}, {100.0, "100.0"},   {-0.5, "-0.5"},
         {1e300, "1e300"}, {123456.789, "123456.789"},      {5e-324, "5e-324"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -79,6 +79,8 @@ Test(runs, complete_then_retry_is_idempotent_and_other_outcomes_refused) {
     cr_assert(((Keyflow__V1__CompleteRunResponse *)again->response)->already_finished);
     kf_cmd_t *flip = sim_complete(&sim, id, r->lease, NULL, "boom");
     cr_assert_eq(flip->error.status, KF_E_PRECONDITION);
+    cr_assert(strstr(flip->error.message, "already finished COMPLETED with this lease") != NULL,
+              "the message says why: %s", flip->error.message);
     Keyflow__V1__Run *got = RUN_RESP(sim_get(&sim, id));
     cr_assert_str_eq(got->result_json, "{\"done\":true}");
     cr_assert_str_eq(got->lease, "", "the lease token is only for its holder");

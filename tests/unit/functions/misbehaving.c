@@ -5,6 +5,7 @@
  * mode UTF8, amount INT64 nullable. Output: key UTF8, ts TIMESTAMP_US,
  * n INT64 (not nullable). Timer name: "t".
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "keyflow/handler.h"
@@ -75,6 +76,27 @@ static int invoke(const kf_host_t *h, kf_call_t *call, const kf_activation_t *ac
             h->fail(call, "mode fail");
         } else if (strcmp(mode, "return") == 0) {
             return 7;
+        } else if (strcmp(mode, "fill_bytes") == 0) {
+            /* 300 MiB of overwrites of one cell (more than a step's arena
+             * holds), then another row: the host must refuse, not abort. */
+            static char big[1 << 20];
+            memset(big, 'x', sizeof big);
+            h->row_begin(call, i);
+            for (int r = 0; r < 300; r++) {
+                if (h->row_set_utf8(call, h->output_column(call, "key"), big, sizeof big) != 0) {
+                    break;
+                }
+            }
+            h->row_end(call);
+            h->row_begin(call, i);
+        } else if (strcmp(mode, "many_timer_ops") == 0) {
+            for (int r = 0; r < 300000; r++) {
+                if (h->timer_set(call, i, "t", ts + 1000000 + r) != 0) {
+                    break;
+                }
+            }
+        } else if (strcmp(mode, "min_timer") == 0) {
+            h->timer_set(call, i, "t", INT64_MIN);
         }
     }
     return 0;

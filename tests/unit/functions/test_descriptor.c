@@ -174,7 +174,31 @@ Test(descriptor, output_event_time_column_is_an_output_timestamp) {
 
 Test(descriptor, value_state_name_is_required) {
     d.value_state_name = "";
-    expect_error("descriptor.value_state_name");
+    expect_error("descriptor.value_state_name: required");
+}
+
+/* A name one byte too long is refused with the limit named, not as
+ * "required" or as a pattern mismatch alone. */
+Test(descriptor, overlong_names_name_the_64_byte_limit) {
+    char longest[66];
+    memset(longest, 'n', 65);
+    longest[65] = '\0';
+    d.value_state_name = longest;
+    expect_error(
+        "descriptor.value_state_name: must match [A-Za-z_][A-Za-z0-9_]* and be at most 64 bytes");
+    d.value_state_name = "sum";
+    char *names[] = {"a", longest};
+    d.timer_names = names;
+    d.n_timer_names = 2;
+    expect_error(
+        "descriptor.timer_names[1]: must match [A-Za-z_][A-Za-z0-9_]* and be at most 64 bytes");
+    longest[64] = '\0';
+    d.value_state_name = longest;
+    names[1] = "b";
+    Keyflow__V1__FunctionDescriptor *c;
+    kf_error_t err;
+    cr_assert_eq(kf_descriptor_canonicalize(&d, &arena, &c, &err), KF_OK, "64 bytes is fine: %s",
+                 err.message);
 }
 
 Test(descriptor, timer_names_are_unique) {

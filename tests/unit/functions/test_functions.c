@@ -271,6 +271,26 @@ Test(functions, refuses_a_nonzero_return) {
     expect_refused("return", KF_E_PRECONDITION, "returned 7");
 }
 
+Test(functions, refuses_output_bytes_as_they_come_not_only_at_the_end) {
+    expect_refused("fill_bytes", KF_E_LIMIT, "max_output_bytes");
+}
+Test(functions, refuses_unbounded_timer_operations) {
+    expect_refused("many_timer_ops", KF_E_LIMIT, "timer operations");
+}
+
+/* Before the first watermark nothing is "not after" it but a real time:
+ * INT64_MIN (which is also the engine's "no timer") is refused, and an
+ * existing timer is not silently cancelled by it. */
+Test(functions, refuses_a_timer_at_int64_min_before_any_watermark) {
+    register_ok();
+    push_ok(1, "[" ROW("a", 10, "timer", 990) "]", INT64_MIN);
+    cr_assert_eq(state_of("a")->n_timers, 1);
+    kf_cmd_t *c = push("p", 2, "[" ROW("a", 20, "min_timer", 0) "]", INT64_MIN);
+    cr_assert_eq(c->error.status, KF_E_PRECONDITION, "%s", c->error.message);
+    cr_assert(strstr(c->error.message, "not after the watermark") != NULL, "%s", c->error.message);
+    cr_assert_eq(state_of("a")->n_timers, 1, "the timer at 1000 is still there");
+}
+
 Test(functions, refuses_too_many_output_rows_with_the_limit_named) {
     limits_storage.max_output_rows_present_case =
         KEYFLOW__V1__FUNCTION_LIMITS__MAX_OUTPUT_ROWS_PRESENT_MAX_OUTPUT_ROWS;
