@@ -1035,10 +1035,32 @@ static kf_status_t recover_journal(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *e
     return st;
 }
 
+/* An open window's run does not exist yet (it starts when the window
+ * closes); a live run under that ID means the store is not what this engine
+ * wrote, and closing the window would have nowhere to go. */
+static kf_status_t check_open_runs(kf_coords_t *cs, kf_error_t *err) {
+    size_t b;
+    for (kf_map_node_t *n = kf_map_first(&cs->map, &b); n != NULL;
+         n = kf_map_next(&cs->map, &b, n)) {
+        const coord_t *c = KF_CONTAINER_OF(n, coord_t, node);
+        char run_id[KF_RUN_ID_BYTES_MAX + 1];
+        snprintf(run_id, sizeof run_id, "%s@%s", c->key, c->run_uuid);
+        if (c->open && kf_runs_live(cs->runs, run_id)) {
+            return kf_error_set(err, KF_E_CORRUPT,
+                                "coord: the open window of %s/%s names run %s, which exists",
+                                c->workflow, c->key, run_id);
+        }
+    }
+    return KF_OK;
+}
+
 kf_status_t kf_coords_recover(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) {
     kf_status_t st = recover_snapshots(cs, ctx, err);
     if (st == KF_OK) {
         st = recover_journal(cs, ctx, err);
+    }
+    if (st == KF_OK) {
+        st = check_open_runs(cs, err);
     }
     publish_gauges(cs);
     return st;

@@ -2052,7 +2052,12 @@ static bool key_text_of(const function_t *fn, const uint8_t *key, size_t len, ch
             return false;
         }
         uint32_t n = kf_get_be32(key + o);
-        json_array_append_new(arr, json_stringn((const char *)key + o + 4, n));
+        json_t *column = json_stringn((const char *)key + o + 4, n);
+        if (column == NULL) { /* not UTF-8: no key this engine wrote */
+            json_decref(arr);
+            return false;
+        }
+        json_array_append_new(arr, column);
         o += 4 + n;
     }
     if (o != len) {
@@ -2163,6 +2168,25 @@ static kf_status_t load_producer(function_t *fn, const uint8_t *rest, size_t len
         }
         return kf_error_set(err, KF_E_CORRUPT, "producers of %s: malformed record", fn->id);
     }
+    /* Each stored acknowledgement must decode, and a producer appear once:
+     * a retry is answered from these later, with no way left to refuse. */
+    bool ok = producer_get(fn, rec->producer_id, false) == NULL;
+    for (size_t i = 0; ok && i < rec->n_acks; i++) {
+        Keyflow__V1__PushBatchResponse *ack = keyflow__v1__push_batch_response__unpack(
+            NULL, rec->acks[i]->ack.len, rec->acks[i]->ack.data);
+        ok = ack != NULL;
+        if (ack != NULL) {
+            keyflow__v1__push_batch_response__free_unpacked(ack, NULL);
+        }
+    }
+    if (!ok) {
+        kf_status_t st = kf_error_set(err, KF_E_CORRUPT,
+                                      "producers of %s: producer %s stored twice or with an "
+                                      "undecodable acknowledgement",
+                                      fn->id, rec->producer_id);
+        keyflow__records__producer_rec__free_unpacked(rec, NULL);
+        return st;
+    }
     producer_t *p = producer_get(fn, rec->producer_id, true);
     p->last_sequence = rec->last_sequence;
     for (size_t i = 0; i < rec->n_acks; i++) {
@@ -2231,6 +2255,11 @@ static kf_status_t recover_function(kf_functions_t *fns, kf_ctx_t *ctx, const vo
         st =
             kf_error_set(err, KF_E_CORRUPT, "functions: descriptor of %s does not match its sha256",
                          d ? d->function_id : "?");
+    }
+    if (st == KF_OK &&
+        kf_map_get(&fns->by_id, canonical->function_id, strlen(canonical->function_id)) != NULL) {
+        st = kf_error_set(err, KF_E_CORRUPT, "functions: %s is stored twice",
+                          canonical->function_id);
     }
     if (st == KF_OK) {
         function_t *fn = fn_new(fns, canonical, sha, rec->index, rec->created_ms);

@@ -250,6 +250,11 @@ static run_t *run_find(const kf_runs_t *rs, const char *run_id) {
     return n ? KF_CONTAINER_OF(n, run_t, node) : NULL;
 }
 
+bool kf_runs_live(const kf_runs_t *rs, const char *run_id) {
+    const run_t *r = run_find(rs, run_id);
+    return r != NULL && (r->status == ST_PENDING || r->status == ST_LEASED);
+}
+
 static run_t *run_from_rec(const Keyflow__Records__RunRec *rec) {
     run_t *r = calloc(1, sizeof *r);
     KF_ASSERT(r != NULL);
@@ -1117,8 +1122,10 @@ kf_status_t kf_runs_recover(kf_runs_t *rs, kf_ctx_t *ctx, kf_error_t *err) {
             break;
         }
         if (rec == NULL || (rec->status != ST_PENDING && rec->status != ST_LEASED) ||
-            rec->seq >= rs->next_seq) {
-            st = kf_error_set(err, KF_E_CORRUPT, "run_queue: %s is not a live run", run_id);
+            rec->seq >= rs->next_seq || strcmp(rec->run_id, run_id) != 0 ||
+            run_find(rs, run_id) != NULL) {
+            st = kf_error_set(err, KF_E_CORRUPT,
+                              "run_queue: %s is not a live run, or is listed twice", run_id);
             if (rec) {
                 keyflow__records__run_rec__free_unpacked(rec, NULL);
             }

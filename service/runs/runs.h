@@ -57,6 +57,8 @@ typedef struct kf_run_spec {
 
 /* True when one more live run would pass KF_LIVE_RUNS_MAX. */
 bool kf_runs_full(const kf_runs_t *runs);
+/* Whether a pending or leased run has this ID (recovery's consistency check). */
+bool kf_runs_live(const kf_runs_t *runs, const char *run_id);
 /* Creates a PENDING run and returns its sequence number (journalled by the
  * caller). Hands it to a parked poll at once when one matches. */
 uint64_t kf_runs_start(kf_runs_t *runs, kf_ctx_t *ctx, const kf_run_spec_t *spec);

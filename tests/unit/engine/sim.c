@@ -6,6 +6,9 @@
 #include <string.h>
 
 #include "base/assert.h"
+#include "storage/keys.h"
+
+static void drop(sim_t *sim);
 
 static void recover(sim_t *sim) {
     kf_error_t err;
@@ -14,6 +17,28 @@ static void recover(sim_t *sim) {
                  err.message);
     sim->batch = kf_batch_create(sim->store);
     kf_core_begin(sim->core, sim->batch, ++sim->group, sim->now_ms);
+}
+
+kf_status_t sim_restart_status(sim_t *sim, kf_error_t *err) {
+    drop(sim);
+    cr_assert_eq(kf_store_open_mem(sim->disk, NULL, &sim->store, err), KF_OK, "%s", err->message);
+    kf_status_t st = kf_core_create(&sim->config, sim->store, &sim->core, err);
+    if (st != KF_OK) {
+        sim->core = NULL;
+        return st;
+    }
+    sim->batch = kf_batch_create(sim->store);
+    kf_core_begin(sim->core, sim->batch, ++sim->group, sim->now_ms);
+    return KF_OK;
+}
+
+void sim_put_raw(sim_t *sim, kf_cf_t cf, const void *key, size_t key_len, const void *value,
+                 size_t value_len) {
+    kf_batch_t *b = kf_batch_create(sim->store);
+    kf_batch_put(b, cf, key, key_len, value, value_len);
+    kf_error_t err;
+    cr_assert_eq(kf_store_write(sim->store, b, &err), KF_OK, "%s", err.message);
+    kf_batch_destroy(b);
 }
 
 void sim_open(sim_t *sim, uint64_t seed) {

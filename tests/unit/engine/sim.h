@@ -37,6 +37,12 @@ void sim_close(sim_t *sim);
 void sim_step(sim_t *sim);
 /* Loses the open group (never written) and recovers from the store. */
 void sim_crash(sim_t *sim);
+/* Like sim_crash, but recovery may fail: its status (KF_OK: running again;
+ * otherwise no core, and only sim_close is left). */
+kf_status_t sim_restart_status(sim_t *sim, kf_error_t *err);
+/* Writes one record straight to the store, as corruption or a bug would. */
+void sim_put_raw(sim_t *sim, kf_cf_t cf, const void *key, size_t key_len, const void *value,
+                 size_t value_len);
 /* Answers handler calls that are out (config.defer_handler_calls), then steps. */
 void sim_pump(sim_t *sim);
 /* Moves the clock and fires due timers, then steps. */

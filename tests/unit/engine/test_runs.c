@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "sim.h"
+#include "storage/keys.h"
 
 static sim_t sim;
 static void setup(void) {
@@ -334,4 +335,18 @@ Test(runs, page_tokens_of_other_queries_or_made_up_are_refused) {
     kf_cmd_t *neg = sim_exec(&sim, KF_OP_LIST_RUNS, &req.base);
     cr_assert_eq(neg->error.status, KF_E_INVALID);
     cr_assert_str_eq(neg->error.message, "status: must be in 0..4, got -1");
+}
+
+/* Recovery checks what it reads: a live run listed twice in the run queue
+ * (never written by the engine; corruption or a bug) stops the start with
+ * KF_E_CORRUPT naming it, instead of an assertion deep in recovery. */
+Test(runs, recovery_refuses_a_run_queued_twice) {
+    const char *id = make_run("wf", "k", "1");
+    kf_key_t k;
+    kf_key_run_queue(&k, 12345);
+    sim_put_raw(&sim, KF_CF_RUN_QUEUE, k.bytes, k.len, id, strlen(id));
+    kf_error_t err;
+    cr_assert_eq(sim_restart_status(&sim, &err), KF_E_CORRUPT, "%s", err.message);
+    cr_assert(strstr(err.message, id) != NULL && strstr(err.message, "listed twice") != NULL, "%s",
+              err.message);
 }
