@@ -1461,8 +1461,9 @@ static json_t *repeated_to_jansson(const ProtobufCMessage *msg, const ProtobufCF
 }
 
 /* A `_json` field: its text embedded as a value under the short name, or,
- * when the text is not JSON (it came in over gRPC unchecked), the text as a
- * string under the full name, so that the response is still valid and says
+ * when the text is not JSON (it came in over gRPC unchecked) or nests
+ * deeper than the decoder takes (KF_JSON_DEPTH_MAX), the text as a string
+ * under the full name, so that the response is still valid and says
  * which form it is. Empty text reaches here only as a oneof member whose
  * case is set, and is shown as null, which the engine takes it to mean. */
 static json_t *json_text_to_jansson(const ProtobufCFieldDescriptor *f, const void *slot,
@@ -1474,9 +1475,12 @@ static json_t *json_text_to_jansson(const ProtobufCFieldDescriptor *f, const voi
         return json_null();
     }
     json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
-    if (v != NULL) {
+    if (v != NULL && !kf_json_deeper_than(v, KF_JSON_DEPTH_MAX)) {
         return v;
     }
+    /* Not JSON, or deeper than the decoder takes back: the string form, so
+     * that the response can be read again as a request. */
+    json_decref(v);
     camel_name(f->name, strlen(f->name), key);
     return string_to_jansson(text, strlen(text));
 }

@@ -986,6 +986,20 @@ Test(depth, embedded_json_has_the_limit_of_its_own) {
     free(json);
 }
 
+/* Text deeper than the decoder takes back is emitted in the string form, so
+ * that every response can be read again as a request (found by fuzzing). */
+Test(depth, deep_embedded_text_is_emitted_as_a_string) {
+    char *json = nested_data(KF_JSON_DEPTH_MAX + 1);
+    Keyflow__Test__Deep m = KEYFLOW__TEST__DEEP__INIT;
+    m.data_json = strchr(json, '[');
+    json[strlen(json) - 1] = '\0'; /* drop the closing brace of the body */
+    const char *out = encode(&m);
+    cr_assert(strncmp(out, "{\"dataJson\":\"[[[", 16) == 0, "%.40s", out);
+    Keyflow__Test__Deep *back = (Keyflow__Test__Deep *)decode(DEEP, out);
+    cr_assert_str_eq(back->data_json, m.data_json);
+    free(json);
+}
+
 Test(depth, arrays_of_messages_count_both_levels) {
     /* Level 1 body, 2 "many" array, 3 its object, 4 array, 5 object. */
     expect_round_trip(DEEP, "{\"many\": [{\"many\": [{\"value\": 5}]}]}",
