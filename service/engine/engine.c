@@ -388,9 +388,11 @@ static bool commit_group(kf_engine_t *e, group_t *g, bool reply_here) {
             return false;
         }
         kf_histogram_observe(KF_H_GROUP_BYTES, (double)kf_batch_bytes(g->batch));
+        /* Only groups that wrote something were synced (reads alone wait
+         * for the group before them, not for a sync of their own). */
+        kf_counter_add(KF_C_GROUPS, 1);
+        kf_histogram_observe(KF_H_GROUP_COMMANDS, (double)g->commands);
     }
-    kf_counter_add(KF_C_GROUPS, 1);
-    kf_histogram_observe(KF_H_GROUP_COMMANDS, (double)g->commands);
     atomic_store(&e->durable_group, g->id);
     kf_cmd_t *replies = g->head;
     g->head = g->tail = NULL;

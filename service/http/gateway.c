@@ -340,6 +340,10 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_status_t st = kf_http_route(&hreq, &call->arena, &call->method, &msg, &err);
     if (st != KF_OK) {
         send_error(req, st, err.message, st == KF_E_UNIMPLEMENTED ? 405 : 0);
+        if (call->method != NULL) { /* a refused request of a known method counts */
+            kf_metrics_request(gw->metrics_ids[call->method - kf_methods], KF_TRANSPORT_HTTP,
+                               kf_status_grpc_code(st), kf_mono_us() - call->start_us);
+        }
         call_free(call);
         return 0;
     }

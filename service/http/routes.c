@@ -279,6 +279,7 @@ static const kf_method_t *generic_method(const span_t *segs, size_t n, kf_arena_
 kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
                           const kf_method_t **method_out, ProtobufCMessage **message_out,
                           kf_error_t *err) {
+    *method_out = NULL;
     span_t segs[SEGMENTS_MAX];
     size_t n;
     if (!split(req->path, req->path_len, segs, &n)) {
@@ -319,6 +320,7 @@ kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
         return kf_error_set(err, KF_E_NOT_FOUND, "path: no such route: %.*s", (int)req->path_len,
                             req->path);
     }
+    *method_out = m; /* known from here on, failures included (metrics) */
     ProtobufCMessage *msg = new_message(m->request, arena);
     if (msg == NULL) {
         return kf_error_set(err, KF_E_TOO_LARGE, "request: too large");
@@ -350,7 +352,6 @@ kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
     if (st != KF_OK) {
         return st;
     }
-    *method_out = m;
     *message_out = msg;
     return KF_OK;
 }

@@ -50,7 +50,9 @@ typedef struct kf_http_request {
 /* Finds the route and builds the request message in the arena.
  * Errors: KF_E_NOT_FOUND (no route: 404), KF_E_UNIMPLEMENTED (path known,
  * method not allowed: mapped to 405 by the caller), KF_E_INVALID (body or
- * parameter does not fit the message, naming the field). */
+ * parameter does not fit the message, naming the field). `*method` is set
+ * (else NULL) as soon as the route names a method, failures included, so the
+ * caller can count a refused request of a known method. */
 kf_status_t kf_http_route(const kf_http_request_t *request, kf_arena_t *arena,
                           const kf_method_t **method, ProtobufCMessage **message,
                           kf_error_t *err) KF_MUST_USE;

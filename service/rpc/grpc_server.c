@@ -87,6 +87,7 @@ struct call {
     bool close_watched;    /* RECV_CLOSE was started on its own */
     bool refs_watch;       /* counted in server->watches */
     int grpc_code;
+    bool metrics_done; /* this call's request was counted in the metrics */
     int64_t start_us;
     call_tag_t tag_main;
     call_tag_t tag_close;
@@ -117,7 +118,24 @@ struct kf_grpc_server {
     atomic_bool shutdown_done;
 };
 
+/* Counts the call once in keyflow_requests_total and its latency. */
+static void record_metrics(call_t *c) {
+    if (c->method != NULL && c->call != NULL && !c->metrics_done) {
+        kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code,
+                           kf_mono_us() - c->start_us);
+        c->metrics_done = true;
+    }
+}
+
 static void call_free(call_t *c) {
+    if (c->method != NULL &&
+        (c->method->kind == KF_METHOD_TAIL || c->method->kind == KF_METHOD_HEALTH_WATCH) &&
+        !c->metrics_done) {
+        /* A stream the server did not end with a status: the client left
+         * (or the server is going away), which its client sees as that. */
+        c->grpc_code = GRPC_STATUS_CANCELLED;
+        record_metrics(c);
+    }
     if (c->call != NULL) {
         grpc_call_unref(c->call);
     }
@@ -547,10 +565,7 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
         on_arrival(s, c);
         return;
     case CALL_REPLYING:
-        if (c->method != NULL) {
-            kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code,
-                               kf_mono_us() - c->start_us);
-        }
+        record_metrics(c);
         if (atomic_fetch_sub(&c->refs, 1) == 1) {
             call_free(c);
         }
@@ -583,8 +598,7 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
         tail_unref(c);
         return;
     case CALL_TAIL_DONE:
-        kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code,
-                           kf_mono_us() - c->start_us);
+        record_metrics(c);
         tail_unref(c);
         return;
     }

@@ -570,6 +570,28 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual(buckets[-1][1], total)
         self.assertGreaterEqual(total, 4)
 
+    def test_metrics_count_refused_bodies_and_only_synced_groups(self):
+        """A request the gateway refuses while mapping its JSON is still a
+        SendEvent that failed with INVALID_ARGUMENT (as over gRPC); a group
+        that wrote nothing was never synced and is not a commit group."""
+        bad_labels = 'method="SendEvent",transport="http",code="INVALID_ARGUMENT"'
+        before = self.metrics()
+        self.curl("POST", self.events_path("m"), raw='{"rule": {"kind": "batch"}, "inptu": 1}')
+        self.curl("POST", self.events_path("m"), raw='{"rule": ')
+        mid = self.metrics()
+        self.assertEqual(self.sample(mid, "keyflow_requests_total", bad_labels),
+                         self.sample(before, "keyflow_requests_total", bad_labels) + 2)
+        self.assertEqual(self.sample(mid, "keyflow_request_duration_seconds_count",
+                                     'method="SendEvent",transport="http"'),
+                         self.sample(before, "keyflow_request_duration_seconds_count",
+                                     'method="SendEvent",transport="http"') + 2)
+        for _ in range(5):  # reads: nothing to write, nothing to sync
+            self.curl("GET", self.coord_path("batch", "absent"))
+        after = self.metrics()
+        for name in ("keyflow_commit_groups_total", "keyflow_commit_group_commands_count",
+                     "keyflow_commit_sync_seconds_count"):
+            self.assertEqual(self.sample(after, name), self.sample(mid, name), name)
+
 
 if __name__ == "__main__":
     unittest.main()
