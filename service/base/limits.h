@@ -141,6 +141,9 @@
 #define KF_READ_OUTPUT_LIMIT_DEFAULT 1000
 #define KF_READ_OUTPUT_LIMIT_MAX     65536
 #define KF_PARKED_READS_MAX          4096
+/* Cancels of parked polls and reads waiting for the engine's next turn:
+ * more than can be parked at once, so none is dropped in practice. */
+#define KF_CANCELS_MAX (2 * (KF_PARKED_POLLS_MAX + KF_PARKED_READS_MAX))
 /* Native handler plugins: files scanned and bytes read per file. */
 #define KF_PLUGIN_FILES_MAX 256
 #define KF_PLUGIN_BYTES_MAX (64LL * 1024 * 1024)

@@ -71,12 +71,16 @@ struct kf_engine {
     bool committer_exit;
     atomic_bool failed;   /* a sync failed: acknowledge nothing more */
     uint64_t next_cmd_id; /* guarded by lock */
+    /* Cancels posted by front ends (clients that left a long poll or a
+     * tail), guarded by lock. Two arrays that the engine swaps, so posting
+     * never waits for a turn; they grow as needed up to KF_CANCELS_MAX (more
+     * than the calls that can wait at once), past which a cancel is dropped
+     * and its read or poll just runs to its wait. */
     struct cancel {
         kf_cmd_t *cmd;
         uint64_t id;
-    } cancels[256]; /* guarded by lock; a full list drops the cancel
-                       (the poll then just runs to its wait_ms) */
-    size_t ncancels;
+    } * cancels, *cancels_taken;
+    size_t ncancels, cancels_cap, cancels_taken_cap;
     atomic_uint_fast64_t durable_group;
 };
 
@@ -157,8 +161,8 @@ kf_status_t kf_engine_submit(kf_engine_t *e, kf_cmd_t *cmd) {
         kf_counter_add(KF_C_REJECTED_QUEUE_FULL, 1);
         return kf_error_set(
             &cmd->error, KF_E_LIMIT,
-            "engine queue full: %zu commands waiting (KF_QUEUE_DEPTH_MAX); retry later",
-            e->inbox_max);
+            "engine queue full: %zu commands waiting (--queue-depth, at most %d); retry later",
+            e->inbox_max, KF_QUEUE_DEPTH_MAX);
     }
     cmd->id = ++e->next_cmd_id;
     if (e->inbox_tail) {
@@ -179,11 +183,22 @@ kf_status_t kf_engine_submit(kf_engine_t *e, kf_cmd_t *cmd) {
 
 void kf_engine_cancel(kf_engine_t *e, kf_cmd_t *cmd) {
     pthread_mutex_lock(&e->lock);
-    if (e->ncancels < sizeof e->cancels / sizeof e->cancels[0]) {
+    if (e->ncancels == e->cancels_cap && e->cancels_cap < KF_CANCELS_MAX) {
+        size_t cap = e->cancels_cap ? e->cancels_cap * 2 : 256;
+        struct cancel *grown = realloc(e->cancels, cap * sizeof *grown);
+        if (grown != NULL) {
+            e->cancels = grown;
+            e->cancels_cap = cap;
+        }
+    }
+    if (e->ncancels < e->cancels_cap) {
         /* The id is read now, while the submitter still owns the command. */
         e->cancels[e->ncancels].cmd = cmd;
         e->cancels[e->ncancels].id = cmd->id;
         e->ncancels++;
+    } else {
+        kf_log(KF_LOG_WARN, "engine", "%d cancels pending; one dropped (its wait runs out)",
+               KF_CANCELS_MAX);
     }
     bool wake = e->engine_sleeping;
     pthread_mutex_unlock(&e->lock);
@@ -266,9 +281,14 @@ static void *engine_main(void *arg) {
             }
         }
         bool stopping = e->stopping;
-        struct cancel cancels[sizeof e->cancels / sizeof e->cancels[0]];
+        /* Take the posted cancels by swapping the two arrays. */
+        struct cancel *cancels = e->cancels;
         size_t ncancels = e->ncancels;
-        memcpy(cancels, e->cancels, ncancels * sizeof cancels[0]);
+        size_t cap = e->cancels_cap;
+        e->cancels = e->cancels_taken;
+        e->cancels_cap = e->cancels_taken_cap;
+        e->cancels_taken = cancels;
+        e->cancels_taken_cap = cap;
         e->ncancels = 0;
         pthread_mutex_unlock(&e->lock);
 
@@ -557,5 +577,7 @@ void kf_engine_destroy(kf_engine_t *e) {
     pthread_mutex_destroy(&e->lock);
     pthread_cond_destroy(&e->reply_cv);
     pthread_mutex_destroy(&e->reply_lock);
+    free(e->cancels);
+    free(e->cancels_taken);
     free(e);
 }

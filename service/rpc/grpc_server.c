@@ -270,11 +270,12 @@ static void engine_done(kf_cmd_t *cmd) {
 static ProtobufCMessage *unpack_payload(call_t *c, const ProtobufCMessageDescriptor *desc,
                                         kf_error_t *err) {
     if (c->payload == NULL) {
-        /* No message: the default (empty) request. */
-        ProtobufCMessage *m = kf_arena_zalloc(&c->arena, desc->sizeof_message);
-        KF_ASSERT(m != NULL);
-        desc->message_init(m);
-        return m;
+        /* No message at all (an empty request still arrives as a message of
+         * zero bytes): the client half-closed without one, or went away. */
+        kf_error_set(err, KF_E_INVALID,
+                     "request: no %s message was received (the client sent none or cancelled)",
+                     desc->name);
+        return NULL;
     }
     grpc_byte_buffer_reader reader;
     if (!grpc_byte_buffer_reader_init(&reader, c->payload)) {
@@ -380,14 +381,26 @@ static void tail_next(call_t *c) {
     cmd->arena = &c->page_arena;
     cmd->done = tail_done;
     cmd->owner = c;
+    /* A reference of this function's own: the read may finish, and the
+     * client leave, before the check below. */
+    atomic_fetch_add(&c->tail_refs, 1);
+    atomic_store(&c->in_engine, true);
     if (kf_engine_submit(c->server->engine, cmd) != KF_OK) {
+        atomic_store(&c->in_engine, false);
         tail_finish(c, cmd->error.status, cmd->error.message);
+    } else if (atomic_load(&c->tail_closed)) {
+        /* The client left while this read was being submitted, and the
+         * close may have missed it (in_engine was not yet set): cancel it
+         * here, or it would hold a parked read until its wait ends. */
+        kf_engine_cancel(c->server->engine, cmd);
     }
+    tail_unref(c);
 }
 
 /* A read finished (replier thread). */
 static void tail_done(kf_cmd_t *cmd) {
     call_t *c = cmd->owner;
+    atomic_store(&c->in_engine, false);
     if (atomic_load(&c->tail_closed)) {
         tail_unref(c);
         return;
@@ -529,23 +542,39 @@ static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     cmd->arena = &c->arena;
     cmd->done = engine_done;
     cmd->owner = c;
-    if (prepare_long_poll(c, req)) {
+    bool long_poll = prepare_long_poll(c, req);
+    if (long_poll) {
+        /* Set before the submit, whose lock orders it before the reply
+         * (send_reply then leaves RECV_CLOSE to the watch started below). */
         c->close_watched = true;
         atomic_store(&c->refs, 2); /* the close watch, and the command in the engine */
+    }
+    atomic_store(&c->in_engine, true);
+    if (kf_engine_submit(s->engine, cmd) != KF_OK) {
+        atomic_store(&c->in_engine, false);
+        if (long_poll) {
+            c->close_watched = false; /* not submitted: no other thread has the call */
+            atomic_store(&c->refs, 0);
+        }
+        send_reply(c, cmd->error.status, cmd->error.message, NULL);
+        return;
+    }
+    if (long_poll) {
+        /* The close watch starts only now, once the command has its id: a
+         * close seen by another gRPC thread must find the command in the
+         * engine under the id it was submitted with (cancelling it), or
+         * already out of it. The watch's reference keeps the call alive
+         * until here even if the reply went out meanwhile. */
         grpc_op close_op;
         memset(&close_op, 0, sizeof close_op);
         close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
         close_op.data.recv_close_on_server.cancelled = &c->cancelled;
         c->tag_close.state = CALL_POLL_CLOSED;
         if (grpc_call_start_batch(c->call, &close_op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
-            c->close_watched = false;
-            atomic_store(&c->refs, 0);
+            if (atomic_fetch_sub(&c->refs, 1) == 1) {
+                call_free(c);
+            }
         }
-    }
-    atomic_store(&c->in_engine, true);
-    if (kf_engine_submit(s->engine, cmd) != KF_OK) {
-        atomic_store(&c->in_engine, false);
-        send_reply(c, cmd->error.status, cmd->error.message, NULL);
     }
 }
 
@@ -594,7 +623,12 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
         }
         return;
     case CALL_TAIL_CLOSED:
+        /* The client left: a read parked in the engine would otherwise wait
+         * out its full wait (holding a parked-read slot); cancel it. */
         atomic_store(&c->tail_closed, true);
+        if (atomic_load(&c->in_engine)) {
+            kf_engine_cancel(s->engine, &c->cmd);
+        }
         tail_unref(c);
         return;
     case CALL_TAIL_DONE:

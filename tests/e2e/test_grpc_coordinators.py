@@ -693,6 +693,39 @@ class RunsTest(ServerTest):
                          % (R.RunStatus.Name(got.status), got.worker_id, got.attempts,
                             got.lease_expires_ms, parked))
 
+    def test_many_long_polls_abandoned_at_once_are_all_cancelled(self):
+        """600 long polls on two connections whose process is killed: more
+        cancels at once than the engine used to keep (256), so some polls
+        stayed parked and took the next runs. All must be cancelled, and a
+        live worker gets the runs created afterwards."""
+        import subprocess
+        import textwrap
+        child = textwrap.dedent("""
+            import sys, time, grpc
+            sys.path.insert(0, %(stubs)r)
+            from keyflow.v1 import runs_pb2 as R, runs_pb2_grpc as RG
+            futures = []
+            for n in range(2):
+                ch = grpc.insecure_channel(%(target)r, options=[("grpc.use_local_subchannel_pool", 1)])
+                stub = RG.RunsStub(ch)
+                for i in range(300):
+                    futures.append(stub.PollRuns.future(R.PollRunsRequest(
+                        workflows=[%(wf)r], worker_id="dead%%d" %% i, wait_ms=30000), timeout=60))
+            print("sent", flush=True)
+            time.sleep(120)
+        """) % {"stubs": harness.stubs(), "target": self.server.grpc_target, "wf": self.wf}
+        proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE)
+        try:
+            wait_until(lambda: self.metric("keyflow_parked_polls") >= 600, 30, "600 long polls to park")
+        finally:
+            proc.kill()
+            proc.wait(10)
+        wait_until(lambda: self.metric("keyflow_parked_polls") == 0, 10,
+                   "every abandoned long poll to be cancelled")
+        made = [self.start_run("k%d" % i) for i in range(5)]
+        runs = self.poll(wait_ms=5000, max_runs=10, worker="live")
+        self.assertEqual(sorted(r.run_id for r in runs), sorted(made))
+
     def test_poll_filters_by_workflow_and_max_runs(self):
         for i in range(3):
             self.start_run("k%d" % i, str(i))
