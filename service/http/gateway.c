@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -153,9 +154,13 @@ static void on_watch_tick(h2o_timeout_entry_t *entry) {
     http_call_t *c = gw->watched;
     while (c != NULL) {
         http_call_t *next = c->watch_next;
-        char b;
-        ssize_t n = recv(c->watch_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        /* POLLRDHUP: the peer closed (or shut down its sending side), seen
+         * even when bytes it sent before closing are still unread (a
+         * pipelined request): a peek at the data would find those bytes
+         * and miss the close. */
+        struct pollfd p = {.fd = c->watch_fd, .events = POLLRDHUP};
+        int n = poll(&p, 1, 0);
+        if (n > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
             watch_unlink(gw, c);
             kf_engine_cancel(gw->engine, &c->cmd);
         }

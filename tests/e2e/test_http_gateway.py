@@ -289,6 +289,25 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual([x["runId"] for x in runs], [run_id],
                          "the run went to the abandoned HTTP long poll: %r" % got)
 
+    def test_abandoned_http_long_poll_with_a_pipelined_request_is_cancelled(self):
+        """A client that pipelines one more request behind its long poll and
+        then closes: the unread bytes must not hide the close (a peek at the
+        socket found them and missed it), or the poll takes the next run."""
+        import socket
+        port = int(self.server.http_base.rsplit(":", 1)[1])
+        body = json.dumps({"workflows": [self.wf], "workerId": "gone", "waitMs": 30000}).encode()
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(b"POST /v1/runs:poll HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_until(lambda: self.sample(self.metrics(), "keyflow_parked_polls") == 1, 10, "the poll to park")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        sock.close()
+        wait_until(lambda: self.sample(self.metrics(), "keyflow_parked_polls") == 0, 5,
+                   "the abandoned poll to be cancelled")
+        created = self.send("k", {"rule": {"kind": "batch", "maxEvents": 1}, "input": "work"})
+        runs = self.poll(wait_ms=5000, worker="live")
+        self.assertEqual([x["runId"] for x in runs], [created["receipt"]["runId"]])
+
     def test_flush_and_cancel(self):
         # Event IDs keep the coordinator (and its journal) after the window.
         r = self.send("k", {"id": "1", "rule": {"kind": "batch", "maxEvents": 10, "maxWaitMs": 60000}, "input": 1})
