@@ -83,7 +83,18 @@ struct kf_gateway {
     http_call_t *watched;
     h2o_timeout_t watch_timeout;
     h2o_timeout_entry_t watch_entry;
+    /* Accepted connections (loop thread only), at most
+     * KF_HTTP_CONNECTIONS_MAX: at the bound, or when accept() runs out of
+     * descriptors, the listener stops reading (else its level-triggered
+     * readiness would spin the loop) until a connection closes or the retry
+     * timer fires. */
+    int connections;
+    bool accept_paused;
+    h2o_timeout_t accept_timeout;
+    h2o_timeout_entry_t accept_entry;
 };
+
+#define ACCEPT_RETRY_MS 100
 
 #define WATCH_INTERVAL_MS 200
 
@@ -379,15 +390,57 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     return 0;
 }
 
+static void on_accept(h2o_socket_t *listener, const char *err);
+
+static void accept_resume(kf_gateway_t *gw) {
+    if (gw->accept_paused && gw->listener != NULL && !atomic_load(&gw->stopping) &&
+        gw->connections < KF_HTTP_CONNECTIONS_MAX) {
+        gw->accept_paused = false;
+        h2o_socket_read_start(gw->listener, on_accept);
+    }
+}
+
+static void accept_pause(kf_gateway_t *gw, bool retry_later) {
+    if (!gw->accept_paused) {
+        gw->accept_paused = true;
+        h2o_socket_read_stop(gw->listener);
+    }
+    if (retry_later && !h2o_timeout_is_linked(&gw->accept_entry)) {
+        h2o_timeout_link(gw->loop, &gw->accept_timeout, &gw->accept_entry);
+    }
+}
+
+static void on_accept_retry(h2o_timeout_entry_t *entry) {
+    accept_resume(H2O_STRUCT_FROM_MEMBER(kf_gateway_t, accept_entry, entry));
+}
+
+static void on_connection_closed(void *data) {
+    kf_gateway_t *gw = data;
+    gw->connections--;
+    accept_resume(gw);
+}
+
 static void on_accept(h2o_socket_t *listener, const char *err) {
     if (err != NULL) {
         return;
     }
     kf_gateway_t *gw = listener->data;
-    h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
-    if (sock == NULL) {
+    if (gw->connections >= KF_HTTP_CONNECTIONS_MAX) {
+        accept_pause(gw, false); /* resumed when a connection closes */
         return;
     }
+    h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
+    if (sock == NULL) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            kf_log(KF_LOG_WARN, "http", "accept: %s; pausing new connections for %d ms",
+                   strerror(errno), ACCEPT_RETRY_MS);
+            accept_pause(gw, true);
+        }
+        return;
+    }
+    gw->connections++;
+    sock->on_close.cb = on_connection_closed;
+    sock->on_close.data = gw;
     h2o_accept(&gw->accept_ctx, sock);
 }
 
@@ -474,6 +527,8 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *
     h2o_multithread_register_receiver(gw->queue, &gw->control, on_control);
     h2o_timeout_init(gw->loop, &gw->watch_timeout, WATCH_INTERVAL_MS);
     gw->watch_entry.cb = on_watch_tick;
+    h2o_timeout_init(gw->loop, &gw->accept_timeout, ACCEPT_RETRY_MS);
+    gw->accept_entry.cb = on_accept_retry;
     gw->listener = h2o_evloop_socket_create(gw->loop, gw->listen_fd, H2O_SOCKET_FLAG_DONT_READ);
     gw->listener->data = gw;
     *out = gw;
@@ -561,6 +616,10 @@ void kf_gateway_destroy(kf_gateway_t *gw) {
         h2o_timeout_unlink(&gw->watch_entry);
     }
     h2o_timeout_dispose(gw->loop, &gw->watch_timeout);
+    if (h2o_timeout_is_linked(&gw->accept_entry)) {
+        h2o_timeout_unlink(&gw->accept_entry);
+    }
+    h2o_timeout_dispose(gw->loop, &gw->accept_timeout);
     h2o_multithread_unregister_receiver(gw->queue, &gw->replies);
     h2o_multithread_unregister_receiver(gw->queue, &gw->control);
     h2o_multithread_destroy_queue(gw->queue);

@@ -258,6 +258,37 @@ class LifecycleTest(unittest.TestCase):
                 self.assertIn(message, p.stderr.decode())
                 self.assertFalse(os.path.exists(data), "a usage error must not create the data directory")
 
+    def test_out_of_descriptors_the_gateway_pauses_accepting_and_recovers(self):
+        """With its descriptors used up, keyflowd stops reading the HTTP
+        listener for a moment (says so in its log) instead of retrying
+        accept() in a busy loop, and serves again once clients leave."""
+        import shutil
+        import socket
+        if shutil.which("prlimit") is None:
+            self.skipTest("prlimit (util-linux) is not installed")
+        saved = os.environ.get("KEYFLOW_WRAPPER")
+        os.environ["KEYFLOW_WRAPPER"] = "prlimit --nofile=200 --"
+        try:
+            server = harness.Keyflowd().start()
+        finally:
+            if saved is None:
+                del os.environ["KEYFLOW_WRAPPER"]
+            else:
+                os.environ["KEYFLOW_WRAPPER"] = saved
+        self.addCleanup(server.cleanup)
+        port = int(server.http_base.rsplit(":", 1)[1])
+        socks = []
+        try:
+            for _ in range(300):
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            wait_until(lambda: "pausing new connections" in server.read_log(), 10,
+                       "the gateway to pause accepting")
+        finally:
+            for s in socks:
+                s.close()
+        wait_until(lambda: server.http("GET", "/healthz")[0] == 200, 20, "/healthz to answer again")
+        self.assertEqual(server.stop(), 0)
+
     def check_restart_keeps_state(self, crash):
         deb = C.Rule(kind=DEBOUNCE, window_ms=600000)
         bat = C.Rule(kind=BATCH, max_events=10, max_wait_ms=600000)
