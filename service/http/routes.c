@@ -166,6 +166,9 @@ static bool match(const route_t *r, const span_t *segs, size_t n, capture_t *cap
 
 static bool method_is(const kf_http_request_t *req, const char *m) {
     size_t n = strlen(m);
+    if (strcmp(m, "GET") == 0 && req->method_len == 4 && memcmp(req->method, "HEAD", 4) == 0) {
+        return true; /* HEAD is GET without the body (h2o leaves the body out) */
+    }
     return req->method_len == n && memcmp(req->method, m, n) == 0;
 }
 

@@ -549,6 +549,10 @@ class GatewayTest(unittest.TestCase):
                 self.assert_error(self.curl(method, path), 405, 12, "UNIMPLEMENTED", "use GET for " + path)
         r = self.curl("HEAD", "/healthz", extra=["-I"])
         self.assertEqual(r.status, 200)
+        # HEAD on a GET route is that GET without the body.
+        r = self.curl("HEAD", "/v1/runs?workflow=" + self.wf, extra=["-I"])
+        self.assertEqual(r.status, 200)
+        self.assertEqual(self.curl("HEAD", "/v1/runs/no@such", extra=["-I"]).status, 404)
 
     def test_metrics(self):
         sample = 'keyflow_requests_total'
