@@ -21,6 +21,7 @@
     X(KF_G_RUNS_PENDING, "keyflow_runs_pending", "Runs waiting for a worker")                      \
     X(KF_G_RUNS_LEASED, "keyflow_runs_leased", "Runs leased to a worker")                          \
     X(KF_G_PARKED_POLLS, "keyflow_parked_polls", "PollRuns calls waiting for a run")               \
+    X(KF_G_PARKED_READS, "keyflow_parked_reads", "ReadOutput/TailOutput reads waiting for rows")   \
     X(KF_G_TIMERS, "keyflow_timers", "Processing-time timers armed")                               \
     X(KF_G_FUNCTIONS, "keyflow_functions", "Registered process functions")                         \
     X(KF_G_READY, "keyflow_ready", "1 when the service is ready to serve")

@@ -1814,6 +1814,7 @@ static void reader_unlink(kf_functions_t *fns, reader_t *r) {
         r->next->prev = r->prev;
     }
     fns->nreaders--;
+    kf_gauge_set(KF_G_PARKED_READS, fns->nreaders);
 }
 
 static void answer_read(kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
@@ -1872,6 +1873,7 @@ void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         }
         fn->readers = r;
         fns->nreaders++;
+        kf_gauge_set(KF_G_PARKED_READS, fns->nreaders);
         cmd->parked = r;
         return;
     }

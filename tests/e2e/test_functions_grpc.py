@@ -1360,6 +1360,34 @@ class OutputTest(FunctionsGrpcBase):
             {"_seq": "1", "key": "j", "ts": "1", "sum": "41", "previous": "absent"},
             {"_seq": "2", "key": "j", "ts": "2", "sum": "42", "previous": "value"}])
 
+    def test_a_cancelled_tail_releases_its_parked_read(self):
+        """A tail waits for rows with a read parked in the engine; when its
+        client cancels, that read is cancelled at once (it used to stay
+        parked for its whole wait, holding one of KF_PARKED_READS_MAX)."""
+        d, _ = self.fill(1)
+        info = self.info(d)
+        call = self.stub.TailOutput(pb.TailOutputRequest(function_id=d["functionId"],
+                                                         after_seq=info.output_seq), timeout=120)
+
+        def parked():
+            status, text = self.server.http("GET", "/metrics")
+            for line in text.splitlines():
+                if line.startswith("keyflow_parked_reads "):
+                    return float(line.split()[1])
+            return -1.0
+
+        started = threading.Thread(target=lambda: next(iter(call), None), daemon=True)
+        started.start()
+        deadline = time.time() + 10
+        while time.time() < deadline and parked() < 1:
+            time.sleep(0.02)
+        self.assertEqual(parked(), 1, "the tail's read should be parked")
+        call.cancel()
+        deadline = time.time() + 5
+        while time.time() < deadline and parked() > 0:
+            time.sleep(0.02)
+        self.assertEqual(parked(), 0, "the cancelled tail's read is still parked")
+
     def test_tail_unknown_function(self):
         call = self.stub.TailOutput(pb.TailOutputRequest(function_id=unique("none")), timeout=30)
         with self.assertRaises(grpc.RpcError) as cm:
