@@ -1049,6 +1049,19 @@ class HealthTest(ServerTest):
         self.assertEqual(self.metric(labels % "OK"), 2)
         self.assertEqual(self.metric(labels % "INVALID_ARGUMENT"), 1)
 
+    def test_a_unary_call_without_its_message_is_refused(self):
+        # A client that half-closes without sending the request (here: the
+        # unary method called as client streaming with no messages) must
+        # not have the default request run in its place.
+        call = self.channel.stream_unary("/keyflow.v1.Coordinators/SendEvent")
+        with self.assertRaises(grpc.RpcError) as cm:
+            call(iter([]), timeout=10)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("no keyflow.v1.SendEventRequest message was received", cm.exception.details())
+        # An empty request is a message of zero bytes, and is still fine.
+        health = self.channel.unary_unary("/grpc.health.v1.Health/Check")
+        self.assertEqual(health(b"", timeout=10), b"\x08\x01")  # status: SERVING
+
     def test_unknown_method_is_unimplemented(self):
         call = self.channel.unary_unary("/keyflow.v1.Coordinators/NoSuchMethod")
         with self.assertRaises(grpc.RpcError) as cm:
