@@ -17,6 +17,8 @@
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 
+#include "base/status.h"
+
 /* ---- Histogram ---------------------------------------------------------- */
 
 #define HIST_VALUE_MAX ((UINT64_C(1) << KF_BENCH_HIST_TOP_BIT) - 1)
@@ -305,26 +307,6 @@ grpc_channel *kf_bench_channel_create(const char *target, int index, bool minima
     return ch;
 }
 
-static const char *const code_names[KF_BENCH_STATUS_CODES] = {
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-};
-
 int kf_bench_status_slot(bool batch_ok, grpc_status_code status) {
     if (!batch_ok) {
         return KF_BENCH_STATUS_BATCH_FAILED;
@@ -337,7 +319,7 @@ int kf_bench_status_slot(bool batch_ok, grpc_status_code status) {
 
 const char *kf_bench_status_name(int slot, const char *rejected) {
     if (slot >= 0 && slot < KF_BENCH_STATUS_CODES) {
-        return code_names[slot];
+        return kf_grpc_code_name(slot);
     }
     if (slot == KF_BENCH_STATUS_BATCH_FAILED) {
         return "BATCH_FAILED";

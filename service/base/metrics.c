@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/assert.h"
+#include "base/status.h"
 
 #define BUCKETS_MAX 16
 
@@ -193,23 +194,6 @@ static void render_histogram(out_t *o, const histogram_t *h, const char *labels)
 }
 
 char *kf_metrics_render(size_t *len) {
-    static const char *const code_names[GRPC_CODES] = {"OK",
-                                                       "CANCELLED",
-                                                       "UNKNOWN",
-                                                       "INVALID_ARGUMENT",
-                                                       "DEADLINE_EXCEEDED",
-                                                       "NOT_FOUND",
-                                                       "ALREADY_EXISTS",
-                                                       "PERMISSION_DENIED",
-                                                       "RESOURCE_EXHAUSTED",
-                                                       "FAILED_PRECONDITION",
-                                                       "ABORTED",
-                                                       "OUT_OF_RANGE",
-                                                       "UNIMPLEMENTED",
-                                                       "INTERNAL",
-                                                       "UNAVAILABLE",
-                                                       "DATA_LOSS",
-                                                       "UNAUTHENTICATED"};
     static const char *const transport_names[KF_TRANSPORT_COUNT] = {"grpc", "http"};
     out_t o = {malloc(16384), 0, 16384, 0};
     if (o.buf == NULL) {
@@ -241,7 +225,8 @@ char *kf_metrics_render(size_t *len) {
                     outf(
                         &o,
                         "keyflow_requests_total{method=\"%s\",transport=\"%s\",code=\"%s\"} %llu\n",
-                        method_names[m], transport_names[t], code_names[c], (unsigned long long)n);
+                        method_names[m], transport_names[t], kf_grpc_code_name((int)c),
+                        (unsigned long long)n);
                 }
             }
         }

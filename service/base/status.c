@@ -58,10 +58,15 @@ int kf_status_http(kf_status_t status) {
     return status_rows[status_index(status)].http;
 }
 
+const char *kf_grpc_code_name(int code) {
+    return code >= 0 && (size_t)code < sizeof grpc_names / sizeof grpc_names[0] ? grpc_names[code]
+                                                                                : NULL;
+}
+
 const char *kf_status_grpc_name(kf_status_t status) {
-    int code = kf_status_grpc_code(status);
-    KF_ASSERT(code >= 0 && (size_t)code < sizeof grpc_names / sizeof grpc_names[0]);
-    return grpc_names[code];
+    const char *name = kf_grpc_code_name(kf_status_grpc_code(status));
+    KF_ASSERT(name != NULL);
+    return name;
 }
 
 void kf_error_clear(kf_error_t *err) {

@@ -56,6 +56,9 @@ int kf_status_grpc_code(kf_status_t status);
 int kf_status_http(kf_status_t status);
 /* The canonical gRPC code name ("INVALID_ARGUMENT"), used in JSON errors. */
 const char *kf_status_grpc_name(kf_status_t status);
+/* The name of a gRPC status code 0..16 (grpc_status_code numbering); NULL
+ * for any other number. The one table of these names (metrics, bench). */
+const char *kf_grpc_code_name(int code);
 
 /*
  * An error with a message that names the offending field and the limit,
