@@ -136,6 +136,10 @@
  * for retries of recent sequences. */
 #define KF_PRODUCERS_MAX      10000
 #define KF_PRODUCER_ACKS_KEPT 16
+/* PushBatch commands waiting behind a function's step whose handler call
+ * is out: each step starts from the state the previous one left, so they
+ * wait in order, and a slow handler must not let them pile up. */
+#define KF_FN_QUEUED_MAX 1024
 /* Output rows per stored chunk, and per ReadOutput page. */
 #define KF_OUTPUT_CHUNK_ROWS_MAX     4096
 #define KF_READ_OUTPUT_LIMIT_DEFAULT 1000

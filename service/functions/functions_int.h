@@ -1,0 +1,344 @@
+/*
+ * functions_int.h - private to service/functions: the in-memory model of
+ * process functions and the seams between the files that implement
+ * functions.h. Nothing outside service/functions includes it.
+ *
+ * Files
+ *   registry.c  the function table: create/destroy, RegisterFunction,
+ *               GetFunction, ListFunctions, the checks every RPC shares.
+ *   keys.c      per-key value state and event-time timers in memory, the
+ *               canonical key of a row, GetKeyState.
+ *   host.c      the handler host: the kf_host_t a handler builds its
+ *               response through, and the hosts that send a call out and
+ *               bring its response back (native, deferred).
+ *   step.c      PushBatch: producers, the step machine (activations,
+ *               validation, apply, due timers), undo and the commit.
+ *   output.c    ReadOutput: durable output, parked reads.
+ *   recovery.c  loading functions, state, timers and producers from the store.
+ *
+ * Stored layout (prefix = the function's index, u32 big-endian):
+ *   functions       function_id                         -> FunctionRec
+ *   checkpoints     prefix                              -> CheckpointRec
+ *   state           prefix | canonical key              -> kind u8 | value be64
+ *   timers_by_key   prefix | lp(key) | lp(name)         -> ord(at_us) be64
+ *   timers_by_time  prefix | ord(at_us) | lp(key) | lp(name) -> (empty)
+ *   output          prefix | last_seq be64              -> RowBatch (a chunk)
+ *   producers       prefix | producer_id                -> ProducerRec
+ *   meta            "fn_index"                          -> next index be32
+ *
+ * Undo: the first time a step touches a key it snapshots the key (state and
+ * timers). Commit diffs each touched key against its snapshot and writes
+ * only what changed; rollback restores the snapshots and the function's
+ * counters, so a refused step leaves memory exactly as it found it.
+ *
+ * A handler call and its host (the seam a remote host plugs into):
+ *
+ *   step.c step_advance --kf__call_send(call)--> fn->host->send(fns, fn, call)
+ *     KF__CALL_ANSWERED  the response is already recorded in `call` (native):
+ *                        step.c takes it at once
+ *     KF__CALL_OUT       the step waits (step->awaiting) and holds the
+ *                        function; batches queue behind it. Later the host
+ *                        records the response into the same `call`, through
+ *                        kf__host_abi's builder functions or kf__call_fail(),
+ *                        and calls kf__step_resume(fns, ctx, fn)
+ *   step.c take_response: validate the whole response, apply, check the
+ *   function's limits, append the call's output rows to the step's.
+ *
+ * Every function here runs on the engine thread.
+ */
+#ifndef KF_FUNCTIONS_FUNCTIONS_INT_H
+#define KF_FUNCTIONS_FUNCTIONS_INT_H
+
+#include <stdlib.h>
+
+#include "base/assert.h"
+#include "base/map.h"
+#include "base/pq.h"
+#include "functions/descriptor.h"
+#include "functions/functions.h"
+#include "functions/plugin.h"
+#include "functions/rows.h"
+#include "keyflow/handler.h"
+#include "records/records.pb-c.h"
+
+/* "No timer" inside; also the watermark before the first one. */
+#define KF__NO_TIME             INT64_MIN
+#define KF__STATE_CODEC_VERSION 2
+#define KF__FN_INDEX_KEY        "fn_index" /* meta: the next function index */
+
+/* ---- in-memory structures ---------------------------------------------- */
+
+typedef struct function function_t;
+typedef struct fn_key fn_key_t;
+typedef struct step step_t;
+typedef struct kf__handler_host kf__handler_host_t;
+
+typedef struct ev_timer {
+    fn_key_t *owner;
+    uint8_t name; /* index into the descriptor's timer_names */
+    int64_t at_us;
+    kf_pq_node_t node; /* position in the function's timer queue */
+} ev_timer_t;
+
+struct fn_key {
+    kf_map_node_t node; /* by canonical key */
+    uint8_t *key;       /* canonical key, owned */
+    uint32_t key_len;
+    char *key_text; /* owned */
+    uint32_t key_text_len;
+    uint8_t state; /* KF_STATE_* */
+    int64_t value;
+    ev_timer_t **timers; /* one slot per timer name, NULL until needed */
+    uint32_t step_mark;  /* the step that snapshotted this key */
+    uint32_t call_mark;  /* the handler call that holds this key */
+};
+
+typedef struct producer {
+    kf_map_node_t node;
+    char *id;
+    int64_t last_sequence;
+    uint32_t nacks; /* ring of the last acks, oldest first */
+    int64_t ack_seq[KF_PRODUCER_ACKS_KEPT];
+    uint8_t *ack[KF_PRODUCER_ACKS_KEPT];
+    size_t ack_len[KF_PRODUCER_ACKS_KEPT];
+} producer_t;
+
+typedef struct reader {
+    kf_cmd_t *cmd;
+    function_t *fn;
+    kf_timer_t timer;
+    struct reader *next;
+    struct reader *prev;
+} reader_t;
+
+struct function {
+    kf_map_node_t node; /* by function_id */
+    char *id;
+    uint32_t index;
+    kf_arena_t arena; /* the canonical descriptor lives here */
+    Keyflow__V1__FunctionDescriptor *desc;
+    char sha256[KF_SHA256_HEX_BYTES + 1];
+    int64_t created_ms;
+    kf_fn_limits_t limits;
+    int key_cols[KF_KEY_COLUMNS_MAX];
+    int nkey_cols;
+    int event_col;
+    int out_event_col;
+    const kf__handler_host_t *host; /* NULL: unavailable (see `unavailable`) */
+    const kf_handler_t *handler;    /* the native handler the host invokes */
+    char unavailable[KF_ERROR_MESSAGE_BYTES_MAX];
+    kf_map_t keys;
+    uint64_t live_keys; /* keys with state or timers */
+    uint64_t timer_count;
+    uint64_t state_bytes;
+    kf_pq_t timers; /* event-time timers, (at_us, key, name) order */
+    bool has_watermark;
+    int64_t watermark_us;
+    uint64_t next_activation;
+    uint64_t output_seq;         /* last written */
+    uint64_t durable_output_seq; /* last durable */
+    kf_map_t producers;
+    reader_t *readers;    /* parked reads */
+    struct step *active;  /* the step in progress (its call may be out) */
+    kf_cmd_t *queue_head; /* PushBatch commands waiting for `active` */
+    kf_cmd_t *queue_tail;
+    uint32_t queued;
+};
+
+typedef struct pending_durable {
+    function_t *fn;
+    uint64_t group;
+    uint64_t output_seq;
+} pending_durable_t;
+
+struct kf_functions {
+    kf_map_t by_id;
+    kf_plugins_t *plugins;
+    uint32_t next_index;
+    uint32_t step_counter;
+    uint32_t call_counter;
+    pending_durable_t *pending; /* output written in groups not yet durable */
+    size_t npending;
+    size_t pending_cap;
+    uint32_t nreaders;
+    uint8_t *scratch; /* canonical key building */
+    size_t scratch_cap;
+    bool defer_calls; /* test seam: native calls answer on pump() */
+};
+
+/* ---- a step: one PushBatch, with its undo log -------------------------- */
+
+typedef struct undo {
+    fn_key_t *key;
+    bool existed;
+    uint8_t state;
+    int64_t value;
+    int64_t at[KF_TIMER_NAMES_MAX];
+} undo_t;
+
+struct step {
+    kf_functions_t *fns;
+    function_t *fn;
+    kf_ctx_t *ctx;
+    kf_arena_t *arena;
+    const kf_rows_t *rows;
+    int64_t watermark; /* for timer validation and the handler */
+    bool has_watermark;
+    uint32_t mark;
+    undo_t *undo;
+    size_t nundo;
+    size_t undo_cap;
+    kf_outbuf_t out; /* every output row of the step */
+    /* function counters at the start, restored on rollback */
+    uint64_t live_keys0, timer_count0, state_bytes0, next_activation0;
+    int64_t activations;
+    int64_t timer_callbacks;
+    int64_t calls;
+    kf_error_t *err;
+    /* The step as a resumable machine: one handler call out at a time. */
+    kf_cmd_t *cmd; /* the PushBatch being answered */
+    const Keyflow__V1__PushBatchRequest *req;
+    kf_rows_t rows_storage;
+    kf_call_t *call;
+    bool timers_phase; /* rows done, watermark advanced */
+    uint32_t row_pos;  /* next input row */
+    bool awaiting;     /* a call is out, its response not yet taken */
+};
+
+/* ---- a handler call: its activations and the response being built ------ */
+
+enum { KF__MUT_UNCHANGED, KF__MUT_SET, KF__MUT_SET_NULL, KF__MUT_CLEAR };
+enum { KF__TOP_SET = 1, KF__TOP_CANCEL = 2 };
+
+typedef struct result {
+    uint8_t mutation;
+    uint8_t mutations; /* how many mutations were asked for */
+    int64_t value;
+} result_t;
+
+typedef struct timer_op {
+    uint32_t act;
+    uint8_t op;
+    int name; /* index, or -1: undeclared */
+    int64_t at_us;
+} timer_op_t;
+
+/* Lives in the step's arena, reused (kf__call_reset) for each call. */
+struct kf_call {
+    step_t *step;
+    kf_activation_t *acts;
+    fn_key_t **keys;
+    uint32_t count;
+    uint32_t cap;
+    result_t *res;
+    timer_op_t *tops;
+    uint32_t ntops;
+    uint32_t tops_cap;
+    kf_outbuf_t out;   /* this call's output rows */
+    uint32_t *row_act; /* activation of each output row */
+    uint32_t row_act_cap;
+    int cur_row; /* the row being built, or -1 */
+    bool failed;
+    kf_status_t fail_status;
+    char message[KF_ERROR_MESSAGE_BYTES_MAX];
+};
+
+static inline void *kf__xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    KF_ASSERT(p != NULL);
+    return p;
+}
+
+/* ---- registry.c -------------------------------------------------------- */
+
+/* Builds the in-memory function from a canonical descriptor (copied into
+ * the function's own arena) and enters it in the table; its handler host
+ * is attached (kf__host_attach). */
+function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescriptor *canonical,
+                       const char *sha256, uint32_t index, int64_t created_ms);
+/* The function named by a request's function_id, or NULL with err set. */
+function_t *kf__fn_require(kf_functions_t *fns, const char *id, kf_error_t *err);
+
+/* ---- keys.c ------------------------------------------------------------ */
+
+void kf__key_prefix(kf_key_t *k, const function_t *fn);
+/* The (at_us, key, name) order of the function's timer queue. */
+bool kf__timer_before(const kf_pq_node_t *an, const kf_pq_node_t *bn, const void *ctx);
+/* The earliest event-time timer, or NULL. */
+ev_timer_t *kf__timer_top(const function_t *fn);
+/* A key is live while it has state or a timer. */
+bool kf__key_live(const function_t *fn, const fn_key_t *k);
+fn_key_t *kf__key_find(function_t *fn, const uint8_t *key, size_t len);
+/* A new key with no state and no timers; copies key and text. */
+fn_key_t *kf__key_new(function_t *fn, const uint8_t *key, size_t len, const char *text,
+                      size_t text_len);
+/* Frees a key already out of the function's map (or with the map). */
+void kf__key_free(function_t *fn, fn_key_t *k);
+/* Sets (at_us) or clears (KF__NO_TIME) one timer of a key, keeping heap
+ * and counters in step. */
+void kf__key_set_timer(function_t *fn, fn_key_t *k, uint8_t name, int64_t at_us);
+void kf__key_set_state(function_t *fn, fn_key_t *k, uint8_t state, int64_t value);
+size_t kf__key_of_row(kf_functions_t *fns, const function_t *fn, const kf_rows_t *rows,
+                      uint32_t row, char **text, size_t *text_len, bool *text_owned);
+/* The readable form of a stored canonical key (malloc'd into *text); false
+ * when the key is malformed. */
+bool kf__key_text_of(const function_t *fn, const uint8_t *key, size_t len, char **text,
+                     size_t *text_len);
+
+/* ---- host.c ------------------------------------------------------------ */
+
+typedef enum kf__call_sent {
+    KF__CALL_ANSWERED, /* the response is in the call now */
+    KF__CALL_OUT,      /* it comes later, then kf__step_resume() */
+} kf__call_sent_t;
+
+/* How a function's handler calls reach the handler. One per kind of
+ * handler; a function's host is chosen when it is built (kf__host_attach).
+ * To add one (a remote worker stream): implement send(), and when the
+ * response arrives on the engine thread, record it into the call through
+ * kf__host_abi (or kf__call_fail) and call kf__step_resume(). */
+struct kf__handler_host {
+    const char *name; /* for logs */
+    /* Sends `call` (borrowed: it and the step's arena live until the step
+     * ends, which cannot happen while the call is out). */
+    kf__call_sent_t (*send)(kf_functions_t *fns, function_t *fn, kf_call_t *call);
+};
+
+/* The builder and accessor functions a handler's response goes through,
+ * whichever host carried the call: every response is recorded, then
+ * validated, the same way. */
+extern const kf_host_t kf__host_abi;
+
+/* Sets fn->host and fn->handler for the function's runtime, or leaves the
+ * host NULL with the reason in fn->unavailable. */
+void kf__host_attach(kf_functions_t *fns, function_t *fn);
+/* Marks the call failed (the first failure's message is kept); -1. */
+__attribute__((format(printf, 3, 4))) int kf__call_fail(kf_call_t *call, kf_status_t st,
+                                                        const char *fmt, ...);
+/* The call object of a step (in its arena), for up to `cap` activations. */
+void kf__call_init(kf_call_t *call, step_t *s, uint32_t cap);
+/* Empties the call for the step's next one. */
+void kf__call_reset(kf_call_t *call);
+/* Adds an activation of key `k` (the key's state as it is now). */
+void kf__call_add(kf_call_t *call, fn_key_t *k, int32_t callback, uint32_t row,
+                  int64_t event_time_us, const char *timer_name);
+/* Sends the call through its function's host. */
+kf__call_sent_t kf__call_send(kf_call_t *call);
+
+/* ---- step.c ------------------------------------------------------------ */
+
+/* The response of the function's active step's call is in: take it and go
+ * on (the step may finish, and queued batches start). */
+void kf__step_resume(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn);
+/* Refuses the batches queued behind an active step (at shutdown). */
+void kf__push_release_queued(kf_ctx_t *ctx, function_t *fn);
+producer_t *kf__producer_get(function_t *fn, const char *id, bool create);
+void kf__put_checkpoint(kf_ctx_t *ctx, const function_t *fn);
+
+/* ---- output.c ---------------------------------------------------------- */
+
+/* Output up to fn->output_seq was written in `group`: readers are woken
+ * when the group is durable (kf_functions_durable). */
+void kf__output_written(kf_functions_t *fns, function_t *fn, uint64_t group);
+
+#endif

@@ -1,0 +1,317 @@
+/*
+ * keys.c - the keys of a process function in memory: per-key value state,
+ * event-time timers and the canonical key; and GetKeyState, which reads them.
+ *
+ * Invariants
+ *   1. A key is in the function's map while it is live (state or a timer),
+ *      or while a step that touched it is in progress; the step's commit or
+ *      rollback drops it when it is neither (step.c).
+ *   2. The counters live_keys, timer_count and state_bytes, and the timer
+ *      queue, always agree with the keys: only kf__key_set_state and
+ *      kf__key_set_timer change a key's state or timers.
+ *   3. The timer queue orders (at_us, key, name): timers that fall due
+ *      together fire in the same order on every run and after recovery.
+ *   4. A canonical key is, per key column, a u32 big-endian length and the
+ *      UTF-8 bytes; its text is the value for one key column, else a JSON
+ *      array of the values (kf__key_of_row, kf__key_text_of agree).
+ */
+#include <string.h>
+
+#include <jansson.h>
+
+#include "base/bytes.h"
+#include "functions/functions_int.h"
+
+void kf__key_prefix(kf_key_t *k, const function_t *fn) {
+    kf_key_reset(k);
+    uint8_t b[4];
+    kf_put_be32(b, fn->index);
+    kf_key_raw(k, b, 4);
+}
+
+/* ---- event-time timer heap --------------------------------------------- */
+
+static int key_cmp(const fn_key_t *a, const fn_key_t *b) {
+    uint32_t n = a->key_len < b->key_len ? a->key_len : b->key_len;
+    int c = memcmp(a->key, b->key, n);
+    if (c != 0) {
+        return c;
+    }
+    return a->key_len < b->key_len ? -1 : a->key_len > b->key_len;
+}
+
+bool kf__timer_before(const kf_pq_node_t *an, const kf_pq_node_t *bn, const void *ctx) {
+    const function_t *fn = ctx;
+    const ev_timer_t *a = KF_CONTAINER_OF(an, ev_timer_t, node);
+    const ev_timer_t *b = KF_CONTAINER_OF(bn, ev_timer_t, node);
+    if (a->at_us != b->at_us) {
+        return a->at_us < b->at_us;
+    }
+    int c = key_cmp(a->owner, b->owner);
+    if (c != 0) {
+        return c < 0;
+    }
+    return strcmp(fn->desc->timer_names[a->name], fn->desc->timer_names[b->name]) < 0;
+}
+
+/* The earliest event-time timer, or NULL. */
+ev_timer_t *kf__timer_top(const function_t *fn) {
+    kf_pq_node_t *n = kf_pq_top(&fn->timers);
+    return n ? KF_CONTAINER_OF(n, ev_timer_t, node) : NULL;
+}
+
+/* ---- keys -------------------------------------------------------------- */
+
+bool kf__key_live(const function_t *fn, const fn_key_t *k) {
+    if (k->state != KF_STATE_ABSENT) {
+        return true;
+    }
+    for (size_t i = 0; k->timers != NULL && i < fn->desc->n_timer_names; i++) {
+        if (k->timers[i] != NULL) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static uint64_t state_cost(const fn_key_t *k) {
+    return k->state == KF_STATE_ABSENT ? 0 : (uint64_t)k->key_len + 9;
+}
+
+fn_key_t *kf__key_find(function_t *fn, const uint8_t *key, size_t len) {
+    kf_map_node_t *n = kf_map_get(&fn->keys, key, len);
+    return n ? KF_CONTAINER_OF(n, fn_key_t, node) : NULL;
+}
+
+fn_key_t *kf__key_new(function_t *fn, const uint8_t *key, size_t len, const char *text,
+                      size_t text_len) {
+    fn_key_t *k = calloc(1, sizeof *k);
+    KF_ASSERT(k != NULL);
+    k->key = kf__xmalloc(len);
+    memcpy(k->key, key, len);
+    k->key_len = (uint32_t)len;
+    k->key_text = kf__xmalloc(text_len + 1);
+    memcpy(k->key_text, text, text_len);
+    k->key_text[text_len] = '\0';
+    k->key_text_len = (uint32_t)text_len;
+    k->state = KF_STATE_ABSENT;
+    kf_map_insert(&fn->keys, &k->node, k->key, k->key_len);
+    return k;
+}
+
+void kf__key_free(function_t *fn, fn_key_t *k) {
+    for (size_t i = 0; k->timers != NULL && i < fn->desc->n_timer_names; i++) {
+        free(k->timers[i]);
+    }
+    free(k->timers);
+    free(k->key);
+    free(k->key_text);
+    free(k);
+}
+
+/* Sets or clears one timer of a key, keeping heap and counters in step. */
+void kf__key_set_timer(function_t *fn, fn_key_t *k, uint8_t name, int64_t at_us) {
+    if (k->timers == NULL) {
+        if (at_us == KF__NO_TIME) {
+            return;
+        }
+        k->timers = calloc(fn->desc->n_timer_names, sizeof *k->timers);
+        KF_ASSERT(k->timers != NULL);
+    }
+    ev_timer_t *t = k->timers[name];
+    bool was_live = kf__key_live(fn, k);
+    if (at_us == KF__NO_TIME) {
+        if (t != NULL) {
+            kf_pq_remove(&fn->timers, &t->node);
+            free(t);
+            k->timers[name] = NULL;
+            fn->timer_count--;
+        }
+    } else if (t != NULL) {
+        kf_pq_remove(&fn->timers, &t->node);
+        t->at_us = at_us;
+        kf_pq_push(&fn->timers, &t->node);
+    } else {
+        t = calloc(1, sizeof *t);
+        KF_ASSERT(t != NULL);
+        t->owner = k;
+        t->name = name;
+        t->at_us = at_us;
+        kf_pq_node_init(&t->node);
+        kf_pq_push(&fn->timers, &t->node);
+        k->timers[name] = t;
+        fn->timer_count++;
+    }
+    bool live = kf__key_live(fn, k);
+    fn->live_keys += (uint64_t)live - (uint64_t)was_live;
+}
+
+void kf__key_set_state(function_t *fn, fn_key_t *k, uint8_t state, int64_t value) {
+    bool was_live = kf__key_live(fn, k);
+    fn->state_bytes -= state_cost(k);
+    k->state = state;
+    k->value = state == KF_STATE_VALUE ? value : 0;
+    fn->state_bytes += state_cost(k);
+    bool live = kf__key_live(fn, k);
+    fn->live_keys += (uint64_t)live - (uint64_t)was_live;
+}
+
+/* The canonical key of input row `row`: per key column, u32 BE length and
+ * the UTF-8 bytes. Key text: the value for one key column, else a JSON
+ * array of the values. Both point into fns->scratch / a malloc'd text. */
+size_t kf__key_of_row(kf_functions_t *fns, const function_t *fn, const kf_rows_t *rows,
+                      uint32_t row, char **text, size_t *text_len, bool *text_owned) {
+    size_t need = 0;
+    for (int c = 0; c < fn->nkey_cols; c++) {
+        need += 4 + rows->cols[fn->key_cols[c]].str_len[row];
+    }
+    if (need > fns->scratch_cap) {
+        fns->scratch_cap = need * 2;
+        fns->scratch = realloc(fns->scratch, fns->scratch_cap);
+        KF_ASSERT(fns->scratch != NULL);
+    }
+    size_t o = 0;
+    for (int c = 0; c < fn->nkey_cols; c++) {
+        const kf_column_t *col = &rows->cols[fn->key_cols[c]];
+        uint32_t len = col->str_len[row];
+        kf_put_be32(fns->scratch + o, len);
+        memcpy(fns->scratch + o + 4, col->str[row], len);
+        o += 4 + len;
+    }
+    if (fn->nkey_cols == 1) {
+        *text = rows->cols[fn->key_cols[0]].str[row];
+        *text_len = rows->cols[fn->key_cols[0]].str_len[row];
+        *text_owned = false;
+    } else {
+        json_t *arr = json_array();
+        for (int c = 0; c < fn->nkey_cols; c++) {
+            const kf_column_t *col = &rows->cols[fn->key_cols[c]];
+            json_array_append_new(arr, json_stringn(col->str[row], col->str_len[row]));
+        }
+        *text = json_dumps(arr, JSON_COMPACT);
+        json_decref(arr);
+        KF_ASSERT(*text != NULL);
+        *text_len = strlen(*text);
+        *text_owned = true;
+    }
+    return o;
+}
+
+/* The readable form of a stored canonical key (see kf__key_of_row). */
+bool kf__key_text_of(const function_t *fn, const uint8_t *key, size_t len, char **text,
+                     size_t *text_len) {
+    json_t *arr = json_array();
+    size_t o = 0;
+    for (int c = 0; c < fn->nkey_cols; c++) {
+        if (len - o < 4 || len - o - 4 < kf_get_be32(key + o)) {
+            json_decref(arr);
+            return false;
+        }
+        uint32_t n = kf_get_be32(key + o);
+        json_t *column = json_stringn((const char *)key + o + 4, n);
+        if (column == NULL) { /* not UTF-8: no key this engine wrote */
+            json_decref(arr);
+            return false;
+        }
+        json_array_append_new(arr, column);
+        o += 4 + n;
+    }
+    if (o != len) {
+        json_decref(arr);
+        return false;
+    }
+    if (fn->nkey_cols == 1) {
+        json_t *v = json_array_get(arr, 0);
+        *text_len = json_string_length(v);
+        *text = kf__xmalloc(*text_len + 1);
+        memcpy(*text, json_string_value(v), *text_len + 1);
+    } else {
+        *text = json_dumps(arr, JSON_COMPACT);
+        KF_ASSERT(*text != NULL);
+        *text_len = strlen(*text);
+    }
+    json_decref(arr);
+    return true;
+}
+
+/* ---- key state --------------------------------------------------------- */
+
+void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__GetKeyStateRequest *req =
+        (const Keyflow__V1__GetKeyStateRequest *)cmd->request;
+    kf_error_t *err = &cmd->error;
+    function_t *fn = kf__fn_require(fns, req->function_id, err);
+    if (fn == NULL) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    size_t text_len = strlen(req->key);
+    if (text_len > KF_FUNCTION_KEY_BYTES_MAX) {
+        kf_error_set(err, KF_E_TOO_LARGE, "key: at most %d bytes", KF_FUNCTION_KEY_BYTES_MAX);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    uint8_t *key = kf_arena_new(cmd->arena, text_len + 4 * KF_KEY_COLUMNS_MAX + 8);
+    size_t klen = 0;
+    if (fn->nkey_cols == 1) {
+        kf_put_be32(key, (uint32_t)text_len);
+        memcpy(key + 4, req->key, text_len);
+        klen = 4 + text_len;
+    } else {
+        json_t *arr = json_loads(req->key, 0, NULL);
+        bool ok =
+            arr != NULL && json_is_array(arr) && json_array_size(arr) == (size_t)fn->nkey_cols;
+        for (size_t i = 0; ok && i < json_array_size(arr); i++) {
+            json_t *v = json_array_get(arr, i);
+            ok = json_is_string(v);
+            if (ok) {
+                size_t n = json_string_length(v);
+                kf_put_be32(key + klen, (uint32_t)n);
+                memcpy(key + klen + 4, json_string_value(v), n);
+                klen += 4 + n;
+            }
+        }
+        json_decref(arr);
+        if (!ok) {
+            kf_error_set(err, KF_E_INVALID,
+                         "key: this function has %d key columns: give a JSON array of %d strings",
+                         fn->nkey_cols, fn->nkey_cols);
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
+    }
+    Keyflow__V1__GetKeyStateResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
+    keyflow__v1__get_key_state_response__init(resp);
+    char *readable;
+    size_t readable_len;
+    bool well_formed = kf__key_text_of(fn, key, klen, &readable, &readable_len);
+    KF_ASSERT(well_formed); /* built from well-formed columns just above */
+    resp->key_text = kf_arena_strndup(cmd->arena, readable, readable_len);
+    free(readable);
+    resp->value_state_name = fn->desc->value_state_name;
+    resp->state = KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT;
+    fn_key_t *k = kf__key_find(fn, key, klen);
+    if (k != NULL) {
+        resp->state = (Keyflow__V1__StateKind)k->state; /* KF_STATE_* match StateKind */
+        resp->value = k->value;
+        resp->timers =
+            kf_arena_new(cmd->arena, (fn->desc->n_timer_names + 1) * sizeof *resp->timers);
+        for (size_t i = 0; k->timers != NULL && i < fn->desc->n_timer_names; i++) {
+            if (k->timers[i] == NULL) {
+                continue;
+            }
+            Keyflow__V1__TimerState *t = kf_arena_new(cmd->arena, sizeof *t);
+            keyflow__v1__timer_state__init(t);
+            t->name = fn->desc->timer_names[i];
+            t->at_us = k->timers[i]->at_us;
+            resp->timers[resp->n_timers++] = t;
+        }
+    }
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+_Static_assert((int)KF_STATE_ABSENT == (int)KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT &&
+                   (int)KF_STATE_NULL == (int)KEYFLOW__V1__STATE_KIND__STATE_KIND_NULL &&
+                   (int)KF_STATE_VALUE == (int)KEYFLOW__V1__STATE_KIND__STATE_KIND_VALUE,
+               "handler state kinds are the API's");

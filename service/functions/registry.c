@@ -1,0 +1,278 @@
+/*
+ * registry.c - the function table: RegisterFunction, GetFunction,
+ * ListFunctions, and the lifecycle of kf_functions_t.
+ *
+ * Invariants
+ *   1. A registered function is immutable: its canonical descriptor (and
+ *      so its sha256) never changes; registering the same descriptor again
+ *      answers the existing function, a different one under the same id is
+ *      refused (a new implementation is a new function).
+ *   2. Two functions never share a pipeline_state_id, and each has its own
+ *      index, the prefix of all its stored records; the next index is
+ *      stored with the function, so an index is never reused.
+ *   3. A function whose handler is unavailable (plugin missing or changed,
+ *      REMOTE runtime) is still registered and listed; only its steps are
+ *      refused (fn->host == NULL).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "base/bytes.h"
+#include "base/metrics.h"
+#include "functions/functions_int.h"
+
+/* ---- the function table ------------------------------------------------ */
+
+static function_t *fn_find(const kf_functions_t *fns, const char *id) {
+    kf_map_node_t *n = kf_map_get(&fns->by_id, id, strlen(id));
+    return n ? KF_CONTAINER_OF(n, function_t, node) : NULL;
+}
+
+static function_t *fn_by_pipeline(const kf_functions_t *fns, const char *pipeline_state_id) {
+    size_t b;
+    for (kf_map_node_t *n = kf_map_first(&fns->by_id, &b); n; n = kf_map_next(&fns->by_id, &b, n)) {
+        function_t *fn = KF_CONTAINER_OF(n, function_t, node);
+        if (strcmp(fn->desc->pipeline_state_id, pipeline_state_id) == 0) {
+            return fn;
+        }
+    }
+    return NULL;
+}
+
+function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescriptor *canonical,
+                       const char *sha256, uint32_t index, int64_t created_ms) {
+    function_t *fn = calloc(1, sizeof *fn);
+    KF_ASSERT(fn != NULL);
+    kf_arena_init(&fn->arena, 0);
+    kf_error_t err;
+    kf_status_t st = kf_descriptor_canonicalize(canonical, &fn->arena, &fn->desc, &err);
+    KF_ASSERT(st == KF_OK); /* it was canonical already */
+    fn->id = fn->desc->function_id;
+    memcpy(fn->sha256, sha256, KF_SHA256_HEX_BYTES + 1);
+    fn->index = index;
+    fn->created_ms = created_ms;
+    kf_descriptor_limits(fn->desc, &fn->limits);
+    fn->nkey_cols = (int)fn->desc->n_key_columns;
+    for (int i = 0; i < fn->nkey_cols; i++) {
+        fn->key_cols[i] = kf_schema_find(fn->desc->input_schema, fn->desc->key_columns[i]);
+    }
+    fn->event_col = kf_schema_find(fn->desc->input_schema, fn->desc->event_time_column);
+    fn->out_event_col = kf_schema_find(fn->desc->output_schema, fn->desc->output_event_time_column);
+    KF_ASSERT(fn->event_col >= 0 && fn->out_event_col >= 0);
+    fn->next_activation = 1;
+    kf_map_init(&fn->keys);
+    kf_map_init(&fn->producers);
+    kf_pq_init(&fn->timers, kf__timer_before, fn);
+    kf__host_attach(fns, fn);
+    kf_map_insert(&fns->by_id, &fn->node, fn->id, strlen(fn->id));
+    kf_gauge_set(KF_G_FUNCTIONS, (int64_t)fns->by_id.count);
+    return fn;
+}
+
+static void fn_free(function_t *fn) {
+    kf_pq_deinit(&fn->timers); /* first: its nodes live in the keys' timers */
+    size_t b;
+    kf_map_node_t *n = kf_map_first(&fn->keys, &b);
+    while (n != NULL) {
+        kf_map_node_t *next = kf_map_next(&fn->keys, &b, n);
+        kf__key_free(fn, KF_CONTAINER_OF(n, fn_key_t, node));
+        n = next;
+    }
+    n = kf_map_first(&fn->producers, &b);
+    while (n != NULL) {
+        kf_map_node_t *next = kf_map_next(&fn->producers, &b, n);
+        producer_t *p = KF_CONTAINER_OF(n, producer_t, node);
+        for (uint32_t i = 0; i < p->nacks; i++) {
+            free(p->ack[i]);
+        }
+        free(p->id);
+        free(p);
+        n = next;
+    }
+    kf_map_deinit(&fn->keys);
+    kf_map_deinit(&fn->producers);
+    kf_arena_deinit(&fn->arena);
+    free(fn);
+}
+
+static Keyflow__V1__FunctionInfo *fn_info(kf_arena_t *a, const function_t *fn) {
+    Keyflow__V1__FunctionInfo *info = kf_arena_new(a, sizeof *info);
+    keyflow__v1__function_info__init(info);
+    info->descriptor = fn->desc; /* lives in the function's arena, outlives the reply */
+    info->descriptor_sha256 = (char *)fn->sha256;
+    info->created_ms = fn->created_ms;
+    info->available = fn->host != NULL;
+    info->unavailable_reason = fn->host ? "" : kf_arena_strdup(a, fn->unavailable);
+    info->watermark_us = fn->has_watermark ? fn->watermark_us : 0;
+    info->output_seq = (int64_t)fn->output_seq;
+    info->keys = (int64_t)fn->live_keys;
+    info->timers = (int64_t)fn->timer_count;
+    info->state_bytes = (int64_t)fn->state_bytes;
+    return info;
+}
+
+/* ---- RPCs -------------------------------------------------------------- */
+
+void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__RegisterFunctionRequest *req =
+        (const Keyflow__V1__RegisterFunctionRequest *)cmd->request;
+    kf_error_t *err = &cmd->error;
+    Keyflow__V1__FunctionDescriptor *canonical;
+    uint8_t *bytes;
+    size_t len;
+    char sha[KF_SHA256_HEX_BYTES + 1];
+    if (kf_descriptor_canonicalize(req->descriptor, cmd->arena, &canonical, err) != KF_OK ||
+        kf_descriptor_encode(canonical, cmd->arena, &bytes, &len, sha, err) != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    Keyflow__V1__RegisterFunctionResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
+    keyflow__v1__register_function_response__init(resp);
+    function_t *existing = fn_find(fns, canonical->function_id);
+    if (existing != NULL) {
+        if (strcmp(existing->sha256, sha) != 0) {
+            kf_error_set(err, KF_E_EXISTS,
+                         "descriptor.function_id: %s is registered with a different descriptor "
+                         "(sha256 %s, this one %s); a new implementation is a new function",
+                         existing->id, existing->sha256, sha);
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
+        resp->function = fn_info(cmd->arena, existing);
+        resp->already_registered = true;
+        cmd->response = &resp->base;
+        kf_ctx_ready(ctx, cmd);
+        return;
+    }
+    function_t *other = fn_by_pipeline(fns, canonical->pipeline_state_id);
+    if (other != NULL) {
+        kf_error_set(err, KF_E_EXISTS,
+                     "descriptor.pipeline_state_id: %s is already the state of function %s; two "
+                     "functions never share one",
+                     canonical->pipeline_state_id, other->id);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (fns->by_id.count >= KF_FUNCTIONS_MAX) {
+        kf_error_set(err, KF_E_LIMIT, "functions: at most %d (KF_FUNCTIONS_MAX)", KF_FUNCTIONS_MAX);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (canonical->runtime == KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE) {
+        const kf_handler_t *h;
+        if (kf_plugins_find(fns->plugins, canonical->implementation_digest, &h, err) != KF_OK) {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
+    }
+    function_t *fn = kf__fn_new(fns, canonical, sha, fns->next_index++, ctx->now_ms);
+    Keyflow__Records__FunctionRec rec = KEYFLOW__RECORDS__FUNCTION_REC__INIT;
+    rec.descriptor.data = bytes;
+    rec.descriptor.len = len;
+    rec.sha256 = sha;
+    rec.created_ms = fn->created_ms;
+    rec.index = fn->index;
+    kf_key_t k;
+    kf_key_reset(&k);
+    kf_key_raw(&k, fn->id, strlen(fn->id));
+    kf_ctx_put_msg(ctx, KF_CF_FUNCTIONS, &k, &rec.base);
+    uint8_t next[4];
+    kf_put_be32(next, fns->next_index);
+    kf_key_reset(&k);
+    kf_key_raw(&k, KF__FN_INDEX_KEY, sizeof KF__FN_INDEX_KEY - 1);
+    kf_ctx_put(ctx, KF_CF_META, &k, next, sizeof next);
+    kf__put_checkpoint(ctx, fn);
+    resp->function = fn_info(cmd->arena, fn);
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+function_t *kf__fn_require(kf_functions_t *fns, const char *id, kf_error_t *err) {
+    if (id[0] == '\0') {
+        kf_error_set(err, KF_E_INVALID, "function_id: required");
+        return NULL;
+    }
+    function_t *fn = fn_find(fns, id);
+    if (fn == NULL) {
+        kf_error_set(err, KF_E_NOT_FOUND, "function_id: no function %.128s", id);
+    }
+    return fn;
+}
+
+void kf_functions_get(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__GetFunctionRequest *req =
+        (const Keyflow__V1__GetFunctionRequest *)cmd->request;
+    function_t *fn = kf__fn_require(fns, req->function_id, &cmd->error);
+    if (fn == NULL) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    cmd->response = &fn_info(cmd->arena, fn)->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+static int cmp_ids(const void *a, const void *b) {
+    return strcmp((*(function_t *const *)a)->id, (*(function_t *const *)b)->id);
+}
+
+void kf_functions_list(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__ListFunctionsRequest *req =
+        (const Keyflow__V1__ListFunctionsRequest *)cmd->request;
+    if (req->page_size < 0 || req->page_size > KF_LIST_PAGE_MAX) {
+        kf_error_set(&cmd->error, KF_E_INVALID, "page_size: must be in 0..%d, got %lld",
+                     KF_LIST_PAGE_MAX, (long long)req->page_size);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    size_t n = fns->by_id.count, i = 0, b;
+    function_t **all = kf_arena_new(cmd->arena, (n + 1) * sizeof *all);
+    for (kf_map_node_t *m = kf_map_first(&fns->by_id, &b); m; m = kf_map_next(&fns->by_id, &b, m)) {
+        all[i++] = KF_CONTAINER_OF(m, function_t, node);
+    }
+    qsort(all, n, sizeof *all, cmp_ids);
+    int64_t page = req->page_size ? req->page_size : KF_LIST_PAGE_DEFAULT;
+    Keyflow__V1__ListFunctionsResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
+    keyflow__v1__list_functions_response__init(resp);
+    resp->functions = kf_arena_new(cmd->arena, (size_t)page * sizeof *resp->functions);
+    for (i = 0; i < n; i++) {
+        if (req->page_token[0] != '\0' && strcmp(all[i]->id, req->page_token) <= 0) {
+            continue;
+        }
+        if ((int64_t)resp->n_functions == page) {
+            resp->next_page_token = resp->functions[resp->n_functions - 1]->descriptor->function_id;
+            break;
+        }
+        resp->functions[resp->n_functions++] = fn_info(cmd->arena, all[i]);
+    }
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+kf_functions_t *kf_functions_create(const char *plugin_dir, bool defer_calls) {
+    kf_functions_t *fns = calloc(1, sizeof *fns);
+    KF_ASSERT(fns != NULL);
+    fns->defer_calls = defer_calls;
+    kf_map_init(&fns->by_id);
+    fns->plugins = kf_plugins_create(plugin_dir);
+    return fns;
+}
+
+void kf_functions_destroy(kf_functions_t *fns) {
+    if (fns == NULL) {
+        return;
+    }
+    size_t b;
+    kf_map_node_t *n = kf_map_first(&fns->by_id, &b);
+    while (n != NULL) {
+        kf_map_node_t *next = kf_map_next(&fns->by_id, &b, n);
+        fn_free(KF_CONTAINER_OF(n, function_t, node));
+        n = next;
+    }
+    kf_map_deinit(&fns->by_id);
+    kf_plugins_destroy(fns->plugins);
+    free(fns->pending);
+    free(fns->scratch);
+    free(fns);
+}

@@ -1,0 +1,696 @@
+/*
+ * step.c - PushBatch: one input batch is one step of its function (the
+ * shape of a step is in functions.h).
+ *
+ *   kf_functions_push --(function busy)--> queue (fn_drain starts it later)
+ *        |
+ *   push_begin: producer check, decode and check rows --> step_advance
+ *   step_advance: next_call builds a call (rows phase, then the watermark
+ *        advances, then the timers phase) --> kf__call_send (host.c)
+ *        KF__CALL_ANSWERED --> take_response --> next call
+ *        KF__CALL_OUT      --> wait; kf__step_resume --> take_response
+ *   no call left, or take_response refused --> step_finish:
+ *        commit + acknowledge (remember the ack for retries), or
+ *        rollback + refuse
+ *
+ * Invariants
+ *   1. The first time a step touches a key (touch) it snapshots it; every
+ *      change a step makes goes through that key's snapshot or the
+ *      function's counters saved in the step, so rollback restores memory
+ *      exactly and commit writes only what changed.
+ *   2. A response is validated whole before anything of it is applied, and
+ *      the function's limits are checked after each apply; a refusal
+ *      anywhere rolls back the whole step (functions.h invariant 1).
+ *   3. At most one step per function is active; batches that arrive while
+ *      its call is out wait in arrival order (bounded by KF_FN_QUEUED_MAX).
+ *   4. A step's writes (state, timers, output chunks, checkpoint, producer)
+ *      go into the context's one batch: all or nothing on disk.
+ */
+#include <inttypes.h>
+#include <string.h>
+
+#include "base/bytes.h"
+#include "base/metrics.h"
+#include "base/text.h"
+#include "functions/functions_int.h"
+
+/* ---- undo -------------------------------------------------------------- */
+
+static void touch(step_t *s, fn_key_t *k, bool existed) {
+    if (k->step_mark == s->mark) {
+        return;
+    }
+    k->step_mark = s->mark;
+    if (s->nundo == s->undo_cap) {
+        s->undo_cap = s->undo_cap ? s->undo_cap * 2 : 256;
+        s->undo = realloc(s->undo, s->undo_cap * sizeof *s->undo);
+        KF_ASSERT(s->undo != NULL);
+    }
+    undo_t *u = &s->undo[s->nundo++];
+    u->key = k;
+    u->existed = existed;
+    u->state = k->state;
+    u->value = k->value;
+    for (size_t i = 0; i < s->fn->desc->n_timer_names; i++) {
+        u->at[i] = k->timers && k->timers[i] ? k->timers[i]->at_us : KF__NO_TIME;
+    }
+}
+
+static void rollback(step_t *s) {
+    function_t *fn = s->fn;
+    for (size_t i = s->nundo; i-- > 0;) {
+        undo_t *u = &s->undo[i];
+        fn_key_t *k = u->key;
+        for (size_t t = 0; t < fn->desc->n_timer_names; t++) {
+            kf__key_set_timer(fn, k, (uint8_t)t, u->at[t]);
+        }
+        kf__key_set_state(fn, k, u->state, u->value);
+        k->step_mark = 0;
+        if (!u->existed) {
+            kf_map_remove(&fn->keys, &k->node);
+            kf__key_free(fn, k);
+        }
+    }
+    fn->live_keys = s->live_keys0;
+    fn->timer_count = s->timer_count0;
+    fn->state_bytes = s->state_bytes0;
+    fn->next_activation = s->next_activation0;
+}
+
+/* ---- producers --------------------------------------------------------- */
+
+producer_t *kf__producer_get(function_t *fn, const char *id, bool create) {
+    kf_map_node_t *n = kf_map_get(&fn->producers, id, strlen(id));
+    if (n != NULL || !create) {
+        return n ? KF_CONTAINER_OF(n, producer_t, node) : NULL;
+    }
+    producer_t *p = calloc(1, sizeof *p);
+    KF_ASSERT(p != NULL);
+    p->id = strdup(id);
+    KF_ASSERT(p->id != NULL);
+    kf_map_insert(&fn->producers, &p->node, p->id, strlen(p->id));
+    return p;
+}
+
+/* A retry of an accepted sequence: the stored acknowledgement. */
+static bool replay_ack(producer_t *p, int64_t seq, kf_cmd_t *cmd) {
+    for (uint32_t i = 0; i < p->nacks; i++) {
+        if (p->ack_seq[i] == seq) {
+            Keyflow__V1__PushBatchResponse *ack = keyflow__v1__push_batch_response__unpack(
+                kf_arena_pb(cmd->arena), p->ack_len[i], p->ack[i]);
+            KF_ASSERT(ack != NULL);
+            ack->duplicate = true;
+            cmd->response = &ack->base;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void put_producer(kf_ctx_t *ctx, const function_t *fn, const producer_t *p) {
+    Keyflow__Records__ProducerRec rec = KEYFLOW__RECORDS__PRODUCER_REC__INIT;
+    Keyflow__Records__ProducerAckRec acks[KF_PRODUCER_ACKS_KEPT];
+    Keyflow__Records__ProducerAckRec *ptrs[KF_PRODUCER_ACKS_KEPT];
+    rec.producer_id = p->id;
+    rec.last_sequence = p->last_sequence;
+    for (uint32_t i = 0; i < p->nacks; i++) {
+        keyflow__records__producer_ack_rec__init(&acks[i]);
+        acks[i].sequence = p->ack_seq[i];
+        acks[i].ack.data = p->ack[i];
+        acks[i].ack.len = p->ack_len[i];
+        ptrs[i] = &acks[i];
+    }
+    rec.n_acks = p->nacks;
+    rec.acks = ptrs;
+    kf_key_t k;
+    kf__key_prefix(&k, fn);
+    kf_key_raw(&k, p->id, strlen(p->id));
+    kf_ctx_put_msg(ctx, KF_CF_PRODUCERS, &k, &rec.base);
+}
+
+static void producer_remember(producer_t *p, int64_t seq, const ProtobufCMessage *ack) {
+    if (p->nacks == KF_PRODUCER_ACKS_KEPT) {
+        free(p->ack[0]);
+        memmove(&p->ack[0], &p->ack[1], (KF_PRODUCER_ACKS_KEPT - 1) * sizeof p->ack[0]);
+        memmove(&p->ack_seq[0], &p->ack_seq[1], (KF_PRODUCER_ACKS_KEPT - 1) * sizeof p->ack_seq[0]);
+        memmove(&p->ack_len[0], &p->ack_len[1], (KF_PRODUCER_ACKS_KEPT - 1) * sizeof p->ack_len[0]);
+        p->nacks--;
+    }
+    size_t len = protobuf_c_message_get_packed_size(ack);
+    uint8_t *buf = kf__xmalloc(len);
+    protobuf_c_message_pack(ack, buf);
+    p->ack_seq[p->nacks] = seq;
+    p->ack[p->nacks] = buf;
+    p->ack_len[p->nacks] = len;
+    p->nacks++;
+    p->last_sequence = seq;
+}
+
+/* ---- commit: the step's one atomic write ------------------------------- */
+
+static void put_state(kf_ctx_t *ctx, const function_t *fn, const fn_key_t *k) {
+    kf_key_t key;
+    kf__key_prefix(&key, fn);
+    kf_key_raw(&key, k->key, k->key_len);
+    if (k->state == KF_STATE_ABSENT) {
+        kf_ctx_delete(ctx, KF_CF_STATE, &key);
+        return;
+    }
+    uint8_t v[9];
+    v[0] = k->state;
+    kf_put_be64(v + 1, (uint64_t)k->value);
+    kf_ctx_put(ctx, KF_CF_STATE, &key, v, sizeof v);
+}
+
+static void timer_keys(const function_t *fn, const fn_key_t *k, size_t name, int64_t at_us,
+                       kf_key_t *by_key, kf_key_t *by_time) {
+    const char *n = fn->desc->timer_names[name];
+    kf__key_prefix(by_key, fn);
+    kf_key_lp(by_key, (const char *)k->key, k->key_len);
+    kf_key_lp(by_key, n, strlen(n));
+    kf__key_prefix(by_time, fn);
+    kf_key_time(by_time, at_us);
+    kf_key_lp(by_time, (const char *)k->key, k->key_len);
+    kf_key_lp(by_time, n, strlen(n));
+}
+
+static void write_timer_diff(kf_ctx_t *ctx, const function_t *fn, const fn_key_t *k, size_t name,
+                             int64_t old_at, int64_t new_at) {
+    kf_key_t by_key, by_time;
+    if (old_at != KF__NO_TIME) {
+        timer_keys(fn, k, name, old_at, &by_key, &by_time);
+        kf_ctx_delete(ctx, KF_CF_TIMERS_BY_TIME, &by_time);
+        if (new_at == KF__NO_TIME) {
+            kf_ctx_delete(ctx, KF_CF_TIMERS_BY_KEY, &by_key);
+        }
+    }
+    if (new_at != KF__NO_TIME) {
+        timer_keys(fn, k, name, new_at, &by_key, &by_time);
+        uint8_t v[8];
+        kf_put_be64(v, kf_i64_ordered(new_at));
+        kf_ctx_put(ctx, KF_CF_TIMERS_BY_KEY, &by_key, v, sizeof v);
+        kf_ctx_put(ctx, KF_CF_TIMERS_BY_TIME, &by_time, "", 0);
+    }
+}
+
+void kf__put_checkpoint(kf_ctx_t *ctx, const function_t *fn) {
+    Keyflow__Records__CheckpointRec cp = KEYFLOW__RECORDS__CHECKPOINT_REC__INIT;
+    cp.codec_version = KF__STATE_CODEC_VERSION;
+    cp.descriptor_sha256 = (char *)fn->sha256;
+    cp.has_watermark = fn->has_watermark;
+    cp.watermark_us = fn->watermark_us;
+    cp.next_activation_id = fn->next_activation;
+    cp.output_seq = fn->output_seq;
+    kf_key_t k;
+    kf__key_prefix(&k, fn);
+    kf_ctx_put_msg(ctx, KF_CF_CHECKPOINTS, &k, &cp.base);
+}
+
+/* Writes everything the step changed, in the context's batch. */
+static void commit(step_t *s, Keyflow__V1__PushBatchResponse *ack) {
+    function_t *fn = s->fn;
+    kf_ctx_t *ctx = s->ctx;
+    for (size_t i = 0; i < s->nundo; i++) {
+        undo_t *u = &s->undo[i];
+        fn_key_t *k = u->key;
+        k->step_mark = 0;
+        if (u->state != k->state || (k->state == KF_STATE_VALUE && u->value != k->value)) {
+            put_state(ctx, fn, k);
+        }
+        for (size_t t = 0; t < fn->desc->n_timer_names; t++) {
+            int64_t now_at = k->timers && k->timers[t] ? k->timers[t]->at_us : KF__NO_TIME;
+            if (now_at != u->at[t]) {
+                write_timer_diff(ctx, fn, k, t, u->at[t], now_at);
+            }
+        }
+        if (!kf__key_live(fn, k)) {
+            kf_map_remove(&fn->keys, &k->node);
+            kf__key_free(fn, k);
+        }
+    }
+    if (s->out.rows > 0) {
+        ack->first_output_seq = (int64_t)fn->output_seq + 1;
+        for (uint32_t from = 0; from < s->out.rows; from += KF_OUTPUT_CHUNK_ROWS_MAX) {
+            uint32_t n = s->out.rows - from;
+            if (n > KF_OUTPUT_CHUNK_ROWS_MAX) {
+                n = KF_OUTPUT_CHUNK_ROWS_MAX;
+            }
+            /* Each chunk is encoded in its own short-lived arena, so a step
+             * with very many output rows (a timer storm) needs memory for
+             * one chunk's encoding at a time. */
+            kf_arena_t chunk_arena;
+            kf_arena_init(&chunk_arena, 0);
+            Keyflow__V1__RowBatch *chunk = kf_outbuf_to_batch(&s->out, from, n, &chunk_arena);
+            KF_ASSERT(chunk != NULL); /* one chunk is bounded by KF_OUTPUT_CHUNK_ROWS_MAX rows */
+            fn->output_seq += n;
+            kf_key_t k;
+            kf__key_prefix(&k, fn);
+            kf_key_be64(&k, fn->output_seq);
+            kf_ctx_put_msg(ctx, KF_CF_OUTPUT, &k, &chunk->base);
+            kf_arena_deinit(&chunk_arena);
+        }
+        ack->last_output_seq = (int64_t)fn->output_seq;
+        kf_counter_add(KF_C_OUTPUT_ROWS, s->out.rows);
+        kf__output_written(s->fns, fn, ctx->group_id);
+    }
+    kf__put_checkpoint(ctx, fn);
+}
+
+/* ---- a call's response: validate, then apply --------------------------- */
+
+/* Checks the whole response (invariant 1) before anything is applied. */
+static kf_status_t validate(kf_call_t *call) {
+    step_t *s = call->step;
+    function_t *fn = s->fn;
+    if (call->failed) {
+        return kf_error_set(s->err, call->fail_status,
+                            "handler response rejected, nothing applied: %s", call->message);
+    }
+    if (call->cur_row >= 0) {
+        return kf_error_set(
+            s->err, KF_E_PRECONDITION,
+            "handler response rejected, nothing applied: an output row was begun but "
+            "not ended");
+    }
+    if ((int64_t)call->out.bytes > fn->limits.max_output_bytes) {
+        return kf_error_set(s->err, KF_E_LIMIT,
+                            "max_output_bytes: one handler call produced %llu bytes (limit %lld); "
+                            "nothing applied",
+                            (unsigned long long)call->out.bytes,
+                            (long long)fn->limits.max_output_bytes);
+    }
+    const Keyflow__V1__Schema *os = fn->desc->output_schema;
+    for (uint32_t r = 0; r < call->out.rows; r++) {
+        const kf_cell_t *cells = kf_outbuf_row(&call->out, r);
+        const kf_activation_t *a = &call->acts[call->row_act[r]];
+        for (size_t c = 0; c < os->n_fields; c++) {
+            if (!os->fields[c]->nullable && (!cells[c].set || cells[c].null)) {
+                return kf_error_set(s->err, KF_E_PRECONDITION,
+                                    "handler response rejected, nothing applied: output row of "
+                                    "activation %" PRIu64 " (key %s) has no value for non-nullable "
+                                    "column %s",
+                                    a->id, a->key_text, os->fields[c]->name);
+            }
+        }
+        int64_t ts = cells[fn->out_event_col].v.i;
+        if (ts < a->event_time_us) {
+            return kf_error_set(s->err, KF_E_PRECONDITION,
+                                "handler response rejected, nothing applied: output row of "
+                                "activation %" PRIu64 " has %s %" PRId64
+                                ", before the activation's "
+                                "event time %" PRId64,
+                                a->id, os->fields[fn->out_event_col]->name, ts, a->event_time_us);
+        }
+    }
+    return KF_OK;
+}
+
+static void apply(kf_call_t *call) {
+    step_t *s = call->step;
+    function_t *fn = s->fn;
+    for (uint32_t i = 0; i < call->ntops; i++) {
+        timer_op_t *t = &call->tops[i];
+        fn_key_t *k = call->keys[t->act];
+        touch(s, k, true);
+        kf__key_set_timer(fn, k, (uint8_t)t->name, t->op == KF__TOP_SET ? t->at_us : KF__NO_TIME);
+    }
+    for (uint32_t i = 0; i < call->count; i++) {
+        result_t *r = &call->res[i];
+        fn_key_t *k = call->keys[i];
+        switch (r->mutation) {
+        case KF__MUT_UNCHANGED: break;
+        case KF__MUT_SET:
+            touch(s, k, true);
+            kf__key_set_state(fn, k, KF_STATE_VALUE, r->value);
+            break;
+        case KF__MUT_SET_NULL:
+            touch(s, k, true);
+            kf__key_set_state(fn, k, KF_STATE_NULL, 0);
+            break;
+        case KF__MUT_CLEAR:
+            touch(s, k, true);
+            kf__key_set_state(fn, k, KF_STATE_ABSENT, 0);
+            break;
+        default: KF_UNREACHABLE();
+        }
+    }
+}
+
+/* Aggregate limits after a call was applied (rolled back by the caller). */
+static kf_status_t check_limits(step_t *s) {
+    function_t *fn = s->fn;
+    if ((int64_t)fn->live_keys > fn->limits.max_keys) {
+        return kf_error_set(s->err, KF_E_LIMIT,
+                            "max_keys: the batch would leave %llu keys with state or timers (limit "
+                            "%lld); nothing applied",
+                            (unsigned long long)fn->live_keys, (long long)fn->limits.max_keys);
+    }
+    if ((int64_t)fn->timer_count > fn->limits.max_timers) {
+        return kf_error_set(s->err, KF_E_LIMIT,
+                            "max_timers: the batch would leave %llu timers (limit %lld); nothing "
+                            "applied",
+                            (unsigned long long)fn->timer_count, (long long)fn->limits.max_timers);
+    }
+    if ((int64_t)fn->state_bytes > fn->limits.max_state_bytes) {
+        return kf_error_set(s->err, KF_E_LIMIT,
+                            "max_state_bytes: the batch would leave %llu bytes of state (limit "
+                            "%lld); nothing applied",
+                            (unsigned long long)fn->state_bytes,
+                            (long long)fn->limits.max_state_bytes);
+    }
+    return KF_OK;
+}
+
+/* Validates a call's response, then applies it (invariant 1). */
+static kf_status_t take_response(kf_call_t *call) {
+    step_t *s = call->step;
+    kf_status_t st = validate(call);
+    if (st != KF_OK) {
+        return st;
+    }
+    apply(call);
+    if ((st = check_limits(s)) != KF_OK) {
+        return st;
+    }
+    if (call->out.rows > 0) {
+        st = kf_outbuf_append_from(&s->out, &call->out, 0, call->out.rows, s->err);
+    }
+    return st;
+}
+
+/* ---- the step machine -------------------------------------------------- */
+
+/* The next call of the rows phase: rows in arrival order; a call ends at
+ * max_batch_rows activations or when the next row's key already has an
+ * activation in it. */
+static void build_row_call(step_t *s, kf_call_t *call) {
+    function_t *fn = s->fn;
+    const kf_rows_t *rows = s->rows;
+    const kf_column_t *ev = &rows->cols[fn->event_col];
+    uint32_t stamp = ++s->fns->call_counter;
+    while (s->row_pos < rows->count && call->count < (uint32_t)fn->limits.max_batch_rows) {
+        uint32_t i = s->row_pos;
+        char *text;
+        size_t text_len;
+        bool owned;
+        size_t klen = kf__key_of_row(s->fns, fn, rows, i, &text, &text_len, &owned);
+        fn_key_t *k = kf__key_find(fn, s->fns->scratch, klen);
+        if (k == NULL) {
+            k = kf__key_new(fn, s->fns->scratch, klen, text, text_len);
+            touch(s, k, false);
+        }
+        if (owned) {
+            free(text);
+        }
+        if (k->call_mark == stamp) {
+            break; /* a second row of this key: next call */
+        }
+        k->call_mark = stamp;
+        kf__call_add(call, k, KF_CALLBACK_ROW, i, ev->i64[i], NULL);
+        s->row_pos++;
+    }
+}
+
+/* The next call of the timers phase: due timers in (at_us, key, name)
+ * order, at most max_timer_callbacks_per_step, one per key. */
+static void build_timer_call(step_t *s, kf_call_t *call) {
+    function_t *fn = s->fn;
+    uint32_t per_call = (uint32_t)fn->limits.max_timer_callbacks;
+    if (per_call > (uint32_t)fn->limits.max_batch_rows) {
+        per_call = (uint32_t)fn->limits.max_batch_rows;
+    }
+    uint32_t stamp = ++s->fns->call_counter;
+    ev_timer_t *t;
+    while ((t = kf__timer_top(fn)) != NULL && t->at_us <= s->watermark && call->count < per_call) {
+        fn_key_t *k = t->owner;
+        if (k->call_mark == stamp) {
+            break; /* another timer of a key already in this call */
+        }
+        k->call_mark = stamp;
+        int64_t at = t->at_us;
+        uint8_t name = t->name;
+        touch(s, k, true);
+        kf__key_set_timer(fn, k, name, KF__NO_TIME); /* fired: gone unless set again */
+        kf__call_add(call, k, KF_CALLBACK_TIMER, 0, at, fn->desc->timer_names[name]);
+        s->timer_callbacks++;
+    }
+}
+
+/* Builds the step's next call; false when the step has no call left. The
+ * watermark advances between the rows and the timers. */
+static bool next_call(step_t *s) {
+    kf_call_t *call = s->call;
+    kf__call_reset(call);
+    if (!s->timers_phase) {
+        if (s->row_pos < s->rows->count) {
+            build_row_call(s, call);
+            return true;
+        }
+        const Keyflow__V1__PushBatchRequest *req = s->req;
+        if (req->watermark_present_case ==
+                KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US &&
+            (!s->has_watermark || req->watermark_us > s->watermark)) {
+            s->has_watermark = true; /* watermarks never go back: a lower one is ignored */
+            s->watermark = req->watermark_us;
+        }
+        s->timers_phase = true;
+    }
+    ev_timer_t *top = kf__timer_top(s->fn);
+    if (s->has_watermark && top != NULL && top->at_us <= s->watermark) {
+        build_timer_call(s, call);
+        return true;
+    }
+    return false;
+}
+
+static void step_finish(step_t *s, kf_status_t st);
+
+/* Runs the step until a call is out with no response yet, or to its end. */
+static void step_advance(step_t *s) {
+    for (;;) {
+        if (!next_call(s)) {
+            step_finish(s, KF_OK);
+            return;
+        }
+        if (kf__call_send(s->call) == KF__CALL_OUT) {
+            s->awaiting = true;
+            return; /* the response arrives later: kf__step_resume() */
+        }
+        kf_status_t st = take_response(s->call);
+        if (st != KF_OK) {
+            step_finish(s, st);
+            return;
+        }
+    }
+}
+
+/* Ends a step: commit and acknowledge, or roll back and refuse. */
+static void step_finish(step_t *s, kf_status_t st) {
+    function_t *fn = s->fn;
+    kf_ctx_t *ctx = s->ctx;
+    kf_cmd_t *cmd = s->cmd;
+    fn->active = NULL;
+    if (st != KF_OK) {
+        rollback(s);
+        free(s->undo);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    fn->has_watermark = s->has_watermark;
+    fn->watermark_us = s->watermark;
+    Keyflow__V1__PushBatchResponse *ack = kf_arena_new(cmd->arena, sizeof *ack);
+    keyflow__v1__push_batch_response__init(ack);
+    ack->rows_accepted = s->rows->count;
+    ack->activations = s->activations;
+    ack->timer_callbacks = s->timer_callbacks;
+    ack->handler_calls = s->calls;
+    ack->watermark_us = fn->has_watermark ? fn->watermark_us : 0;
+    ack->sequence = s->req->sequence;
+    commit(s, ack);
+    free(s->undo);
+    producer_t *p = kf__producer_get(fn, s->req->producer_id, true);
+    producer_remember(p, s->req->sequence, &ack->base);
+    put_producer(ctx, fn, p);
+    kf_counter_add(KF_C_INPUT_ROWS, s->rows->count);
+    kf_counter_add(KF_C_EVENT_TIMERS_FIRED, (uint64_t)s->timer_callbacks);
+    cmd->response = &ack->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+/* ---- PushBatch --------------------------------------------------------- */
+
+/* Checks a PushBatch and starts its step (the function is idle). */
+static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
+    const Keyflow__V1__PushBatchRequest *req = (const Keyflow__V1__PushBatchRequest *)cmd->request;
+    kf_error_t *err = &cmd->error;
+    KF_ASSERT(fn->active == NULL);
+    if (kf_check_identifier("producer_id", req->producer_id, KF_PRODUCER_ID_BYTES_MAX, true, err) !=
+        KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (req->sequence < 1) {
+        kf_error_set(err, KF_E_INVALID, "sequence: must be at least 1, got %lld",
+                     (long long)req->sequence);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    producer_t *p = kf__producer_get(fn, req->producer_id, false);
+    if (p != NULL && req->sequence <= p->last_sequence) {
+        if (replay_ack(p, req->sequence, cmd)) {
+            kf_ctx_ready(ctx, cmd);
+            return;
+        }
+        kf_error_set(
+            err, KF_E_PRECONDITION,
+            "sequence: %lld is not after %lld, the last accepted from producer %s (if %lld was "
+            "accepted, its acknowledgement is no longer kept: only the last %d are)",
+            (long long)req->sequence, (long long)p->last_sequence, p->id, (long long)req->sequence,
+            KF_PRODUCER_ACKS_KEPT);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (p == NULL && fn->producers.count >= KF_PRODUCERS_MAX) {
+        kf_error_set(err, KF_E_LIMIT,
+                     "producer_id: at most %d producers per function (KF_PRODUCERS_MAX)",
+                     KF_PRODUCERS_MAX);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (fn->host == NULL) {
+        kf_error_set(err, KF_E_UNAVAILABLE, "function %s is unavailable: %s", fn->id,
+                     fn->unavailable);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    step_t *s = kf_arena_new(cmd->arena, sizeof *s);
+    kf_rows_t *rows = &s->rows_storage;
+    kf_status_t st = KF_OK;
+    const Keyflow__V1__Schema *schema = fn->desc->input_schema;
+    if (req->rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH) {
+        st = kf_rows_from_batch(req->batch, schema, fn->limits.max_input_rows,
+                                fn->limits.max_input_bytes, cmd->arena, rows, err);
+    } else if (req->rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON) {
+        st = kf_rows_from_json(req->rows_json, strlen(req->rows_json), schema,
+                               fn->limits.max_input_rows, fn->limits.max_input_bytes, cmd->arena,
+                               rows, err);
+    } else {
+        rows->ncols = (uint32_t)schema->n_fields; /* a watermark-only batch */
+    }
+    for (uint32_t i = 0; st == KF_OK && i < rows->count; i++) {
+        size_t klen = 0;
+        for (int c = 0; c < fn->nkey_cols; c++) {
+            klen += 4 + rows->cols[fn->key_cols[c]].str_len[i];
+        }
+        if (klen > KF_FUNCTION_KEY_BYTES_MAX) {
+            st = kf_error_set(err, KF_E_TOO_LARGE, "rows[%u]: the key is %zu bytes (at most %d)", i,
+                              klen, KF_FUNCTION_KEY_BYTES_MAX);
+        }
+    }
+    if (st != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    s->fns = fns;
+    s->fn = fn;
+    s->ctx = ctx;
+    s->arena = cmd->arena;
+    s->rows = rows;
+    s->cmd = cmd;
+    s->req = req;
+    s->has_watermark = fn->has_watermark;
+    s->watermark = fn->watermark_us;
+    s->mark = ++fns->step_counter;
+    if (s->mark == 0) {
+        s->mark = ++fns->step_counter; /* 0 means "not touched" */
+    }
+    s->live_keys0 = fn->live_keys;
+    s->timer_count0 = fn->timer_count;
+    s->state_bytes0 = fn->state_bytes;
+    s->next_activation0 = fn->next_activation;
+    s->err = err;
+    kf_outbuf_init(&s->out, fn->desc->output_schema, cmd->arena);
+    s->call = kf_arena_new(cmd->arena, sizeof *s->call);
+    kf__call_init(s->call, s, (uint32_t)fn->limits.max_batch_rows);
+    fn->active = s;
+    step_advance(s);
+}
+
+/* Starts queued batches while the function is idle (a step that finishes
+ * at once leaves it idle again). */
+static void fn_drain(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
+    while (fn->active == NULL && fn->queue_head != NULL) {
+        kf_cmd_t *cmd = fn->queue_head;
+        fn->queue_head = cmd->next;
+        if (fn->queue_head == NULL) {
+            fn->queue_tail = NULL;
+        }
+        fn->queued--;
+        cmd->next = NULL;
+        cmd->parked = NULL;
+        push_begin(fns, ctx, fn, cmd);
+    }
+}
+
+/* A step whose call is out holds the function: later batches wait in order
+ * behind it (bounded by KF_FN_QUEUED_MAX), since each step starts from the
+ * state the previous one left. */
+void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__PushBatchRequest *req = (const Keyflow__V1__PushBatchRequest *)cmd->request;
+    function_t *fn = kf__fn_require(fns, req->function_id, &cmd->error);
+    if (fn == NULL) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (fn->active != NULL) {
+        if (fn->queued >= KF_FN_QUEUED_MAX) {
+            kf_error_set(&cmd->error, KF_E_LIMIT,
+                         "function %s: %d batches already wait for its handler", fn->id,
+                         KF_FN_QUEUED_MAX);
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
+        cmd->next = NULL;
+        cmd->parked = fn;
+        if (fn->queue_tail) {
+            fn->queue_tail->next = cmd;
+        } else {
+            fn->queue_head = cmd;
+        }
+        fn->queue_tail = cmd;
+        fn->queued++;
+        return;
+    }
+    push_begin(fns, ctx, fn, cmd);
+    fn_drain(fns, ctx, fn);
+}
+
+/* The response of the active step's call came back after the call went
+ * out (KF__CALL_OUT): take it, go on, and start batches queued behind the
+ * step if it finished. */
+void kf__step_resume(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
+    step_t *s = fn->active;
+    KF_ASSERT(s != NULL && s->awaiting);
+    s->awaiting = false;
+    s->ctx = ctx;
+    kf_status_t st = take_response(s->call);
+    if (st != KF_OK) {
+        step_finish(s, st);
+    } else {
+        step_advance(s);
+    }
+    fn_drain(fns, ctx, fn);
+}
+
+void kf__push_release_queued(kf_ctx_t *ctx, function_t *fn) {
+    while (fn->queue_head != NULL) {
+        kf_cmd_t *cmd = fn->queue_head;
+        fn->queue_head = cmd->next;
+        fn->queued--;
+        cmd->next = NULL;
+        cmd->parked = NULL;
+        kf_error_set(&cmd->error, KF_E_UNAVAILABLE, "the server is shutting down");
+        kf_ctx_fail(ctx, cmd);
+    }
+    fn->queue_tail = NULL;
+}
