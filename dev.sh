@@ -20,7 +20,7 @@ JOBS=$(nproc)
 PACKAGES=(build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler protobuf-compiler-grpc protobuf-c-compiler libprotobuf-c-dev
   libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev
-  python3 python3-grpcio python3-protobuf curl clang-format git)
+  python3 python3-grpcio python3-protobuf python3-setuptools curl clang-format git)
 
 T0=$(date +%s)
 log() { printf '\033[1m== [%4ss] %s\033[0m\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }

@@ -1,0 +1,371 @@
+"""keyflow.Worker: runs handler functions for the runs of some workflows.
+
+    worker = keyflow.Worker(concurrency=64)
+
+    @worker.handle("ship")
+    def ship(input, run):
+        return {"shipped": input}
+
+    worker.run()      # until SIGTERM / SIGINT / worker.stop()
+
+Threads and what they own:
+  * the poller leases runs (PollRuns long poll, max_runs = free slots) and
+    hands each to the pool; at most `concurrency` runs are held at once;
+  * the pool (`concurrency` threads) calls the handler, then completes the
+    run with its return value (JSON) or its exception (the error text);
+  * the heartbeater extends each held lease every lease_ms *
+    heartbeat_fraction, and marks a run lost when the server refuses (the
+    lease expired or was taken over): a lost run is not completed.
+
+Lifecycle:
+    run() --SIGTERM/stop()--> stopping: the poll is cancelled (it takes no
+    run), held runs keep their heartbeats and may finish for grace_s -->
+    runs still held are released (their lease is shortened to the minimum,
+    100 ms, so another worker gets them at once; the attempt counts) -->
+    run() returns.
+
+Errors of the connection (UNAVAILABLE and the like) are retried with
+exponential backoff, forever, until stop(); an error that retrying cannot
+fix (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT) stops the worker
+and run() raises it.
+"""
+
+import heapq
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from ._connection import KeyflowError
+from ._convert import encode_json, to_native
+from .client import Client, backoff_delays
+from .v1 import runs_pb2 as rpb
+
+log = logging.getLogger("keyflow.worker")
+
+LEASE_MS_MIN = 100          # the server's shortest lease: a release
+RUN_ERROR_BYTES_MAX = 4096  # the server's bound on a run's error text
+POLL_MAX_RUNS = 100         # the server's bound on one poll
+# Poll errors retrying cannot fix: the worker stops and run() raises.
+FATAL_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+               grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _truncate_utf8(text, limit_bytes):
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit_bytes:
+        return text
+    return data[:limit_bytes - 3].decode("utf-8", errors="ignore") + "..."
+
+
+class RunContext:
+    """What a handler gets besides the input: the run's fields (run_id,
+    workflow, key, kind, attempts, event_count, created_ms, lease), and
+    `stopping` / `lease_lost` to notice that it should give up early."""
+
+    def __init__(self, worker, run):
+        self._worker = worker
+        self.run = run
+        self.run_id = run.run_id
+        self.workflow = run.workflow
+        self.key = run.key
+        self.kind = run.kind
+        self.attempts = run.attempts
+        self.event_count = run.event_count
+        self.created_ms = run.created_ms
+        self.lease = run.lease
+        self.lease_lost = False     # the server refused a heartbeat
+        self.released = False       # shutdown gave the run back
+        self.next_heartbeat = 0.0   # time.monotonic() of the next heartbeat
+
+    @property
+    def stopping(self):
+        return self._worker._stopping.is_set()
+
+
+class Worker:
+    """Runs handlers for leased runs. client: a keyflow.Client, or None to
+    make one from **client_options (addr, tls_*, api_key; see Client)."""
+
+    def __init__(self, client=None, *, worker_id=None, concurrency=16, lease_ms=30000,
+                 heartbeat_fraction=1 / 3, poll_wait_ms=10000, grace_s=20.0, **client_options):
+        if not 1 <= concurrency <= 10000:
+            raise ValueError("concurrency: %r is not in 1..10000" % (concurrency,))
+        if not 0 < heartbeat_fraction < 1:
+            raise ValueError("heartbeat_fraction: %r is not in (0, 1)" % (heartbeat_fraction,))
+        self._owns_client = client is None
+        self.client = client or Client(**client_options)
+        self.worker_id = worker_id or "%s-%d" % (socket.gethostname(), os.getpid())
+        self.concurrency = concurrency
+        self.lease_ms = lease_ms
+        self.heartbeat_s = lease_ms * heartbeat_fraction / 1000.0
+        self.poll_wait_ms = poll_wait_ms
+        self.grace_s = grace_s
+        self.handlers = {}
+        self.completed = 0          # runs completed with a result
+        self.failed = 0             # runs completed with an error
+        self.lost = 0               # runs whose lease was lost before completion
+        self.released = 0           # runs given back at shutdown
+        self._lock = threading.Condition()
+        self._active = {}           # run_id -> RunContext
+        self._heap = []             # (next_heartbeat, run_id)
+        self._stopping = threading.Event()
+        self._done = threading.Event()
+        self._poll_future = None
+        self._released_all = False  # shutdown gave back every held run
+        self._fatal = None
+        self._threads = []
+        self._pool = None
+
+    # --- registration -----------------------------------------------------
+
+    def handle(self, workflow, fn=None):
+        """Registers fn(input, run) for a workflow; usable as a decorator.
+        The return value (any JSON value) completes the run; an exception
+        fails it with "<ExceptionType>: <message>"."""
+        if fn is None:
+            return lambda f: self.handle(workflow, f)
+        if not callable(fn):
+            raise ValueError("handle(%r): the handler is not callable" % (workflow,))
+        self.handlers[workflow] = fn
+        return fn
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def start(self):
+        """Starts polling in background threads; returns at once."""
+        if not self.handlers:
+            raise ValueError("no handlers: call worker.handle(workflow, fn) first")
+        if self._threads:
+            raise RuntimeError("worker already started")
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="keyflow-run")
+        for target, name in ((self._poll_loop, "keyflow-poll"), (self._heartbeat_loop, "keyflow-hb")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def run(self, install_signal_handlers=True):
+        """start(), then wait until stop() (from SIGTERM or SIGINT when called
+        on the main thread) has finished or released every held run."""
+        previous = {}
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: self.stop(wait=False))
+        try:
+            if not self._threads:
+                self.start()
+            while not self._done.wait(0.5):   # wakes for signal handlers
+                pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self._fatal is not None:
+            raise self._fatal
+
+    def stop(self, wait=True, grace_s=None):
+        """Stops taking runs; held runs may finish for grace_s (default: the
+        worker's), then the rest are released. With wait, returns when done."""
+        if grace_s is not None:
+            self.grace_s = grace_s
+        if not self._stopping.is_set():
+            self._stopping.set()
+            with self._lock:
+                if self._poll_future is not None:
+                    self._poll_future.cancel()
+                self._lock.notify_all()
+            threading.Thread(target=self._shutdown, name="keyflow-stop", daemon=True).start()
+        if wait:
+            self._done.wait()
+
+    def _shutdown(self):
+        deadline = time.monotonic() + self.grace_s
+        with self._lock:
+            while self._active and time.monotonic() < deadline:
+                self._lock.wait(deadline - time.monotonic())
+            held = [ctx for ctx in self._active.values() if not ctx.lease_lost]
+            for ctx in held:
+                ctx.released = True
+            self._released_all = True
+            self._lock.notify_all()
+        for ctx in held:
+            try:
+                self.client.heartbeat_run(ctx.run_id, ctx.lease, LEASE_MS_MIN)
+                with self._lock:
+                    self.released += 1
+            except KeyflowError as e:
+                log.warning("releasing run %s: %s", ctx.run_id, e)
+        for t in self._threads:
+            t.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        if self._owns_client:
+            self.client.close()
+        self._done.set()
+
+    # --- polling ----------------------------------------------------------------
+
+    def _free_slots(self):
+        """Waits for a free slot; a few milliseconds more for more slots when
+        only some are free, so that one poll leases several runs."""
+        with self._lock:
+            while len(self._active) >= self.concurrency and not self._stopping.is_set():
+                self._lock.wait()
+            if len(self._active) > self.concurrency * 3 // 4 and not self._stopping.is_set():
+                self._lock.wait(0.002)
+            return self.concurrency - len(self._active)
+
+    def _poll_loop(self):
+        client = self.client
+        delays = None
+        while not self._stopping.is_set():
+            free = self._free_slots()
+            if self._stopping.is_set():
+                break
+            req = rpb.PollRunsRequest(workflows=sorted(self.handlers), worker_id=self.worker_id,
+                                      lease_ms=self.lease_ms, max_runs=min(free, POLL_MAX_RUNS),
+                                      wait_ms=self.poll_wait_ms)
+            future = client._runs.PollRuns.future(
+                req, timeout=client.timeout_s + self.poll_wait_ms / 1000.0,
+                metadata=client._conn.metadata)
+            with self._lock:
+                self._poll_future = future
+                if self._stopping.is_set():
+                    future.cancel()
+            try:
+                resp = future.result()
+            except grpc.FutureCancelledError:
+                break
+            except grpc.RpcError as e:
+                if self._stopping.is_set():
+                    break
+                if e.code() in FATAL_CODES:
+                    self._fatal = KeyflowError.from_rpc(e)
+                    log.error("polling stopped: %s", self._fatal)
+                    self.stop(wait=False)
+                    break
+                delays = delays or backoff_delays(0.1, 5.0)
+                delay = next(delays)
+                log.warning("poll failed (%s: %s); retrying in %.2f s", e.code().name, e.details(), delay)
+                self._stopping.wait(delay)
+                continue
+            finally:
+                with self._lock:
+                    self._poll_future = None
+            delays = None
+            now = time.monotonic()
+            for run in resp.runs:
+                ctx = RunContext(self, to_native(run))
+                ctx.next_heartbeat = now + self.heartbeat_s
+                with self._lock:
+                    self._active[ctx.run_id] = ctx
+                    heapq.heappush(self._heap, (ctx.next_heartbeat, ctx.run_id))
+                    self._lock.notify_all()
+                self._pool.submit(self._execute, ctx)
+
+    # --- one run -------------------------------------------------------------------
+
+    def _execute(self, ctx):
+        outcome = None
+        try:
+            fn = self.handlers.get(ctx.workflow)
+            result, error = None, None
+            try:
+                if fn is None:
+                    raise LookupError("no handler for workflow %r" % ctx.workflow)
+                result_json = encode_json(fn(ctx.run.input, ctx), "result")
+            except Exception as e:  # the handler's failure is the run's
+                error = _truncate_utf8("%s: %s" % (type(e).__name__, e), RUN_ERROR_BYTES_MAX)
+            outcome = self._complete(ctx, result_json if error is None else None, error)
+        finally:
+            with self._lock:
+                self._active.pop(ctx.run_id, None)
+                if outcome is not None:
+                    setattr(self, outcome, getattr(self, outcome) + 1)
+                self._lock.notify_all()
+
+    def _complete(self, ctx, result_json, error):
+        """CompleteRun with retries; returns the counter to bump."""
+        req = rpb.CompleteRunRequest(run_id=ctx.run_id, lease=ctx.lease)
+        if error is not None:
+            req.error = error
+        else:
+            req.result_json = result_json
+        delays = backoff_delays(0.05, 1.0)
+        deadline = time.monotonic() + self.lease_ms / 1000.0
+        client = self.client
+        while True:
+            if ctx.released or ctx.lease_lost:
+                return None if ctx.released else "lost"
+            try:
+                client._runs.CompleteRun(req, timeout=client.timeout_s, metadata=client._conn.metadata)
+            except grpc.RpcError as e:
+                code = e.code()
+                if code in RETRYABLE and time.monotonic() < deadline:
+                    time.sleep(next(delays))
+                    continue
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    log.warning("run %s: completion refused (%s)", ctx.run_id, e.details())
+                    return "lost"
+                if error is None and code in (grpc.StatusCode.INVALID_ARGUMENT,
+                                              grpc.StatusCode.RESOURCE_EXHAUSTED):
+                    # The result itself was refused (too large, bad JSON): fail
+                    # the run with the reason rather than let the lease run out.
+                    req.ClearField("result_json")
+                    error = _truncate_utf8("result refused: " + (e.details() or code.name),
+                                           RUN_ERROR_BYTES_MAX)
+                    req.error = error
+                    continue
+                log.error("run %s: completion failed: %s: %s", ctx.run_id, code.name, e.details())
+                return "lost"
+            return "completed" if error is None else "failed"
+
+    # --- heartbeats ------------------------------------------------------------------
+
+    def _heartbeat_loop(self):
+        while True:
+            with self._lock:
+                while not self._done_polling_and_idle():
+                    if self._heap and self._heap[0][0] <= time.monotonic():
+                        break
+                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._lock.wait(timeout)
+                if self._done_polling_and_idle():
+                    return
+                due = []
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    _, run_id = heapq.heappop(self._heap)
+                    ctx = self._active.get(run_id)
+                    if ctx is not None and not ctx.released and not ctx.lease_lost:
+                        due.append(ctx)
+            self._heartbeat(due)
+
+    def _done_polling_and_idle(self):
+        return self._stopping.is_set() and (not self._active or self._released_all)
+
+    def _heartbeat(self, due):
+        client = self.client
+        calls = [(ctx, client._runs.HeartbeatRun.future(
+            rpb.HeartbeatRunRequest(run_id=ctx.run_id, lease=ctx.lease, lease_ms=self.lease_ms),
+            timeout=client.timeout_s, metadata=client._conn.metadata)) for ctx in due]
+        for ctx, call in calls:
+            interval = self.heartbeat_s
+            try:
+                call.result()
+            except grpc.RpcError as e:
+                if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                    log.warning("run %s: lease lost (%s)", ctx.run_id, e.details())
+                    ctx.lease_lost = True
+                    continue
+                interval = self.heartbeat_s / 4  # try again well before expiry
+            with self._lock:
+                if ctx.run_id in self._active:
+                    ctx.next_heartbeat = time.monotonic() + interval
+                    heapq.heappush(self._heap, (ctx.next_heartbeat, ctx.run_id))

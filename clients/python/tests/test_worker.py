@@ -1,0 +1,165 @@
+"""keyflow.Worker against a real keyflowd: results and errors, N runs at
+once, heartbeats that outlive the lease, shutdown that finishes or releases,
+SIGTERM in a worker process, and reconnecting after a keyflowd restart."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import unittest
+
+import keyflow
+from sdk_harness import restart_same_port, start_server, unique, wait_for
+
+ONE = keyflow.batch(max_events=1)
+
+
+class WorkerTest(unittest.TestCase):
+    def setUp(self):
+        self.server = start_server()
+        self.client = keyflow.Client(self.server.grpc_target)
+        self.workers = []
+        self.unblock = threading.Event()
+
+    def tearDown(self):
+        self.unblock.set()
+        for w in self.workers:
+            w.stop(grace_s=0)
+        self.client.close()
+        self.server.cleanup()
+
+    def worker(self, **options):
+        w = keyflow.Worker(self.client, worker_id=unique("w"), poll_wait_ms=1000, **options)
+        self.workers.append(w)
+        return w
+
+    def send(self, wf, key, input=None):
+        return self.client.send_event(wf, key, input, rule=ONE).run_id
+
+    def send_once_up(self, wf, key, input):
+        """send(), or None while the channel still reconnects (UNAVAILABLE:
+        calls fail fast rather than wait for the connection)."""
+        try:
+            return self.send(wf, key, input)
+        except keyflow.KeyflowError as e:
+            if e.code_name != "UNAVAILABLE":
+                raise
+            return None
+
+    def wait_status(self, run_id, status):
+        return wait_for(lambda: (lambda r: r if r.status == status else None)(
+            self.client.get_run(run_id)), "run %s to be %s" % (run_id, status))
+
+    def test_results_errors_and_runs_at_once(self):
+        wf_ok, wf_fail, wf_bad = unique("ok"), unique("fail"), unique("bad")
+        at_once = threading.Barrier(4, timeout=20)  # breaks unless 4 run together
+        w = self.worker(concurrency=4)
+
+        @w.handle(wf_ok)
+        def ok(input, run):
+            at_once.wait()
+            return {"got": input, "key": run.key, "attempts": run.attempts}
+
+        w.handle(wf_fail, lambda input, run: 1 / 0)
+        w.handle(wf_bad, lambda input, run: {1, 2})
+        ids = [self.send(wf_ok, "k%d" % i, {"i": i}) for i in range(4)]
+        w.start()
+        for i, run_id in enumerate(ids):
+            run = self.wait_status(run_id, "completed")
+            self.assertEqual(run.result, {"got": [{"i": i}], "key": "k%d" % i, "attempts": 1})
+        failed = self.wait_status(self.send(wf_fail, "f"), "failed")
+        self.assertEqual(failed.error, "ZeroDivisionError: division by zero")
+        bad = self.wait_status(self.send(wf_bad, "b"), "failed")
+        self.assertIn("result: not JSON-serializable", bad.error)
+        w.stop()
+        self.assertEqual((w.completed, w.failed, w.lost, w.released), (4, 2, 0, 0))
+
+    def test_heartbeats_keep_a_run_past_its_lease(self):
+        wf = unique("hb")
+        w = self.worker(concurrency=1, lease_ms=300)
+        w.handle(wf, lambda input, run: self.unblock.wait(30) and "done")
+        run_id = self.send(wf, "k")
+        w.start()
+        first = self.wait_status(run_id, "leased").lease_expires_ms
+        # Without heartbeats the lease would have expired (and the run gone
+        # back to pending for a second attempt) long before this.
+        wait_for(lambda: self.client.get_run(run_id).lease_expires_ms >= first + 1000,
+                 "heartbeats to move the lease 1 s past its first expiry")
+        self.unblock.set()
+        run = self.wait_status(run_id, "completed")
+        self.assertEqual((run.result, run.attempts), ("done", 1))
+
+    def test_stop_finishes_cooperative_runs_and_releases_the_rest(self):
+        wf_coop, wf_stuck = unique("coop"), unique("stuck")
+        w = self.worker(concurrency=2)
+        started = threading.Semaphore(0)
+
+        def coop(input, run):
+            started.release()
+            wait_for(lambda: run.stopping, "stop", timeout_s=30)
+            return "finished"
+
+        def stuck(input, run):
+            started.release()
+            self.unblock.wait(60)
+            return "too late"
+
+        w.handle(wf_coop, coop)
+        w.handle(wf_stuck, stuck)
+        coop_id, stuck_id = self.send(wf_coop, "c"), self.send(wf_stuck, "s")
+        w.start()
+        self.assertTrue(started.acquire(timeout=30) and started.acquire(timeout=30))
+        w.stop(grace_s=0.5)
+        self.assertEqual(self.client.get_run(coop_id).result, "finished")
+        self.assertEqual((w.completed, w.released), (1, 1))
+        # Released: its lease ends within 100 ms and it is pending again.
+        run = self.wait_status(stuck_id, "pending")
+        self.assertEqual(run.attempts, 1)
+        again = self.client.poll_runs([wf_stuck], worker_id="other", wait_ms=5000)
+        self.assertEqual([r.run_id for r in again], [stuck_id])
+
+    def test_sigterm_finishes_the_held_run_and_exits(self):
+        wf = unique("term")
+        script = textwrap.dedent("""
+            import sys, time, keyflow
+            w = keyflow.Worker(keyflow.Client(sys.argv[1]), concurrency=2, poll_wait_ms=1000)
+            def handler(input, run):
+                while not run.stopping:
+                    time.sleep(0.01)
+                return {"stopped_cleanly": input}
+            w.handle(sys.argv[2], handler)
+            w.run()
+            print("completed=%d released=%d" % (w.completed, w.released))
+        """)
+        run_id = self.send(wf, "k", "x")
+        proc = subprocess.Popen([sys.executable, "-c", script, self.server.grpc_target, wf],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+        try:
+            self.wait_status(run_id, "leased")
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.assertEqual(proc.returncode, 0, err.decode())
+        self.assertEqual(out.decode().strip(), "completed=1 released=0")
+        self.assertEqual(self.client.get_run(run_id).result, {"stopped_cleanly": ["x"]})
+
+    def test_reconnects_after_keyflowd_restarts(self):
+        wf = unique("re")
+        w = self.worker(concurrency=2)
+        w.handle(wf, lambda input, run: input)
+        w.start()
+        self.assertEqual(self.wait_status(self.send(wf, "a", 1), "completed").result, [1])
+        restart_same_port(self.server)
+        run_id = wait_for(lambda: self.send_once_up(wf, "b", 2), "keyflowd to answer again")
+        self.assertEqual(self.wait_status(run_id, "completed").result, [2])
+        w.stop()
+        self.assertEqual(w.completed, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
