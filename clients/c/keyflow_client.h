@@ -52,7 +52,7 @@
 /* The longest target ("host:port", "dns:///name:port", "unix:/path"). */
 #define KF_CLIENT_TARGET_BYTES_MAX 256
 
-/* gRPC method paths, as in service/engine/methods.c. */
+/* gRPC method paths, as in the RPC table (service/proto/rpcs.h). */
 #define KF_CLIENT_PATH_SEND_EVENT           "/keyflow.v1.Coordinators/SendEvent"
 #define KF_CLIENT_PATH_DESCRIBE_COORDINATOR "/keyflow.v1.Coordinators/DescribeCoordinator"
 #define KF_CLIENT_PATH_FLUSH_WINDOW         "/keyflow.v1.Coordinators/FlushWindow"

@@ -28,7 +28,7 @@
 #include "base/assert.h"
 #include "base/limits.h"
 #include "cli.h"
-#include "engine/methods.h"
+#include "proto/methods.h"
 #include "http/json_map.h"
 
 #define DEFAULT_ADDR "127.0.0.1:50051"
@@ -476,10 +476,10 @@ static const kf__cli_flag_t work_flags[] = {
 /* ---- call -------------------------------------------------------------- */
 
 /* Whether kf_client_call can make the method's call: one request, one
- * response. Listed by kind, so a new streaming kind is refused until the
- * client learns to stream. */
+ * response (a long poll is one too). Listed by shape, so a new shape is
+ * refused until the client learns it. */
 static bool method_is_unary(const kf_method_t *method) {
-    return method->kind == KF_METHOD_ENGINE || method->kind == KF_METHOD_HEALTH_CHECK;
+    return method->shape == KF_RPC_UNARY || method->shape == KF_RPC_LONG_POLL;
 }
 
 static int cmd_call(kf__cli_t *cli, const kf__cli_args_t *args) {
@@ -514,13 +514,11 @@ static int cmd_call(kf__cli_t *cli, const kf__cli_args_t *args) {
     if (st != KF_OK) {
         return kf__cli_usage_error(args->command, "JSON request for %s: %s", path, err.message);
     }
-    int64_t wait_ms = 0;
-    if (method->request == &keyflow__v1__poll_runs_request__descriptor) {
-        wait_ms = ((const Keyflow__V1__PollRunsRequest *)req)->wait_ms;
-    }
+    const int64_t *wait_ms = kf_method_wait_ms(method, req); /* a long poll's wait */
     ProtobufCMessage *resp = NULL;
     if (kf_client_call(cli->client, method->path, req, method->response, &cli->arena,
-                       kf__cli_timeout_ms(cli, wait_ms), &resp, &err) != KF_OK) {
+                       kf__cli_timeout_ms(cli, wait_ms != NULL ? *wait_ms : 0), &resp,
+                       &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
     return kf__cli_print_json(cli, resp);
@@ -643,7 +641,7 @@ static void print_command_help(FILE *out, const command_t *cmd, const char *name
     }
     if (cmd->run == cmd_call) {
         fprintf(out, "\nMethods:\n");
-        for (size_t i = 0; i < kf_method_count; i++) {
+        for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
             if (method_is_unary(&kf_methods[i])) {
                 fprintf(out, "  %-46s %s -> %s\n", kf_methods[i].path,
                         kf_methods[i].request->short_name, kf_methods[i].response->short_name);

@@ -154,28 +154,15 @@ void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd) {
     kf_error_clear(&cmd->error);
     cmd->response = NULL;
     cmd->parked = NULL;
+    /* One case per ENGINE row of proto/rpcs.h, which names the module and
+     * its handler. No default: -Wswitch names an op without a case. */
     switch (cmd->op) {
-    case KF_OP_SEND_EVENT: kf_coords_send_event(core->coords, ctx, cmd); break;
-    case KF_OP_DESCRIBE_COORDINATOR: kf_coords_describe(core->coords, ctx, cmd); break;
-    case KF_OP_FLUSH_WINDOW: kf_coords_flush(core->coords, ctx, cmd); break;
-    case KF_OP_CANCEL_WINDOW: kf_coords_cancel(core->coords, ctx, cmd); break;
-    case KF_OP_POLL_RUNS: kf_runs_poll(core->runs, ctx, cmd); break;
-    case KF_OP_HEARTBEAT_RUN: kf_runs_heartbeat(core->runs, ctx, cmd); break;
-    case KF_OP_COMPLETE_RUN: kf_runs_complete(core->runs, ctx, cmd); break;
-    case KF_OP_GET_RUN: kf_runs_get(core->runs, ctx, cmd); break;
-    case KF_OP_LIST_RUNS: kf_runs_list(core->runs, ctx, cmd); break;
-    case KF_OP_REGISTER_FUNCTION: kf_functions_register(core->functions, ctx, cmd); break;
-    case KF_OP_GET_FUNCTION: kf_functions_get(core->functions, ctx, cmd); break;
-    case KF_OP_LIST_FUNCTIONS: kf_functions_list(core->functions, ctx, cmd); break;
-    case KF_OP_PUSH_BATCH: kf_functions_push(core->functions, ctx, cmd); break;
-    case KF_OP_READ_OUTPUT: kf_functions_read(core->functions, ctx, cmd); break;
-    case KF_OP_GET_KEY_STATE: kf_functions_key_state(core->functions, ctx, cmd); break;
-    default:
-        kf_error_set(&cmd->error, KF_E_UNIMPLEMENTED, "operation %d is not implemented",
-                     (int)cmd->op);
-        kf_ctx_ready(ctx, cmd);
-        break;
+#define DISPATCH_(op, svc, meth, label, req, resp, shape, scope, resource, module, handler)        \
+    case KF_OP_##op: handler(core->module, ctx, cmd); return;
+        KF_RPC_TABLE(DISPATCH_, KF_RPC_IGNORE)
+#undef DISPATCH_
     }
+    KF_UNREACHABLE(); /* not an op: a corrupt command */
 }
 
 uint32_t kf_core_tick(kf_core_t *core, uint32_t limit) {

@@ -84,17 +84,6 @@ struct kf_engine {
     atomic_uint_fast64_t durable_group;
 };
 
-static const char *const op_names[] = {
-#define KF_OP_NAME_(op, req, resp) #op,
-    KF_OP_TABLE(KF_OP_NAME_)
-#undef KF_OP_NAME_
-};
-
-const char *kf_op_name(kf_op_t op) {
-    KF_ASSERT((unsigned)op < KF_OP_COUNT);
-    return op_names[op];
-}
-
 static void default_fatal(const kf_error_t *err, void *ctx) {
     (void)ctx;
     kf_log(KF_LOG_ERROR, "engine", "durable write failed, stopping without acknowledging: %s",

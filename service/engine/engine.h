@@ -34,37 +34,13 @@
 #include "base/arena.h"
 #include "base/clock.h"
 #include "base/status.h"
+#include "proto/methods.h"
 #include "storage/store.h"
 
-/* X(op, request type, response type) — the engine's command set. The
- * request and response types are the API's protobuf-c messages: the engine
+/* A command: one call of an ENGINE row of the RPC table (proto/rpcs.h),
+ * which also names the module function that executes it (engine/core.c).
+ * The request and response are the row's protobuf-c messages: the engine
  * asks for them at its boundary and never sees wire bytes or JSON. */
-#define KF_OP_TABLE(X)                                                                             \
-    X(KF_OP_SEND_EVENT, Keyflow__V1__SendEventRequest, Keyflow__V1__SendEventResponse)             \
-    X(KF_OP_DESCRIBE_COORDINATOR, Keyflow__V1__DescribeCoordinatorRequest,                         \
-      Keyflow__V1__DescribeCoordinatorResponse)                                                    \
-    X(KF_OP_FLUSH_WINDOW, Keyflow__V1__FlushWindowRequest, Keyflow__V1__FlushWindowResponse)       \
-    X(KF_OP_CANCEL_WINDOW, Keyflow__V1__CancelWindowRequest, Keyflow__V1__CancelWindowResponse)    \
-    X(KF_OP_POLL_RUNS, Keyflow__V1__PollRunsRequest, Keyflow__V1__PollRunsResponse)                \
-    X(KF_OP_HEARTBEAT_RUN, Keyflow__V1__HeartbeatRunRequest, Keyflow__V1__HeartbeatRunResponse)    \
-    X(KF_OP_COMPLETE_RUN, Keyflow__V1__CompleteRunRequest, Keyflow__V1__CompleteRunResponse)       \
-    X(KF_OP_GET_RUN, Keyflow__V1__GetRunRequest, Keyflow__V1__Run)                                 \
-    X(KF_OP_LIST_RUNS, Keyflow__V1__ListRunsRequest, Keyflow__V1__ListRunsResponse)                \
-    X(KF_OP_REGISTER_FUNCTION, Keyflow__V1__RegisterFunctionRequest,                               \
-      Keyflow__V1__RegisterFunctionResponse)                                                       \
-    X(KF_OP_GET_FUNCTION, Keyflow__V1__GetFunctionRequest, Keyflow__V1__FunctionInfo)              \
-    X(KF_OP_LIST_FUNCTIONS, Keyflow__V1__ListFunctionsRequest, Keyflow__V1__ListFunctionsResponse) \
-    X(KF_OP_PUSH_BATCH, Keyflow__V1__PushBatchRequest, Keyflow__V1__PushBatchResponse)             \
-    X(KF_OP_READ_OUTPUT, Keyflow__V1__ReadOutputRequest, Keyflow__V1__ReadOutputResponse)          \
-    X(KF_OP_GET_KEY_STATE, Keyflow__V1__GetKeyStateRequest, Keyflow__V1__GetKeyStateResponse)
-
-typedef enum kf_op {
-#define KF_OP_ENUM_(op, req, resp) op,
-    KF_OP_TABLE(KF_OP_ENUM_)
-#undef KF_OP_ENUM_
-        KF_OP_COUNT
-} kf_op_t;
-
 typedef struct kf_cmd kf_cmd_t;
 
 struct kf_cmd {
@@ -126,7 +102,5 @@ void kf_engine_stop(kf_engine_t *engine);
 void kf_engine_destroy(kf_engine_t *engine);
 /* True once a sync failed (the engine acknowledges nothing more). */
 bool kf_engine_failed(const kf_engine_t *engine);
-
-const char *kf_op_name(kf_op_t op);
 
 #endif

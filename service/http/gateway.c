@@ -33,8 +33,6 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "http/json_map.h"
-#include "keyflow/v1/functions.pb-c.h"
-#include "keyflow/v1/runs.pb-c.h"
 #include "http/routes.h"
 
 typedef struct http_call http_call_t;
@@ -195,15 +193,10 @@ static void watch_add(kf_gateway_t *gw, http_call_t *call, int fd) {
     }
 }
 
-/* PollRuns / ReadOutput with a wait may sit in the engine for a while. */
-static bool is_long_poll(const kf_method_t *m, const ProtobufCMessage *msg) {
-    if (m->op == KF_OP_POLL_RUNS) {
-        return ((const Keyflow__V1__PollRunsRequest *)msg)->wait_ms > 0;
-    }
-    if (m->op == KF_OP_READ_OUTPUT) {
-        return ((const Keyflow__V1__ReadOutputRequest *)msg)->wait_ms > 0;
-    }
-    return false;
+/* A LONG_POLL row's request with a wait may sit in the engine for a while. */
+static bool is_long_poll(const kf_method_t *m, ProtobufCMessage *msg) {
+    int64_t *wait_ms = kf_method_wait_ms(m, msg);
+    return wait_ms != NULL && *wait_ms > 0;
 }
 
 static void call_free(http_call_t *call) {
@@ -365,6 +358,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     }
     call->metrics_id = gw->metrics_ids[call->method - kf_methods];
     kf_cmd_t *cmd = &call->cmd;
+    KF_ASSERT(call->method->executor == KF_RPC_ENGINE); /* routes name no others */
     cmd->op = call->method->op;
     cmd->request = msg;
     cmd->arena = &call->arena;
@@ -506,7 +500,7 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *
         return st;
     }
     gw->engine = engine;
-    for (size_t i = 0; i < kf_method_count; i++) {
+    for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
         gw->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name);
     }
     h2o_config_init(&gw->config);

@@ -12,15 +12,7 @@
 #include "base/limits.h"
 #include "http/json_map.h"
 
-typedef struct route {
-    const char *http_method;
-    const char *pattern;  /* segments; "{field.path}" captures one */
-    const char *verb;     /* ":verb" suffix of the last segment, or NULL */
-    const char *rpc;      /* method path in engine/methods.h */
-    const char *body;     /* "*", a field name, or NULL (no body) */
-    const char *defaults; /* "field=value&..." applied before the query, or NULL */
-    const char *aliases;  /* "short=field&..." query names, or NULL */
-} route_t;
+typedef kf_http_route_def_t route_t;
 
 static const route_t routes[] = {
     {"POST", "/v1/workflows/{workflow}/keys/{key}/events", NULL,
@@ -45,6 +37,11 @@ static const route_t routes[] = {
     {"GET", "/v1/functions/{function_id}/keys/{key}", NULL, "/keyflow.v1.Functions/GetKeyState",
      NULL},
 };
+
+const kf_http_route_def_t *kf_http_routes(size_t *count) {
+    *count = sizeof routes / sizeof routes[0];
+    return routes;
+}
 
 #define SEGMENTS_MAX 16
 
@@ -268,6 +265,10 @@ static ProtobufCMessage *new_message(const ProtobufCMessageDescriptor *desc, kf_
     return m;
 }
 
+bool kf_http_serves(const kf_method_t *m) {
+    return m->executor == KF_RPC_ENGINE && !kf_method_streams(m);
+}
+
 /* POST /v1/{package.Service}/{Method}: every RPC by its gRPC name. */
 static const kf_method_t *generic_method(const span_t *segs, size_t n, kf_arena_t *arena) {
     if (n != 3 || segs[0].len != 2 || memcmp(segs[0].p, "v1", 2) != 0) {
@@ -276,7 +277,7 @@ static const kf_method_t *generic_method(const span_t *segs, size_t n, kf_arena_
     char *path = kf_arena_printf(arena, "/%.*s/%.*s", (int)segs[1].len, segs[1].p, (int)segs[2].len,
                                  segs[2].p);
     const kf_method_t *m = path ? kf_method_by_path(path) : NULL;
-    return m != NULL && m->kind == KF_METHOD_ENGINE ? m : NULL;
+    return m != NULL && kf_http_serves(m) ? m : NULL;
 }
 
 kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
@@ -306,7 +307,7 @@ kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
     const char *defaults = NULL, *aliases = NULL;
     if (found != NULL) {
         m = kf_method_by_path(found->rpc);
-        KF_ASSERT(m != NULL);
+        KF_ASSERT(m != NULL && kf_http_serves(m)); /* test_rpc_table.py checks every route */
         body_field = found->body;
         defaults = found->defaults;
         aliases = found->aliases;

@@ -1,6 +1,9 @@
 /*
  * routes.h - the gateway's REST routes: each maps an HTTP method and a path
- * pattern onto one RPC of engine/methods.h, like grpc-gateway's HTTP rules.
+ * pattern onto one RPC of the RPC table (proto/rpcs.h), named by its gRPC
+ * path, like grpc-gateway's HTTP rules. The routes stay here, in the HTTP
+ * layer; tests/unit/proto/test_rpc_table.py checks that each names an RPC
+ * the gateway serves and fields its request has.
  * Path parameters and query parameters set request fields by name; the body
  * is merged into the whole request ("*") or into one field ("event").
  *
@@ -34,7 +37,7 @@
 
 #include "base/arena.h"
 #include "base/status.h"
-#include "engine/methods.h"
+#include "proto/methods.h"
 
 typedef struct kf_http_request {
     const char *method; /* "GET", "POST", ... (not NUL-terminated) */
@@ -53,6 +56,25 @@ typedef struct kf_http_request {
  * parameter does not fit the message, naming the field). `*method` is set
  * (else NULL) as soon as the route names a method, failures included, so the
  * caller can count a refused request of a known method. */
+/* Whether the gateway serves the RPC: an ENGINE row that does not stream
+ * (the front end's own RPCs, health and tails, are gRPC only). */
+bool kf_http_serves(const kf_method_t *m);
+
+/* One REST route (the table is in routes.c). */
+typedef struct kf_http_route_def {
+    const char *http_method; /* "GET" (also answers HEAD) or "POST" */
+    const char *pattern;     /* segments; "{field.path}" captures one */
+    const char *verb;        /* ":verb" suffix of the last segment, or NULL */
+    const char *rpc;         /* the RPC's gRPC path in proto/rpcs.h */
+    const char *body;        /* "*", a field name, or NULL (no body) */
+    const char *defaults;    /* "field=value&..." applied before the query, or NULL */
+    const char *aliases;     /* "short=field&..." query names, or NULL */
+} kf_http_route_def_t;
+
+/* The routes in match order (static; any thread). For the tests that check
+ * them against the RPC table. */
+const kf_http_route_def_t *kf_http_routes(size_t *count);
+
 kf_status_t kf_http_route(const kf_http_request_t *request, kf_arena_t *arena,
                           const kf_method_t **method, ProtobufCMessage **message,
                           kf_error_t *err) KF_MUST_USE;

@@ -1,14 +1,21 @@
 /*
- * grpc_server.c - gRPC C core server for every method of engine/methods.h.
+ * grpc_server.c - gRPC C core server for every method of proto/methods.h.
  *
  * Call lifecycle (one call_t per call, its tag on the completion queue):
  *
- *   REQUESTED --arrival--> (engine method) submitted to the engine
+ *   REQUESTED --arrival--> (ENGINE row) submitted to the engine
  *       |                        | cmd->done (replier thread)
  *       |                        v
  *       |                   REPLYING --batch complete--> freed
- *       +--(health)--> REPLYING
- *       +--(watch)---> WATCHING (sent SERVING; open until client or shutdown)
+ *       +--(FRONT row: health check)--> REPLYING
+ *       +--(FRONT row: health watch)--> WATCHING (sent SERVING; open until
+ *       |                               client or shutdown)
+ *       +--(FRONT row: tail)----------> TAIL (a loop of engine reads)
+ *
+ * What happens to a call follows from its row's flags (proto/rpcs.h): the
+ * executor says engine or front end, the shape says unary, long poll (the
+ * close is watched and cancels the command) or stream. FRONT rows go to
+ * serve_front, a switch over kf_front_op_t without `default:`.
  *
  * Every request is re-posted as soon as one arrives, so each method always
  * has KF_GRPC_PENDING_PER_METHOD calls waiting. An unpack failure, a full
@@ -39,7 +46,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/metrics.h"
-#include "engine/methods.h"
+#include "engine/engine.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
@@ -128,9 +135,7 @@ static void record_metrics(call_t *c) {
 }
 
 static void call_free(call_t *c) {
-    if (c->method != NULL &&
-        (c->method->kind == KF_METHOD_TAIL || c->method->kind == KF_METHOD_HEALTH_WATCH) &&
-        !c->metrics_done) {
+    if (c->method != NULL && kf_method_streams(c->method) && !c->metrics_done) {
         /* A stream the server did not end with a status: the client left
          * (or the server is going away), which its client sees as that. */
         c->grpc_code = GRPC_STATUS_CANCELLED;
@@ -153,7 +158,7 @@ static void call_free(call_t *c) {
     kf_arena_deinit(&c->page_arena);
     if (c->method == NULL) {
         grpc_call_details_destroy(&c->call_details);
-    } else if (c->method->kind == KF_METHOD_HEALTH_WATCH && c->refs_watch) {
+    } else if (c->refs_watch) {
         atomic_fetch_sub(&c->server->watches, 1);
     }
     if (c->call != NULL) {
@@ -467,16 +472,11 @@ static void start_tail(call_t *c, const Keyflow__V1__TailOutputRequest *req) {
     tail_next(c);
 }
 
-/* A request that may wait in the engine (PollRuns, ReadOutput with
- * wait_ms): its wait is capped at the call's deadline (the client would not
- * see a later answer), and the caller watches for the client leaving. */
+/* A LONG_POLL request that may wait in the engine (its wait_ms > 0): its
+ * wait is capped at the call's deadline (the client would not see a later
+ * answer), and the caller watches for the client leaving. */
 static bool prepare_long_poll(call_t *c, ProtobufCMessage *req) {
-    int64_t *wait_ms = NULL;
-    if (c->method->op == KF_OP_POLL_RUNS) {
-        wait_ms = &((Keyflow__V1__PollRunsRequest *)req)->wait_ms;
-    } else if (c->method->op == KF_OP_READ_OUTPUT) {
-        wait_ms = &((Keyflow__V1__ReadOutputRequest *)req)->wait_ms;
-    }
+    int64_t *wait_ms = kf_method_wait_ms(c->method, req);
     if (wait_ms == NULL || *wait_ms <= 0 || *wait_ms > KF_POLL_WAIT_MS_MAX) {
         return false; /* nothing to wait for, or out of range: the engine says so */
     }
@@ -489,6 +489,52 @@ static bool prepare_long_poll(call_t *c, ProtobufCMessage *req) {
         }
     }
     return *wait_ms > 0;
+}
+
+/* The call's request message, or NULL after refusing the call. */
+static ProtobufCMessage *unpack_or_refuse(call_t *c) {
+    kf_error_t err;
+    kf_error_clear(&err);
+    ProtobufCMessage *req = unpack_payload(c, c->method->request, &err);
+    if (req == NULL) {
+        send_reply(c, err.status != KF_OK ? err.status : KF_E_INVALID,
+                   err.message[0] ? err.message : "request: unreadable", NULL);
+    }
+    return req;
+}
+
+/* Health/Check: the whole server (service "") or one of its services. */
+static void health_check(call_t *c, const Grpc__Health__V1__HealthCheckRequest *req) {
+    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    if (req->service[0] != '\0' &&
+        (!kf_method_service_known(req->service) || strcmp(req->service, c->method->service) == 0)) {
+        send_reply(c, KF_E_NOT_FOUND, "service: unknown service name", NULL);
+        return;
+    }
+    resp.status = atomic_load(&c->server->serving)
+                      ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                      : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    send_reply(c, KF_OK, NULL, &resp.base);
+}
+
+/* The RPCs this front end answers itself (FRONT rows of proto/rpcs.h). No
+ * default: a new FRONT row does not compile until it is served here. */
+static void serve_front(call_t *c) {
+    ProtobufCMessage *req;
+    switch (c->method->front) {
+    case KF_FRONT_HEALTH_WATCH: start_watch(c); return; /* its request is not needed */
+    case KF_FRONT_HEALTH_CHECK:
+        if ((req = unpack_or_refuse(c)) != NULL) {
+            health_check(c, (const Grpc__Health__V1__HealthCheckRequest *)req);
+        }
+        return;
+    case KF_FRONT_TAIL_OUTPUT:
+        if ((req = unpack_or_refuse(c)) != NULL) {
+            start_tail(c, (const Keyflow__V1__TailOutputRequest *)req);
+        }
+        return;
+    }
+    KF_UNREACHABLE();
 }
 
 static void on_arrival(kf_grpc_server_t *s, call_t *c) {
@@ -505,35 +551,12 @@ static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     }
     request_call(s, (size_t)(c->method - kf_methods)); /* keep the method's backlog full */
     const kf_method_t *m = c->method;
-    if (m->kind == KF_METHOD_HEALTH_WATCH) {
-        start_watch(c);
+    if (m->executor == KF_RPC_FRONT_END) {
+        serve_front(c);
         return;
     }
-    kf_error_t err;
-    kf_error_clear(&err);
-    ProtobufCMessage *req = unpack_payload(c, m->request, &err);
+    ProtobufCMessage *req = unpack_or_refuse(c);
     if (req == NULL) {
-        send_reply(c, err.status != KF_OK ? err.status : KF_E_INVALID,
-                   err.message[0] ? err.message : "request: unreadable", NULL);
-        return;
-    }
-    if (m->kind == KF_METHOD_TAIL) {
-        start_tail(c, (const Keyflow__V1__TailOutputRequest *)req);
-        return;
-    }
-    if (m->kind == KF_METHOD_HEALTH_CHECK) {
-        const Grpc__Health__V1__HealthCheckRequest *hreq = (const void *)req;
-        Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-        if (hreq->service[0] != '\0' && strcmp(hreq->service, "keyflow.v1.Coordinators") != 0 &&
-            strcmp(hreq->service, "keyflow.v1.Runs") != 0 &&
-            strcmp(hreq->service, "keyflow.v1.Functions") != 0) {
-            send_reply(c, KF_E_NOT_FOUND, "service: unknown service name", NULL);
-            return;
-        }
-        resp.status = atomic_load(&s->serving)
-                          ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
-                          : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-        send_reply(c, KF_OK, NULL, &resp.base);
         return;
     }
     kf_cmd_t *cmd = &c->cmd;
@@ -706,8 +729,8 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t 
     s->server = grpc_server_create(&channel_args, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
-    KF_ASSERT(kf_method_count <= KF_METRICS_METHODS_MAX);
-    for (size_t i = 0; i < kf_method_count; i++) {
+    _Static_assert(KF_METHOD_COUNT <= KF_METRICS_METHODS_MAX, "a metrics id per method");
+    for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
         s->registered[i] = grpc_server_register_method(
             s->server, kf_methods[i].path, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
         s->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name);
@@ -730,11 +753,8 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t 
 
 kf_status_t kf_grpc_server_start(kf_grpc_server_t *s, kf_error_t *err) {
     grpc_server_start(s->server);
-    for (size_t i = 0; i < kf_method_count; i++) {
-        int backlog = kf_methods[i].kind == KF_METHOD_ENGINE || kf_methods[i].kind == KF_METHOD_TAIL
-                          ? KF_GRPC_PENDING_PER_METHOD
-                          : 8;
-        for (int k = 0; k < backlog; k++) {
+    for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
+        for (int k = 0; k < KF_GRPC_PENDING_PER_METHOD; k++) {
             request_call(s, i);
         }
     }

@@ -1,11 +1,12 @@
 /*
  * grpc_server.h - the gRPC front end (gRPC C core, protobuf-c).
  *
- * Serves every method of engine/methods.h: engine methods are unpacked on a
- * completion-queue thread into a per-call arena, handed to the engine, and
- * answered from the engine's committer thread once durable. The standard
- * grpc.health.v1.Health service is answered here without the engine (it is
- * also the no-op baseline of the benchmarks).
+ * Serves every row of the RPC table (proto/rpcs.h, proto/methods.h): ENGINE
+ * rows are unpacked on a completion-queue thread into a per-call arena,
+ * handed to the engine, and answered from the engine's replier thread once
+ * durable. FRONT rows are answered here: the standard grpc.health.v1.Health
+ * service without the engine (it is also the no-op baseline of the
+ * benchmarks), TailOutput as a loop of engine reads.
  *
  * Only this module includes grpc/. Statuses become gRPC codes through
  * kf_status_grpc_code (one table, base/status.h).

@@ -1,0 +1,114 @@
+/* methods.c - the method rows, expanded from proto/rpcs.h (see methods.h). */
+#include "proto/methods.h"
+
+#include <string.h>
+
+#include "base/assert.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "keyflow/v1/coordinators.pb-c.h"
+#include "keyflow/v1/functions.pb-c.h"
+#include "keyflow/v1/runs.pb-c.h"
+
+/* The engine answers each command once: it can only execute what is unary on
+ * the wire (a long poll included). */
+#define ENGINE_SHAPE_CHECK_(op, svc, meth, label, req, resp, shape, ...)                           \
+    _Static_assert(KF_RPC_##shape == KF_RPC_UNARY || KF_RPC_##shape == KF_RPC_LONG_POLL,           \
+                   "ENGINE row " #op " must be UNARY or LONG_POLL");
+KF_RPC_TABLE(ENGINE_SHAPE_CHECK_, KF_RPC_IGNORE)
+#undef ENGINE_SHAPE_CHECK_
+
+#define ROW_(svc_, meth_, label_, req_, resp_, exec_, shape_, op_, front_, scope_, resource_)      \
+    {                                                                                              \
+        .path = "/" svc_ "/" meth_, .service = svc_, .name = label_,                               \
+        .request = &req_##__descriptor, .response = &resp_##__descriptor, .executor = exec_,       \
+        .shape = KF_RPC_##shape_, .op = op_, .front = front_, .scope = KF_SCOPE_##scope_,          \
+        .resource = resource_,                                                                     \
+    }
+#define ENGINE_ROW_(op, svc, meth, label, req, resp, shape, scope, resource, module, handler)      \
+    ROW_(svc, meth, label, req, resp, KF_RPC_ENGINE, shape, KF_OP_##op, 0, scope, resource),
+#define FRONT_ROW_(front, svc, meth, label, req, resp, shape, scope, resource)                     \
+    ROW_(svc, meth, label, req, resp, KF_RPC_FRONT_END, shape, 0, KF_FRONT_##front, scope,         \
+         resource),
+
+const kf_method_t kf_methods[KF_METHOD_COUNT] = {KF_RPC_TABLE(ENGINE_ROW_, FRONT_ROW_)};
+
+#undef ROW_
+#undef ENGINE_ROW_
+#undef FRONT_ROW_
+
+const kf_method_t *kf_method_by_path(const char *path) {
+    for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
+        if (strcmp(kf_methods[i].path, path) == 0) {
+            return &kf_methods[i];
+        }
+    }
+    return NULL;
+}
+
+const kf_method_t *kf_method_by_op(kf_op_t op) {
+    for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
+        if (kf_methods[i].executor == KF_RPC_ENGINE && kf_methods[i].op == op) {
+            return &kf_methods[i];
+        }
+    }
+    KF_UNREACHABLE();
+}
+
+bool kf_method_service_known(const char *service) {
+    for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
+        if (strcmp(kf_methods[i].service, service) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool kf_method_streams(const kf_method_t *m) {
+    return m->shape == KF_RPC_SERVER_STREAM || m->shape == KF_RPC_BIDI_STREAM;
+}
+
+int64_t *kf_method_wait_ms(const kf_method_t *m, ProtobufCMessage *request) {
+    if (m->shape != KF_RPC_LONG_POLL) {
+        return NULL;
+    }
+    KF_ASSERT(request->descriptor == m->request);
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field_by_name(m->request, "wait_ms");
+    /* The table's contract for LONG_POLL rows (test_rpc_table.py checks it
+     * against the protos). */
+    KF_ASSERT(f != NULL && f->type == PROTOBUF_C_TYPE_INT64 &&
+              f->label != PROTOBUF_C_LABEL_REPEATED);
+    return (int64_t *)(void *)((char *)request + f->offset);
+}
+
+static const char *const op_names[KF_OP_COUNT] = {
+#define OP_NAME_(op, ...) "KF_OP_" #op,
+    KF_RPC_TABLE(OP_NAME_, KF_RPC_IGNORE)
+#undef OP_NAME_
+};
+
+const char *kf_op_name(kf_op_t op) {
+    KF_ASSERT((unsigned)op < KF_OP_COUNT);
+    return op_names[op];
+}
+
+static const char *const scope_names[KF_SCOPE_COUNT] = {
+#define SCOPE_NAME_(scope, name) name,
+    KF_SCOPE_TABLE(SCOPE_NAME_)
+#undef SCOPE_NAME_
+};
+
+const char *kf_scope_name(kf_scope_t scope) {
+    KF_ASSERT((unsigned)scope < KF_SCOPE_COUNT);
+    return scope_names[scope];
+}
+
+const char *kf_rpc_shape_name(kf_rpc_shape_t shape) {
+    switch (shape) {
+    case KF_RPC_UNARY: return "unary";
+    case KF_RPC_LONG_POLL: return "long_poll";
+    case KF_RPC_SERVER_STREAM: return "server_stream";
+    case KF_RPC_BIDI_STREAM: return "bidi_stream";
+    }
+    KF_UNREACHABLE();
+}

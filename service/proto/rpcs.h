@@ -1,0 +1,134 @@
+/*
+ * rpcs.h - the one table of keyflow's RPCs. Each RPC is one row here; the
+ * op enum, the method rows both front ends serve (proto/methods.h), the
+ * engine's dispatch (engine/core.c) and the front ends' behaviour (unary,
+ * long poll, stream) are all expanded from it, so nothing about an RPC is
+ * written twice. How to add one: docs/rpcs.md.
+ *
+ * Two kinds of row:
+ *
+ *   ENGINE(op, service, method, name, request, response, shape, scope,
+ *          resource, module, handler)
+ *       executed by the engine: a command KF_OP_<op> that engine/core.c
+ *       hands to `handler(core-><module>, ctx, cmd)`. Shape UNARY or
+ *       LONG_POLL (the engine answers each command once).
+ *   FRONT(front, service, method, name, request, response, shape, scope,
+ *         resource)
+ *       answered by the front end itself (health, or a stream it drives):
+ *       KF_FRONT_<front>, which each front end that serves it handles in a
+ *       switch without `default:`. The HTTP gateway serves ENGINE rows only.
+ *
+ * Columns:
+ *   service   full protobuf service name; path = "/" service "/" method
+ *   method    the RPC's name in the .proto
+ *   name      its name in metrics (keyflow_requests_total{method=...}) and
+ *             listings: unique across services
+ *   request,  protobuf-c name prefixes of the messages (the generated
+ *   response  `<prefix>__descriptor` is what the rows point at)
+ *   shape     UNARY          one request, one response
+ *             LONG_POLL      unary on the wire, but the request's
+ *                            `int64 wait_ms` lets it park in the engine; the
+ *                            front end caps the wait at the call's deadline
+ *                            and cancels it (kf_engine_cancel) when the
+ *                            client leaves
+ *             SERVER_STREAM  one request, a stream of responses
+ *             BIDI_STREAM    streams both ways
+ *   scope     the API-key scope a caller needs (KF_SCOPE_TABLE below)
+ *   resource  the request field naming the resource a key's prefix limit
+ *             applies to ("workflow", "function_id", or a path through
+ *             singular messages such as "coordinator.workflow"), or NULL
+ *
+ * scope and resource are carried, not enforced yet (issue 9 enforces them).
+ * They are meant to be checked like this:
+ *   - scope: the caller's key holds the row's scope; KF_SCOPE_NONE needs no
+ *     key (health).
+ *   - resource names a string field or a repeated string field (PollRuns'
+ *     "workflows"): every value must start with the key's prefix. An empty
+ *     value means "all" in the optional filters (ListRuns' workflow,
+ *     PollRuns' workflows), so it matches only a key without a prefix: a
+ *     prefix-limited key must narrow the filter to its prefix.
+ *   - NULL: the request names no resource (a run id, whose workflow only the
+ *     engine knows; a list of everything). A prefix-limited key cannot be
+ *     checked from the request alone; issue 9 decides between refusing such
+ *     keys and a check on the resolved resource in the engine.
+ * tests/unit/proto/test_rpc_table.py checks every row against api/'s .proto
+ * files (types, streaming, wait_ms, the resource field's existence).
+ */
+#ifndef KF_PROTO_RPCS_H
+#define KF_PROTO_RPCS_H
+
+#define KF_RPC_TABLE(ENGINE, FRONT)                                                                \
+    ENGINE(SEND_EVENT, "keyflow.v1.Coordinators", "SendEvent", "SendEvent",                        \
+           keyflow__v1__send_event_request, keyflow__v1__send_event_response, UNARY, EVENTS_SEND,  \
+           "workflow", coords, kf_coords_send_event)                                               \
+    ENGINE(DESCRIBE_COORDINATOR, "keyflow.v1.Coordinators", "DescribeCoordinator",                 \
+           "DescribeCoordinator", keyflow__v1__describe_coordinator_request,                       \
+           keyflow__v1__describe_coordinator_response, UNARY, COORDINATORS_READ,                   \
+           "coordinator.workflow", coords, kf_coords_describe)                                     \
+    ENGINE(FLUSH_WINDOW, "keyflow.v1.Coordinators", "FlushWindow", "FlushWindow",                  \
+           keyflow__v1__flush_window_request, keyflow__v1__flush_window_response, UNARY,           \
+           COORDINATORS_WRITE, "coordinator.workflow", coords, kf_coords_flush)                    \
+    ENGINE(CANCEL_WINDOW, "keyflow.v1.Coordinators", "CancelWindow", "CancelWindow",               \
+           keyflow__v1__cancel_window_request, keyflow__v1__cancel_window_response, UNARY,         \
+           COORDINATORS_WRITE, "coordinator.workflow", coords, kf_coords_cancel)                   \
+    ENGINE(POLL_RUNS, "keyflow.v1.Runs", "PollRuns", "PollRuns", keyflow__v1__poll_runs_request,   \
+           keyflow__v1__poll_runs_response, LONG_POLL, RUNS_WORK, "workflows", runs, kf_runs_poll) \
+    ENGINE(HEARTBEAT_RUN, "keyflow.v1.Runs", "HeartbeatRun", "HeartbeatRun",                       \
+           keyflow__v1__heartbeat_run_request, keyflow__v1__heartbeat_run_response, UNARY,         \
+           RUNS_WORK, NULL, runs, kf_runs_heartbeat)                                               \
+    ENGINE(COMPLETE_RUN, "keyflow.v1.Runs", "CompleteRun", "CompleteRun",                          \
+           keyflow__v1__complete_run_request, keyflow__v1__complete_run_response, UNARY,           \
+           RUNS_WORK, NULL, runs, kf_runs_complete)                                                \
+    ENGINE(GET_RUN, "keyflow.v1.Runs", "GetRun", "GetRun", keyflow__v1__get_run_request,           \
+           keyflow__v1__run, UNARY, RUNS_READ, NULL, runs, kf_runs_get)                            \
+    ENGINE(LIST_RUNS, "keyflow.v1.Runs", "ListRuns", "ListRuns", keyflow__v1__list_runs_request,   \
+           keyflow__v1__list_runs_response, UNARY, RUNS_READ, "workflow", runs, kf_runs_list)      \
+    ENGINE(REGISTER_FUNCTION, "keyflow.v1.Functions", "RegisterFunction", "RegisterFunction",      \
+           keyflow__v1__register_function_request, keyflow__v1__register_function_response, UNARY, \
+           FUNCTIONS_ADMIN, "descriptor.function_id", functions, kf_functions_register)            \
+    ENGINE(GET_FUNCTION, "keyflow.v1.Functions", "GetFunction", "GetFunction",                     \
+           keyflow__v1__get_function_request, keyflow__v1__function_info, UNARY, FUNCTIONS_READ,   \
+           "function_id", functions, kf_functions_get)                                             \
+    ENGINE(LIST_FUNCTIONS, "keyflow.v1.Functions", "ListFunctions", "ListFunctions",               \
+           keyflow__v1__list_functions_request, keyflow__v1__list_functions_response, UNARY,       \
+           FUNCTIONS_READ, NULL, functions, kf_functions_list)                                     \
+    ENGINE(PUSH_BATCH, "keyflow.v1.Functions", "PushBatch", "PushBatch",                           \
+           keyflow__v1__push_batch_request, keyflow__v1__push_batch_response, UNARY,               \
+           FUNCTIONS_PUSH, "function_id", functions, kf_functions_push)                            \
+    ENGINE(READ_OUTPUT, "keyflow.v1.Functions", "ReadOutput", "ReadOutput",                        \
+           keyflow__v1__read_output_request, keyflow__v1__read_output_response, LONG_POLL,         \
+           FUNCTIONS_READ, "function_id", functions, kf_functions_read)                            \
+    ENGINE(GET_KEY_STATE, "keyflow.v1.Functions", "GetKeyState", "GetKeyState",                    \
+           keyflow__v1__get_key_state_request, keyflow__v1__get_key_state_response, UNARY,         \
+           FUNCTIONS_READ, "function_id", functions, kf_functions_key_state)                       \
+    /* A loop of ReadOutput commands the gRPC front end drives (rpc/grpc_server.c). */             \
+    FRONT(TAIL_OUTPUT, "keyflow.v1.Functions", "TailOutput", "TailOutput",                         \
+          keyflow__v1__tail_output_request, keyflow__v1__read_output_response, SERVER_STREAM,      \
+          FUNCTIONS_READ, "function_id")                                                           \
+    FRONT(HEALTH_CHECK, "grpc.health.v1.Health", "Check", "HealthCheck",                           \
+          grpc__health__v1__health_check_request, grpc__health__v1__health_check_response, UNARY,  \
+          NONE, NULL)                                                                              \
+    FRONT(HEALTH_WATCH, "grpc.health.v1.Health", "Watch", "HealthWatch",                           \
+          grpc__health__v1__health_check_request, grpc__health__v1__health_check_response,         \
+          SERVER_STREAM, NONE, NULL)
+
+/* X(scope, name): the API-key scopes (issue 9). metrics:read (/metrics) and
+ * keys:admin (the Keys service to come) have no row in the table yet. */
+#define KF_SCOPE_TABLE(X)                                                                          \
+    X(NONE, "none")                                                                                \
+    X(EVENTS_SEND, "events:send")                                                                  \
+    X(COORDINATORS_READ, "coordinators:read")                                                      \
+    X(COORDINATORS_WRITE, "coordinators:write")                                                    \
+    X(RUNS_WORK, "runs:work")                                                                      \
+    X(RUNS_READ, "runs:read")                                                                      \
+    X(FUNCTIONS_ADMIN, "functions:admin")                                                          \
+    X(FUNCTIONS_PUSH, "functions:push")                                                            \
+    X(FUNCTIONS_READ, "functions:read")                                                            \
+    X(FUNCTIONS_SERVE, "functions:serve")                                                          \
+    X(METRICS_READ, "metrics:read")                                                                \
+    X(KEYS_ADMIN, "keys:admin")
+
+/* For expansions that take one kind of row only. */
+#define KF_RPC_IGNORE(...)
+
+#endif
