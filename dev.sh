@@ -20,7 +20,11 @@ JOBS=$(nproc)
 PACKAGES=(build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler protobuf-compiler-grpc protobuf-c-compiler libprotobuf-c-dev
   libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev
-  python3 python3-grpcio python3-protobuf python3-setuptools curl clang-format git)
+  python3 python3-grpcio python3-protobuf python3-setuptools curl clang-format git
+  nodejs npm)
+# A package that is there as a command is not installed again: another
+# nodejs build may bring its own npm (and conflict with Debian's).
+declare -A PACKAGE_COMMANDS=([nodejs]=node [npm]=npm)
 
 T0=$(date +%s)
 log() { printf '\033[1m== [%4ss] %s\033[0m\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
@@ -28,6 +32,7 @@ log() { printf '\033[1m== [%4ss] %s\033[0m\n' "$(( $(date +%s) - T0 ))" "$*" >&2
 install_deps() {
   local missing=()
   for p in "${PACKAGES[@]}"; do
+    [ -n "${PACKAGE_COMMANDS[$p]:-}" ] && command -v "${PACKAGE_COMMANDS[$p]}" >/dev/null && continue
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -eq 0 ]; then
@@ -41,9 +46,18 @@ install_deps() {
     --no-install-recommends "${missing[@]}"
 }
 
+# The Node SDK's packages, exactly as clients/node/package-lock.json pins them.
+node_deps() {
+  if [ ! -d "$ROOT/clients/node/node_modules" ]; then
+    log "npm ci (clients/node)"
+    (cd "$ROOT/clients/node" && npm ci --no-audit --no-fund)
+  fi
+}
+
 build() { # build DIR TYPE [cmake args...]
   local dir=$1 type=$2
   shift 2
+  node_deps
   log "building $dir ($type $*)"
   cmake -S "$ROOT" -B "$ROOT/$dir" -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
   cmake --build "$ROOT/$dir" -j"$JOBS"

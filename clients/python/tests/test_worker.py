@@ -78,15 +78,15 @@ class WorkerTest(unittest.TestCase):
 
     def test_heartbeats_keep_a_run_past_its_lease(self):
         wf = unique("hb")
-        w = self.worker(concurrency=1, lease_ms=300)
+        w = self.worker(concurrency=1, lease_ms=1000)
         w.handle(wf, lambda input, run: self.unblock.wait(30) and "done")
         run_id = self.send(wf, "k")
         w.start()
         first = self.wait_status(run_id, "leased").lease_expires_ms
         # Without heartbeats the lease would have expired (and the run gone
         # back to pending for a second attempt) long before this.
-        wait_for(lambda: self.client.get_run(run_id).lease_expires_ms >= first + 1000,
-                 "heartbeats to move the lease 1 s past its first expiry")
+        wait_for(lambda: self.client.get_run(run_id).lease_expires_ms >= first + 2000,
+                 "heartbeats to move the lease 2 s past its first expiry")
         self.unblock.set()
         run = self.wait_status(run_id, "completed")
         self.assertEqual((run.result, run.attempts), ("done", 1))

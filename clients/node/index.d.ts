@@ -1,0 +1,252 @@
+// Types of the keyflow Node SDK's public API (README.md).
+//
+// Responses are plain objects converted from the protos at run time, so
+// fields added to the protos appear before these types name them: the
+// interfaces below list the fields this version knows and allow more.
+
+/** Any JSON value: what inputs and results are. */
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+/** An int64: a number when it is a safe integer, else a bigint. */
+export type Int64 = number | bigint;
+
+export interface ConnectionOptions {
+  /** host:port; default KEYFLOW_ADDR or 127.0.0.1:50051 */
+  addr?: string;
+  /** PEM CA file (turns TLS on); default KEYFLOW_TLS_CA */
+  tlsCa?: string;
+  /** PEM client certificate and key (mTLS); default KEYFLOW_TLS_CERT / KEYFLOW_TLS_KEY */
+  tlsCert?: string;
+  tlsKey?: string;
+  /** name expected in the server certificate; default KEYFLOW_TLS_SERVER_NAME */
+  tlsServerName?: string;
+  /** TLS with the system's roots */
+  tls?: boolean;
+  /** sent as `authorization: Bearer <key>`; default KEYFLOW_API_KEY */
+  apiKey?: string;
+  /** per call, default 30000 (long polls add their wait) */
+  timeoutMs?: number;
+}
+
+export interface Rule {
+  kind: 'debounce' | 'batch';
+  windowMs?: number;
+  maxWaitMs?: number;
+  maxEvents?: number;
+  dedupMs?: number;
+}
+export function debounce(windowMs: number, options?: { maxWaitMs?: number; dedupMs?: number }): Rule;
+export function batch(options?: { maxEvents?: number; maxWaitMs?: number; dedupMs?: number }): Rule;
+
+export type RuleKind = 'debounce' | 'batch';
+export type RunStatus = 'pending' | 'leased' | 'completed' | 'failed';
+
+export interface Receipt {
+  runId: string;
+  dueMs: Int64;
+  duplicate: boolean;
+  runStarted: boolean;
+}
+
+export interface Run {
+  runId: string;
+  workflow: string;
+  key: string;
+  kind: RuleKind;
+  /** debounce: the latest event's input; batch: the array of inputs */
+  input: Json;
+  eventCount: Int64;
+  status: RunStatus;
+  attempts: Int64;
+  createdMs: Int64;
+  updatedMs: Int64;
+  workerId: string;
+  lease: string;
+  leaseExpiresMs: Int64;
+  result: Json;
+  error: string;
+  finishedMs: Int64;
+  [field: string]: unknown;
+}
+
+export interface Coordinator {
+  exists: boolean;
+  coordinator: { kind: RuleKind; workflow: string; key: string } | null;
+  window: {
+    runId: string; eventCount: Int64; openedMs: Int64; lastMs: Int64; dueMs: Int64;
+    inputBytes: Int64; rule: { kind: RuleKind; windowMs?: Int64; maxWaitMs?: Int64; maxEvents?: Int64; dedupMs?: Int64 };
+  } | null;
+  runsStarted: Int64;
+  recentRunIds: string[];
+  rememberedIds: { id: string; receipt: { runId: string; dueMs: Int64 }; expiresMs: Int64 }[];
+  journal: { seq: Int64; atMs: Int64; what: string; runId: string; eventId: string; detail: string }[];
+  [field: string]: unknown;
+}
+
+export type FieldType = 'bool' | 'int64' | 'float64' | 'utf8' | 'bytes' | 'timestamp_us';
+export interface Field { name: string; type: FieldType; nullable: boolean }
+export interface FunctionInfo {
+  descriptor: {
+    functionId: string;
+    pipelineStateId: string;
+    runtime: 'native' | 'remote';
+    implementationDigest: string;
+    inputSchema: { fields: Field[] };
+    outputSchema: { fields: Field[] };
+    keyColumns: string[];
+    [field: string]: unknown;
+  };
+  descriptorSha256: string;
+  available: boolean;
+  unavailableReason: string;
+  watermarkUs: Int64;
+  outputSeq: Int64;
+  keys: Int64;
+  timers: Int64;
+  stateBytes: Int64;
+  [field: string]: unknown;
+}
+
+/** A row: field name -> value (BOOL boolean, INT64 / TIMESTAMP_US number,
+ * bigint or decimal string, FLOAT64 number, UTF8 string, BYTES Buffer, null). */
+export type Row = { [field: string]: boolean | number | bigint | string | Uint8Array | null | undefined };
+/** An output row as read back: "_seq" plus the output schema's fields. */
+export type OutputRow = { _seq: Int64; [field: string]: boolean | Int64 | string | Buffer | null };
+
+export interface PushAck {
+  rowsAccepted: Int64;
+  activations: Int64;
+  timerCallbacks: Int64;
+  handlerCalls: Int64;
+  firstOutputSeq: Int64;
+  lastOutputSeq: Int64;
+  watermarkUs: Int64;
+  duplicate: boolean;
+  sequence: Int64;
+  [field: string]: unknown;
+}
+
+export interface OutputPage {
+  rows: OutputRow[];
+  firstSeq: Int64;
+  lastSeq: Int64;
+  nextAfterSeq: Int64;
+  highWaterSeq: Int64;
+}
+
+export interface KeyState {
+  keyText: string;
+  state: 'absent' | 'null' | 'value';
+  value: Int64 | null;
+  timers: { name: string; atUs: Int64 }[];
+  valueStateName: string;
+}
+
+export class KeyflowError extends Error {
+  /** the gRPC status code number */
+  code: number;
+  /** its name: "INVALID_ARGUMENT", "UNAVAILABLE", ... */
+  codeName: string;
+  /** the server's message, naming the field and the limit */
+  details: string;
+}
+
+export class Client {
+  constructor(options?: ConnectionOptions | string);
+  readonly addr: string;
+  /** PushBatch attempts retried so far (UNAVAILABLE, DEADLINE_EXCEEDED) */
+  pushRetries: number;
+  close(): void;
+
+  sendEvent(workflow: string, key: string, input: Json, options: { rule: Rule; id?: string }): Promise<Receipt>;
+  describe(kind: RuleKind, workflow: string, key: string): Promise<Coordinator>;
+  flush(kind: RuleKind, workflow: string, key: string): Promise<{ flushed: boolean; runId: string }>;
+  cancel(kind: RuleKind, workflow: string, key: string): Promise<{ cancelled: boolean; runId: string; eventsDropped: Int64 }>;
+
+  getRun(runId: string): Promise<Run>;
+  listRuns(options?: { workflow?: string; status?: RunStatus; pageSize?: number }): AsyncIterable<Run>;
+  pollRuns(options: { workflows?: string[]; workerId?: string; leaseMs?: number; maxRuns?: number; waitMs?: number }): Promise<Run[]>;
+  heartbeatRun(runId: string, lease: string, leaseMs?: number): Promise<Int64>;
+  completeRun(runId: string, lease: string, result?: Json, options?: { error?: string }): Promise<{ run: Run; alreadyFinished: boolean }>;
+
+  /** descriptor: proto3 JSON form (as the build's *.descriptor.json) or a path to one */
+  registerFunction(descriptor: object | string): Promise<{ function: FunctionInfo; alreadyRegistered: boolean }>;
+  getFunction(functionId: string): Promise<FunctionInfo>;
+  listFunctions(options?: { pageSize?: number }): AsyncIterable<FunctionInfo>;
+  makeBatch(functionId: string, data: { rows?: Row[]; columns?: { [field: string]: Row[string][] } }): Promise<object>;
+  pushBatch(functionId: string, producerId: string, sequence: Int64 | string, options: {
+    rows?: Row[]; columns?: { [field: string]: Row[string][] }; batch?: object; watermarkUs?: Int64; attempts?: number;
+  }): Promise<PushAck>;
+  producer(functionId: string, options?: { producerId?: string; nextSequence?: Int64 }): Producer;
+  readOutput(functionId: string, options?: { afterSeq?: Int64; limit?: number; waitMs?: number }): Promise<OutputPage>;
+  tailOutput(functionId: string, options?: { afterSeq?: Int64; maxRowsPerMessage?: number }): OutputTail;
+  /** key: the value, or an array of values for several key columns */
+  keyState(functionId: string, key: string | string[]): Promise<KeyState>;
+}
+
+export class Producer {
+  readonly functionId: string;
+  readonly producerId: string;
+  lastSequence: bigint | null;
+  push(rows: Row[] | null, options?: { columns?: { [field: string]: Row[string][] }; watermarkUs?: Int64 }): Promise<PushAck>;
+}
+
+export class OutputTail implements AsyncIterable<OutputRow> {
+  [Symbol.asyncIterator](): AsyncIterator<OutputRow>;
+  cancel(): void;
+}
+
+export class RunContext {
+  readonly run: Run;
+  readonly runId: string;
+  readonly workflow: string;
+  readonly key: string;
+  readonly kind: RuleKind;
+  readonly attempts: Int64;
+  readonly eventCount: Int64;
+  readonly createdMs: Int64;
+  readonly lease: string;
+  /** the server refused a heartbeat: the result will not be reported */
+  readonly leaseLost: boolean;
+  /** shutdown gave the run back */
+  readonly released: boolean;
+  /** true once the worker stops */
+  readonly stopping: boolean;
+  /** aborts when the worker stops */
+  readonly signal: AbortSignal;
+}
+
+export type Handler = (input: Json, run: RunContext) => Json | Promise<Json>;
+
+export interface WorkerOptions extends ConnectionOptions {
+  /** a Client to share; otherwise one is made from the connection options */
+  client?: Client;
+  /** default: <hostname>-<pid> */
+  workerId?: string;
+  /** runs held at once, default 16 */
+  concurrency?: number;
+  /** default 30000 */
+  leaseMs?: number;
+  /** heartbeat every leaseMs * heartbeatFraction, default 1/3 */
+  heartbeatFraction?: number;
+  /** long poll, default 10000 */
+  pollWaitMs?: number;
+  /** time held runs get to finish at shutdown before they are released, default 20000 */
+  graceMs?: number;
+  /** stop on SIGTERM / SIGINT while run() is active, default true */
+  installSignalHandlers?: boolean;
+}
+
+export class Worker {
+  constructor(options?: WorkerOptions);
+  readonly client: Client;
+  readonly workerId: string;
+  completed: number;
+  failed: number;
+  lost: number;
+  released: number;
+  stopping: boolean;
+  handle(workflow: string, handler: Handler): this;
+  /** resolves after stop() finished or released every held run */
+  run(): Promise<void>;
+  stop(options?: { graceMs?: number }): Promise<void>;
+}

@@ -1,0 +1,186 @@
+'use strict';
+// keyflow.Client against a real keyflowd: events, coordinators, runs,
+// functions (register, push, output, tail, key state) and a producer's retry
+// of one sequence across a keyflowd restart.
+const test = require('node:test');
+const assert = require('node:assert');
+const kf = require('..');
+const { Keyflowd, waitFor, unique, runningSumDescriptor, built } = require('./harness');
+
+const T0 = 1700000000000000;
+
+test('client', { skip: !built && 'keyflowd is not built' }, async (t) => {
+  const server = await new Keyflowd().start();
+  const client = new kf.Client({ addr: server.target });
+  t.after(async () => {
+    client.close();
+    await server.cleanup();
+  });
+
+  await t.test('sendEvent takes native input and returns the receipt', async () => {
+    const wf = unique('wf');
+    const rule = kf.batch({ maxEvents: 2, maxWaitMs: 60000 });
+    const r1 = await client.sendEvent(wf, 'k1', { item: 1, tags: ['a'] }, { rule, id: 'e-1' });
+    assert.match(r1.runId, /^k1@/);
+    assert.ok(r1.dueMs > 0);
+    assert.strictEqual(r1.duplicate, false);
+    const again = await client.sendEvent(wf, 'k1', { item: 1, tags: ['a'] }, { rule, id: 'e-1' });
+    assert.strictEqual(again.duplicate, true);
+    assert.strictEqual(again.runId, r1.runId);
+    const d = await client.describe('batch', wf, 'k1');
+    assert.strictEqual(d.exists, true);
+    assert.strictEqual(d.window.eventCount, 1);
+    assert.strictEqual(d.window.rule.kind, 'batch');
+    assert.strictEqual(d.journal[0].what, 'event_accepted');
+    const r2 = await client.sendEvent(wf, 'k1', 'second', { rule });
+    assert.strictEqual(r2.runStarted, true);
+    const run = await client.getRun(r1.runId);
+    assert.deepStrictEqual(run.input, [{ item: 1, tags: ['a'] }, 'second']);
+    assert.strictEqual(run.status, 'pending');
+  });
+
+  await t.test('flush, cancel and listRuns pages', async () => {
+    const wf = unique('wf');
+    for (const key of ['a', 'b', 'c']) {
+      await client.sendEvent(wf, key, { k: key }, { rule: kf.debounce(60000) });
+    }
+    assert.strictEqual((await client.flush('debounce', wf, 'a')).flushed, true);
+    const c = await client.cancel('debounce', wf, 'b');
+    assert.strictEqual(c.cancelled, true);
+    assert.strictEqual(c.eventsDropped, 1);
+    await client.flush('debounce', wf, 'c');
+    const keys = [];
+    for await (const run of client.listRuns({ workflow: wf, status: 'pending', pageSize: 1 })) {
+      keys.push(run.input.k);
+    }
+    assert.deepStrictEqual(keys.sort(), ['a', 'c']);
+  });
+
+  await t.test('poll and complete with a native result', async () => {
+    const wf = unique('wf');
+    const receipt = await client.sendEvent(wf, 'k', 7, { rule: kf.batch({ maxEvents: 1 }) });
+    const runs = await client.pollRuns({ workflows: [wf], workerId: 'w', waitMs: 5000 });
+    assert.deepStrictEqual(runs.map((r) => r.runId), [receipt.runId]);
+    const out = await client.completeRun(runs[0].runId, runs[0].lease, { ok: true });
+    assert.strictEqual(out.run.status, 'completed');
+    assert.deepStrictEqual((await client.getRun(receipt.runId)).result, { ok: true });
+  });
+
+  await t.test('errors name the field', async () => {
+    await assert.rejects(client.sendEvent(unique('wf'), 'k', 1, { rule: kf.batch({ maxEvents: 0 }) }),
+      (e) => e instanceof kf.KeyflowError && e.codeName === 'INVALID_ARGUMENT' &&
+        /max_events/.test(e.details));
+    await assert.rejects(client.sendEvent('wf', 'k', 1n, { rule: kf.debounce(5) }), /input: not JSON/);
+    await assert.rejects(client.sendEvent('wf', 'k', 1, { rule: { kind: 'batch', window: 5 } }),
+      /rule.window: unknown field/);
+    await assert.rejects(client.registerFunction({ ...runningSumDescriptor(), runtme: 1 }),
+      /descriptor.runtme: unknown field/);
+  });
+
+  await t.test('functions: register, push rows and columns, output, key state', async () => {
+    const d = runningSumDescriptor();
+    const reg = await client.registerFunction(d);
+    assert.strictEqual(reg.alreadyRegistered, false);
+    assert.strictEqual(reg.function.descriptor.runtime, 'native');
+    assert.strictEqual((await client.registerFunction(d)).alreadyRegistered, true);
+    const ids = [];
+    for await (const fn of client.listFunctions({ pageSize: 1 })) {
+      ids.push(fn.descriptor.functionId);
+    }
+    assert.ok(ids.includes(d.functionId));
+
+    const p = client.producer(d.functionId, { producerId: 'p1', nextSequence: 1 });
+    const ack = await p.push([{ user: 'ann', ts: T0, amount: 5 }, { user: 'ann', ts: T0 + 1, amount: 7 },
+      { user: 'bob', ts: T0 + 2, amount: null }], { watermarkUs: T0 });
+    assert.deepStrictEqual([ack.rowsAccepted, ack.firstOutputSeq, ack.lastOutputSeq, ack.sequence],
+      [3, 1, 3, 1]);
+    const ack2 = await p.push(null, { columns: { user: ['ann', 'bob'], ts: [T0 + 3, T0 + 4], amount: [1n, '2'] } });
+    assert.strictEqual(ack2.sequence, 2);
+
+    const page = await client.readOutput(d.functionId, { afterSeq: 0, limit: 2 });
+    assert.deepStrictEqual(page.rows, [
+      { _seq: 1, key: 'ann', ts: T0, sum: 5, previous: 'absent' },
+      { _seq: 2, key: 'ann', ts: T0 + 1, sum: 12, previous: 'value' }]);
+    const rest = await client.readOutput(d.functionId, { afterSeq: page.nextAfterSeq });
+    assert.deepStrictEqual(rest.rows.map((r) => [r._seq, r.key, r.sum, r.previous]),
+      [[3, 'bob', null, 'absent'], [4, 'ann', 13, 'value'], [5, 'bob', 2, 'null']]);
+    assert.strictEqual(rest.highWaterSeq, 5);
+
+    const ann = await client.keyState(d.functionId, 'ann');
+    assert.deepStrictEqual([ann.state, ann.value, ann.valueStateName], ['value', 13, 'sum']);
+    assert.strictEqual((await client.keyState(d.functionId, ['nobody'])).state, 'absent');
+
+    // The same sequence again is a duplicate with the original ack.
+    const dup = await client.pushBatch(d.functionId, 'p1', 2, { rows: [{ user: 'x', ts: T0 }] });
+    assert.strictEqual(dup.duplicate, true);
+    assert.strictEqual(dup.lastOutputSeq, ack2.lastOutputSeq);
+  });
+
+  await t.test('bad rows name the row and field and send nothing', async () => {
+    const d = runningSumDescriptor();
+    await client.registerFunction(d);
+    const p = client.producer(d.functionId, { producerId: 'p', nextSequence: 1 });
+    const cases = [
+      [[{ user: 'u', ts: T0, amount: 'five' }], /rows\[0\]\.amount: expected INT64/],
+      [[{ user: 'u', ts: T0 }, { user: null, ts: T0 }], /rows\[1\]\.user: null/],
+      [[{ user: 'u', ts: 1.5 }], /rows\[0\]\.ts: 1.5 is not a safe integer/],
+      [[{ user: 'u', ts: T0, amt: 1 }], /rows\[0\]: "amt" is not a field/],
+      [[{ user: 'u', ts: 2n ** 63n }], /outside int64/],
+    ];
+    for (const [rowList, message] of cases) {
+      await assert.rejects(p.push(rowList), message);
+    }
+    assert.strictEqual((await client.getFunction(d.functionId)).outputSeq, 0);
+    assert.strictEqual((await p.push([{ user: 'u', ts: T0, amount: 1 }])).sequence, 1);
+    // Clock-based sequences increase.
+    const q = client.producer(d.functionId);
+    const a = await q.push([{ user: 'u', ts: T0 }]);
+    const b = await q.push([{ user: 'u', ts: T0 }]);
+    assert.ok(b.sequence > a.sequence);
+  });
+
+  await t.test('tailOutput follows new rows', async () => {
+    const d = runningSumDescriptor();
+    await client.registerFunction(d);
+    const p = client.producer(d.functionId, { producerId: 'p', nextSequence: 1 });
+    await p.push([{ user: 'a', ts: T0, amount: 1 }]);
+    const got = [];
+    const tail = client.tailOutput(d.functionId, { afterSeq: 0 });
+    const consumed = (async () => {
+      for await (const row of tail) {
+        got.push(row);
+      }
+    })();
+    await waitFor(() => got.length >= 1, 'the row pushed before the tail');
+    await p.push([{ user: 'a', ts: T0 + 1, amount: 2 }, { user: 'b', ts: T0 + 1, amount: 3 }]);
+    await waitFor(() => got.length >= 3, 'rows pushed after the tail started');
+    tail.cancel();
+    await consumed;
+    assert.deepStrictEqual(got.map((r) => [r._seq, r.key, r.sum]), [[1, 'a', 1], [2, 'a', 3], [3, 'b', 3]]);
+  });
+});
+
+test('a push retries its sequence across a keyflowd restart', { skip: !built && 'keyflowd is not built' },
+  async (t) => {
+    const server = await new Keyflowd().start();
+    const client = new kf.Client({ addr: server.target });
+    t.after(async () => {
+      client.close();
+      await server.cleanup();
+    });
+    const d = runningSumDescriptor();
+    await client.registerFunction(d);
+    const p = client.producer(d.functionId, { producerId: 'p', nextSequence: 1 });
+    await p.push([{ user: 'a', ts: T0, amount: 1 }]);
+    const port = server.grpcPort;
+    assert.strictEqual(await server.stop(), 0);
+    const pushed = p.push([{ user: 'a', ts: T0, amount: 2 }]);
+    await waitFor(() => client.pushRetries >= 1, 'a retried push');
+    server.args.push('--grpc', `127.0.0.1:${port}`);
+    await server.start();
+    const ack = await pushed;
+    assert.deepStrictEqual([ack.sequence, ack.duplicate], [2, false]);
+    const again = await client.pushBatch(d.functionId, 'p', 2, { rows: [{ user: 'a', ts: T0, amount: 2 }] });
+    assert.strictEqual(again.duplicate, true);
+    assert.strictEqual((await client.keyState(d.functionId, 'a')).value, 3);
+  });

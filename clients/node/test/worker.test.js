@@ -1,0 +1,183 @@
+'use strict';
+// keyflow.Worker against a real keyflowd: results and errors, N runs at once,
+// heartbeats that outlive the lease, shutdown that finishes or releases,
+// SIGTERM in a worker process, reconnecting after a keyflowd restart.
+const test = require('node:test');
+const assert = require('node:assert');
+const { spawn } = require('child_process');
+const path = require('path');
+const kf = require('..');
+const { Keyflowd, waitFor, unique, built } = require('./harness');
+
+const ONE = { rule: kf.batch({ maxEvents: 1 }) };
+
+function setup(t) {
+  const ctx = { server: new Keyflowd(), workers: [] };
+  t.after(async () => {
+    await Promise.all(ctx.workers.map((w) => w.stop({ graceMs: 0 })));
+    ctx.client.close();
+    await ctx.server.cleanup();
+  });
+  return ctx;
+}
+
+async function start(t) {
+  const ctx = setup(t);
+  await ctx.server.start();
+  ctx.client = new kf.Client({ addr: ctx.server.target });
+  ctx.worker = (options) => {
+    const w = new kf.Worker({ client: ctx.client, workerId: unique('w'), pollWaitMs: 1000,
+      installSignalHandlers: false, ...options });
+    ctx.workers.push(w);
+    return w;
+  };
+  ctx.send = async (wf, key, input) => (await ctx.client.sendEvent(wf, key, input, ONE)).runId;
+  ctx.waitStatus = (runId, status) => waitFor(async () => {
+    const run = await ctx.client.getRun(runId);
+    return run.status === status && run;
+  }, `run ${runId} to be ${status}`);
+  return ctx;
+}
+
+function deferred() {
+  let resolve;
+  const promise = new Promise((r) => {
+    resolve = r;
+  });
+  return { promise, resolve };
+}
+
+const opts = { skip: !built && 'keyflowd is not built' };
+
+test('results, errors and N runs at once', opts, async (t) => {
+  const c = await start(t);
+  const wfOk = unique('ok');
+  const wfFail = unique('fail');
+  const wfBad = unique('bad');
+  const w = c.worker({ concurrency: 4 });
+  // Every handler waits until all 4 are running at once.
+  let running = 0;
+  const allIn = deferred();
+  w.handle(wfOk, async (input, run) => {
+    if (++running === 4) allIn.resolve();
+    await allIn.promise;
+    return { got: input, key: run.key, attempts: run.attempts };
+  });
+  w.handle(wfFail, () => {
+    throw new RangeError('bad thing');
+  });
+  w.handle(wfBad, async () => 10n);
+  const ids = [];
+  for (let i = 0; i < 4; i++) ids.push(await c.send(wfOk, `k${i}`, { i }));
+  const done = w.run();
+  for (let i = 0; i < 4; i++) {
+    const run = await c.waitStatus(ids[i], 'completed');
+    assert.deepStrictEqual(run.result, { got: [{ i }], key: `k${i}`, attempts: 1 });
+  }
+  const failed = await c.waitStatus(await c.send(wfFail, 'f'), 'failed');
+  assert.strictEqual(failed.error, 'RangeError: bad thing');
+  const bad = await c.waitStatus(await c.send(wfBad, 'b'), 'failed');
+  assert.match(bad.error, /result: not JSON-serializable/);
+  await w.stop();
+  await done;
+  assert.deepStrictEqual([w.completed, w.failed, w.lost, w.released], [4, 2, 0, 0]);
+});
+
+test('heartbeats keep a run past its lease', opts, async (t) => {
+  const c = await start(t);
+  const wf = unique('hb');
+  const w = c.worker({ concurrency: 1, leaseMs: 1000 });
+  const release = deferred();
+  w.handle(wf, async () => {
+    await release.promise;
+    return 'done';
+  });
+  const runId = await c.send(wf, 'k');
+  w.run();
+  const first = (await c.waitStatus(runId, 'leased')).leaseExpiresMs;
+  // Without heartbeats the lease would have expired (and the run gone back
+  // to pending for a second attempt) long before this.
+  await waitFor(async () => (await c.client.getRun(runId)).leaseExpiresMs >= first + 2000,
+    'heartbeats to move the lease 2 s past its first expiry');
+  release.resolve();
+  const run = await c.waitStatus(runId, 'completed');
+  assert.deepStrictEqual([run.result, run.attempts], ['done', 1]);
+});
+
+test('stop finishes cooperative runs and releases the rest', opts, async (t) => {
+  const c = await start(t);
+  const wfCoop = unique('coop');
+  const wfStuck = unique('stuck');
+  const w = c.worker({ concurrency: 2 });
+  let started = 0;
+  const never = deferred();
+  t.after(() => never.resolve());
+  w.handle(wfCoop, async (input, run) => {
+    started++;
+    await new Promise((resolve) => run.signal.addEventListener('abort', resolve));
+    return 'finished';
+  });
+  w.handle(wfStuck, async () => {
+    started++;
+    await never.promise;
+    return 'too late';
+  });
+  const coopId = await c.send(wfCoop, 'c');
+  const stuckId = await c.send(wfStuck, 's');
+  const done = w.run();
+  await waitFor(() => started === 2, 'both handlers to start');
+  await w.stop({ graceMs: 500 });
+  await done;
+  assert.strictEqual((await c.client.getRun(coopId)).result, 'finished');
+  assert.deepStrictEqual([w.completed, w.released], [1, 1]);
+  const run = await c.waitStatus(stuckId, 'pending');
+  assert.strictEqual(run.attempts, 1);
+  const again = await c.client.pollRuns({ workflows: [wfStuck], workerId: 'other', waitMs: 5000 });
+  assert.deepStrictEqual(again.map((r) => r.runId), [stuckId]);
+});
+
+test('SIGTERM finishes the held run and exits', opts, async (t) => {
+  const c = await start(t);
+  const wf = unique('term');
+  const script = `
+    const kf = require(${JSON.stringify(path.resolve(__dirname, '..'))});
+    const w = new kf.Worker({ addr: process.argv[1], concurrency: 2, pollWaitMs: 1000 });
+    w.handle(process.argv[2], async (input, run) => {
+      await new Promise((resolve) => run.signal.addEventListener('abort', resolve));
+      return { stoppedCleanly: input };
+    });
+    w.run().then(() => console.log('completed=' + w.completed + ' released=' + w.released));
+  `;
+  const runId = await c.send(wf, 'k', 'x');
+  const child = spawn(process.execPath, ['-e', script, c.server.target, wf]);
+  let out = '';
+  let err = '';
+  child.stdout.on('data', (d) => { out += d; });
+  child.stderr.on('data', (d) => { err += d; });
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  t.after(() => child.exitCode === null && child.kill('SIGKILL'));
+  await c.waitStatus(runId, 'leased');
+  child.kill('SIGTERM');
+  assert.strictEqual(await exited, 0, err);
+  assert.strictEqual(out.trim(), 'completed=1 released=0');
+  assert.deepStrictEqual((await c.client.getRun(runId)).result, { stoppedCleanly: ['x'] });
+});
+
+test('reconnects after keyflowd restarts', opts, async (t) => {
+  const c = await start(t);
+  const wf = unique('re');
+  const w = c.worker({ concurrency: 2 });
+  w.handle(wf, (input) => input);
+  const done = w.run();
+  assert.deepStrictEqual((await c.waitStatus(await c.send(wf, 'a', 1), 'completed')).result, [1]);
+  await c.server.restartSamePort();
+  // Calls fail fast (UNAVAILABLE) until the channel has reconnected.
+  const runId = await waitFor(() => c.send(wf, 'b', 2).catch((e) => {
+    if (e.codeName !== 'UNAVAILABLE') throw e;
+    return null;
+  }), 'keyflowd to answer again');
+  assert.deepStrictEqual((await c.waitStatus(runId, 'completed')).result, [2]);
+  await w.stop();
+  await done;
+  assert.strictEqual(w.completed, 2);
+});
