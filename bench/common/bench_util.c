@@ -277,6 +277,40 @@ void kf_bench_cpu_pct(const kf_bench_cpu_sample_t *begin, const kf_bench_cpu_sam
  * a client that shares two cores with the server. Deadlines still travel as
  * grpc-timeout and the server enforces them; the tools cancel a call still
  * pending well past its deadline, covering a server that never answers. */
+static struct {
+    char *tls_ca_pem;       /* NULL: plaintext */
+    char *authorization;    /* "Bearer <key>", or NULL */
+    grpc_metadata metadata; /* over authorization (a static slice) */
+} security;
+
+bool kf_bench_security_set(const char *tls_ca_path, const char *api_key) {
+    if (tls_ca_path != NULL) {
+        FILE *f = fopen(tls_ca_path, "rb");
+        char *pem = f != NULL ? calloc(1, 1024 * 1024 + 1) : NULL;
+        size_t n = pem != NULL ? fread(pem, 1, 1024 * 1024, f) : 0;
+        if (f != NULL) {
+            fclose(f);
+        }
+        if (pem == NULL || n == 0) {
+            fprintf(stderr, "cannot read the CA file %s\n", tls_ca_path);
+            free(pem);
+            return false;
+        }
+        security.tls_ca_pem = pem;
+    }
+    if (api_key != NULL) {
+        size_t len = strlen("Bearer ") + strlen(api_key) + 1;
+        security.authorization = malloc(len);
+        if (security.authorization == NULL) {
+            return false;
+        }
+        snprintf(security.authorization, len, "Bearer %s", api_key);
+        security.metadata.key = grpc_slice_from_static_string("authorization");
+        security.metadata.value = grpc_slice_from_static_string(security.authorization);
+    }
+    return true;
+}
+
 grpc_channel *kf_bench_channel_create(const char *target, int index, bool minimal_stack,
                                       bool unlimited_receive) {
     grpc_arg args[5];
@@ -301,7 +335,10 @@ grpc_channel *kf_bench_channel_create(const char *target, int index, bool minima
         count++;
     }
     grpc_channel_args channel_args = {count, args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_credentials *creds =
+        security.tls_ca_pem != NULL
+            ? grpc_ssl_credentials_create(security.tls_ca_pem, NULL, NULL, NULL)
+            : grpc_insecure_credentials_create();
     grpc_channel *ch = grpc_channel_create(target, creds, &channel_args);
     grpc_channel_credentials_release(creds);
     return ch;
@@ -367,6 +404,10 @@ void kf_bench_unary_start(grpc_call *call, kf_bench_unary_t *u, grpc_byte_buffer
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (security.authorization != NULL) {
+        ops[0].data.send_initial_metadata.count = 1;
+        ops[0].data.send_initial_metadata.metadata = &security.metadata;
+    }
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = u->request;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -130,7 +130,14 @@ void kf_bench_cpu_pct(const kf_bench_cpu_sample_t *begin, const kf_bench_cpu_sam
 
 /* ---- gRPC --------------------------------------------------------------- */
 
-/* A client channel to `target` (insecure) with its own TCP connection,
+/* How every channel and call of the process reaches the server: TLS with
+ * the CA in `tls_ca_path` (NULL: plaintext), and "authorization: Bearer
+ * <api_key>" on every call (NULL: none). Call once, before the first
+ * channel; reads the file here. False (with a message on stderr) when the
+ * file cannot be read. */
+bool kf_bench_security_set(const char *tls_ca_path, const char *api_key);
+
+/* A client channel to `target` (see kf_bench_security_set) with its own TCP connection,
  * `index` telling the channels of one run apart. minimal_stack drops the
  * optional client filters; unlimited_receive lifts the 4 MB limit on a
  * received message. */

@@ -207,6 +207,8 @@ typedef struct options {
     long deadline_ms;
     long server_pid;    /* 0: do not report the server's CPU */
     bool minimal_stack; /* GRPC_ARG_MINIMAL_STACK on the client channels */
+    const char *tls_ca; /* PEM CA file: TLS; NULL: plaintext */
+    const char *api_key;
     const char *workflow;
     const char *fsync_dir; /* non-NULL: run the fsync probe instead */
     long fsync_count;
@@ -443,6 +445,9 @@ static int run_load(const options_t *o) {
         o->rpc == RPC_SEND ? "/keyflow.v1.Coordinators/SendEvent" : "/grpc.health.v1.Health/Check";
     grpc_init();
     gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+    if (!kf_bench_security_set(o->tls_ca, o->api_key)) {
+        return 2;
+    }
     if (!build_requests(r)) {
         fprintf(stderr, "kf_load: out of memory packing requests\n");
         return 1;
@@ -537,6 +542,8 @@ static void usage(FILE *out) {
             "  --deadline-ms N   per-call deadline (default 10000)\n"
             "  --server-pid PID  also report that process's CPU use in the window\n"
             "  --minimal-stack B 1: client channels without optional filters (default 1)\n"
+            "  --tls-ca FILE     TLS, verifying the server with these PEM CAs\n"
+            "  --api-key KEY     sent as \"authorization: Bearer KEY\" with every call\n"
             "  --count N         fsync probe records (default 2000)\n"
             "  --fsync-mode M    append (default), fallocate or overwrite (see the source)\n"
             "  --gap-us N        fsync probe: idle this long before each record (default 0)\n",
@@ -607,6 +614,10 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             long flag;
             ok = kf_bench_parse_long("kf_load", a, v, 0, 1, &flag);
             o->minimal_stack = flag != 0;
+        } else if (strcmp(a, "--tls-ca") == 0) {
+            o->tls_ca = v;
+        } else if (strcmp(a, "--api-key") == 0) {
+            o->api_key = v;
         } else if (strcmp(a, "--fsync-probe") == 0) {
             o->fsync_dir = v;
         } else if (strcmp(a, "--fsync-mode") == 0) {

@@ -24,7 +24,9 @@
  */
 #include "keyflow_client.h"
 
+#include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,13 +45,93 @@
 struct kf_client {
     grpc_channel *channel; /* shared by every call; thread-safe */
     char target[KF_CLIENT_TARGET_BYTES_MAX + 1];
+    /* "Bearer <key>", sent as the authorization metadata of every call
+     * (static slices over it: it lives as long as the client). */
+    char authorization[sizeof "Bearer " + KF_CLIENT_API_KEY_BYTES_MAX];
+    grpc_metadata metadata[1];
+    size_t metadata_count; /* 0 without a key */
 };
+
+/* Reads a PEM file into a NUL-terminated malloc'd string. */
+static kf_status_t read_pem(const char *what, const char *path, char **out, kf_error_t *err) {
+    *out = NULL;
+    if (path == NULL) {
+        return KF_OK;
+    }
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        return kf_error_set(err, KF_E_IO, "%s %s: %s", what, path, strerror(errno));
+    }
+    char *text = malloc(KF_TLS_PEM_BYTES_MAX + 1);
+    size_t n = text != NULL ? fread(text, 1, KF_TLS_PEM_BYTES_MAX + 1, f) : 0;
+    bool failed = text == NULL || ferror(f);
+    fclose(f);
+    if (failed) {
+        free(text);
+        return kf_error_set(err, KF_E_IO, "%s %s: cannot read it", what, path);
+    }
+    if (n > KF_TLS_PEM_BYTES_MAX) {
+        free(text);
+        return kf_error_set(err, KF_E_TOO_LARGE, "%s %s: more than %d bytes", what, path,
+                            KF_TLS_PEM_BYTES_MAX);
+    }
+    text[n] = '\0';
+    *out = text;
+    return KF_OK;
+}
+
+/* TLS channel credentials from the options' files. The strings are copied
+ * by gRPC, so they are freed here either way. */
+static kf_status_t tls_credentials(const kf_client_options_t *o, grpc_channel_credentials **out,
+                                   kf_error_t *err) {
+    if ((o->tls_cert_path == NULL) != (o->tls_key_path == NULL)) {
+        return kf_error_set(err, KF_E_INVALID,
+                            "tls: a client certificate needs its key and the other way round "
+                            "(--tls-cert with --tls-key)");
+    }
+    char *ca = NULL, *cert = NULL, *key = NULL;
+    kf_status_t st = read_pem("CA file", o->tls_ca_path, &ca, err);
+    if (st == KF_OK) {
+        st = read_pem("certificate file", o->tls_cert_path, &cert, err);
+    }
+    if (st == KF_OK) {
+        st = read_pem("key file", o->tls_key_path, &key, err);
+    }
+    if (st == KF_OK) {
+        grpc_ssl_pem_key_cert_pair pair = {key, cert};
+        *out = grpc_ssl_credentials_create(ca, cert != NULL ? &pair : NULL, NULL, NULL);
+        if (*out == NULL) {
+            st = kf_error_set(err, KF_E_INTERNAL, "tls: gRPC refused the TLS settings");
+        }
+    }
+    free(ca);
+    free(cert);
+    free(key);
+    return st;
+}
+
+/* An API key travels as a header value: printable ASCII without spaces. */
+static kf_status_t check_api_key(const char *key, kf_error_t *err) {
+    size_t len = strlen(key);
+    if (len == 0 || len > KF_CLIENT_API_KEY_BYTES_MAX) {
+        return kf_error_set(err, KF_E_INVALID, "api key: must be 1..%d characters, got %zu",
+                            KF_CLIENT_API_KEY_BYTES_MAX, len);
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (key[i] <= ' ' || key[i] > '~') {
+            return kf_error_set(err, KF_E_INVALID,
+                                "api key: character %zu is not printable ASCII (a stray newline?)",
+                                i + 1);
+        }
+    }
+    return KF_OK;
+}
 
 /*
  * gRPC code -> kf_status_t: the inverse of KF_STATUS_TABLE's grpc column.
  * Where several statuses share a code the general one is chosen; UNKNOWN
- * and UNAUTHENTICATED have no status of their own (keyflowd never sends
- * them; a client-side failure in gRPC itself may produce UNKNOWN).
+ * has no status of its own (keyflowd never sends it; a client-side failure
+ * in gRPC itself may produce it).
  */
 static const kf_status_t status_by_grpc_code[] = {
     [GRPC_STATUS_OK] = KF_OK,
@@ -68,7 +150,7 @@ static const kf_status_t status_by_grpc_code[] = {
     [GRPC_STATUS_INTERNAL] = KF_E_INTERNAL,
     [GRPC_STATUS_UNAVAILABLE] = KF_E_UNAVAILABLE,
     [GRPC_STATUS_DATA_LOSS] = KF_E_CORRUPT,
-    [GRPC_STATUS_UNAUTHENTICATED] = KF_E_PERMISSION,
+    [GRPC_STATUS_UNAUTHENTICATED] = KF_E_UNAUTHENTICATED,
 };
 
 #define GRPC_CODE_COUNT (sizeof status_by_grpc_code / sizeof status_by_grpc_code[0])
@@ -87,7 +169,7 @@ kf_status_t kf_client_status_from_grpc(int grpc_code) {
  * expressions that _Static_assert can see through. */
 static void check_status_table(void) {
     for (size_t code = 0; code < GRPC_CODE_COUNT; code++) {
-        if (code == GRPC_STATUS_UNKNOWN || code == GRPC_STATUS_UNAUTHENTICATED) {
+        if (code == GRPC_STATUS_UNKNOWN) {
             continue;
         }
         KF_ASSERT((size_t)kf_status_grpc_code(status_by_grpc_code[code]) == code);
@@ -95,7 +177,14 @@ static void check_status_table(void) {
 }
 
 kf_status_t kf_client_create(const char *target, kf_client_t **out, kf_error_t *err) {
+    return kf_client_create_with(target, NULL, out, err);
+}
+
+kf_status_t kf_client_create_with(const char *target, const kf_client_options_t *options,
+                                  kf_client_t **out, kf_error_t *err) {
+    static const kf_client_options_t plaintext = {0};
     KF_ASSERT(target != NULL && out != NULL);
+    const kf_client_options_t *o = options != NULL ? options : &plaintext;
     *out = NULL;
     size_t target_len = strlen(target);
     if (target_len == 0) {
@@ -105,17 +194,39 @@ kf_status_t kf_client_create(const char *target, kf_client_t **out, kf_error_t *
         return kf_error_set(err, KF_E_INVALID, "target: at most %d bytes, got %zu",
                             KF_CLIENT_TARGET_BYTES_MAX, target_len);
     }
+    if (o->api_key != NULL && check_api_key(o->api_key, err) != KF_OK) {
+        return err->status;
+    }
     check_status_table();
     kf_client_t *client = calloc(1, sizeof *client);
     if (client == NULL) {
         return kf_error_set(err, KF_E_NOMEM, "cannot allocate the client");
     }
     memcpy(client->target, target, target_len + 1);
+    if (o->api_key != NULL) {
+        snprintf(client->authorization, sizeof client->authorization, "Bearer %s", o->api_key);
+        client->metadata[0].key = grpc_slice_from_static_string("authorization");
+        client->metadata[0].value = grpc_slice_from_static_string(client->authorization);
+        client->metadata_count = 1;
+    }
 
     grpc_init();
+    bool tls = o->tls || o->tls_ca_path != NULL || o->tls_cert_path != NULL ||
+               o->tls_key_path != NULL || o->tls_server_name != NULL;
+    grpc_channel_credentials *creds = NULL;
+    if (tls) {
+        kf_status_t st = tls_credentials(o, &creds, err);
+        if (st != KF_OK) {
+            free(client);
+            grpc_shutdown();
+            return st;
+        }
+    } else {
+        creds = grpc_insecure_credentials_create();
+    }
     /* Explicit message bounds, matching the server's: gRPC's default 4 MiB
      * receive limit would refuse a legal run list or batch input. */
-    grpc_arg args[3];
+    grpc_arg args[4];
     memset(args, 0, sizeof args);
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -126,8 +237,14 @@ kf_status_t kf_client_create(const char *target, kf_client_t **out, kf_error_t *
     args[2].type = GRPC_ARG_STRING;
     args[2].key = GRPC_ARG_PRIMARY_USER_AGENT_STRING;
     args[2].value.string = "keyflow-c";
-    grpc_channel_args channel_args = {sizeof args / sizeof args[0], args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    size_t arg_count = 3;
+    if (o->tls_server_name != NULL) {
+        args[3].type = GRPC_ARG_STRING;
+        args[3].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        args[3].value.string = (char *)o->tls_server_name; /* copied by gRPC */
+        arg_count = 4;
+    }
+    grpc_channel_args channel_args = {arg_count, args};
     client->channel = grpc_channel_create(client->target, creds, &channel_args);
     grpc_channel_credentials_release(creds);
     if (client->channel == NULL) {
@@ -298,6 +415,8 @@ kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = client->metadata_count;
+    ops[0].data.send_initial_metadata.metadata = client->metadata;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send_buffer;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -482,6 +601,8 @@ kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
     grpc_op start[3];
     memset(start, 0, sizeof start);
     start[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    start[0].data.send_initial_metadata.count = client->metadata_count;
+    start[0].data.send_initial_metadata.metadata = client->metadata;
     start[1].op = GRPC_OP_SEND_MESSAGE;
     start[1].data.send_message.send_message = stream->send_buffer;
     start[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

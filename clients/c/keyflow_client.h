@@ -38,6 +38,7 @@
 #ifndef KF_CLIENT_KEYFLOW_CLIENT_H
 #define KF_CLIENT_KEYFLOW_CLIENT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <protobuf-c/protobuf-c.h>
@@ -73,13 +74,41 @@
 
 typedef struct kf_client kf_client_t;
 
+/* The longest API key (keys keyflowd issues are 52 characters). */
+#define KF_CLIENT_API_KEY_BYTES_MAX 256
+
+/*
+ * How to reach the server. Zeroed means plaintext without a key. Every
+ * string is borrowed for the duration of kf_client_create only (files are
+ * read there, each at most KF_TLS_PEM_BYTES_MAX bytes).
+ */
+typedef struct kf_client_options {
+    /* TLS is used when `tls` is set or any of the paths below is given. */
+    bool tls;
+    const char *tls_ca_path;     /* PEM CAs that verify the server; NULL: gRPC's
+                                    default roots (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH) */
+    const char *tls_cert_path;   /* PEM client certificate for mTLS (with tls_key_path) */
+    const char *tls_key_path;    /* its private key */
+    const char *tls_server_name; /* the name the server's certificate must carry
+                                    when it is not the target's host; NULL: the host */
+    /* Sent with every call as "authorization: Bearer <api_key>"; NULL: none.
+     * Printable ASCII without spaces, at most KF_CLIENT_API_KEY_BYTES_MAX. */
+    const char *api_key;
+} kf_client_options_t;
+
 /*
  * Creates a client for `target` ("127.0.0.1:50051"; borrowed, copied).
- * Connecting is lazy: an unreachable server shows up as KF_E_UNAVAILABLE
- * on the first call, not here. Errors: KF_E_INVALID for an empty or
- * too long target, KF_E_NOMEM. Any thread; initializes gRPC (reference
- * counted, so several clients may coexist).
+ * Connecting is lazy: an unreachable server (or a failed TLS handshake)
+ * shows up as KF_E_UNAVAILABLE on the first call, not here. Errors:
+ * KF_E_INVALID for an empty or too long target, an API key that cannot be
+ * a header value, or a client certificate without its key (or the other
+ * way round); KF_E_IO / KF_E_TOO_LARGE for a TLS file that cannot be read;
+ * KF_E_NOMEM. Any thread; initializes gRPC (reference counted, so several
+ * clients may coexist). `options` may be NULL (plaintext, no key).
  */
+kf_status_t kf_client_create_with(const char *target, const kf_client_options_t *options,
+                                  kf_client_t **out, kf_error_t *err) KF_MUST_USE;
+/* kf_client_create_with(target, NULL, ...): plaintext, no key. */
 kf_status_t kf_client_create(const char *target, kf_client_t **out, kf_error_t *err) KF_MUST_USE;
 
 /* Closes the channel and frees the client. NULL is a no-op. No call on the
@@ -107,9 +136,8 @@ kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
  * The kf_status_t for a gRPC status code, the inverse of the server's
  * status -> code table. Codes that several statuses share map to the
  * general one (RESOURCE_EXHAUSTED -> KF_E_LIMIT, INTERNAL -> KF_E_INTERNAL);
- * the two codes keyflowd never sends map to their nearest kin (UNKNOWN ->
- * KF_E_INTERNAL, UNAUTHENTICATED -> KF_E_PERMISSION), as does any code
- * outside 0..16 (KF_E_INTERNAL). So kf_status_grpc_name() of the result
+ * UNKNOWN, which keyflowd never sends, maps to KF_E_INTERNAL, as does any
+ * code outside 0..16. So kf_status_grpc_name() of the result
  * gives back the code's name for every code keyflowd sends.
  */
 kf_status_t kf_client_status_from_grpc(int grpc_code);

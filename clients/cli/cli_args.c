@@ -29,6 +29,20 @@ const kf__cli_flag_t kf__cli_global_flags[] = {
     {"--timeout-ms", KF__CLI_VALUE, "N",
      "deadline of each call (default 30000, plus the wait of a long poll; a value given "
      "here bounds the whole call, long poll included)"},
+    {"--tls", KF__CLI_SWITCH, NULL,
+     "use TLS, verifying the server with gRPC's default roots ($KEYFLOW_TLS=1); implied by "
+     "any --tls-* flag"},
+    {"--tls-ca", KF__CLI_VALUE, "FILE",
+     "PEM CAs that verify the server's certificate ($KEYFLOW_TLS_CA)"},
+    {"--tls-cert", KF__CLI_VALUE, "FILE",
+     "PEM client certificate, for servers that require one (mTLS; $KEYFLOW_TLS_CERT)"},
+    {"--tls-key", KF__CLI_VALUE, "FILE", "PEM private key of --tls-cert ($KEYFLOW_TLS_KEY)"},
+    {"--tls-server-name", KF__CLI_VALUE, "NAME",
+     "name the server's certificate must carry, when it is not --addr's host "
+     "($KEYFLOW_TLS_SERVER_NAME)"},
+    {"--api-key-file", KF__CLI_VALUE, "FILE",
+     "file holding the API key sent with every call ($KEYFLOW_API_KEY_FILE; or the key "
+     "itself in $KEYFLOW_API_KEY)"},
 };
 const size_t kf__cli_global_flag_count =
     sizeof kf__cli_global_flags / sizeof kf__cli_global_flags[0];

@@ -607,7 +607,7 @@ static void print_flags(FILE *out, const kf__cli_flag_t *flags, size_t count) {
 }
 
 static void print_main_help(FILE *out) {
-    fprintf(out, "Usage: keyflow [--addr HOST:PORT] [--timeout-ms N] COMMAND [FLAGS] [ARGS]\n"
+    fprintf(out, "Usage: keyflow [GLOBAL FLAGS] COMMAND [FLAGS] [ARGS]\n"
                  "\n"
                  "The command-line client of keyflowd. Each response is printed as one line of\n"
                  "JSON on stdout; an error as \"keyflow: <GRPC_CODE>: <message>\" on stderr.\n"
@@ -663,11 +663,44 @@ static bool is_global_flag_word(const char *word, bool *takes_next) {
         size_t n = strlen(kf__cli_global_flags[i].name);
         if (strncmp(word, kf__cli_global_flags[i].name, n) == 0 &&
             (word[n] == '\0' || word[n] == '=')) {
-            *takes_next = word[n] == '\0';
+            *takes_next = word[n] == '\0' && kf__cli_global_flags[i].kind != KF__CLI_SWITCH;
             return true;
         }
     }
     return false;
+}
+
+/* A flag's value, else the environment variable's (empty counts as unset). */
+static const char *flag_or_env(const kf__cli_args_t *args, const char *flag, const char *env) {
+    const char *v = kf__cli_value(args, flag);
+    if (v == NULL) {
+        v = getenv(env);
+    }
+    return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
+/* The API key: --api-key-file, $KEYFLOW_API_KEY_FILE or $KEYFLOW_API_KEY
+ * (never a flag with the key itself: command lines show up in ps). The
+ * file may end with a newline. *key points into *buffer or the
+ * environment; the caller frees *buffer. */
+static int api_key(const kf__cli_args_t *args, char **buffer, const char **key) {
+    *buffer = NULL;
+    *key = NULL;
+    const char *path = flag_or_env(args, "--api-key-file", "KEYFLOW_API_KEY_FILE");
+    if (path == NULL) {
+        *key = flag_or_env(args, "--api-key-file", "KEYFLOW_API_KEY");
+        return KF__CLI_EXIT_OK;
+    }
+    size_t len = 0;
+    kf_error_t err;
+    if (kf__cli_read_path(path, KF_CLIENT_API_KEY_BYTES_MAX + 2, buffer, &len, &err) != KF_OK) {
+        return kf__cli_usage_error(args->command, "--api-key-file: %s", err.message);
+    }
+    while (len > 0 && ((*buffer)[len - 1] == '\n' || (*buffer)[len - 1] == '\r')) {
+        (*buffer)[--len] = '\0';
+    }
+    *key = *buffer;
+    return KF__CLI_EXIT_OK;
 }
 
 /* Runs one parsed command: resolves the address and deadline, connects,
@@ -698,9 +731,26 @@ static int run_command(const command_t *cmd, const kf__cli_args_t *args) {
     if (rc != KF__CLI_EXIT_OK) {
         return rc;
     }
+    const char *tls_env = getenv("KEYFLOW_TLS");
+    kf_client_options_t options = {
+        .tls = kf__cli_has(args, "--tls") ||
+               (tls_env != NULL && tls_env[0] != '\0' && strcmp(tls_env, "0") != 0),
+        .tls_ca_path = flag_or_env(args, "--tls-ca", "KEYFLOW_TLS_CA"),
+        .tls_cert_path = flag_or_env(args, "--tls-cert", "KEYFLOW_TLS_CERT"),
+        .tls_key_path = flag_or_env(args, "--tls-key", "KEYFLOW_TLS_KEY"),
+        .tls_server_name = flag_or_env(args, "--tls-server-name", "KEYFLOW_TLS_SERVER_NAME"),
+    };
+    char *key_buffer;
+    rc = api_key(args, &key_buffer, &options.api_key);
+    if (rc != KF__CLI_EXIT_OK) {
+        return rc;
+    }
     kf_error_t err;
-    if (kf_client_create(cli.addr, &cli.client, &err) != KF_OK) {
-        return kf__cli_usage_error(name, "--addr: %s", err.message);
+    kf_status_t st = kf_client_create_with(cli.addr, &options, &cli.client, &err);
+    free(key_buffer);
+    if (st != KF_OK) {
+        bool about_target = strncmp(err.message, "target:", 7) == 0;
+        return kf__cli_usage_error(name, "%s%s", about_target ? "--addr: " : "", err.message);
     }
     kf_arena_init(&cli.arena, 0);
     rc = cmd->run(&cli, args);

@@ -167,6 +167,10 @@
 /* Parameters in one HTTP query string (repeated ones each count): enough for
  * PollRuns' 32 workflows and the rest, and it bounds the work a query costs. */
 #define KF_HTTP_QUERY_PARAMS_MAX 64
+/* One PEM file of TLS material (a certificate chain, a key, a CA bundle):
+ * a chain of a few certificates is a few KiB; a CA bundle as large as a
+ * system trust store is about 200 KiB. */
+#define KF_TLS_PEM_BYTES_MAX (1024 * 1024)
 /* Nesting depth of JSON documents the gateway accepts. */
 #define KF_JSON_DEPTH_MAX 64
 

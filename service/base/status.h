@@ -37,7 +37,8 @@
     X(KF_E_UNAVAILABLE, 14, 503, "unavailable")                                                    \
     X(KF_E_IO, 13, 500, "i/o error")                                                               \
     X(KF_E_CORRUPT, 15, 500, "data corrupt")                                                       \
-    X(KF_E_NOMEM, 8, 503, "out of memory")
+    X(KF_E_NOMEM, 8, 503, "out of memory")                                                         \
+    X(KF_E_UNAUTHENTICATED, 16, 401, "unauthenticated")
 
 typedef enum kf_status {
 #define KF_STATUS_ENUM_(name, grpc, http, text) name,

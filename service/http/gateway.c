@@ -98,13 +98,24 @@ struct kf_gateway {
 
 typedef struct control_msg {
     h2o_multithread_message_t msg;
-    int what; /* 1: close the listener, 2: exit the loop */
+    int what;         /* 1: close the listener, 2: exit the loop, 3: new TLS */
+    SSL_CTX *ssl_ctx; /* what == 3: the context new connections get */
 } control_msg_t;
+
+/* One accepted connection. With TLS it holds a reference to the context it
+ * was accepted under: h2o keeps a bare pointer to it until the handshake
+ * has created its SSL object, and a reload may replace the gateway's
+ * context before that. */
+typedef struct connection {
+    kf_gateway_t *gw;
+    SSL_CTX *ssl_ctx; /* NULL for plaintext */
+} connection_t;
 
 static const char *reason(int status) {
     switch (status) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
     case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
@@ -264,6 +275,9 @@ static void on_control(h2o_multithread_receiver_t *receiver, h2o_linklist_t *mes
             gw->listener = NULL;
         } else if (c->what == 2) {
             gw->exit_loop = true;
+        } else if (c->what == 3) {
+            SSL_CTX_free(gw->accept_ctx.ssl_ctx); /* connections hold their own */
+            gw->accept_ctx.ssl_ctx = c->ssl_ctx;
         }
         free(c);
     }
@@ -409,7 +423,10 @@ static void on_accept_retry(h2o_timeout_entry_t *entry) {
 }
 
 static void on_connection_closed(void *data) {
-    kf_gateway_t *gw = data;
+    connection_t *conn = data;
+    kf_gateway_t *gw = conn->gw;
+    SSL_CTX_free(conn->ssl_ctx);
+    free(conn);
     gw->connections--;
     accept_resume(gw);
 }
@@ -432,9 +449,19 @@ static void on_accept(h2o_socket_t *listener, const char *err) {
         }
         return;
     }
+    connection_t *conn = malloc(sizeof *conn);
+    if (conn == NULL) {
+        h2o_socket_close(sock);
+        return;
+    }
+    conn->gw = gw;
+    conn->ssl_ctx = gw->accept_ctx.ssl_ctx;
+    if (conn->ssl_ctx != NULL) {
+        SSL_CTX_up_ref(conn->ssl_ctx);
+    }
     gw->connections++;
     sock->on_close.cb = on_connection_closed;
-    sock->on_close.data = gw;
+    sock->on_close.data = conn;
     h2o_accept(&gw->accept_ctx, sock);
 }
 
@@ -488,14 +515,50 @@ static kf_status_t bind_listener(const char *address, int *fd_out, int *port, kf
     return KF_OK;
 }
 
+/* A server context for the material, negotiating HTTP/2 by ALPN. */
+static kf_status_t make_ssl_ctx(const kf_tls_t *tls, SSL_CTX **out, kf_error_t *err) {
+    kf_status_t st = kf_tls_server_ctx_create(tls, out, err);
+    if (st == KF_OK) {
+        h2o_ssl_register_alpn_protocols(*out, h2o_http2_alpn_protocols);
+    }
+    return st;
+}
+
+kf_status_t kf_gateway_set_tls(kf_gateway_t *gw, const kf_tls_t *tls, kf_error_t *err) {
+    KF_ASSERT(gw->accept_ctx.ssl_ctx != NULL);
+    SSL_CTX *ctx;
+    kf_status_t st = make_ssl_ctx(tls, &ctx, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    control_msg_t *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        SSL_CTX_free(ctx);
+        return kf_error_set(err, KF_E_NOMEM, "out of memory");
+    }
+    c->what = 3;
+    c->ssl_ctx = ctx;
+    h2o_multithread_send_message(&gw->control, &c->msg);
+    return KF_OK;
+}
+
 kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *engine,
                               kf_gateway_t **out, int *port, kf_error_t *err) {
     kf_gateway_t *gw = calloc(1, sizeof *gw);
     if (gw == NULL) {
         return kf_error_set(err, KF_E_NOMEM, "cannot allocate the gateway");
     }
+    SSL_CTX *ssl_ctx = NULL;
+    if (options->tls != NULL) {
+        kf_status_t st = make_ssl_ctx(options->tls, &ssl_ctx, err);
+        if (st != KF_OK) {
+            free(gw);
+            return st;
+        }
+    }
     kf_status_t st = bind_listener(options->address, &gw->listen_fd, port, err);
     if (st != KF_OK) {
+        SSL_CTX_free(ssl_ctx);
         free(gw);
         return st;
     }
@@ -516,6 +579,7 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *
     h2o_context_init(&gw->ctx, gw->loop, &gw->config);
     gw->accept_ctx.ctx = &gw->ctx;
     gw->accept_ctx.hosts = gw->config.hosts;
+    gw->accept_ctx.ssl_ctx = ssl_ctx; /* the gateway's reference */
     gw->queue = h2o_multithread_create_queue(gw->loop);
     h2o_multithread_register_receiver(gw->queue, &gw->replies, on_replies);
     h2o_multithread_register_receiver(gw->queue, &gw->control, on_control);
@@ -623,5 +687,6 @@ void kf_gateway_destroy(kf_gateway_t *gw) {
     h2o_context_dispose(&gw->ctx);
     h2o_evloop_destroy(gw->loop);
     h2o_config_dispose(&gw->config);
+    SSL_CTX_free(gw->accept_ctx.ssl_ctx);
     free(gw);
 }

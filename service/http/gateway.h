@@ -16,16 +16,26 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
+#include "tls/tls.h"
 
 typedef struct kf_gateway kf_gateway_t;
 
 typedef struct kf_gateway_options {
     const char *address; /* "127.0.0.1:0" */
+    kf_tls_t *tls;       /* borrowed; NULL = plaintext (HTTP/1.1 and h2c). With
+                            TLS, HTTP/1.1 and HTTP/2 (ALPN "h2"); with a client
+                            CA in it, client certificates are required. */
 } kf_gateway_options_t;
 
-/* Binds; *port receives the bound port. The engine is borrowed. */
+/* Binds; *port receives the bound port. The engine is borrowed. Errors:
+ * KF_E_IO (bind), KF_E_INVALID (address), KF_E_INTERNAL (TLS context). */
 kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *engine,
                               kf_gateway_t **out, int *port, kf_error_t *err) KF_MUST_USE;
+/* New TLS material for connections accepted from now on (a SIGHUP reload);
+ * open connections keep theirs. Only for a gateway created with TLS. The
+ * material is only read here. On error nothing changes. Any thread. */
+kf_status_t kf_gateway_set_tls(kf_gateway_t *gateway, const kf_tls_t *tls,
+                               kf_error_t *err) KF_MUST_USE;
 kf_status_t kf_gateway_start(kf_gateway_t *gateway, kf_error_t *err) KF_MUST_USE;
 /* /readyz answers 200 only while ready. Any thread. */
 void kf_gateway_set_ready(kf_gateway_t *gateway, bool ready);

@@ -6,6 +6,8 @@
  * picks a free one; --port-file reports them), start serving.
  * SIGTERM/SIGINT: stop accepting (gRPC and HTTP), let the engine finish and
  * sync everything it accepted, answer those calls, close the store, exit 0.
+ * SIGHUP: re-read the TLS files; new connections get the new certificate,
+ * open ones keep theirs. A reload that fails changes nothing.
  */
 #include <errno.h>
 #include <signal.h>
@@ -23,6 +25,7 @@
 #include "http/gateway.h"
 #include "rpc/grpc_server.h"
 #include "storage/store.h"
+#include "tls/tls.h"
 
 #define DEFAULT_DATA_DIR     "./data"
 #define DEFAULT_GRPC_ADDRESS "127.0.0.1:50051"
@@ -34,6 +37,7 @@ typedef struct options {
     const char *http_address;
     const char *port_file;
     const char *plugin_dir;
+    kf_tls_files_t tls; /* cert_path NULL: plaintext */
     int64_t retention_ms;
     int64_t attempts_max;
     int64_t queue_depth;
@@ -58,9 +62,14 @@ static void usage(FILE *out) {
         "  --queue-depth N       engine queue bound (default and max %d)\n"
         "  --grpc-threads N      completion-queue threads (default 1)\n"
         "  --log-level LEVEL     debug, info, warn, error (default info)\n"
+        "  --tls-cert FILE       PEM certificate chain: TLS on both listeners (needs --tls-key)\n"
+        "  --tls-key FILE        PEM private key of --tls-cert\n"
+        "  --tls-client-ca FILE  PEM CAs: clients must present a certificate they signed (mTLS)\n"
+        "SIGHUP re-reads the TLS files (new connections get the new certificate).\n"
         "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_GRPC_ADDRESS,\n"
         "KEYFLOW_HTTP_ADDRESS, KEYFLOW_PORT_FILE, KEYFLOW_PLUGIN_DIR, KEYFLOW_RUN_RETENTION_MS,\n"
-        "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_LOG_LEVEL.\n",
+        "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_LOG_LEVEL,\n"
+        "KEYFLOW_SERVER_TLS_CERT, KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA.\n",
         (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
         KF_QUEUE_DEPTH_MAX);
 }
@@ -109,6 +118,12 @@ static bool parse_env(options_t *o) {
     o->http_address = env_or("KEYFLOW_HTTP_ADDRESS", DEFAULT_HTTP_ADDRESS);
     o->plugin_dir = env_or("KEYFLOW_PLUGIN_DIR", NULL);
     o->port_file = env_or("KEYFLOW_PORT_FILE", NULL);
+    /* KEYFLOW_TLS_* are the clients' variables (their CA, their own
+     * certificate); the server's have SERVER in the name so that a CLI run
+     * beside keyflowd never mistakes the server's key for its own. */
+    o->tls.cert_path = env_or("KEYFLOW_SERVER_TLS_CERT", NULL);
+    o->tls.key_path = env_or("KEYFLOW_SERVER_TLS_KEY", NULL);
+    o->tls.client_ca_path = env_or("KEYFLOW_SERVER_TLS_CLIENT_CA", NULL);
     o->log_level = KF_LOG_INFO;
     o->grpc_threads = 1;
     if ((v = env_or("KEYFLOW_LOG_LEVEL", NULL)) != NULL && !parse_level(v, &o->log_level))
@@ -132,10 +147,11 @@ static bool parse_env(options_t *o) {
 
 static bool known_flag(const char *a) {
     static const char *const flags[] = {
-        "--data",         "--grpc",        "--http",
-        "--port-file",    "--plugin-dir",  "--run-retention-ms",
-        "--run-attempts", "--queue-depth", "--grpc-threads",
-        "--log-level",
+        "--data",          "--grpc",        "--http",
+        "--port-file",     "--plugin-dir",  "--run-retention-ms",
+        "--run-attempts",  "--queue-depth", "--grpc-threads",
+        "--log-level",     "--tls-cert",    "--tls-key",
+        "--tls-client-ca",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         if (strcmp(a, flags[i]) == 0) {
@@ -209,12 +225,59 @@ static bool parse_args(int argc, char **argv, options_t *o) {
         } else if (strcmp(a, "--log-level") == 0) {
             if (!parse_level(v, &o->log_level))
                 return false;
+        } else if (strcmp(a, "--tls-cert") == 0) {
+            o->tls.cert_path = v;
+        } else if (strcmp(a, "--tls-key") == 0) {
+            o->tls.key_path = v;
+        } else if (strcmp(a, "--tls-client-ca") == 0) {
+            o->tls.client_ca_path = v;
         } else {
             KF_UNREACHABLE(); /* known_flag() lists every flag above */
         }
     }
+    if ((o->tls.cert_path == NULL) != (o->tls.key_path == NULL)) {
+        fprintf(stderr, "keyflowd: --tls-cert and --tls-key go together (got only %s)\n",
+                o->tls.cert_path != NULL ? "--tls-cert" : "--tls-key");
+        return false;
+    }
+    if (o->tls.client_ca_path != NULL && o->tls.cert_path == NULL) {
+        fprintf(stderr, "keyflowd: --tls-client-ca needs --tls-cert and --tls-key (mTLS is TLS)\n");
+        return false;
+    }
     return check_address("gRPC address (--grpc, KEYFLOW_GRPC_ADDRESS)", o->grpc_address) &&
            check_address("HTTP address (--http, KEYFLOW_HTTP_ADDRESS)", o->http_address);
+}
+
+/* Loads the TLS files and logs what they hold (an expired certificate is
+ * served, loudly: refusing to start would not make it valid). */
+static kf_status_t load_tls(const kf_tls_files_t *files, kf_tls_t **out, kf_error_t *err) {
+    kf_status_t st = kf_tls_load(files, out, err);
+    if (st == KF_OK) {
+        char line[512];
+        bool valid = kf_tls_validity(*out, line, sizeof line);
+        kf_log(valid ? KF_LOG_INFO : KF_LOG_WARN, "tls", "%s from %s%s%s", line, files->cert_path,
+               files->client_ca_path != NULL ? "; client certificates required, CAs from " : "",
+               files->client_ca_path != NULL ? files->client_ca_path : "");
+    }
+    return st;
+}
+
+/* SIGHUP: both listeners switch together, or neither does. */
+static void reload_tls(const kf_tls_files_t *files, kf_grpc_server_t *grpc, kf_gateway_t *gateway) {
+    if (files->cert_path == NULL) {
+        kf_log(KF_LOG_INFO, "tls", "SIGHUP: TLS is off, nothing to reload");
+        return;
+    }
+    kf_error_t err;
+    kf_tls_t *tls;
+    if (load_tls(files, &tls, &err) != KF_OK || kf_gateway_set_tls(gateway, tls, &err) != KF_OK) {
+        kf_log(KF_LOG_ERROR, "tls",
+               "SIGHUP: reload failed, still serving the previous certificate: %s", err.message);
+        return;
+    }
+    kf_grpc_server_set_tls(grpc, tls);
+    kf_tls_unref(tls);
+    kf_log(KF_LOG_INFO, "tls", "SIGHUP: new connections get the reloaded certificate");
 }
 
 static bool write_port_file(const char *path, int grpc_port, int http_port) {
@@ -280,6 +343,7 @@ int main(int argc, char **argv) {
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -288,10 +352,19 @@ int main(int argc, char **argv) {
         return 1;
     }
     kf_error_t err;
+    kf_tls_t *tls = NULL;
+    if (o.tls.cert_path != NULL && load_tls(&o.tls, &tls, &err) != KF_OK) {
+        kf_log(KF_LOG_ERROR, "main", "TLS: %s", err.message);
+        return 1;
+    }
+    const char *tls_mode = tls == NULL                        ? "off"
+                           : kf_tls_requires_client_cert(tls) ? "on (mTLS)"
+                                                              : "on";
     kf_store_t *store;
     kf_rocks_options_t ro = {.path = o.data_dir};
     if (kf_store_open_rocks(&ro, &store, &err) != KF_OK) {
         kf_log(KF_LOG_ERROR, "main", "cannot open the store: %s", err.message);
+        kf_tls_unref(tls);
         return 1;
     }
     kf_engine_config_t ec = {
@@ -305,21 +378,25 @@ int main(int argc, char **argv) {
     if (kf_engine_create(&ec, store, &engine, &err) != KF_OK) {
         kf_log(KF_LOG_ERROR, "main", "cannot recover the engine: %s", err.message);
         kf_store_close(store);
+        kf_tls_unref(tls);
         return 1;
     }
-    kf_grpc_options_t go = {.address = o.grpc_address, .threads = o.grpc_threads};
+    kf_grpc_options_t go = {.address = o.grpc_address, .threads = o.grpc_threads, .tls = tls};
     kf_grpc_server_t *grpc;
     int grpc_port;
     if (kf_grpc_server_create(&go, engine, &grpc, &grpc_port, &err) != KF_OK) {
         kf_log(KF_LOG_ERROR, "main", "%s", err.message);
         kf_engine_destroy(engine);
         kf_store_close(store);
+        kf_tls_unref(tls);
         return 1;
     }
-    kf_gateway_options_t ho = {.address = o.http_address};
+    kf_gateway_options_t ho = {.address = o.http_address, .tls = tls};
     kf_gateway_t *gateway;
     int http_port;
-    if (kf_gateway_create(&ho, engine, &gateway, &http_port, &err) != KF_OK) {
+    kf_status_t gateway_st = kf_gateway_create(&ho, engine, &gateway, &http_port, &err);
+    kf_tls_unref(tls); /* the front ends hold what they need */
+    if (gateway_st != KF_OK) {
         kf_log(KF_LOG_ERROR, "main", "%s", err.message);
         kf_grpc_server_destroy(grpc, 0);
         kf_engine_destroy(engine);
@@ -339,11 +416,13 @@ int main(int argc, char **argv) {
     char grpc_at[160], http_at[160];
     bound_address(o.grpc_address, grpc_port, grpc_at, sizeof grpc_at);
     bound_address(o.http_address, http_port, http_at, sizeof http_at);
-    kf_log(KF_LOG_INFO, "main", "keyflowd serving data=%s grpc=%s http=%s", o.data_dir, grpc_at,
-           http_at);
+    kf_log(KF_LOG_INFO, "main", "keyflowd serving data=%s grpc=%s http=%s tls=%s", o.data_dir,
+           grpc_at, http_at, tls_mode);
 
     int sig = 0;
-    sigwait(&sigs, &sig);
+    while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP) {
+        reload_tls(&o.tls, grpc, gateway);
+    }
     kf_log(KF_LOG_INFO, "main", "signal %d: stopping", sig);
     kf_gauge_set(KF_G_READY, 0);
     kf_gateway_shutdown(gateway);

@@ -123,6 +123,11 @@ struct kf_grpc_server {
     atomic_int watches;    /* of which Health/Watch streams (open until cancelled) */
     call_tag_t shutdown_tag;
     atomic_bool shutdown_done;
+    /* TLS: the material the next handshake should switch to, taken (and
+     * cleared) by the certificate fetcher gRPC calls before handshakes. */
+    pthread_mutex_t tls_lock;
+    kf_tls_t *tls_next; /* NULL: keep serving what the last fetch gave */
+    bool tls_enabled;
 };
 
 /* Counts the call once in keyflow_requests_total and its latency. */
@@ -698,6 +703,58 @@ static void absl_deadlock_detection_off(void) {
     }
 }
 
+/* gRPC's certificate fetcher: asked before handshakes (the first time when
+ * the port starts) whether the certificate changed. Any gRPC thread. The
+ * config copies the PEM text, so the material is released here. */
+static grpc_ssl_certificate_config_reload_status
+fetch_certificate(void *user_data, grpc_ssl_server_certificate_config **config) {
+    kf_grpc_server_t *s = user_data;
+    pthread_mutex_lock(&s->tls_lock);
+    kf_tls_t *tls = s->tls_next;
+    s->tls_next = NULL;
+    pthread_mutex_unlock(&s->tls_lock);
+    if (tls == NULL) {
+        return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+    }
+    grpc_ssl_pem_key_cert_pair pair = {kf_tls_key_pem(tls), kf_tls_cert_pem(tls)};
+    /* gRPC 1.51 asserts that a fetched config has root certificates even
+     * when no client certificate is requested (they then go unused): the
+     * server's own chain stands in for them. */
+    const char *roots = kf_tls_client_ca_pem(tls);
+    *config = grpc_ssl_server_certificate_config_create(
+        roots != NULL ? roots : kf_tls_cert_pem(tls), &pair, 1);
+    kf_tls_unref(tls);
+    return *config != NULL ? GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW
+                           : GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_FAIL;
+}
+
+void kf_grpc_server_set_tls(kf_grpc_server_t *s, kf_tls_t *tls) {
+    KF_ASSERT(s->tls_enabled);
+    kf_tls_ref(tls);
+    pthread_mutex_lock(&s->tls_lock);
+    kf_tls_t *replaced = s->tls_next;
+    s->tls_next = tls;
+    pthread_mutex_unlock(&s->tls_lock);
+    kf_tls_unref(replaced); /* never fetched: superseded */
+}
+
+/* Insecure credentials, or TLS ones whose certificate comes from the
+ * fetcher, so that a reload needs no new port. */
+static grpc_server_credentials *server_credentials(kf_grpc_server_t *s, kf_tls_t *tls) {
+    if (tls == NULL) {
+        return grpc_insecure_server_credentials_create();
+    }
+    s->tls_enabled = true;
+    kf_grpc_server_set_tls(s, tls);
+    grpc_ssl_server_credentials_options *options =
+        grpc_ssl_server_credentials_create_options_using_config_fetcher(
+            kf_tls_requires_client_cert(tls)
+                ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            fetch_certificate, s);
+    return grpc_ssl_server_credentials_create_with_options(options); /* takes the options */
+}
+
 kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t *engine,
                                   kf_grpc_server_t **out, int *port, kf_error_t *err) {
     absl_deadlock_detection_off();
@@ -714,6 +771,7 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t 
     }
     atomic_store(&s->serving, true);
     s->shutdown_tag.call = NULL;
+    pthread_mutex_init(&s->tls_lock, NULL);
     grpc_arg args[3];
     memset(args, 0, sizeof args);
     args[0].type = GRPC_ARG_INTEGER;
@@ -735,13 +793,15 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t 
             s->server, kf_methods[i].path, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
         s->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name);
     }
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds = server_credentials(s, options->tls);
     int bound = grpc_server_add_http2_port(s->server, options->address, creds);
     grpc_server_credentials_release(creds);
     if (bound == 0) {
         grpc_server_destroy(s->server);
         grpc_completion_queue_shutdown(s->cq);
         grpc_completion_queue_destroy(s->cq);
+        kf_tls_unref(s->tls_next);
+        pthread_mutex_destroy(&s->tls_lock);
         free(s);
         grpc_shutdown();
         return kf_error_set(err, KF_E_IO, "grpc: cannot bind %s", options->address);
@@ -817,6 +877,8 @@ void kf_grpc_server_destroy(kf_grpc_server_t *s, int grace_ms) {
         }
     }
     grpc_completion_queue_destroy(s->cq);
+    kf_tls_unref(s->tls_next);
+    pthread_mutex_destroy(&s->tls_lock);
     free(s);
     grpc_shutdown();
 }

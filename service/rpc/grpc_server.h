@@ -18,12 +18,16 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
+#include "tls/tls.h"
 
 typedef struct kf_grpc_server kf_grpc_server_t;
 
 typedef struct kf_grpc_options {
     const char *address; /* "127.0.0.1:0" binds an ephemeral port */
     int threads;         /* completion-queue threads; 0 = 1 */
+    kf_tls_t *tls;       /* borrowed (a reference is taken); NULL = plaintext.
+                            With a client CA in it, every client must show a
+                            certificate that CA signed (mTLS). */
 } kf_grpc_options_t;
 
 /* Binds the address; *port receives the bound port. The engine is borrowed
@@ -31,6 +35,11 @@ typedef struct kf_grpc_options {
 kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t *engine,
                                   kf_grpc_server_t **out, int *port, kf_error_t *err) KF_MUST_USE;
 kf_status_t kf_grpc_server_start(kf_grpc_server_t *server, kf_error_t *err) KF_MUST_USE;
+/* New TLS material for connections accepted from now on (a SIGHUP reload);
+ * open connections keep the certificate they began with. Only for a server
+ * created with TLS, and mTLS stays as it was created (on or off). Takes a
+ * reference. Any thread. */
+void kf_grpc_server_set_tls(kf_grpc_server_t *server, kf_tls_t *tls);
 /* Health status reported by Health/Check and Watch. Any thread. */
 void kf_grpc_server_set_serving(kf_grpc_server_t *server, bool serving);
 /* Stops accepting calls; calls already handed to the engine are answered

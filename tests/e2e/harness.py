@@ -66,13 +66,70 @@ def stubs():
     return out
 
 
-class Keyflowd:
-    """One keyflowd process over one data directory (kept across restarts)."""
+class Pki:
+    """Test certificates made with openssl when a test runs, so that no
+    private key is ever committed. EC P-256 keys: quick to make."""
 
-    def __init__(self, data_dir=None, args=()):
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="kf-pki-")
+
+    def cleanup(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _run(self, *args):
+        subprocess.run(["openssl"] + list(args), check=True, cwd=self.dir,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def _key(self, name):
+        key = os.path.join(self.dir, name + ".key")
+        self._run("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+                  "-out", key)
+        os.chmod(key, 0o600)
+        return key
+
+    def ca(self, name):
+        """A self-signed CA: (cert path, key path)."""
+        key = self._key(name)
+        cert = os.path.join(self.dir, name + ".pem")
+        self._run("req", "-x509", "-new", "-key", key, "-out", cert, "-days", "2",
+                  "-subj", "/CN=" + name, "-addext", "basicConstraints=critical,CA:TRUE",
+                  "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        return cert, key
+
+    def leaf(self, name, ca, days=2, client=False, san="IP:127.0.0.1,DNS:localhost"):
+        """A certificate signed by `ca` (a pair from ca()); days < 0 makes one
+        that has already expired. Returns (cert path, key path)."""
+        key = self._key(name)
+        csr = os.path.join(self.dir, name + ".csr")
+        cert = os.path.join(self.dir, name + ".pem")
+        ext = os.path.join(self.dir, name + ".ext")
+        with open(ext, "w") as f:
+            f.write("basicConstraints=CA:FALSE\n")
+            f.write("extendedKeyUsage=%s\n" % ("clientAuth" if client else "serverAuth"))
+            if san:
+                f.write("subjectAltName=%s\n" % san)
+        self._run("req", "-new", "-key", key, "-out", csr, "-subj", "/CN=" + name)
+        self._run("x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1],
+                  "-CAcreateserial", "-days", str(days), "-extfile", ext, "-out", cert)
+        return cert, key
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class Keyflowd:
+    """One keyflowd process over one data directory (kept across restarts).
+    With tls_ca (a CA file), the HTTP helpers speak HTTPS and verify the
+    server with it; tls_client is an optional (cert, key) for mTLS."""
+
+    def __init__(self, data_dir=None, args=(), tls_ca=None, tls_client=None):
         self.owns_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="kf-data-")
         self.args = list(args)
+        self.tls_ca = tls_ca
+        self.tls_client = tls_client
         self.proc = None
         self.grpc_port = None
         self.http_port = None
@@ -84,7 +141,17 @@ class Keyflowd:
 
     @property
     def http_base(self):
-        return "http://127.0.0.1:%d" % self.http_port
+        return "%s://127.0.0.1:%d" % ("https" if self.tls_ca else "http", self.http_port)
+
+    def ssl_context(self):
+        """The client side of HTTPS for the helpers (None without TLS)."""
+        if not self.tls_ca:
+            return None
+        import ssl
+        ctx = ssl.create_default_context(cafile=self.tls_ca)
+        if self.tls_client:
+            ctx.load_cert_chain(*self.tls_client)
+        return ctx
 
     def start(self, timeout=30):
         port_file = os.path.join(self.data_dir, "ports")
@@ -158,7 +225,7 @@ class Keyflowd:
         for k, v in (headers or {}).items():
             req.add_header(k, v)
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=30, context=self.ssl_context()) as resp:
                 status, text = resp.status, resp.read().decode()
         except urllib.error.HTTPError as e:
             status, text = e.code, e.read().decode()

@@ -101,6 +101,7 @@ Test(status, boundary_translations) {
         {KF_E_IO, 13, 500, "INTERNAL"},
         {KF_E_CORRUPT, 15, 500, "DATA_LOSS"},
         {KF_E_NOMEM, 8, 503, "RESOURCE_EXHAUSTED"},
+        {KF_E_UNAUTHENTICATED, 16, 401, "UNAUTHENTICATED"},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         const row_t *r = &rows[i];
