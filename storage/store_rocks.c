@@ -276,12 +276,37 @@ kf_status_t kf_store_open_rocks(const kf_rocks_options_t *o, kf_store_t **out, k
     rocksdb_options_set_keep_log_file_num(rs->options, 4);
     rocksdb_options_set_max_background_jobs(rs->options, 2);
     rocksdb_options_set_max_open_files(rs->options, 1024);
-    /* Bounded WAL: once the WAL passes this, RocksDB flushes the families
-     * that pin it, so recovery time after a crash stays bounded. */
-    rocksdb_options_set_max_total_wal_size(rs->options, 512u * 1024 * 1024);
+    /* A small WAL: once the live WAL files pass this, RocksDB flushes the
+     * families whose memtables pin the oldest of them. Rarely written
+     * families (meta, functions, checkpoints) would otherwise pin every WAL
+     * written since their last write, and a restart replays all of it: at
+     * 512 MiB a restart after a soak spent most of its 11.9 s replaying
+     * (measured in bench/README.md, "Restart after load"). Replay cost is
+     * about 15 ms per MiB here. Atomic flush of all families bounded the
+     * WAL no better and flushes every family each time (measured), so it is
+     * off. */
+    rocksdb_options_set_max_total_wal_size(rs->options, KF_ROCKS_WAL_BYTES_MAX);
     /* One writer (the committer) and vector memtables: concurrent memtable
      * writes buy nothing and vector memtables do not support them. */
     rocksdb_options_set_allow_concurrent_memtable_write(rs->options, 0);
+
+    /* No fallocate: RocksDB would preallocate each WAL to 1.1 x the largest
+     * write buffer (about 70 MB) and the MANIFEST to 4 MB, so an empty store
+     * took 76 MB of disk. Appends cost the same here (bench/README.md,
+     * "allow_fallocate=false": no change in c=1 latency), and on a nearly
+     * full disk nothing is reserved that the data does not use. The C API
+     * has no setter for it, so it goes through RocksDB's option string. */
+    char *oe = NULL;
+    rocksdb_options_t *db_options = rocksdb_options_create();
+    rocksdb_get_options_from_string(rs->options, "allow_fallocate=false", db_options, &oe);
+    if (oe != NULL) {
+        rocksdb_options_destroy(db_options);
+        kf_status_t st = rocks_error(err, oe, "options");
+        rs_close(&rs->base);
+        return st;
+    }
+    rocksdb_options_destroy(rs->options);
+    rs->options = db_options;
 
     const char *names[KF_CF_COUNT];
     for (int i = 0; i < KF_CF_COUNT; i++) {

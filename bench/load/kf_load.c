@@ -73,6 +73,7 @@
 #define THREADS_MAX        16
 #define CHANNELS_MAX       64
 #define KEYS_MAX           1000000
+#define INPUT_BYTES_MAX    16384
 #define DURATION_S_MAX     3600
 #define FSYNC_COUNT_MAX    1000000
 #define FSYNC_RECORD_BYTES 100
@@ -202,6 +203,7 @@ typedef struct options {
     double duration_s;
     double warmup_s;
     long keys;
+    long input_bytes; /* SendEvent input padded to about this size; 0 = tiny */
     long channels;
     long threads;
     long deadline_ms;
@@ -281,10 +283,21 @@ static bool build_requests(run_t *r) {
         Keyflow__V1__Event event = KEYFLOW__V1__EVENT__INIT;
         Keyflow__V1__Rule rule = KEYFLOW__V1__RULE__INIT;
         char key[32];
-        char input[32];
+        char input[INPUT_BYTES_MAX + 64];
         if (o->rpc == RPC_SEND) {
             snprintf(key, sizeof key, "key-%06zu", i);
-            snprintf(input, sizeof input, "{\"n\":%zu}", i);
+            int n = snprintf(input, sizeof input, "{\"n\":%zu", i);
+            if (o->input_bytes > 0) {
+                /* {"n":I,"pad":"xxx..."}: a bigger event makes the WAL and
+                 * the memtables grow faster (bench/restart.sh). */
+                long pad = o->input_bytes - n - 10;
+                n += snprintf(input + n, sizeof input - (size_t)n, ",\"pad\":\"");
+                for (long p = 0; p < pad; p++) {
+                    input[n++] = 'x';
+                }
+                input[n++] = '"';
+            }
+            snprintf(input + n, sizeof input - (size_t)n, "}");
             rule.kind = KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE;
             rule.window_ms_present_case = KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS;
             rule.window_ms = 60000;
@@ -536,6 +549,8 @@ static void usage(FILE *out) {
             "  --duration-s S    measurement window (default 10)\n"
             "  --warmup-s S      load before the window, not counted (default 2)\n"
             "  --keys N          SendEvent keys, drawn uniformly (default 10000)\n"
+            "  --input-bytes N   SendEvent input padded to about N bytes (default: tiny,\n"
+            "                    max %d; the client holds one request per key)\n"
             "  --channels N      channels = TCP connections (default 1, max %d)\n"
             "  --threads N       client threads, one completion queue each (default 1)\n"
             "  --workflow NAME   SendEvent workflow (default bench-PID)\n"
@@ -547,7 +562,7 @@ static void usage(FILE *out) {
             "  --count N         fsync probe records (default 2000)\n"
             "  --fsync-mode M    append (default), fallocate or overwrite (see the source)\n"
             "  --gap-us N        fsync probe: idle this long before each record (default 0)\n",
-            CONCURRENCY_MAX, CHANNELS_MAX);
+            CONCURRENCY_MAX, INPUT_BYTES_MAX, CHANNELS_MAX);
 }
 
 static bool parse_args(int argc, char **argv, options_t *o) {
@@ -600,6 +615,8 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             ok = kf_bench_parse_seconds("kf_load", a, v, DURATION_S_MAX, &o->warmup_s);
         } else if (strcmp(a, "--keys") == 0) {
             ok = kf_bench_parse_long("kf_load", a, v, 1, KEYS_MAX, &o->keys);
+        } else if (strcmp(a, "--input-bytes") == 0) {
+            ok = kf_bench_parse_long("kf_load", a, v, 0, INPUT_BYTES_MAX, &o->input_bytes);
         } else if (strcmp(a, "--channels") == 0) {
             ok = kf_bench_parse_long("kf_load", a, v, 1, CHANNELS_MAX, &o->channels);
         } else if (strcmp(a, "--threads") == 0) {

@@ -152,6 +152,14 @@
 #define KF_PLUGIN_FILES_MAX 256
 #define KF_PLUGIN_BYTES_MAX (64LL * 1024 * 1024)
 
+/* ---- storage ---------------------------------------------------------- */
+
+/* Live RocksDB WAL bytes before the families pinning the oldest WAL file are
+ * flushed. A restart replays at most about this much (about 15 ms per MiB
+ * on the reference machine, so about 1 s); lower means more, smaller
+ * flushes. */
+#define KF_ROCKS_WAL_BYTES_MAX (64 * 1024 * 1024)
+
 /* ---- front ends ------------------------------------------------------- */
 
 /* One request message or HTTP body: a 16 MiB input batch plus framing. */
