@@ -27,6 +27,7 @@
 
 #include "base/assert.h"
 #include "base/limits.h"
+#include "base/version.h"
 #include "cli.h"
 #include "proto/methods.h"
 #include "http/json_map.h"
@@ -608,6 +609,7 @@ static void print_flags(FILE *out, const kf__cli_flag_t *flags, size_t count) {
 
 static void print_main_help(FILE *out) {
     fprintf(out, "Usage: keyflow [GLOBAL FLAGS] COMMAND [FLAGS] [ARGS]\n"
+                 "       keyflow --version\n"
                  "\n"
                  "The command-line client of keyflowd. Each response is printed as one line of\n"
                  "JSON on stdout; an error as \"keyflow: <GRPC_CODE>: <message>\" on stderr.\n"
@@ -767,6 +769,10 @@ int main(int argc, char **argv) {
         bool takes_next = false;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             print_main_help(stdout);
+            return KF__CLI_EXIT_OK;
+        }
+        if (strcmp(argv[i], "--version") == 0) {
+            printf("keyflow %s (commit %s)\n", kf_version(), kf_version_commit());
             return KF__CLI_EXIT_OK;
         }
         if (!is_global_flag_word(argv[i], &takes_next)) {

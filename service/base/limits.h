@@ -182,6 +182,13 @@
 /* Nesting depth of JSON documents the gateway accepts. */
 #define KF_JSON_DEPTH_MAX 64
 
+/* ---- operations ------------------------------------------------------- */
+
+/* One log line, built on the stack and written with one write(2) (which
+ * keeps concurrent lines whole): room for a function key, the longest
+ * identifier a line carries, escaped, plus the rest; longer values are cut. */
+#define KF_LOG_LINE_BYTES_MAX 8192
+
 _Static_assert(KF_BATCH_EVENTS_DEFAULT <= KF_BATCH_EVENTS_MAX, "default within bound");
 _Static_assert(KF_EVENT_INPUT_BYTES_MAX * 2 <= KF_WINDOW_INPUT_BYTES_MAX,
                "a window holds more than one maximal input");
@@ -197,5 +204,6 @@ _Static_assert(KF_FN_MAX_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX,
 _Static_assert(KF_FN_MAX_BATCH_ROWS_DEFAULT <= KF_FN_MAX_BATCH_ROWS_MAX, "default within bound");
 _Static_assert(KF_FN_MAX_INPUT_ROWS_DEFAULT <= KF_FN_MAX_INPUT_ROWS_MAX, "default within bound");
 _Static_assert(KF_KEY_COLUMNS_MAX <= KF_SCHEMA_FIELDS_MAX, "key columns are input columns");
+_Static_assert(KF_FUNCTION_KEY_BYTES_MAX < KF_LOG_LINE_BYTES_MAX, "a key fits a log line");
 
 #endif

@@ -1,11 +1,15 @@
 /* metrics.c - fixed tables of relaxed atomics and the Prometheus renderer. */
 #include "base/metrics.h"
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "base/assert.h"
 #include "base/status.h"
@@ -58,6 +62,14 @@ static const char *method_names[KF_METRICS_METHODS_MAX];
 static int method_count;
 static atomic_uint_fast64_t request_counts[KF_METRICS_METHODS_MAX][KF_TRANSPORT_COUNT][GRPC_CODES];
 static histogram_t request_latency[KF_METRICS_METHODS_MAX][KF_TRANSPORT_COUNT];
+
+static const char *build_version;
+static const char *build_commit;
+
+void kf_metrics_set_build_info(const char *version, const char *commit) {
+    build_version = version;
+    build_commit = commit;
+}
 
 void kf_gauge_set(kf_gauge_t g, int64_t v) {
     atomic_store_explicit(&gauges[g], v, memory_order_relaxed);
@@ -193,6 +205,116 @@ static void render_histogram(out_t *o, const histogram_t *h, const char *labels)
     outf(o, "%s_count%s%s%s %llu\n", h->name, open, labels, close, (unsigned long long)cumulative);
 }
 
+/* ---- process metrics (the names every Prometheus client library uses) ---- */
+
+/* Fields 22 (starttime, in clock ticks after boot) and 23 (vsize, bytes) of
+ * /proc/self/stat. The command name (field 2) may hold spaces and
+ * parentheses, so parsing starts after its last ')'. */
+static bool proc_stat(unsigned long long *start_ticks, unsigned long long *vsize_bytes) {
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "re");
+    if (f == NULL) {
+        return false;
+    }
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    if (p == NULL) {
+        return false;
+    }
+    /* After ")": field 3 (state) is the first; starttime is the 20th of
+     * them, vsize the 21st. */
+    int field = 2;
+    for (const char *q = p + 1; *q != '\0'; q++) {
+        if (*q == ' ') {
+            field++;
+            if (field == 22) {
+                *start_ticks = strtoull(q + 1, NULL, 10);
+            } else if (field == 23) {
+                *vsize_bytes = strtoull(q + 1, NULL, 10);
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+/* The boot time (unix seconds), "btime" of /proc/stat. */
+static bool boot_time(unsigned long long *out) {
+    FILE *f = fopen("/proc/stat", "re");
+    if (f == NULL) {
+        return false;
+    }
+    char line[256];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f) != NULL) {
+        found = sscanf(line, "btime %llu", out) == 1;
+    }
+    fclose(f);
+    return found;
+}
+
+static void render_process(out_t *o) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+                     (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+        outf(o,
+             "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+             "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.6f\n",
+             cpu);
+    }
+    long page_bytes = sysconf(_SC_PAGESIZE);
+    unsigned long long pages_total = 0, pages_resident = 0;
+    FILE *f = fopen("/proc/self/statm", "re");
+    if (f != NULL) {
+        if (fscanf(f, "%llu %llu", &pages_total, &pages_resident) == 2 && page_bytes > 0) {
+            outf(o,
+                 "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+                 "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes "
+                 "%llu\n",
+                 pages_resident * (unsigned long long)page_bytes);
+        }
+        fclose(f);
+    }
+    unsigned long long start_ticks = 0, vsize_bytes = 0, boot_s = 0;
+    bool have_stat = proc_stat(&start_ticks, &vsize_bytes);
+    if (have_stat) {
+        outf(o,
+             "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+             "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes %llu\n",
+             vsize_bytes);
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (d != NULL) {
+        long fds = 0;
+        for (struct dirent *e = readdir(d); e != NULL; e = readdir(d)) {
+            fds += e->d_name[0] != '.';
+        }
+        closedir(d);
+        outf(o,
+             "# HELP process_open_fds Number of open file descriptors.\n"
+             "# TYPE process_open_fds gauge\nprocess_open_fds %ld\n",
+             fds - 1); /* less the one this count itself held open */
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        outf(o,
+             "# HELP process_max_fds Maximum number of open file descriptors.\n"
+             "# TYPE process_max_fds gauge\nprocess_max_fds %llu\n",
+             (unsigned long long)rl.rlim_cur);
+    }
+    long ticks_per_s = sysconf(_SC_CLK_TCK);
+    if (have_stat && ticks_per_s > 0 && boot_time(&boot_s)) {
+        outf(o,
+             "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+             "seconds.\n"
+             "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %.2f\n",
+             (double)boot_s + (double)start_ticks / (double)ticks_per_s);
+    }
+}
+
 char *kf_metrics_render(size_t *len) {
     static const char *const transport_names[KF_TRANSPORT_COUNT] = {"grpc", "http"};
     out_t o = {malloc(16384), 0, 16384, 0};
@@ -200,6 +322,14 @@ char *kf_metrics_render(size_t *len) {
         return NULL;
     }
     o.buf[0] = '\0';
+    if (build_version != NULL) {
+        outf(
+            &o,
+            "# HELP keyflow_build_info The running build: version and source commit\n"
+            "# TYPE keyflow_build_info gauge\nkeyflow_build_info{version=\"%s\",commit=\"%s\"} 1\n",
+            build_version, build_commit != NULL ? build_commit : "unknown");
+    }
+    render_process(&o);
     for (int i = 0; i < KF_GAUGE_COUNT; i++) {
         outf(&o, "# HELP %s %s\n# TYPE %s gauge\n%s %lld\n", gauge_info[i].name, gauge_info[i].help,
              gauge_info[i].name, gauge_info[i].name,

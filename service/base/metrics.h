@@ -6,6 +6,12 @@
  * a consistent-enough view without stopping anyone. The set of metrics is
  * fixed at compile time (tables below), except request metrics, which are
  * per registered method (kf_metrics_method_register, before serving starts).
+ *
+ * The exposition also carries the standard process metrics of Prometheus
+ * clients (process_cpu_seconds_total, process_resident_memory_bytes,
+ * process_virtual_memory_bytes, process_open_fds, process_max_fds,
+ * process_start_time_seconds), read from the kernel at render time; one the
+ * kernel does not answer (no /proc, no descriptor left) is left out.
  */
 #ifndef KF_BASE_METRICS_H
 #define KF_BASE_METRICS_H
@@ -88,6 +94,11 @@ typedef enum kf_transport {
  * gives the same id. Call before serving (not thread-safe against record). */
 int kf_metrics_method_register(const char *name);
 void kf_metrics_request(int method, kf_transport_t transport, int grpc_code, int64_t latency_us);
+
+/* The build, rendered as keyflow_build_info{version="...",commit="..."} 1.
+ * Both strings are borrowed for the life of the process (base/version.h's
+ * are static). Call before serving; until then the metric is absent. */
+void kf_metrics_set_build_info(const char *version, const char *commit);
 
 /* The whole exposition, malloc'd and NUL-terminated; *len excludes the NUL.
  * NULL when out of memory. */

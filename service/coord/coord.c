@@ -506,6 +506,11 @@ static void close_window(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char 
     e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED;
     e.started = &started;
     append_entry(cs, ctx, c, &e);
+    kf_log_kv(KF_LOG_INFO, "coord", "window closed, run started",
+              KF_LOG_STR("kind", c->kind == KF_RULE_BATCH ? "batch" : "debounce"),
+              KF_LOG_STR("workflow", c->workflow), KF_LOG_STR("key", c->key),
+              KF_LOG_STR("run_id", run_id), KF_LOG_STR("reason", reason),
+              KF_LOG_INT("events", spec.event_count));
 }
 
 /* ---- requests ---------------------------------------------------------- */

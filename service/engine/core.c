@@ -116,14 +116,13 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
         kf_core_destroy(core);
         return st;
     }
-    kf_log(KF_LOG_INFO, "engine",
-           "recovered coordinators=%llu open_windows=%llu runs_pending=%llu runs_leased=%llu "
-           "timers=%u in %lld ms",
-           (unsigned long long)kf_coords_count(core->coords),
-           (unsigned long long)kf_coords_open_windows(core->coords),
-           (unsigned long long)kf_runs_pending(core->runs),
-           (unsigned long long)kf_runs_leased(core->runs), kf_heap_count(&ctx->heap),
-           (long long)((kf_mono_us() - t0) / 1000));
+    kf_log_kv(KF_LOG_INFO, "engine", "recovered",
+              KF_LOG_INT("coordinators", kf_coords_count(core->coords)),
+              KF_LOG_INT("open_windows", kf_coords_open_windows(core->coords)),
+              KF_LOG_INT("runs_pending", kf_runs_pending(core->runs)),
+              KF_LOG_INT("runs_leased", kf_runs_leased(core->runs)),
+              KF_LOG_INT("timers", kf_heap_count(&ctx->heap)),
+              KF_LOG_INT("duration_ms", (kf_mono_us() - t0) / 1000));
     *out = core;
     return KF_OK;
 }

@@ -86,8 +86,9 @@ struct kf_engine {
 
 static void default_fatal(const kf_error_t *err, void *ctx) {
     (void)ctx;
-    kf_log(KF_LOG_ERROR, "engine", "durable write failed, stopping without acknowledging: %s",
-           err->message);
+    kf_log_kv(
+        KF_LOG_ERROR, "engine", "fail-stop: a durable write failed; nothing more is acknowledged",
+        KF_LOG_STR("reason", err->message), KF_LOG_STR("status", kf_status_name(err->status)));
     abort();
 }
 

@@ -132,8 +132,8 @@ static kf_status_t load_bytes(kf_plugins_t *p, const char *path, const char *dig
     l->handler = h;
     l->next = p->loaded;
     p->loaded = l;
-    kf_log(KF_LOG_INFO, "plugin", "loaded %s (%s) sha256=%s", path, h->name ? h->name : "?",
-           digest);
+    kf_log_kv(KF_LOG_INFO, "plugin", "handler loaded", KF_LOG_STR("path", path),
+              KF_LOG_STR("name", h->name ? h->name : "?"), KF_LOG_STR("sha256", digest));
     *out = h;
     return KF_OK;
 }

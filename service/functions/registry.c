@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/bytes.h"
+#include "base/log.h"
 #include "base/metrics.h"
 #include "functions/functions_int.h"
 
@@ -182,6 +183,11 @@ void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     kf_key_raw(&k, KF__FN_INDEX_KEY, sizeof KF__FN_INDEX_KEY - 1);
     kf_ctx_put(ctx, KF_CF_META, &k, next, sizeof next);
     kf__put_checkpoint(ctx, fn);
+    kf_log_kv(KF_LOG_INFO, "functions", "function registered", KF_LOG_STR("function_id", fn->id),
+              KF_LOG_STR("descriptor_sha256", fn->sha256),
+              KF_LOG_STR("runtime", canonical->runtime == KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE
+                                        ? "NATIVE"
+                                        : "REMOTE"));
     resp->function = fn_info(cmd->arena, fn);
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);

@@ -141,15 +141,18 @@ static void send_body(h2o_req_t *req, int status, const char *content_type, cons
     h2o_send_inline(req, body, len);
 }
 
-static void send_error(h2o_req_t *req, kf_status_t status, const char *message, int http_status) {
+/* Returns the HTTP status sent (read it here: h2o may dispose `req` once
+ * the reply is out). */
+static int send_error(h2o_req_t *req, kf_status_t status, const char *message, int http_status) {
     json_t *body = json_pack("{s:i, s:s, s:s}", "code", kf_status_grpc_code(status), "status",
                              kf_status_grpc_name(status), "message", message);
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     const char *out = text ? text : "{\"code\":13,\"status\":\"INTERNAL\",\"message\":\"\"}";
-    send_body(req, http_status ? http_status : kf_status_http(status), "application/json", out,
-              strlen(out));
+    int sent = http_status ? http_status : kf_status_http(status);
+    send_body(req, sent, "application/json", out, strlen(out));
     free(text);
+    return sent;
 }
 
 static void watch_unlink(kf_gateway_t *gw, http_call_t *call) {
@@ -210,6 +213,15 @@ static bool is_long_poll(const kf_method_t *m, ProtobufCMessage *msg) {
     return wait_ms != NULL && *wait_ms > 0;
 }
 
+/* Counts a request of a known method once (keyflow_requests_total and its
+ * latency) and logs it (debug). `request` may be NULL (not readable). */
+static void record_request(http_call_t *call, int metrics_id, int grpc_code, int http_status,
+                           const ProtobufCMessage *request) {
+    int64_t duration_us = kf_mono_us() - call->start_us;
+    kf_metrics_request(metrics_id, KF_TRANSPORT_HTTP, grpc_code, duration_us);
+    kf_log_request("http", call->method->name, grpc_code, http_status, duration_us, request);
+}
+
 static void call_free(http_call_t *call) {
     watch_unlink(call->gw, call);
     kf_arena_deinit(&call->arena);
@@ -232,6 +244,7 @@ static void on_req_dispose(void *p) {
 static void finish_call(http_call_t *call) {
     kf_cmd_t *cmd = &call->cmd;
     int code = kf_status_grpc_code(cmd->error.status);
+    int http_status = 0; /* 0: the client left, nothing was sent */
     if (call->req != NULL) {
         h2o_req_t *req = call->req;
         call->hook->call = NULL;
@@ -239,16 +252,17 @@ static void finish_call(http_call_t *call) {
             size_t len;
             char *json = kf_message_to_json(cmd->response, &call->arena, &len);
             if (json != NULL) {
+                http_status = 200;
                 send_body(req, 200, "application/json", json, len);
             } else {
                 code = kf_status_grpc_code(KF_E_TOO_LARGE);
-                send_error(req, KF_E_TOO_LARGE, "response: too large to render", 0);
+                http_status = send_error(req, KF_E_TOO_LARGE, "response: too large to render", 0);
             }
         } else {
-            send_error(req, cmd->error.status, cmd->error.message, 0);
+            http_status = send_error(req, cmd->error.status, cmd->error.message, 0);
         }
     }
-    kf_metrics_request(call->metrics_id, KF_TRANSPORT_HTTP, code, kf_mono_us() - call->start_us);
+    record_request(call, call->metrics_id, code, http_status, cmd->request);
     call_free(call);
 }
 
@@ -362,10 +376,10 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_error_t err;
     kf_status_t st = kf_http_route(&hreq, &call->arena, &call->method, &msg, &err);
     if (st != KF_OK) {
-        send_error(req, st, err.message, st == KF_E_UNIMPLEMENTED ? 405 : 0);
+        int sent = send_error(req, st, err.message, st == KF_E_UNIMPLEMENTED ? 405 : 0);
         if (call->method != NULL) { /* a refused request of a known method counts */
-            kf_metrics_request(gw->metrics_ids[call->method - kf_methods], KF_TRANSPORT_HTTP,
-                               kf_status_grpc_code(st), kf_mono_us() - call->start_us);
+            record_request(call, gw->metrics_ids[call->method - kf_methods],
+                           kf_status_grpc_code(st), sent, NULL);
         }
         call_free(call);
         return 0;
@@ -390,9 +404,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     }
     if (kf_engine_submit(gw->engine, cmd) != KF_OK) {
         call->hook->call = NULL;
-        send_error(req, cmd->error.status, cmd->error.message, 0);
-        kf_metrics_request(call->metrics_id, KF_TRANSPORT_HTTP,
-                           kf_status_grpc_code(cmd->error.status), kf_mono_us() - call->start_us);
+        int sent = send_error(req, cmd->error.status, cmd->error.message, 0);
+        record_request(call, call->metrics_id, kf_status_grpc_code(cmd->error.status), sent, msg);
         call_free(call);
     }
     return 0;

@@ -21,6 +21,7 @@
 #include "base/limits.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/version.h"
 #include "engine/engine.h"
 #include "http/gateway.h"
 #include "rpc/grpc_server.h"
@@ -43,6 +44,7 @@ typedef struct options {
     int64_t queue_depth;
     int grpc_threads;
     kf_log_level_t log_level;
+    kf_log_format_t log_format;
 } options_t;
 
 static void usage(FILE *out) {
@@ -61,15 +63,20 @@ static void usage(FILE *out) {
         "  --run-attempts N      leases per run before it FAILS (default %d, max %d)\n"
         "  --queue-depth N       engine queue bound (default and max %d)\n"
         "  --grpc-threads N      completion-queue threads (default 1)\n"
-        "  --log-level LEVEL     debug, info, warn, error (default info)\n"
+        "  --log-level LEVEL     debug (adds a line per request), info (lifecycle events),\n"
+        "                        warn, error (default info)\n"
+        "  --log-format FORMAT   text or json (one object per line: ts, level, module, msg,\n"
+        "                        fields) on stderr (default text)\n"
         "  --tls-cert FILE       PEM certificate chain: TLS on both listeners (needs --tls-key)\n"
         "  --tls-key FILE        PEM private key of --tls-cert\n"
         "  --tls-client-ca FILE  PEM CAs: clients must present a certificate they signed (mTLS)\n"
+        "  --version             print the version and source commit, then exit\n"
         "SIGHUP re-reads the TLS files (new connections get the new certificate).\n"
         "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_GRPC_ADDRESS,\n"
         "KEYFLOW_HTTP_ADDRESS, KEYFLOW_PORT_FILE, KEYFLOW_PLUGIN_DIR, KEYFLOW_RUN_RETENTION_MS,\n"
         "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_LOG_LEVEL,\n"
-        "KEYFLOW_SERVER_TLS_CERT, KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA.\n",
+        "KEYFLOW_LOG_FORMAT, KEYFLOW_SERVER_TLS_CERT, KEYFLOW_SERVER_TLS_KEY,\n"
+        "KEYFLOW_SERVER_TLS_CLIENT_CA.\n",
         (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
         KF_QUEUE_DEPTH_MAX);
 }
@@ -93,16 +100,16 @@ static bool parse_int(const char *flag, const char *text, int64_t lo, int64_t hi
 }
 
 static bool parse_level(const char *v, kf_log_level_t *out) {
-    if (strcmp(v, "debug") == 0)
-        *out = KF_LOG_DEBUG;
-    else if (strcmp(v, "info") == 0)
-        *out = KF_LOG_INFO;
-    else if (strcmp(v, "warn") == 0)
-        *out = KF_LOG_WARN;
-    else if (strcmp(v, "error") == 0)
-        *out = KF_LOG_ERROR;
-    else {
+    if (!kf_log_level_parse(v, out)) {
         fprintf(stderr, "keyflowd: log level must be debug, info, warn or error, got %s\n", v);
+        return false;
+    }
+    return true;
+}
+
+static bool parse_format(const char *v, kf_log_format_t *out) {
+    if (!kf_log_format_parse(v, out)) {
+        fprintf(stderr, "keyflowd: log format must be text or json, got %s\n", v);
         return false;
     }
     return true;
@@ -125,8 +132,11 @@ static bool parse_env(options_t *o) {
     o->tls.key_path = env_or("KEYFLOW_SERVER_TLS_KEY", NULL);
     o->tls.client_ca_path = env_or("KEYFLOW_SERVER_TLS_CLIENT_CA", NULL);
     o->log_level = KF_LOG_INFO;
+    o->log_format = KF_LOG_FORMAT_TEXT;
     o->grpc_threads = 1;
     if ((v = env_or("KEYFLOW_LOG_LEVEL", NULL)) != NULL && !parse_level(v, &o->log_level))
+        return false;
+    if ((v = env_or("KEYFLOW_LOG_FORMAT", NULL)) != NULL && !parse_format(v, &o->log_format))
         return false;
     if ((v = env_or("KEYFLOW_RUN_RETENTION_MS", NULL)) != NULL &&
         !parse_int("KEYFLOW_RUN_RETENTION_MS", v, 1000, KF_RETENTION_MS_MAX, &o->retention_ms))
@@ -147,11 +157,11 @@ static bool parse_env(options_t *o) {
 
 static bool known_flag(const char *a) {
     static const char *const flags[] = {
-        "--data",          "--grpc",        "--http",
-        "--port-file",     "--plugin-dir",  "--run-retention-ms",
-        "--run-attempts",  "--queue-depth", "--grpc-threads",
-        "--log-level",     "--tls-cert",    "--tls-key",
-        "--tls-client-ca",
+        "--data",         "--grpc",          "--http",
+        "--port-file",    "--plugin-dir",    "--run-retention-ms",
+        "--run-attempts", "--queue-depth",   "--grpc-threads",
+        "--log-level",    "--log-format",    "--tls-cert",
+        "--tls-key",      "--tls-client-ca",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         if (strcmp(a, flags[i]) == 0) {
@@ -187,6 +197,10 @@ static bool parse_args(int argc, char **argv, options_t *o) {
         int64_t n;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
+            exit(0);
+        }
+        if (strcmp(a, "--version") == 0) {
+            printf("keyflowd %s (commit %s)\n", kf_version(), kf_version_commit());
             exit(0);
         }
         if (!known_flag(a)) {
@@ -231,6 +245,9 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             o->tls.key_path = v;
         } else if (strcmp(a, "--tls-client-ca") == 0) {
             o->tls.client_ca_path = v;
+        } else if (strcmp(a, "--log-format") == 0) {
+            if (!parse_format(v, &o->log_format))
+                return false;
         } else {
             KF_UNREACHABLE(); /* known_flag() lists every flag above */
         }
@@ -328,6 +345,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     kf_log_set_level(o.log_level);
+    kf_log_set_format(o.log_format);
+    kf_metrics_set_build_info(kf_version(), kf_version_commit());
     struct stat st_plugins;
     if (o.plugin_dir != NULL &&
         (stat(o.plugin_dir, &st_plugins) != 0 || !S_ISDIR(st_plugins.st_mode))) {
@@ -424,8 +443,10 @@ int main(int argc, char **argv) {
     char grpc_at[160], http_at[160];
     bound_address(o.grpc_address, grpc_port, grpc_at, sizeof grpc_at);
     bound_address(o.http_address, http_port, http_at, sizeof http_at);
-    kf_log(KF_LOG_INFO, "main", "keyflowd serving data=%s grpc=%s http=%s tls=%s", o.data_dir,
-           grpc_at, http_at, tls_mode);
+    kf_log_kv(KF_LOG_INFO, "main", "serving", KF_LOG_STR("version", kf_version()),
+              KF_LOG_STR("commit", kf_version_commit()), KF_LOG_STR("data", o.data_dir),
+              KF_LOG_STR("grpc", grpc_at), KF_LOG_STR("http", http_at),
+              KF_LOG_STR("tls", tls_mode));
 
     int sig = 0;
     while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP) {

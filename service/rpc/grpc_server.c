@@ -130,11 +130,13 @@ struct kf_grpc_server {
     bool tls_enabled;
 };
 
-/* Counts the call once in keyflow_requests_total and its latency. */
+/* Counts the call once in keyflow_requests_total and its latency, and logs
+ * it (debug). */
 static void record_metrics(call_t *c) {
     if (c->method != NULL && c->call != NULL && !c->metrics_done) {
-        kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code,
-                           kf_mono_us() - c->start_us);
+        int64_t duration_us = kf_mono_us() - c->start_us;
+        kf_metrics_request(c->metrics_id, KF_TRANSPORT_GRPC, c->grpc_code, duration_us);
+        kf_log_request("grpc", c->method->name, c->grpc_code, 0, duration_us, c->cmd.request);
         c->metrics_done = true;
     }
 }

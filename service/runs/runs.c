@@ -377,6 +377,11 @@ static void finish_run(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, int status, const
     }
     rs->evict_tail = r;
     kf_counter_add(status == ST_COMPLETED ? KF_C_RUNS_COMPLETED : KF_C_RUNS_FAILED, 1);
+    if (status == ST_FAILED) {
+        kf_log_kv(KF_LOG_INFO, "runs", "run failed", KF_LOG_STR("run_id", r->run_id),
+                  KF_LOG_STR("workflow", r->workflow), KF_LOG_INT("attempts", r->attempts),
+                  KF_LOG_STR("error", r->error));
+    }
 }
 
 static void delete_stored(kf_ctx_t *ctx, const char *run_id, const char *workflow, uint64_t seq,
@@ -983,6 +988,10 @@ void kf_runs_fire(kf_runs_t *rs, kf_ctx_t *ctx, kf_timer_t *timer) {
             return;
         }
         kf_counter_add(KF_C_LEASES_EXPIRED, 1);
+        kf_log_kv(KF_LOG_INFO, "runs", "lease expired", KF_LOG_STR("run_id", r->run_id),
+                  KF_LOG_STR("workflow", r->workflow), KF_LOG_STR("worker_id", r->worker_id),
+                  KF_LOG_INT("attempt", r->attempts), KF_LOG_INT("attempts_max", attempts_max(ctx)),
+                  KF_LOG_STR("next", r->attempts >= attempts_max(ctx) ? "failed" : "pending"));
         if (r->attempts >= attempts_max(ctx)) {
             char msg[160];
             snprintf(msg, sizeof msg, "lease expired on attempt %lld of %lld",

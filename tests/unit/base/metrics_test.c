@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include <criterion/criterion.h>
 
@@ -245,7 +247,10 @@ static void validate_sample(exposition_t *e, const char *line) {
     f->sampled = true;
     if (strcmp(f->type, "counter") == 0) {
         cr_assert_geq(value, 0, "negative counter: %s", line);
-        cr_assert_eq(value, floor(value), "fractional counter: %s", line);
+        /* keyflow's counters count things; process_cpu_seconds_total is
+         * the one (standard) counter of seconds. */
+        cr_assert(value == floor(value) || strncmp(name, "process_", 8) == 0,
+                  "fractional counter: %s", line);
     }
     if (strcmp(f->type, "histogram") != 0) {
         cr_assert_eq(le[0], '\0', "le label outside a histogram: %s", line);
@@ -383,8 +388,11 @@ static bool has_line(const char *text, const char *line) {
 Test(metrics, fresh_rendering_is_valid_and_lists_every_family) {
     exposition_t e;
     char *text = render_valid(&e);
-    cr_assert_eq(e.family_count, KF_GAUGE_COUNT + KF_COUNTER_COUNT + KF_HISTOGRAM_COUNT + 2,
+    /* + requests and request latency, + the six process_* families. */
+    cr_assert_eq(e.family_count, KF_GAUGE_COUNT + KF_COUNTER_COUNT + KF_HISTOGRAM_COUNT + 2 + 6,
                  "%d families", e.family_count);
+    cr_assert(isnan(sample(text, "keyflow_build_info{version=\"0.1.0\",commit=\"x\"}")),
+              "no build info before it is set");
     cr_assert(has_line(text, "# TYPE keyflow_engine_queue_depth gauge"));
     cr_assert(has_line(text, "# TYPE keyflow_events_accepted_total counter"));
     cr_assert(has_line(text, "# TYPE keyflow_commit_sync_seconds histogram"));
@@ -394,6 +402,54 @@ Test(metrics, fresh_rendering_is_valid_and_lists_every_family) {
     cr_assert_eq(sample(text, "keyflow_ready"), 0);
     cr_assert_eq(sample(text, "keyflow_commit_group_bytes_count"), 0);
     cr_assert_eq(sample(text, "keyflow_commit_group_bytes_bucket{le=\"+Inf\"}"), 0);
+    exposition_free(&e);
+    free(text);
+}
+
+Test(metrics, build_info_once_set) {
+    kf_metrics_set_build_info("1.2.3", "abc123-dirty");
+    exposition_t e;
+    char *text = render_valid(&e);
+    cr_assert(has_line(text, "# TYPE keyflow_build_info gauge"));
+    cr_assert(has_line(text, "keyflow_build_info{version=\"1.2.3\",commit=\"abc123-dirty\"} 1"),
+              "%s", text);
+    exposition_free(&e);
+    free(text);
+}
+
+/* The standard process metrics, checked against what this process can see
+ * of itself: they are read from the kernel at each rendering. */
+Test(metrics, process_metrics_describe_this_process) {
+    exposition_t e;
+    char *text = render_valid(&e);
+    cr_assert(has_line(text, "# TYPE process_cpu_seconds_total counter"));
+    cr_assert(has_line(text, "# TYPE process_open_fds gauge"));
+    cr_assert_geq(sample(text, "process_cpu_seconds_total"), 0);
+    double rss = sample(text, "process_resident_memory_bytes");
+    cr_assert(rss > 1024 * 1024 && rss < 1e12, "rss %g", rss);
+    cr_assert_geq(sample(text, "process_virtual_memory_bytes"), rss);
+    /* Three more descriptors open now must show as three more. */
+    double fds = sample(text, "process_open_fds");
+    cr_assert_geq(fds, 3, "stdin, stdout and stderr at least: %g", fds);
+    FILE *extra[3];
+    for (int i = 0; i < 3; i++) {
+        extra[i] = fopen("/dev/null", "r");
+        cr_assert_not_null(extra[i]);
+    }
+    exposition_free(&e);
+    free(text);
+    text = render_valid(&e);
+    cr_assert_eq(sample(text, "process_open_fds"), fds + 3);
+    for (int i = 0; i < 3; i++) {
+        fclose(extra[i]);
+    }
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    cr_assert_eq(sample(text, "process_max_fds"), (double)rl.rlim_cur);
+    /* Started within the last ten minutes (Criterion forks each test). */
+    double start_s = sample(text, "process_start_time_seconds");
+    double now_s = (double)time(NULL);
+    cr_assert(start_s <= now_s + 1 && start_s > now_s - 600, "start %f now %f", start_s, now_s);
     exposition_free(&e);
     free(text);
 }
