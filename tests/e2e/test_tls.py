@@ -197,7 +197,7 @@ class TlsTest(unittest.TestCase):
     # --- mTLS --------------------------------------------------------------------
     def test_mtls_requires_a_client_certificate_from_the_client_ca(self):
         server = self.start(self.server_cert, client_ca=self.ca[0], tls_client=self.client_cert)
-        self.assertIn("tls=on (mTLS)", server.read_log())
+        self.assertIn("tls=\"on (mTLS)\"", server.read_log())  # a quoted log field
         # Without a certificate, with one of another CA, with an expired one.
         self.assert_grpc_refused(channel(server.grpc_target, self.ca[0]))
         self.assert_grpc_refused(channel(server.grpc_target, self.ca[0], self.foreign_client))
