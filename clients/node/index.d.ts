@@ -232,6 +232,8 @@ export interface WorkerOptions extends ConnectionOptions {
   pollWaitMs?: number;
   /** time held runs get to finish at shutdown before they are released, default 20000 */
   graceMs?: number;
+  /** concurrent long polls, default 2 */
+  pollers?: number;
   /** stop on SIGTERM / SIGINT while run() is active, default true */
   installSignalHandlers?: boolean;
 }

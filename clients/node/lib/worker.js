@@ -5,9 +5,9 @@
 //   worker.handle('ship', async (input, run) => ({ shipped: input }));
 //   await worker.run();        // until SIGTERM / SIGINT / worker.stop()
 //
-// One poll loop leases runs (PollRuns long poll, maxRuns = free slots) and
-// starts each handler without awaiting it; at most `concurrency` runs are
-// held at once. Each held run has a heartbeat timer every leaseMs *
+// Poll loops (`pollers`, default 2) lease runs (PollRuns long poll, maxRuns
+// = free slots) and start each handler without awaiting it; at most
+// `concurrency` runs are held or asked for at once. Each held run has a heartbeat timer every leaseMs *
 // heartbeatFraction; a refused heartbeat (the lease expired or was taken
 // over) marks the run lost and its result is not reported. A handler's
 // return value completes the run, a throw fails it.
@@ -68,7 +68,7 @@ class RunContext {
 class Worker {
   // options: client (a Client) or the Client's options (addr, tlsCa, ...),
   // workerId, concurrency (16), leaseMs (30000), heartbeatFraction (1/3),
-  // pollWaitMs (10000), graceMs (20000), installSignalHandlers (true).
+  // pollWaitMs (10000), graceMs (20000), pollers (2), installSignalHandlers (true).
   constructor(options = {}) {
     this._ownsClient = !options.client;
     this.client = options.client || new Client(options);
@@ -94,7 +94,10 @@ class Worker {
     this.stopping = false;
     this._active = new Map(); // runId -> RunContext
     this._abort = new AbortController();
-    this._pollCall = null;
+    this._polls = new Set(); // outstanding PollRuns calls
+    this._reserved = 0; // slots promised to outstanding polls
+    this.pollers = Math.max(1, options.pollers || 2);
+    this._pollBatchMin = Math.max(1, Math.min(16, Math.floor(this.concurrency / 4)));
     this._slotWaiters = [];
     this._idleWaiters = [];
     this._done = null;
@@ -124,7 +127,7 @@ class Worker {
       process.on('SIGTERM', onSignal);
       process.on('SIGINT', onSignal);
     }
-    this._done = this._pollLoop().finally(() => {
+    this._done = this._pollLoops().finally(() => {
       process.removeListener('SIGTERM', onSignal);
       process.removeListener('SIGINT', onSignal);
     });
@@ -140,8 +143,8 @@ class Worker {
     if (!this.stopping) {
       this.stopping = true;
       this._abort.abort();
-      if (this._pollCall) {
-        this._pollCall.cancel();
+      for (const call of this._polls) {
+        call.cancel();
       }
       this._wake(this._slotWaiters);
     }
@@ -156,64 +159,85 @@ class Worker {
 
   _poll(maxRuns) {
     const c = this.client;
-    return new Promise((resolve, reject) => {
-      this._pollCall = c._runs.PollRuns({
+    let call;
+    const result = new Promise((resolve, reject) => {
+      call = c._runs.PollRuns({
         workflows: [...this.handlers.keys()].sort(), workerId: this.workerId,
         leaseMs: this.leaseMs, maxRuns, waitMs: this.pollWaitMs,
-      }, c.metadata, { deadline: Date.now() + c.timeoutMs + this.pollWaitMs }, (err, resp) => {
-        this._pollCall = null;
-        return err ? reject(err) : resolve(resp);
-      });
+      }, c.metadata, { deadline: Date.now() + c.timeoutMs + this.pollWaitMs },
+      (err, resp) => (err ? reject(err) : resolve(resp)));
     });
+    this._polls.add(call);
+    return result.finally(() => this._polls.delete(call));
+  }
+
+  // Waits until this poller may poll and reserves the slots it asks for
+  // (0: stopping). The first poll needs one free slot; another at the same
+  // time needs a batch of them, so that polls overlap the runs in flight
+  // (lease and completion writes share commit groups) without splitting
+  // free slots into polls of one run each.
+  async _reserveSlots() {
+    while (!this.stopping) {
+      const free = this.concurrency - this._active.size - this._reserved;
+      if (free >= (this._polls.size === 0 ? 1 : this._pollBatchMin)) {
+        const n = Math.min(free, POLL_MAX_RUNS);
+        this._reserved += n;
+        return n;
+      }
+      await new Promise((resolve) => this._slotWaiters.push(resolve));
+    }
+    return 0;
+  }
+
+  async _pollLoops() {
+    const results = await Promise.allSettled(
+      Array.from({ length: this.pollers }, () => this._pollLoop()));
+    await this._shutdown();
+    const fatal = results.find((r) => r.status === 'rejected');
+    if (fatal) {
+      throw fatal.reason;
+    }
   }
 
   async _pollLoop() {
     let delays = null;
-    let fatal = null;
-    while (!this.stopping) {
-      while (this._active.size >= this.concurrency && !this.stopping) {
-        await new Promise((resolve) => this._slotWaiters.push(resolve));
+    for (;;) {
+      const n = await this._reserveSlots();
+      if (n === 0) {
+        return;
       }
-      if (this.stopping) {
-        break;
-      }
-      if (this._active.size > (this.concurrency * 3) / 4) {
-        // Most slots busy: let a few more free up so one poll leases several.
-        await new Promise((resolve) => {
-          this._slotWaiters.push(resolve);
-          setTimeout(resolve, 2);
-        });
-      }
-      let resp;
+      let resp = null;
+      let error = null;
       try {
-        resp = await this._poll(Math.min(this.concurrency - this._active.size, POLL_MAX_RUNS));
+        resp = await this._poll(n);
       } catch (e) {
-        if (this.stopping) {
-          break;
-        }
-        if (FATAL.has(e.code)) {
-          fatal = KeyflowError.from(e);
-          this.stop();
-          break;
-        }
-        delays = delays || backoff(100, 5000);
-        const delay = delays.next().value;
-        process.emitWarning(`keyflow worker: poll failed (${e.details || e.message}); ` +
-          `retrying in ${Math.round(delay)} ms`);
-        await Promise.race([sleep(delay), new Promise((resolve) => this._slotWaiters.push(resolve))]);
-        continue;
+        error = e;
       }
-      delays = null;
-      for (const run of resp.runs) {
+      // The runs take their slots in the same step that frees the reservation.
+      this._reserved -= n;
+      for (const run of resp ? resp.runs : []) {
         const ctx = new RunContext(this, protos.toNative('keyflow.v1.Run', run));
         this._active.set(ctx.runId, ctx);
         this._scheduleHeartbeat(ctx, this.heartbeatMs);
         this._execute(ctx);
       }
-    }
-    await this._shutdown();
-    if (fatal) {
-      throw fatal;
+      this._wake(this._slotWaiters);
+      if (!error) {
+        delays = null;
+        continue;
+      }
+      if (this.stopping) {
+        return;
+      }
+      if (FATAL.has(error.code)) {
+        this.stop();
+        throw KeyflowError.from(error);
+      }
+      delays = delays || backoff(100, 5000);
+      const delay = delays.next().value;
+      process.emitWarning(`keyflow worker: poll failed (${error.details || error.message}); ` +
+        `retrying in ${Math.round(delay)} ms`);
+      await Promise.race([sleep(delay), new Promise((resolve) => this._slotWaiters.push(resolve))]);
     }
   }
 

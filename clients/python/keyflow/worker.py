@@ -9,8 +9,9 @@
     worker.run()      # until SIGTERM / SIGINT / worker.stop()
 
 Threads and what they own:
-  * the poller leases runs (PollRuns long poll, max_runs = free slots) and
-    hands each to the pool; at most `concurrency` runs are held at once;
+  * the pollers (`pollers`, default 2) lease runs (PollRuns long poll,
+    max_runs = free slots) and hand each to the pool; at most `concurrency`
+    runs are held or asked for at once;
   * the pool (`concurrency` threads) calls the handler, then completes the
     run with its return value (JSON) or its exception (the error text);
   * the heartbeater extends each held lease every lease_ms *
@@ -94,7 +95,8 @@ class Worker:
     make one from **client_options (addr, tls_*, api_key; see Client)."""
 
     def __init__(self, client=None, *, worker_id=None, concurrency=16, lease_ms=30000,
-                 heartbeat_fraction=1 / 3, poll_wait_ms=10000, grace_s=20.0, **client_options):
+                 heartbeat_fraction=1 / 3, poll_wait_ms=10000, grace_s=20.0, pollers=2,
+                 **client_options):
         if not 1 <= concurrency <= 10000:
             raise ValueError("concurrency: %r is not in 1..10000" % (concurrency,))
         if not 0 < heartbeat_fraction < 1:
@@ -107,6 +109,8 @@ class Worker:
         self.heartbeat_s = lease_ms * heartbeat_fraction / 1000.0
         self.poll_wait_ms = poll_wait_ms
         self.grace_s = grace_s
+        self.pollers = max(1, int(pollers))
+        self._poll_batch_min = max(1, min(16, concurrency // 4))
         self.handlers = {}
         self.completed = 0          # runs completed with a result
         self.failed = 0             # runs completed with an error
@@ -117,7 +121,8 @@ class Worker:
         self._heap = []             # (next_heartbeat, run_id)
         self._stopping = threading.Event()
         self._done = threading.Event()
-        self._poll_future = None
+        self._polls = set()         # outstanding PollRuns futures
+        self._reserved = 0          # slots promised to outstanding polls
         self._released_all = False  # shutdown gave back every held run
         self._fatal = None
         self._threads = []
@@ -145,7 +150,8 @@ class Worker:
         if self._threads:
             raise RuntimeError("worker already started")
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="keyflow-run")
-        for target, name in ((self._poll_loop, "keyflow-poll"), (self._heartbeat_loop, "keyflow-hb")):
+        loops = [(self._poll_loop, "keyflow-poll-%d" % i) for i in range(self.pollers)]
+        for target, name in loops + [(self._heartbeat_loop, "keyflow-hb")]:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -177,8 +183,8 @@ class Worker:
         if not self._stopping.is_set():
             self._stopping.set()
             with self._lock:
-                if self._poll_future is not None:
-                    self._poll_future.cancel()
+                for future in list(self._polls):
+                    future.cancel()
                 self._lock.notify_all()
             threading.Thread(target=self._shutdown, name="keyflow-stop", daemon=True).start()
         if wait:
@@ -211,63 +217,75 @@ class Worker:
 
     # --- polling ----------------------------------------------------------------
 
-    def _free_slots(self):
-        """Waits for a free slot; a few milliseconds more for more slots when
-        only some are free, so that one poll leases several runs."""
+    def _reserve_slots(self):
+        """Waits until this poller may poll, reserves the slots it asks for
+        and returns their number (0: stopping). The first poll needs one free
+        slot; another one at the same time needs a batch of them, so that
+        polls overlap the runs in flight (lease and completion writes share
+        commit groups) without splitting free slots into polls of one run."""
         with self._lock:
-            while len(self._active) >= self.concurrency and not self._stopping.is_set():
+            while not self._stopping.is_set():
+                free = self.concurrency - len(self._active) - self._reserved
+                if free >= (1 if not self._polls else self._poll_batch_min):
+                    n = min(free, POLL_MAX_RUNS)
+                    self._reserved += n
+                    return n
                 self._lock.wait()
-            if len(self._active) > self.concurrency * 3 // 4 and not self._stopping.is_set():
-                self._lock.wait(0.002)
-            return self.concurrency - len(self._active)
+            return 0
 
     def _poll_loop(self):
         client = self.client
         delays = None
-        while not self._stopping.is_set():
-            free = self._free_slots()
-            if self._stopping.is_set():
+        while True:
+            free = self._reserve_slots()
+            if free == 0:
                 break
             req = rpb.PollRunsRequest(workflows=sorted(self.handlers), worker_id=self.worker_id,
-                                      lease_ms=self.lease_ms, max_runs=min(free, POLL_MAX_RUNS),
+                                      lease_ms=self.lease_ms, max_runs=free,
                                       wait_ms=self.poll_wait_ms)
             future = client._runs.PollRuns.future(
                 req, timeout=client.timeout_s + self.poll_wait_ms / 1000.0,
                 metadata=client._conn.metadata)
             with self._lock:
-                self._poll_future = future
+                self._polls.add(future)
                 if self._stopping.is_set():
                     future.cancel()
+            runs, error = (), None
             try:
-                resp = future.result()
+                runs = future.result().runs
             except grpc.FutureCancelledError:
-                break
+                pass
             except grpc.RpcError as e:
-                if self._stopping.is_set():
-                    break
-                if e.code() in FATAL_CODES:
-                    self._fatal = KeyflowError.from_rpc(e)
-                    log.error("polling stopped: %s", self._fatal)
-                    self.stop(wait=False)
-                    break
-                delays = delays or backoff_delays(0.1, 5.0)
-                delay = next(delays)
-                log.warning("poll failed (%s: %s); retrying in %.2f s", e.code().name, e.details(), delay)
-                self._stopping.wait(delay)
-                continue
-            finally:
-                with self._lock:
-                    self._poll_future = None
-            delays = None
+                error = e
             now = time.monotonic()
-            for run in resp.runs:
-                ctx = RunContext(self, to_native(run))
-                ctx.next_heartbeat = now + self.heartbeat_s
-                with self._lock:
+            contexts = [RunContext(self, to_native(run)) for run in runs]
+            with self._lock:
+                # The runs take their slots in the same step that frees the
+                # reservation, so no other poller can count them twice.
+                self._polls.discard(future)
+                self._reserved -= free
+                for ctx in contexts:
+                    ctx.next_heartbeat = now + self.heartbeat_s
                     self._active[ctx.run_id] = ctx
                     heapq.heappush(self._heap, (ctx.next_heartbeat, ctx.run_id))
-                    self._lock.notify_all()
+                self._lock.notify_all()
+            for ctx in contexts:
                 self._pool.submit(self._execute, ctx)
+            if error is None:
+                delays = None
+                continue
+            if self._stopping.is_set():
+                break
+            if error.code() in FATAL_CODES:
+                self._fatal = KeyflowError.from_rpc(error)
+                log.error("polling stopped: %s", self._fatal)
+                self.stop(wait=False)
+                break
+            delays = delays or backoff_delays(0.1, 5.0)
+            delay = next(delays)
+            log.warning("poll failed (%s: %s); retrying in %.2f s",
+                        error.code().name, error.details(), delay)
+            self._stopping.wait(delay)
 
     # --- one run -------------------------------------------------------------------
 
