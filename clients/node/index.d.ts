@@ -19,10 +19,12 @@ export interface ConnectionOptions {
   tlsKey?: string;
   /** name expected in the server certificate; default KEYFLOW_TLS_SERVER_NAME */
   tlsServerName?: string;
-  /** TLS with the system's roots */
+  /** TLS with gRPC's default roots; default KEYFLOW_TLS=1 */
   tls?: boolean;
   /** sent as `authorization: Bearer <key>`; default KEYFLOW_API_KEY */
   apiKey?: string;
+  /** the key read from a file (wins over apiKey); default KEYFLOW_API_KEY_FILE */
+  apiKeyFile?: string;
   /** per call, default 30000 (long polls add their wait) */
   timeoutMs?: number;
 }

@@ -99,8 +99,8 @@ function int64(v) {
 }
 
 class Client {
-  // options: addr, tlsCa, tlsCert, tlsKey, tlsServerName, tls (system roots),
-  // apiKey, timeoutMs; each TLS/key option also from KEYFLOW_* (README.md).
+  // options: addr, tlsCa, tlsCert, tlsKey, tlsServerName, tls (gRPC's default
+  // roots), apiKey, apiKeyFile, timeoutMs; each also from KEYFLOW_* (README.md).
   constructor(options = {}) {
     if (typeof options === 'string') {
       options = { addr: options };
@@ -111,7 +111,11 @@ class Client {
     const tlsCert = option(options.tlsCert, 'KEYFLOW_TLS_CERT');
     const tlsKey = option(options.tlsKey, 'KEYFLOW_TLS_KEY');
     const serverName = option(options.tlsServerName, 'KEYFLOW_TLS_SERVER_NAME');
-    const apiKey = option(options.apiKey, 'KEYFLOW_API_KEY');
+    const apiKeyFile = option(options.apiKeyFile, 'KEYFLOW_API_KEY_FILE');
+    const apiKey = apiKeyFile ? readPem(apiKeyFile, 'apiKeyFile').toString('utf8').replace(/[\r\n]+$/, '')
+      : option(options.apiKey, 'KEYFLOW_API_KEY');
+    const tlsEnv = process.env.KEYFLOW_TLS;
+    const tls = options.tls !== undefined ? options.tls : !!tlsEnv && tlsEnv !== '0';
     if (!tlsCert !== !tlsKey) {
       throw new TypeError('tlsCert and tlsKey: give both for a client certificate, or neither');
     }
@@ -121,7 +125,7 @@ class Client {
       'grpc.initial_reconnect_backoff_ms': RECONNECT_BACKOFF_MIN_MS,
       'grpc.max_reconnect_backoff_ms': RECONNECT_BACKOFF_MAX_MS,
     };
-    this.secure = !!(options.tls || tlsCa || tlsCert);
+    this.secure = !!(tls || tlsCa || tlsCert);
     let creds = grpc.credentials.createInsecure();
     if (this.secure) {
       creds = grpc.credentials.createSsl(tlsCa ? readPem(tlsCa, 'tlsCa') : null,

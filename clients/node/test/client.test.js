@@ -8,6 +8,7 @@ const kf = require('..');
 const { Keyflowd, waitFor, unique, runningSumDescriptor, built } = require('./harness');
 
 const T0 = 1700000000000000;
+const ONE_RUN = { rule: kf.batch({ maxEvents: 1 }) };
 
 test('client', { skip: !built && 'keyflowd is not built' }, async (t) => {
   const server = await new Keyflowd().start();
@@ -183,4 +184,55 @@ test('a push retries its sequence across a keyflowd restart', { skip: !built && 
     const again = await client.pushBatch(d.functionId, 'p', 2, { rows: [{ user: 'a', ts: T0, amount: 2 }] });
     assert.strictEqual(again.duplicate, true);
     assert.strictEqual((await client.keyState(d.functionId, 'a')).value, 3);
+  });
+
+// Test certificates made with openssl at test time (EC P-256: quick).
+function makePki() {
+  const { execFileSync } = require('child_process');
+  const fs = require('fs');
+  const os = require('os');
+  const path = require('path');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'kf-node-pki-'));
+  const run = (...args) => execFileSync('openssl', args, { cwd: dir, stdio: 'ignore' });
+  const key = (name) => {
+    run('genpkey', '-algorithm', 'EC', '-pkeyopt', 'ec_paramgen_curve:P-256', '-out', `${name}.key`);
+    return path.join(dir, `${name}.key`);
+  };
+  const caKey = key('ca');
+  run('req', '-x509', '-new', '-key', caKey, '-out', 'ca.pem', '-days', '2', '-subj', '/CN=sdk-ca',
+    '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign');
+  const leaf = (name, usage) => {
+    const k = key(name);
+    fs.writeFileSync(path.join(dir, `${name}.ext`), 'basicConstraints=CA:FALSE\n' +
+      `extendedKeyUsage=${usage}\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n`);
+    run('req', '-new', '-key', k, '-out', `${name}.csr`, '-subj', `/CN=${name}`);
+    run('x509', '-req', '-in', `${name}.csr`, '-CA', 'ca.pem', '-CAkey', caKey, '-CAcreateserial',
+      '-days', '2', '-extfile', `${name}.ext`, '-out', `${name}.pem`);
+    return [path.join(dir, `${name}.pem`), k];
+  };
+  return { dir, ca: path.join(dir, 'ca.pem'), server: leaf('server', 'serverAuth'),
+    client: leaf('client', 'clientAuth') };
+}
+
+test('mTLS: the client certificate and CA options reach the channel', { skip: !built && 'keyflowd is not built' },
+  async (t) => {
+    const pki = makePki();
+    const server = await new Keyflowd(['--tls-cert', pki.server[0], '--tls-key', pki.server[1],
+      '--tls-client-ca', pki.ca]).start();
+    t.after(async () => {
+      await server.cleanup();
+      require('fs').rmSync(pki.dir, { recursive: true, force: true });
+    });
+    const good = new kf.Client({ addr: server.target, tlsCa: pki.ca, tlsCert: pki.client[0],
+      tlsKey: pki.client[1], timeoutMs: 10000 });
+    const wf = unique('tls');
+    assert.strictEqual((await good.sendEvent(wf, 'k', 1, ONE_RUN)).runStarted, true);
+    good.close();
+    for (const options of [{}, { tlsCa: pki.ca }]) { // plaintext; TLS without a client certificate
+      const bad = new kf.Client({ addr: server.target, timeoutMs: 5000, ...options });
+      await assert.rejects(bad.sendEvent(wf, 'k', 1, ONE_RUN), (e) => e.codeName === 'UNAVAILABLE');
+      bad.close();
+    }
+    assert.throws(() => new kf.Client({ addr: server.target, tlsCert: pki.client[0] }),
+      /tlsCert and tlsKey/);
   });

@@ -7,10 +7,13 @@ Options come from keyword arguments first, then the environment:
     tls_cert         KEYFLOW_TLS_CERT    PEM client certificate (mTLS)
     tls_key          KEYFLOW_TLS_KEY     PEM client key (mTLS)
     tls_server_name  KEYFLOW_TLS_SERVER_NAME  name to check in the server's certificate
+    tls              KEYFLOW_TLS=1       TLS with gRPC's default roots
     api_key          KEYFLOW_API_KEY     sent as `authorization: Bearer <key>`
+    api_key_file     KEYFLOW_API_KEY_FILE  the key from a file (a final newline
+                                         is dropped); wins over api_key, as
+                                         in the CLI
 
-Plaintext unless a TLS option is given (or tls=True, which uses the system
-roots). The channel reconnects by itself; calls fail UNAVAILABLE meanwhile.
+Plaintext unless a TLS option is given. The channel reconnects by itself; calls fail UNAVAILABLE meanwhile.
 """
 
 import os
@@ -57,13 +60,18 @@ class Connection:
     """One channel and the metadata every call carries. Thread-safe."""
 
     def __init__(self, addr=None, tls=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None, api_key=None, channel_options=()):
+                 tls_server_name=None, api_key=None, api_key_file=None, channel_options=()):
         self.addr = _option(addr, "KEYFLOW_ADDR") or DEFAULT_ADDR
         tls_ca = _option(tls_ca, "KEYFLOW_TLS_CA")
         tls_cert = _option(tls_cert, "KEYFLOW_TLS_CERT")
         tls_key = _option(tls_key, "KEYFLOW_TLS_KEY")
         server_name = _option(tls_server_name, "KEYFLOW_TLS_SERVER_NAME")
+        api_key_file = _option(api_key_file, "KEYFLOW_API_KEY_FILE")
+        if api_key_file:
+            api_key = _read(api_key_file, "api_key_file").decode().rstrip("\r\n")
         api_key = _option(api_key, "KEYFLOW_API_KEY")
+        if tls is None:
+            tls = os.environ.get("KEYFLOW_TLS", "") not in ("", "0")
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("tls_cert and tls_key: give both for a client certificate, or neither")
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -243,3 +243,55 @@ class ProducerRetryTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TlsTest(unittest.TestCase):
+    """The connection options reach the channel: TLS verified against a CA,
+    and mTLS with a client certificate (certificates made with openssl)."""
+
+    @classmethod
+    def setUpClass(cls):
+        import harness
+        cls.pki = harness.Pki()
+        cls.ca = cls.pki.ca("sdk-ca")
+        cls.server_cert = cls.pki.leaf("server", cls.ca)
+        cls.client_cert = cls.pki.leaf("client", cls.ca, client=True)
+        cls.server = start_server(["--tls-cert", cls.server_cert[0], "--tls-key", cls.server_cert[1],
+                                   "--tls-client-ca", cls.ca[0]])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.server.cleanup()
+        cls.pki.cleanup()
+
+    def test_mtls_client_works_and_others_are_refused(self):
+        wf = unique("tls")
+        with keyflow.Client(self.server.grpc_target, tls_ca=self.ca[0], tls_cert=self.client_cert[0],
+                            tls_key=self.client_cert[1], timeout_s=10) as c:
+            self.assertTrue(c.send_event(wf, "k", 1, rule=keyflow.batch(max_events=1)).run_started)
+        for options in ({}, {"tls_ca": self.ca[0]}):  # plaintext; TLS without a client certificate
+            with keyflow.Client(self.server.grpc_target, timeout_s=5, **options) as c:
+                with self.assertRaises(keyflow.KeyflowError) as cm:
+                    c.send_event(wf, "k", 1, rule=keyflow.batch(max_events=1))
+                self.assertEqual(cm.exception.code_name, "UNAVAILABLE")
+
+    def test_environment_supplies_the_options(self):
+        import os
+        env = {"KEYFLOW_TLS_CA": self.ca[0], "KEYFLOW_TLS_CERT": self.client_cert[0],
+               "KEYFLOW_TLS_KEY": self.client_cert[1], "KEYFLOW_ADDR": self.server.grpc_target}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            with keyflow.Client(timeout_s=10) as c:
+                self.assertTrue(c._conn.secure)
+                self.assertEqual(c.describe("batch", unique("tls"), "k").exists, False)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        with self.assertRaises(ValueError) as cm:
+            keyflow.Client(self.server.grpc_target, tls_cert=self.client_cert[0])
+        self.assertIn("tls_cert and tls_key", str(cm.exception))
