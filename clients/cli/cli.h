@@ -188,9 +188,10 @@ typedef struct kf__cli_batch {
  * Turns `text` (len bytes, NUL-terminated) into batches of at most
  * rows_max rows, in input order. Each non-blank line is one JSON object,
  * one row. With `schema` the batches are columnar, each value converted by
- * its field's type (BOOL: true/false; INT64 and TIMESTAMP_US: an integer
- * or a decimal string; FLOAT64: a number or "NaN"/"Infinity"/"-Infinity";
- * UTF8: a string; BYTES: base64 text); a missing or null value is a null.
+ * its field's type by the column type table (proto/columns.h: BOOL
+ * true/false; INT64 and TIMESTAMP_US an integer or a decimal string;
+ * FLOAT64 a number, a decimal string or "NaN"/"Infinity"/"-Infinity";
+ * UTF8 a string; BYTES base64 text); a missing or null value is a null.
  * Without it, each batch is the lines' objects as a rows_json array, for
  * the server to convert. Every line is checked before this returns, so an
  * error means no batch: KF_E_INVALID with "line N: FIELD: problem"; a

@@ -1,10 +1,15 @@
-/* json.c - client JSON text: checks and compact output (see json.h). */
+/* json.c - client JSON text: checks, compact output and the proto3 JSON
+ * scalar forms (see json.h). */
 #include "base/json.h"
 
+#include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "base/base64.h"
 #include "base/limits.h"
 
 bool kf_json_deeper_than(const json_t *v, int levels) {
@@ -109,4 +114,125 @@ char *kf_json_dumps(const json_t *v, size_t flags) {
         flags |= JSON_REAL_PRECISION(digits);
     }
     return json_dumps(v, flags);
+}
+
+/* ---- proto3 JSON scalars -------------------------------------------------- */
+
+kf_json_number_t kf_json_integer_text(const char *s, size_t len, bool *negative,
+                                      uint64_t *magnitude) {
+    size_t i = 0;
+    *negative = len > 0 && s[0] == '-';
+    if (*negative) {
+        i++;
+    }
+    if (i == len) {
+        return KF_JSON_NUMBER_MALFORMED;
+    }
+    uint64_t m = 0;
+    bool overflow = false;
+    for (; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') {
+            return KF_JSON_NUMBER_MALFORMED;
+        }
+        unsigned digit = (unsigned)(s[i] - '0');
+        if (m > (UINT64_MAX - digit) / 10) {
+            overflow = true; /* keep going: "99999999999999999999x" is malformed */
+        } else {
+            m = m * 10 + digit;
+        }
+    }
+    *magnitude = m;
+    return overflow ? KF_JSON_NUMBER_OUT_OF_RANGE : KF_JSON_NUMBER_OK;
+}
+
+/* The character check keeps strtod's other spellings (hex, "inf", blanks)
+ * out. */
+kf_json_number_t kf_json_double_text(const char *s, size_t len, double *out) {
+    if (strcmp(s, "NaN") == 0) {
+        *out = NAN;
+        return KF_JSON_NUMBER_OK;
+    }
+    if (strcmp(s, "Infinity") == 0 || strcmp(s, "-Infinity") == 0) {
+        *out = s[0] == '-' ? -INFINITY : INFINITY;
+        return KF_JSON_NUMBER_OK;
+    }
+    if (len == 0 || !(s[0] == '-' || (s[0] >= '0' && s[0] <= '9'))) {
+        return KF_JSON_NUMBER_MALFORMED;
+    }
+    if (strspn(s, "0123456789+-.eE") != len) {
+        return KF_JSON_NUMBER_MALFORMED;
+    }
+    char *end;
+    errno = 0;
+    double value = strtod(s, &end);
+    if (end != s + len) {
+        return KF_JSON_NUMBER_MALFORMED;
+    }
+    if (errno == ERANGE && isinf(value)) {
+        return KF_JSON_NUMBER_OUT_OF_RANGE;
+    }
+    *out = value;
+    return KF_JSON_NUMBER_OK;
+}
+
+bool kf_json_int64_value(const json_t *v, int64_t *out) {
+    if (json_is_integer(v)) {
+        *out = (int64_t)json_integer_value(v);
+        return true;
+    }
+    bool negative;
+    uint64_t magnitude;
+    if (!json_is_string(v) || kf_json_integer_text(json_string_value(v), json_string_length(v),
+                                                   &negative, &magnitude) != KF_JSON_NUMBER_OK) {
+        return false;
+    }
+    if (negative ? magnitude > (uint64_t)INT64_MAX + 1 : magnitude > (uint64_t)INT64_MAX) {
+        return false;
+    }
+    /* -(2^63) has no positive twin: negate in unsigned arithmetic. */
+    *out = negative ? (int64_t)(0 - magnitude) : (int64_t)magnitude;
+    return true;
+}
+
+bool kf_json_double_value(const json_t *v, double *out) {
+    if (json_is_number(v)) {
+        *out = json_number_value(v);
+        return true;
+    }
+    return json_is_string(v) && kf_json_double_text(json_string_value(v), json_string_length(v),
+                                                    out) == KF_JSON_NUMBER_OK;
+}
+
+json_t *kf_json_int64(int64_t value) {
+    char digits[24];
+    snprintf(digits, sizeof digits, "%" PRId64, value);
+    return json_string(digits);
+}
+
+json_t *kf_json_double(double value) {
+    if (isnan(value)) {
+        return json_string("NaN");
+    }
+    if (isinf(value)) {
+        return json_string(value > 0 ? "Infinity" : "-Infinity");
+    }
+    return json_real(value);
+}
+
+json_t *kf_json_bytes(const uint8_t *data, size_t len) {
+    if (len == 0) {
+        return json_string("");
+    }
+    if (len > SIZE_MAX / 4 * 3 - 3) {
+        return NULL;
+    }
+    size_t text_len = kf_base64_encoded_len(len);
+    char *text = malloc(text_len + 1);
+    if (text == NULL) {
+        return NULL;
+    }
+    kf_base64_encode(data, len, text);
+    json_t *v = json_stringn_nocheck(text, text_len);
+    free(text);
+    return v;
 }

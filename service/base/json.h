@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <jansson.h>
 
@@ -34,5 +35,35 @@ bool kf_json_deeper_than(const json_t *v, int levels);
  * default of 17 digits would write 0.10000000000000001). NULL when out of
  * memory; the caller frees the text with free(). */
 char *kf_json_dumps(const json_t *v, size_t flags);
+
+/* ---- proto3 JSON scalars -------------------------------------------------
+ * The JSON forms of 64-bit integers (a decimal string), doubles (a number,
+ * or "NaN", "Infinity", "-Infinity") and bytes (base64), shared by the
+ * gateway's mapping (http/json_map.c) and the column types
+ * (proto/columns.c) so that both read and write a value the same way. */
+
+typedef enum kf_json_number {
+    KF_JSON_NUMBER_OK,
+    KF_JSON_NUMBER_MALFORMED,
+    KF_JSON_NUMBER_OUT_OF_RANGE, /* well formed, past what 64 bits hold */
+} kf_json_number_t;
+
+/* "-?[0-9]+" as sign and magnitude (len bytes at s). Stricter than strtoll,
+ * which would also take leading blanks, '+', and wrap "-5" for unsigned
+ * types. */
+kf_json_number_t kf_json_integer_text(const char *s, size_t len, bool *negative,
+                                      uint64_t *magnitude);
+/* A decimal number or one of proto3 JSON's names for the non-finite values;
+ * s is NUL-terminated at len. Hex, "inf" and blanks are malformed. */
+kf_json_number_t kf_json_double_text(const char *s, size_t len, double *out);
+/* A JSON integer, or a decimal string (kf_json_integer_text), within int64. */
+bool kf_json_int64_value(const json_t *v, int64_t *out);
+/* A JSON number, or a string kf_json_double_text reads. */
+bool kf_json_double_value(const json_t *v, double *out);
+
+/* Writers; each returns NULL when jansson is out of memory. */
+json_t *kf_json_int64(int64_t value); /* a decimal string */
+json_t *kf_json_double(double value); /* a number, or the names of NaN and the infinities */
+json_t *kf_json_bytes(const uint8_t *data, size_t len); /* base64, padded */
 
 #endif

@@ -8,6 +8,7 @@
 
 #include "base/assert.h"
 #include "base/limits.h"
+#include "proto/columns.h"
 
 static bool is_name(const char *s, size_t max) {
     size_t n = strlen(s);
@@ -50,14 +51,18 @@ static kf_status_t check_id(const char *field, const char *s, size_t max, kf_err
 }
 
 static const char *type_name(Keyflow__V1__FieldType t) {
-    switch (t) {
-    case KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BOOL: return "BOOL";
-    case KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64: return "INT64";
-    case KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_FLOAT64: return "FLOAT64";
-    case KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8: return "UTF8";
-    case KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BYTES: return "BYTES";
-    case KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US: return "TIMESTAMP_US";
-    default: return "UNKNOWN";
+    const kf_column_type_t *ct = kf_column_type(t);
+    return ct != NULL ? ct->name : "UNKNOWN";
+}
+
+/* "BOOL, INT64, ... or TIMESTAMP_US", from the column type table. */
+static void type_names(char *buf, size_t cap) {
+    size_t n = kf_column_types_count(), used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && used < cap; i++) {
+        const char *sep = i == 0 ? "" : i + 1 == n ? " or " : ", ";
+        int w = snprintf(buf + used, cap - used, "%s%s", sep, kf_column_type_at(i)->name);
+        used += w > 0 ? (size_t)w : 0;
     }
 }
 
@@ -86,12 +91,11 @@ static kf_status_t check_schema(const char *field, const Keyflow__V1__Schema *s,
                                 "most %d bytes, got \"%s\"",
                                 field, i, KF_FIELD_NAME_BYTES_MAX, f->name);
         }
-        if (f->type < KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BOOL ||
-            f->type > KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US) {
-            return kf_error_set(err, KF_E_INVALID,
-                                "%s.fields[%zu].type: unknown type %d (BOOL, INT64, FLOAT64, UTF8, "
-                                "BYTES or TIMESTAMP_US)",
-                                field, i, (int)f->type);
+        if (kf_column_type(f->type) == NULL) {
+            char names[128];
+            type_names(names, sizeof names);
+            return kf_error_set(err, KF_E_INVALID, "%s.fields[%zu].type: unknown type %d (%s)",
+                                field, i, (int)f->type, names);
         }
         for (size_t j = 0; j < i; j++) {
             if (strcmp(s->fields[j]->name, f->name) == 0) {

@@ -74,40 +74,59 @@ static int host_input_is_null(const kf_call_t *call, uint32_t row, int column) {
     return c == NULL || (c->nulls != NULL && c->nulls[row]);
 }
 
-static int64_t host_input_int64(const kf_call_t *call, uint32_t row, int column) {
+/* The value at (row, column) when the column is of type `want1` or `want2`
+ * and the value is not null; false otherwise (the accessor then reads as
+ * null / 0 / NULL, as keyflow/handler.h promises). */
+static bool in_value(const kf_call_t *call, uint32_t row, int column, Keyflow__V1__FieldType want1,
+                     Keyflow__V1__FieldType want2, kf_cell_t *out) {
     const kf_column_t *c = in_col(call, row, column);
-    return c && c->i64 && !(c->nulls && c->nulls[row]) ? c->i64[row] : 0;
+    if (c == NULL || (c->type->type != want1 && c->type->type != want2) ||
+        (c->nulls != NULL && c->nulls[row])) {
+        return false;
+    }
+    kf_rows_value(call->step->rows, row, (uint32_t)column, out);
+    return true;
+}
+
+static int64_t host_input_int64(const kf_call_t *call, uint32_t row, int column) {
+    kf_cell_t v = {0};
+    return in_value(call, row, column, KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64,
+                    KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US, &v)
+               ? v.v.i
+               : 0;
 }
 
 static double host_input_float64(const kf_call_t *call, uint32_t row, int column) {
-    const kf_column_t *c = in_col(call, row, column);
-    return c && c->f64 && !(c->nulls && c->nulls[row]) ? c->f64[row] : 0.0;
+    kf_cell_t v = {0};
+    return in_value(call, row, column, KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_FLOAT64,
+                    KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_FLOAT64, &v)
+               ? v.v.f
+               : 0.0;
 }
 
 static int host_input_bool(const kf_call_t *call, uint32_t row, int column) {
-    const kf_column_t *c = in_col(call, row, column);
-    return c && c->b && !(c->nulls && c->nulls[row]) ? c->b[row] != 0 : 0;
+    kf_cell_t v = {0};
+    return in_value(call, row, column, KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BOOL,
+                    KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BOOL, &v)
+               ? v.v.i != 0
+               : 0;
 }
 
 static const char *host_input_utf8(const kf_call_t *call, uint32_t row, int column, size_t *len) {
-    const kf_column_t *c = in_col(call, row, column);
-    if (c == NULL || c->str == NULL || (c->nulls && c->nulls[row])) {
-        *len = 0;
-        return NULL;
-    }
-    *len = c->str_len[row];
-    return c->str[row];
+    kf_cell_t v = {0};
+    bool found = in_value(call, row, column, KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8,
+                          KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8, &v);
+    *len = v.len;
+    return found ? v.p : NULL;
 }
 
 static const uint8_t *host_input_bytes(const kf_call_t *call, uint32_t row, int column,
                                        size_t *len) {
-    const kf_column_t *c = in_col(call, row, column);
-    if (c == NULL || c->bin == NULL || (c->nulls && c->nulls[row])) {
-        *len = 0;
-        return NULL;
-    }
-    *len = c->bin[row].len;
-    return c->bin[row].data;
+    kf_cell_t v = {0};
+    bool found = in_value(call, row, column, KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BYTES,
+                          KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_BYTES, &v);
+    *len = v.len;
+    return found ? (const uint8_t *)v.p : NULL;
 }
 
 static int check_act(kf_call_t *call, uint32_t act, const char *what) {
@@ -226,8 +245,8 @@ static int set_bytes(kf_call_t *call, int column, const void *value, size_t len,
     if (value == NULL && len > 0) {
         return kf__call_fail(call, KF_E_PRECONDITION, "%s: NULL value with length %zu", what, len);
     }
-    if (type == KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8 &&
-        (!kf_utf8_valid(value, len) || (len > 0 && memchr(value, 0, len) != NULL))) {
+    kf_cell_t given = {.p = value, .len = (uint32_t)len};
+    if (!kf_column_type(type)->valid(&given)) { /* only UTF8 values can be invalid */
         return kf__call_fail(call, KF_E_PRECONDITION, "%s: not valid UTF-8 without NUL bytes",
                              what);
     }

@@ -161,9 +161,11 @@ void kf__key_set_state(function_t *fn, fn_key_t *k, uint8_t state, int64_t value
  * array of the values. Both point into fns->scratch / a malloc'd text. */
 size_t kf__key_of_row(kf_functions_t *fns, const function_t *fn, const kf_rows_t *rows,
                       uint32_t row, char **text, size_t *text_len, bool *text_owned) {
+    kf_cell_t values[KF_KEY_COLUMNS_MAX];
     size_t need = 0;
     for (int c = 0; c < fn->nkey_cols; c++) {
-        need += 4 + rows->cols[fn->key_cols[c]].str_len[row];
+        kf_rows_value(rows, row, (uint32_t)fn->key_cols[c], &values[c]); /* UTF8 */
+        need += 4 + values[c].len;
     }
     if (need > fns->scratch_cap) {
         fns->scratch_cap = need * 2;
@@ -172,21 +174,18 @@ size_t kf__key_of_row(kf_functions_t *fns, const function_t *fn, const kf_rows_t
     }
     size_t o = 0;
     for (int c = 0; c < fn->nkey_cols; c++) {
-        const kf_column_t *col = &rows->cols[fn->key_cols[c]];
-        uint32_t len = col->str_len[row];
-        kf_put_be32(fns->scratch + o, len);
-        memcpy(fns->scratch + o + 4, col->str[row], len);
-        o += 4 + len;
+        kf_put_be32(fns->scratch + o, values[c].len);
+        memcpy(fns->scratch + o + 4, values[c].p, values[c].len);
+        o += 4 + values[c].len;
     }
     if (fn->nkey_cols == 1) {
-        *text = rows->cols[fn->key_cols[0]].str[row];
-        *text_len = rows->cols[fn->key_cols[0]].str_len[row];
+        *text = (char *)values[0].p;
+        *text_len = values[0].len;
         *text_owned = false;
     } else {
         json_t *arr = json_array();
         for (int c = 0; c < fn->nkey_cols; c++) {
-            const kf_column_t *col = &rows->cols[fn->key_cols[c]];
-            json_array_append_new(arr, json_stringn(col->str[row], col->str_len[row]));
+            json_array_append_new(arr, json_stringn(values[c].p, values[c].len));
         }
         *text = json_dumps(arr, JSON_COMPACT);
         json_decref(arr);

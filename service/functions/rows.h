@@ -3,13 +3,15 @@
  *
  *   kf_rows_t    a read-only columnar view of input rows, checked against a
  *                schema: built over a protobuf RowBatch (zero copy: it points
- *                into the unpacked message) or from a JSON array of objects.
+ *                into the unpacked message) or from a JSON array of objects
+ *                (converted into a RowBatch first).
  *   kf_outbuf_t  a growable row builder for output rows (cells, row-major),
  *                encoded into a protobuf RowBatch (stored output chunks,
  *                ReadOutput pages) or rendered as JSON objects.
  *
- * All memory comes from the arena given at creation; nothing is freed
- * before the arena is. Engine-thread (or one request) only.
+ * Every conversion of a value goes through its type's row in
+ * proto/columns.h. All memory comes from the arena given at creation;
+ * nothing is freed before the arena is. Engine-thread (or one request) only.
  */
 #ifndef KF_FUNCTIONS_ROWS_H
 #define KF_FUNCTIONS_ROWS_H
@@ -20,18 +22,16 @@
 #include "base/arena.h"
 #include "base/status.h"
 #include "keyflow/v1/functions.pb-c.h"
+#include "proto/columns.h"
 
+/* A column's values are read through its type's codec row
+ * (kf_rows_value), never as another type's. */
 typedef struct kf_column {
-    Keyflow__V1__FieldType type;
+    const kf_column_type_t *type;
     bool nullable;
     const char *name;
-    const protobuf_c_boolean *nulls; /* NULL: no nulls */
-    const int64_t *i64;              /* INT64, TIMESTAMP_US */
-    const double *f64;
-    const protobuf_c_boolean *b;
-    char *const *str; /* UTF8, NUL-terminated */
-    const uint32_t *str_len;
-    const ProtobufCBinaryData *bin; /* BYTES */
+    const protobuf_c_boolean *nulls;   /* NULL: no nulls */
+    const Keyflow__V1__Column *values; /* holds type->values_case */
 } kf_column_t;
 
 typedef struct kf_rows {
@@ -55,18 +55,14 @@ static inline bool kf_rows_is_null(const kf_rows_t *r, uint32_t row, uint32_t co
     return r->cols[col].nulls != NULL && r->cols[col].nulls[row];
 }
 
-/* ---- output rows --------------------------------------------------------- */
+/* The value at (row, col), meaningless when the cell is null
+ * (kf_rows_is_null); bytes are borrowed from the rows. */
+static inline void kf_rows_value(const kf_rows_t *r, uint32_t row, uint32_t col, kf_cell_t *out) {
+    const kf_column_t *c = &r->cols[col];
+    c->type->values_get(c->values, row, out);
+}
 
-typedef struct kf_cell {
-    union {
-        int64_t i;
-        double f;
-    } v;
-    const char *p; /* UTF8 / BYTES bytes (arena) */
-    uint32_t len;
-    uint8_t set; /* a value or an explicit null was given */
-    uint8_t null;
-} kf_cell_t;
+/* ---- output rows --------------------------------------------------------- */
 
 typedef struct kf_outbuf {
     const Keyflow__V1__Schema *schema;

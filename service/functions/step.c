@@ -386,7 +386,6 @@ static kf_status_t take_response(kf_call_t *call) {
 static void build_row_call(step_t *s, kf_call_t *call) {
     function_t *fn = s->fn;
     const kf_rows_t *rows = s->rows;
-    const kf_column_t *ev = &rows->cols[fn->event_col];
     uint32_t stamp = ++s->fns->call_counter;
     while (s->row_pos < rows->count && call->count < (uint32_t)fn->limits.max_batch_rows) {
         uint32_t i = s->row_pos;
@@ -406,7 +405,9 @@ static void build_row_call(step_t *s, kf_call_t *call) {
             break; /* a second row of this key: next call */
         }
         k->call_mark = stamp;
-        kf__call_add(call, k, KF_CALLBACK_ROW, i, ev->i64[i], NULL);
+        kf_cell_t event_time; /* TIMESTAMP_US, not nullable */
+        kf_rows_value(rows, i, (uint32_t)fn->event_col, &event_time);
+        kf__call_add(call, k, KF_CALLBACK_ROW, i, event_time.v.i, NULL);
         s->row_pos++;
     }
 }
@@ -580,7 +581,9 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
     for (uint32_t i = 0; st == KF_OK && i < rows->count; i++) {
         size_t klen = 0;
         for (int c = 0; c < fn->nkey_cols; c++) {
-            klen += 4 + rows->cols[fn->key_cols[c]].str_len[i];
+            kf_cell_t value; /* UTF8 */
+            kf_rows_value(rows, i, (uint32_t)fn->key_cols[c], &value);
+            klen += 4 + value.len;
         }
         if (klen > KF_FUNCTION_KEY_BYTES_MAX) {
             st = kf_error_set(err, KF_E_TOO_LARGE, "rows[%u]: the key is %zu bytes (at most %d)", i,

@@ -396,72 +396,6 @@ static bool field_is_present(const ProtobufCMessage *msg, const ProtobufCFieldDe
 
 /* ---- numbers ---------------------------------------------------------- */
 
-typedef enum number_text {
-    NUMBER_OK,
-    NUMBER_MALFORMED,
-    NUMBER_OUT_OF_RANGE,
-} number_text_t;
-
-/* "-?[0-9]+" as sign and magnitude. Hand-rolled rather than strtoll, which
- * would also take leading blanks, '+', and wrap "-5" for unsigned types. */
-static number_text_t parse_integer_text(const char *s, size_t len, bool *negative,
-                                        uint64_t *magnitude) {
-    size_t i = 0;
-    *negative = len > 0 && s[0] == '-';
-    if (*negative) {
-        i++;
-    }
-    if (i == len) {
-        return NUMBER_MALFORMED;
-    }
-    uint64_t m = 0;
-    bool overflow = false;
-    for (; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9') {
-            return NUMBER_MALFORMED;
-        }
-        unsigned digit = (unsigned)(s[i] - '0');
-        if (m > (UINT64_MAX - digit) / 10) {
-            overflow = true; /* keep going: "99999999999999999999x" is malformed */
-        } else {
-            m = m * 10 + digit;
-        }
-    }
-    *magnitude = m;
-    return overflow ? NUMBER_OUT_OF_RANGE : NUMBER_OK;
-}
-
-/* A decimal number or one of proto3 JSON's names for the non-finite values.
- * The character check keeps strtod's other spellings (hex, "inf", blanks)
- * out. */
-static number_text_t parse_double_text(const char *s, size_t len, double *out) {
-    if (strcmp(s, "NaN") == 0) {
-        *out = NAN;
-        return NUMBER_OK;
-    }
-    if (strcmp(s, "Infinity") == 0 || strcmp(s, "-Infinity") == 0) {
-        *out = s[0] == '-' ? -INFINITY : INFINITY;
-        return NUMBER_OK;
-    }
-    if (len == 0 || !(s[0] == '-' || (s[0] >= '0' && s[0] <= '9'))) {
-        return NUMBER_MALFORMED;
-    }
-    if (strspn(s, "0123456789+-.eE") != len) {
-        return NUMBER_MALFORMED;
-    }
-    char *end;
-    errno = 0;
-    double value = strtod(s, &end);
-    if (end != s + len) {
-        return NUMBER_MALFORMED;
-    }
-    if (errno == ERANGE && isinf(value)) {
-        return NUMBER_OUT_OF_RANGE;
-    }
-    *out = value;
-    return NUMBER_OK;
-}
-
 /* The shortest "%g" text that reads back as the same double, for messages. */
 static void format_double(double value, char *buf, size_t cap) {
     for (int precision = 1; precision <= 17; precision++) {
@@ -717,12 +651,12 @@ static kf_status_t decode_integer(decoder_t *d, ProtobufCType type, const json_t
         negative = r < 0;
         magnitude = (uint64_t)fabs(r);
     } else if (json_is_string(v)) {
-        number_text_t parsed =
-            parse_integer_text(json_string_value(v), json_string_length(v), &negative, &magnitude);
-        if (parsed == NUMBER_MALFORMED) {
+        kf_json_number_t parsed = kf_json_integer_text(json_string_value(v), json_string_length(v),
+                                                       &negative, &magnitude);
+        if (parsed == KF_JSON_NUMBER_MALFORMED) {
             return fail(d, KF_E_INVALID, "expected an integer, got %s", excerpt(v, &e));
         }
-        overflow = parsed == NUMBER_OUT_OF_RANGE;
+        overflow = parsed == KF_JSON_NUMBER_OUT_OF_RANGE;
     } else {
         return fail(d, KF_E_INVALID, "expected an integer, got %s", excerpt(v, &e));
     }
@@ -735,11 +669,11 @@ static kf_status_t decode_floating(decoder_t *d, ProtobufCType type, const json_
     if (json_is_number(v)) {
         value = json_number_value(v);
     } else if (json_is_string(v)) {
-        switch (parse_double_text(json_string_value(v), json_string_length(v), &value)) {
-        case NUMBER_OK: break;
-        case NUMBER_MALFORMED:
+        switch (kf_json_double_text(json_string_value(v), json_string_length(v), &value)) {
+        case KF_JSON_NUMBER_OK: break;
+        case KF_JSON_NUMBER_MALFORMED:
             return fail(d, KF_E_INVALID, "expected a number, got %s", excerpt(v, &e));
-        case NUMBER_OUT_OF_RANGE:
+        case KF_JSON_NUMBER_OUT_OF_RANGE:
             return fail(d, KF_E_INVALID, "out of range for %s, got %s", type_name(type),
                         excerpt(v, &e));
         }
@@ -823,8 +757,8 @@ static kf_status_t decode_enum(decoder_t *d, const ProtobufCEnumDescriptor *ed, 
             memcpy(slot, &value, sizeof value);
             return KF_OK;
         }
-        if (parse_integer_text(json_string_value(v), json_string_length(v), &negative,
-                               &magnitude) != NUMBER_OK) {
+        if (kf_json_integer_text(json_string_value(v), json_string_length(v), &negative,
+                                 &magnitude) != KF_JSON_NUMBER_OK) {
             return fail_enum(d, ed, v);
         }
     } else if (json_is_integer(v)) {
@@ -1334,34 +1268,6 @@ static json_t *string_to_jansson(const char *text, size_t len) {
 }
 
 /* proto3 JSON spells the non-finite values as strings. */
-static json_t *real_to_jansson(double value) {
-    if (isnan(value)) {
-        return json_string("NaN");
-    }
-    if (isinf(value)) {
-        return json_string(value > 0 ? "Infinity" : "-Infinity");
-    }
-    return json_real(value);
-}
-
-static json_t *bytes_to_jansson(const ProtobufCBinaryData *data) {
-    if (data->len == 0) {
-        return json_string("");
-    }
-    if (data->len > SIZE_MAX / 4 * 3 - 3) {
-        return NULL;
-    }
-    size_t len = kf_base64_encoded_len(data->len);
-    char *text = malloc(len + 1);
-    if (text == NULL) {
-        return NULL;
-    }
-    kf_base64_encode(data->data, data->len, text);
-    json_t *v = json_stringn_nocheck(text, len);
-    free(text);
-    return v;
-}
-
 static json_t *message_to_jansson(const ProtobufCMessage *msg);
 
 /* One value of f's type at slot; NULL when jansson is out of memory. */
@@ -1387,8 +1293,7 @@ static json_t *value_to_jansson(const ProtobufCFieldDescriptor *f, const void *s
         /* As strings: JavaScript clients would round numbers past 2^53. */
         int64_t value;
         memcpy(&value, slot, sizeof value);
-        snprintf(digits, sizeof digits, "%" PRId64, value);
-        return json_string(digits);
+        return kf_json_int64(value);
     }
     case PROTOBUF_C_TYPE_UINT64:
     case PROTOBUF_C_TYPE_FIXED64: {
@@ -1400,13 +1305,13 @@ static json_t *value_to_jansson(const ProtobufCFieldDescriptor *f, const void *s
     case PROTOBUF_C_TYPE_FLOAT: {
         float value;
         memcpy(&value, slot, sizeof value);
-        return isfinite(value) ? real_to_jansson(float_as_double(value))
-                               : real_to_jansson((double)value);
+        return isfinite(value) ? kf_json_double(float_as_double(value))
+                               : kf_json_double((double)value);
     }
     case PROTOBUF_C_TYPE_DOUBLE: {
         double value;
         memcpy(&value, slot, sizeof value);
-        return real_to_jansson(value);
+        return kf_json_double(value);
     }
     case PROTOBUF_C_TYPE_BOOL: {
         protobuf_c_boolean value;
@@ -1429,7 +1334,7 @@ static json_t *value_to_jansson(const ProtobufCFieldDescriptor *f, const void *s
     case PROTOBUF_C_TYPE_BYTES: {
         ProtobufCBinaryData data;
         memcpy(&data, slot, sizeof data);
-        return bytes_to_jansson(&data);
+        return kf_json_bytes(data.data, data.len);
     }
     case PROTOBUF_C_TYPE_MESSAGE: {
         const ProtobufCMessage *sub;

@@ -1,5 +1,6 @@
 /*
- * json_test.c - client JSON checks and the shortest-digits writer.
+ * json_test.c - client JSON checks, the shortest-digits writer and the
+ * proto3 JSON scalar forms.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -107,4 +108,93 @@ Test(json_dumps, a_document_takes_the_most_digits_any_real_needs) {
     cr_assert_str_eq(text, "{\"a\":0.25,\"b\":[0.1,7]}");
     free(text);
     json_decref(v);
+}
+
+/* ---- proto3 JSON scalars ------------------------------------------------- */
+
+static json_t *parse(const char *text) {
+    json_t *v = json_loads(text, JSON_DECODE_ANY, NULL);
+    cr_assert_not_null(v, "%s", text);
+    return v;
+}
+
+Test(json_scalars, int64_takes_integers_and_strict_decimal_strings) {
+    struct {
+        const char *json;
+        bool ok;
+        int64_t value;
+    } cases[] = {
+        {"12", true, 12},
+        {"\"-12\"", true, -12},
+        {"\"9223372036854775807\"", true, INT64_MAX},
+        {"\"-9223372036854775808\"", true, INT64_MIN},
+        {"\"9223372036854775808\"", false, 0},
+        {"\"99999999999999999999\"", false, 0},
+        {"\" 12\"", false, 0},
+        {"\"+12\"", false, 0},
+        {"\"12x\"", false, 0},
+        {"\"\"", false, 0},
+        {"\"-\"", false, 0},
+        {"1.0", false, 0},
+        {"true", false, 0},
+        {"null", false, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *v = parse(cases[i].json);
+        int64_t got = 0;
+        cr_assert_eq(kf_json_int64_value(v, &got), cases[i].ok, "%s", cases[i].json);
+        if (cases[i].ok) {
+            cr_assert_eq(got, cases[i].value, "%s", cases[i].json);
+        }
+        json_decref(v);
+    }
+}
+
+Test(json_scalars, double_takes_numbers_decimal_text_and_the_non_finite_names) {
+    const char *good[] = {"1.5",     "-2",           "\"1.5\"",      "\"-1e3\"",
+                          "\"NaN\"", "\"Infinity\"", "\"-Infinity\""};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        json_t *v = parse(good[i]);
+        double d = 0;
+        cr_assert(kf_json_double_value(v, &d), "%s", good[i]);
+        json_decref(v);
+    }
+    const char *bad[] = {"\"inf\"", "\"nan\"", "\"0x10\"", "\" 1\"", "\"1e999\"", "\"\"", "true"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_t *v = parse(bad[i]);
+        double d = 0;
+        cr_assert(!kf_json_double_value(v, &d), "%s", bad[i]);
+        json_decref(v);
+    }
+}
+
+/* What the writers produce reads back as the same value. */
+Test(json_scalars, writers_read_back) {
+    int64_t ints[] = {0, -1, INT64_MAX, INT64_MIN};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        json_t *v = kf_json_int64(ints[i]);
+        cr_assert(json_is_string(v));
+        int64_t back = 0;
+        cr_assert(kf_json_int64_value(v, &back));
+        cr_assert_eq(back, ints[i]);
+        json_decref(v);
+    }
+    double reals[] = {0.1, -3.5, INFINITY, -INFINITY, NAN};
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+        json_t *v = kf_json_double(reals[i]);
+        double back = 0;
+        cr_assert(kf_json_double_value(v, &back));
+        cr_assert(isnan(reals[i]) ? isnan(back) : back == reals[i], "%g", reals[i]);
+        json_decref(v);
+    }
+    json_t *nan = kf_json_double(NAN);
+    cr_assert_str_eq(json_string_value(nan), "NaN");
+    json_decref(nan);
+    const uint8_t bytes[] = {0, 1, 2, 0xff};
+    json_t *b = kf_json_bytes(bytes, sizeof bytes);
+    cr_assert_str_eq(json_string_value(b), "AAEC/w==");
+    json_decref(b);
+    json_t *empty = kf_json_bytes(NULL, 0);
+    cr_assert_str_eq(json_string_value(empty), "");
+    json_decref(empty);
 }
