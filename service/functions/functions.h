@@ -13,10 +13,12 @@
  *   1. Every handler response is validated before it is applied; a violation
  *      or a limit anywhere in the step rolls back everything the step did
  *      (undo log), so a refused batch changes nothing.
- *   2. A step is a resumable machine: a call goes out (send_call) and its
- *      response is taken later (take_response); native handlers answer at
- *      once, a remote one (or the defer_calls test seam) later. While a
- *      step waits, later batches of the same function queue behind it.
+ *   2. A step is a resumable machine: a call goes out through the
+ *      function's handler host (kf__call_send) and its response is taken
+ *      later (take_response; the seam is drawn in functions_int.h); native
+ *      handlers answer at once, a remote one (or the defer_calls test seam)
+ *      later. While a step waits, later batches of the same function queue
+ *      behind it.
  *   3. A retry of an accepted (producer, sequence) returns the stored
  *      acknowledgement and changes nothing; a lower sequence is refused.
  *   4. Output rows get contiguous per-function sequence numbers; reads see
