@@ -84,7 +84,7 @@
 #include "base/arena.h"
 #include "base/status.h"
 #include "bench/common/bench_util.h"
-#include "http/json_map.h"
+#include "proto/json_map.h"
 #include "keyflow/v1/functions.pb-c.h"
 
 /* Flag bounds: enough for anything this machine can drive, small enough

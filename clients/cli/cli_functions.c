@@ -35,7 +35,7 @@
 #include "base/assert.h"
 #include "base/limits.h"
 #include "cli.h"
-#include "http/json_map.h"
+#include "proto/json_map.h"
 
 #define FLAGS(a) a, sizeof a / sizeof a[0]
 

@@ -30,7 +30,7 @@
 #include "base/version.h"
 #include "cli.h"
 #include "proto/methods.h"
-#include "http/json_map.h"
+#include "proto/json_map.h"
 
 #define DEFAULT_ADDR "127.0.0.1:50051"
 

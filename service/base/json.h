@@ -39,7 +39,7 @@ char *kf_json_dumps(const json_t *v, size_t flags);
 /* ---- proto3 JSON scalars -------------------------------------------------
  * The JSON forms of 64-bit integers (a decimal string), doubles (a number,
  * or "NaN", "Infinity", "-Infinity") and bytes (base64), shared by the
- * gateway's mapping (http/json_map.c) and the column types
+ * gateway's mapping (proto/json_map.c) and the column types
  * (proto/columns.c) so that both read and write a value the same way. */
 
 typedef enum kf_json_number {

@@ -1,8 +1,9 @@
 /*
  * core.h - the engine's deterministic heart: all state, no threads.
  *
- * The threaded engine (engine.c) drives a core; tests drive one directly
- * with a manual clock, a seeded random source and a fault-injecting store:
+ * The threaded engine (runtime/engine.c) drives a core; tests drive one
+ * directly with a manual clock, a seeded random source and a fault-injecting
+ * store:
  *
  *   kf_core_begin(core, batch, group_id, now_ms);
  *   kf_core_execute(core, cmd) ...;  kf_core_tick(core, limit);

@@ -32,7 +32,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/metrics.h"
-#include "http/json_map.h"
+#include "proto/json_map.h"
 #include "http/routes.h"
 
 typedef struct http_call http_call_t;

@@ -15,7 +15,7 @@
 #include <stdbool.h>
 
 #include "base/status.h"
-#include "engine/engine.h"
+#include "runtime/engine.h"
 #include "tls/tls.h"
 
 typedef struct kf_gateway kf_gateway_t;

@@ -10,7 +10,7 @@
 #include "base/assert.h"
 #include "base/json.h"
 #include "base/limits.h"
-#include "http/json_map.h"
+#include "proto/json_map.h"
 
 typedef kf_http_route_def_t route_t;
 

@@ -22,7 +22,7 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/version.h"
-#include "engine/engine.h"
+#include "runtime/engine.h"
 #include "http/gateway.h"
 #include "rpc/grpc_server.h"
 #include "storage/store.h"

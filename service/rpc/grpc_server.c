@@ -46,7 +46,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/metrics.h"
-#include "engine/engine.h"
+#include "runtime/engine.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"

@@ -17,7 +17,7 @@
 #include <stdbool.h>
 
 #include "base/status.h"
-#include "engine/engine.h"
+#include "runtime/engine.h"
 #include "tls/tls.h"
 
 typedef struct kf_grpc_server kf_grpc_server_t;

@@ -1,12 +1,12 @@
 /* fuzz_json_map.c - libFuzzer harness: JSON -> message -> JSON -> message
- * round trip through service/http/json_map.c (README.md). Byte 0 of the
+ * round trip through service/proto/json_map.c (README.md). Byte 0 of the
  * input selects the message type. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "http/json_map.h"
+#include "proto/json_map.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"

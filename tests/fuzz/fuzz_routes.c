@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http/json_map.h"
+#include "proto/json_map.h"
 #include "http/routes.h"
 
 /* libFuzzer's entry point. */

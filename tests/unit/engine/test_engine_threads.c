@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "runtime/engine.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 
 typedef struct waiter {

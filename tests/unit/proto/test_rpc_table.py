@@ -7,13 +7,17 @@ streaming. The rows' flags and authorization columns must fit the messages,
 and every HTTP route must name an RPC the gateway serves and fields its
 request has.
 
-Environment: KF_PROTOC (protoc), KF_API_DIR (api/), KF_RPC_TABLE_DUMP (the
-rpc_table_dump binary, which prints the C tables as JSON).
+The C client's KF_CLIENT_PATH_* names (clients/c/keyflow_client.h, public
+string constants) must each be the path of a row.
+
+Environment: KF_PROTOC (protoc), KF_SOURCE_DIR (the tree), KF_RPC_TABLE_DUMP
+(the rpc_table_dump binary, which prints the C tables as JSON).
 """
 import copy
 import json
 import os
 import pathlib
+import re
 import subprocess
 import tempfile
 import unittest
@@ -164,7 +168,8 @@ def check_routes(routes, rows, messages):
 class RpcTableTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.messages, cls.rpcs = load_protos(os.environ["KF_PROTOC"], os.environ["KF_API_DIR"])
+        cls.source = pathlib.Path(os.environ["KF_SOURCE_DIR"])
+        cls.messages, cls.rpcs = load_protos(os.environ["KF_PROTOC"], cls.source / "api")
         out = subprocess.run([os.environ["KF_RPC_TABLE_DUMP"]], check=True, capture_output=True)
         cls.tables = json.loads(out.stdout)
 
@@ -174,6 +179,13 @@ class RpcTableTest(unittest.TestCase):
     def test_the_tables_match_the_protos(self):
         self.assertGreater(len(self.rpcs), 10)
         self.assertEqual(self.problems(self.tables), [])
+
+    def test_the_c_client_paths_are_rows(self):
+        header = (self.source / "clients/c/keyflow_client.h").read_text()
+        paths = re.findall(r'#define\s+KF_CLIENT_PATH_\w+\s+"([^"]+)"', header)
+        self.assertGreater(len(paths), 10)
+        rows = {r["path"] for r in self.tables["methods"]}
+        self.assertEqual([p for p in paths if p not in rows], [])
 
     def test_the_table_flags_match_what_the_front_ends_do(self):
         rows = {r["path"]: r for r in self.tables["methods"]}

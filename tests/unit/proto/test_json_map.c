@@ -1,5 +1,5 @@
 /*
- * test_json_map.c - unit tests of service/http/json_map.c, the gateway's
+ * test_json_map.c - unit tests of service/proto/json_map.c, the API's
  * descriptor-driven JSON <-> protobuf mapping.
  *
  * Two sets of messages: the test-only keyflow.test protos next to this file
@@ -20,7 +20,7 @@
 
 #include <criterion/criterion.h>
 
-#include "http/json_map.h"
+#include "proto/json_map.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"

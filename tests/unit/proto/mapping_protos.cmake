@@ -1,8 +1,8 @@
 # kf_mapping_test_protos(OUT_SRCS GEN_DIR): generates the test-only protos
-# of tests/unit/http (mapping_test*.proto, package keyflow.test) with
+# of tests/unit/proto (mapping_test*.proto, package keyflow.test) with
 # protoc-c into GEN_DIR, for the JSON mapping's unit tests and its fuzzer.
 function(kf_mapping_test_protos out_srcs gen_dir)
-  set(src_dir ${CMAKE_SOURCE_DIR}/tests/unit/http)
+  set(src_dir ${CMAKE_SOURCE_DIR}/tests/unit/proto)
   file(MAKE_DIRECTORY ${gen_dir})
   set(srcs)
   foreach(proto mapping_test mapping_test2)

@@ -1,7 +1,7 @@
 /*
- * json_map.h - the generic JSON <-> protobuf mapping of the HTTP gateway,
- * driven by protobuf-c descriptors (no per-message code), following the
- * proto3 JSON conventions:
+ * json_map.h - the generic JSON <-> protobuf mapping of the API, shared by
+ * the HTTP gateway, the CLI and the benchmarks, driven by protobuf-c
+ * descriptors (no per-message code), following the proto3 JSON conventions:
  *
  *   - JSON names are lowerCamelCase (the descriptor's json_name, else the
  *     field name converted); the original snake_case name is accepted too.

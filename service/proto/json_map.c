@@ -26,7 +26,7 @@
  * Depth is counted in containers: the body object is level 1, an object or
  * array inside it level 2, and so on; a scalar adds no level.
  */
-#include "http/json_map.h"
+#include "proto/json_map.h"
 
 #include <errno.h>
 #include <float.h>

@@ -17,7 +17,7 @@
  * core is touched only by the engine thread (invariant 1 of engine.h).
  */
 #define _GNU_SOURCE /* pthread_setname_np */
-#include "engine/engine.h"
+#include "runtime/engine.h"
 
 #include <errno.h>
 #include <pthread.h>

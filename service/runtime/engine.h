@@ -1,0 +1,63 @@
+/*
+ * runtime/engine.h - the threaded engine around the deterministic core
+ * (engine/core.h): one thread owns all mutable state, a committer thread
+ * makes each group of effects durable, replies leave only after that. This
+ * is the engine as front ends see it; commands and configuration are in
+ * engine/engine.h.
+ *
+ *   front end threads            engine thread                committer thread
+ *   ---------------------        --------------------------   -----------------------
+ *   kf_engine_submit(cmd) -----> inbox (bounded) -> execute -> group N (one batch)
+ *                                fire due timers      |        write group N-1 (sync)
+ *                                                     +------> hand N-1's replies to
+ *                                                              the replier thread:
+ *   cmd->done(cmd) <-------------------------------------------- cmd->done(cmd)
+ *
+ * Invariants
+ *   1. Only the engine thread touches engine state (coordinators, runs,
+ *      functions, timers). Front ends hand it commands and get them back.
+ *   2. A command's reply (cmd->done) is called only after the group holding
+ *      its effects, and every group before it, was written with sync = true.
+ *      Reads are released in the same order, so no reply reveals an effect
+ *      that is not yet durable.
+ *   3. A failed sync is fatal: nothing of that group or any later group is
+ *      acknowledged; the process stops (config.on_fatal, default abort()).
+ *   4. While the committer syncs group N-1, the engine fills group N: one
+ *      fsync serves every command that arrived meanwhile (group commit).
+ *   5. Every queue is bounded: a full inbox refuses with KF_E_LIMIT.
+ */
+#ifndef KF_RUNTIME_ENGINE_H
+#define KF_RUNTIME_ENGINE_H
+
+#include <stdbool.h>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "storage/store.h"
+
+typedef struct kf_engine kf_engine_t;
+
+/* Loads every coordinator, run and function from the store (replaying
+ * journals) and rebuilds the timer heap. The store is borrowed and must
+ * outlive the engine. Errors: KF_E_IO, KF_E_CORRUPT (with the key). */
+kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store, kf_engine_t **out,
+                             kf_error_t *err) KF_MUST_USE;
+/* Starts the engine and committer threads. */
+kf_status_t kf_engine_start(kf_engine_t *engine, kf_error_t *err) KF_MUST_USE;
+/* Hands a command to the engine. On KF_OK the engine owns it until done();
+ * otherwise (KF_E_LIMIT: queue full, KF_E_UNAVAILABLE: stopping) done() will
+ * not be called and cmd->error says why. Any thread. */
+kf_status_t kf_engine_submit(kf_engine_t *engine, kf_cmd_t *cmd) KF_MUST_USE;
+/* The submitter's client went away: if `cmd` is still waiting in the engine
+ * (a long poll), answer it now with KF_E_CANCELLED instead of letting it
+ * take work. Harmless when the command already finished. Any thread; the
+ * engine never touches `cmd` unless it is still one of its parked commands. */
+void kf_engine_cancel(kf_engine_t *engine, kf_cmd_t *cmd);
+/* Stops accepting, finishes every accepted command (parked polls answer
+ * empty), syncs the last group and joins the threads. Idempotent. */
+void kf_engine_stop(kf_engine_t *engine);
+void kf_engine_destroy(kf_engine_t *engine);
+/* True once a sync failed (the engine acknowledges nothing more). */
+bool kf_engine_failed(const kf_engine_t *engine);
+
+#endif
