@@ -49,7 +49,8 @@
     X(KF_CF_TIMERS_BY_KEY, "timers_by_key")                                                        \
     X(KF_CF_OUTPUT, "output")           /* output row chunks */                                    \
     X(KF_CF_PRODUCERS, "producers")     /* producer sequences and acks */                          \
-    X(KF_CF_CHECKPOINTS, "checkpoints") /* per-function checkpoints */
+    X(KF_CF_CHECKPOINTS, "checkpoints") /* per-function checkpoints */                             \
+    X(KF_CF_API_KEYS, "api_keys")       /* store secret, API key hashes */
 
 typedef enum kf_cf {
 #define KF_CF_ENUM_(id, name) id,

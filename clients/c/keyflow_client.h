@@ -48,6 +48,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
+#include "keyflow/v1/keys.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
 
 /* The longest target ("host:port", "dns:///name:port", "unix:/path"). */
@@ -71,10 +72,13 @@
 #define KF_CLIENT_PATH_TAIL_OUTPUT          "/keyflow.v1.Functions/TailOutput"
 #define KF_CLIENT_PATH_GET_KEY_STATE        "/keyflow.v1.Functions/GetKeyState"
 #define KF_CLIENT_PATH_HEALTH_CHECK         "/grpc.health.v1.Health/Check"
+#define KF_CLIENT_PATH_CREATE_KEY           "/keyflow.v1.Keys/CreateKey"
+#define KF_CLIENT_PATH_LIST_KEYS            "/keyflow.v1.Keys/ListKeys"
+#define KF_CLIENT_PATH_REVOKE_KEY           "/keyflow.v1.Keys/RevokeKey"
 
 typedef struct kf_client kf_client_t;
 
-/* The longest API key (keys keyflowd issues are 52 characters). */
+/* The longest API key (keys keyflowd issues are 84 characters). */
 #define KF_CLIENT_API_KEY_BYTES_MAX 256
 
 /*
@@ -225,6 +229,21 @@ kf_status_t kf_client_get_key_state(kf_client_t *client,
                                     kf_arena_t *arena, int64_t timeout_ms,
                                     Keyflow__V1__GetKeyStateResponse **response,
                                     kf_error_t *err) KF_MUST_USE;
+
+/* The Keys service (every call needs a key with keys:admin). The api_key
+ * of a CreateKeyResponse is the only copy of the new key's secret. */
+kf_status_t kf_client_create_key(kf_client_t *client, const Keyflow__V1__CreateKeyRequest *request,
+                                 kf_arena_t *arena, int64_t timeout_ms,
+                                 Keyflow__V1__CreateKeyResponse **response,
+                                 kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_list_keys(kf_client_t *client, const Keyflow__V1__ListKeysRequest *request,
+                                kf_arena_t *arena, int64_t timeout_ms,
+                                Keyflow__V1__ListKeysResponse **response,
+                                kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_revoke_key(kf_client_t *client, const Keyflow__V1__RevokeKeyRequest *request,
+                                 kf_arena_t *arena, int64_t timeout_ms,
+                                 Keyflow__V1__RevokeKeyResponse **response,
+                                 kf_error_t *err) KF_MUST_USE;
 
 /*
  * Streams: one server-streaming call (one request, any number of responses,

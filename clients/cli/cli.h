@@ -172,6 +172,8 @@ struct kf__cli_command {
 
 /* `keyflow functions ...` (cli_functions.c). */
 extern const kf__cli_command_group_t kf__cli_functions_group;
+/* `keyflow keys ...` (cli_keys.c). */
+extern const kf__cli_command_group_t kf__cli_keys_group;
 
 /* ---- JSON lines -> PushBatch payloads (cli_rows.c) ---------------------- */
 

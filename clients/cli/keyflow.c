@@ -583,6 +583,8 @@ static const command_t commands[] = {
     {"functions", "SUBCOMMAND [FLAGS] [ARGS]",
      "keyed process functions: register, push rows, read and tail output", NULL, NULL, 0, 0, 0,
      false, NULL, &kf__cli_functions_group},
+    {"keys", "SUBCOMMAND [FLAGS] [ARGS]", "API keys: create, list, revoke (needs keys:admin)", NULL,
+     NULL, 0, 0, 0, false, NULL, &kf__cli_keys_group},
 };
 
 static const size_t command_count = sizeof commands / sizeof commands[0];

@@ -4,9 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mbedtls/constant_time.h>
 #include <mbedtls/ctr_drbg.h>
 #include <mbedtls/entropy.h>
 #include <mbedtls/md.h>
+#include <mbedtls/platform_util.h>
 
 #include "base/assert.h"
 
@@ -30,6 +32,56 @@ kf_status_t kf_sha256_file(const char *path, uint8_t out[KF_SHA256_BYTES], kf_er
         return kf_error_set(err, KF_E_IO, "cannot read %s to hash it", path);
     }
     return KF_OK;
+}
+
+#define SHA256_BLOCK_BYTES 64
+
+void kf_hmac_key_init(kf_hmac_key_t *key, const void *secret, size_t secret_len) {
+    /* A key longer than a block is hashed first (RFC 2104, section 2). */
+    uint8_t k[SHA256_BLOCK_BYTES] = {0};
+    if (secret_len > SHA256_BLOCK_BYTES) {
+        kf_sha256(secret, secret_len, k);
+    } else {
+        memcpy(k, secret, secret_len);
+    }
+    uint8_t pad[SHA256_BLOCK_BYTES];
+    for (size_t i = 0; i < sizeof pad; i++) {
+        pad[i] = k[i] ^ 0x36;
+    }
+    mbedtls_sha256_init(&key->inner);
+    KF_ASSERT(mbedtls_sha256_starts_ret(&key->inner, 0) == 0);
+    KF_ASSERT(mbedtls_sha256_update_ret(&key->inner, pad, sizeof pad) == 0);
+    for (size_t i = 0; i < sizeof pad; i++) {
+        pad[i] = k[i] ^ 0x5c;
+    }
+    mbedtls_sha256_init(&key->outer);
+    KF_ASSERT(mbedtls_sha256_starts_ret(&key->outer, 0) == 0);
+    KF_ASSERT(mbedtls_sha256_update_ret(&key->outer, pad, sizeof pad) == 0);
+    mbedtls_platform_zeroize(k, sizeof k);
+    mbedtls_platform_zeroize(pad, sizeof pad);
+}
+
+void kf_hmac_key_deinit(kf_hmac_key_t *key) {
+    mbedtls_sha256_free(&key->inner);
+    mbedtls_sha256_free(&key->outer);
+}
+
+void kf_hmac_sha256(const kf_hmac_key_t *key, const void *data, size_t len,
+                    uint8_t out[KF_SHA256_BYTES]) {
+    mbedtls_sha256_context ctx;
+    uint8_t inner[KF_SHA256_BYTES];
+    mbedtls_sha256_init(&ctx);
+    mbedtls_sha256_clone(&ctx, &key->inner);
+    KF_ASSERT(mbedtls_sha256_update_ret(&ctx, data, len) == 0);
+    KF_ASSERT(mbedtls_sha256_finish_ret(&ctx, inner) == 0);
+    mbedtls_sha256_clone(&ctx, &key->outer);
+    KF_ASSERT(mbedtls_sha256_update_ret(&ctx, inner, sizeof inner) == 0);
+    KF_ASSERT(mbedtls_sha256_finish_ret(&ctx, out) == 0);
+    mbedtls_sha256_free(&ctx);
+}
+
+bool kf_ct_equal(const void *a, const void *b, size_t len) {
+    return mbedtls_ct_memcmp(a, b, len) == 0;
 }
 
 void kf_hex_encode(const uint8_t *bytes, size_t len, char *out) {

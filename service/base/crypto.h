@@ -7,8 +7,11 @@
 #ifndef KF_BASE_CRYPTO_H
 #define KF_BASE_CRYPTO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <mbedtls/sha256.h>
 
 #include "base/status.h"
 
@@ -21,6 +24,27 @@ kf_status_t kf_sha256_file(const char *path, uint8_t out[KF_SHA256_BYTES],
                            kf_error_t *err) KF_MUST_USE;
 /* Lowercase hex, NUL-terminated: out has KF_SHA256_HEX_BYTES + 1 bytes. */
 void kf_hex_encode(const uint8_t *bytes, size_t len, char *out);
+
+/*
+ * HMAC-SHA256 (RFC 2104) under one fixed key. kf_hmac_key_init absorbs the
+ * key's inner and outer pads once; each kf_hmac_sha256 afterwards clones
+ * those states, so a MAC costs four SHA-256 blocks and allocates nothing
+ * (the API-key check runs once per call). A key is read-only after init and
+ * may be used from any number of threads.
+ */
+typedef struct kf_hmac_key {
+    mbedtls_sha256_context inner; /* after (key ^ ipad) */
+    mbedtls_sha256_context outer; /* after (key ^ opad) */
+} kf_hmac_key_t;
+
+void kf_hmac_key_init(kf_hmac_key_t *key, const void *secret, size_t secret_len);
+void kf_hmac_key_deinit(kf_hmac_key_t *key);
+void kf_hmac_sha256(const kf_hmac_key_t *key, const void *data, size_t len,
+                    uint8_t out[KF_SHA256_BYTES]);
+
+/* Whether a and b (len bytes each) are equal, in time that depends on len
+ * only (mbedtls_ct_memcmp): for comparing secrets and their hashes. */
+bool kf_ct_equal(const void *a, const void *b, size_t len);
 
 typedef struct kf_rng kf_rng_t;
 

@@ -160,6 +160,18 @@
  * flushes. */
 #define KF_ROCKS_WAL_BYTES_MAX (64 * 1024 * 1024)
 
+/* ---- API keys ---------------------------------------------------------- */
+
+/* Live keys: each is a few hundred bytes in memory and looked up on every
+ * call; ten thousand is more keys than any deployment hands out. Revoked
+ * keys are deleted, so the table shrinks again. */
+#define KF_API_KEYS_MAX 10000
+/* Grants per key (scope + optional name prefix). */
+#define KF_GRANTS_MAX 32
+/* A grant's prefix is a workflow or function name prefix. */
+#define KF_GRANT_PREFIX_BYTES_MAX 128
+#define KF_API_KEY_NAME_BYTES_MAX 128
+
 /* ---- front ends ------------------------------------------------------- */
 
 /* One request message or HTTP body: a 16 MiB input batch plus framing. */
@@ -184,11 +196,6 @@
 
 /* ---- operations ------------------------------------------------------- */
 
-/* How long keyflowd keeps serving after SIGTERM while it reports NOT_SERVING
- * (--drain-grace-ms): long enough for any load balancer to notice, short
- * enough that a stop never looks hung (Kubernetes' default grace is 30 s). */
-#define KF_DRAIN_GRACE_MS_MAX (5LL * 60 * 1000)
-
 /* One log line, built on the stack and written with one write(2) (which
  * keeps concurrent lines whole): room for a function key, the longest
  * identifier a line carries, escaped, plus the rest; longer values are cut. */
@@ -210,5 +217,8 @@ _Static_assert(KF_FN_MAX_BATCH_ROWS_DEFAULT <= KF_FN_MAX_BATCH_ROWS_MAX, "defaul
 _Static_assert(KF_FN_MAX_INPUT_ROWS_DEFAULT <= KF_FN_MAX_INPUT_ROWS_MAX, "default within bound");
 _Static_assert(KF_KEY_COLUMNS_MAX <= KF_SCHEMA_FIELDS_MAX, "key columns are input columns");
 _Static_assert(KF_FUNCTION_KEY_BYTES_MAX < KF_LOG_LINE_BYTES_MAX, "a key fits a log line");
+_Static_assert(KF_GRANT_PREFIX_BYTES_MAX >= KF_WORKFLOW_BYTES_MAX &&
+                   KF_GRANT_PREFIX_BYTES_MAX >= KF_FUNCTION_ID_BYTES_MAX,
+               "a prefix can be a whole workflow or function name");
 
 #endif

@@ -13,6 +13,7 @@
 #include "base/metrics.h"
 #include "coord/coord.h"
 #include "functions/functions.h"
+#include "keys/keys.h"
 #include "runs/runs.h"
 
 /* Finished runs are swept from disk at most this often. */
@@ -23,6 +24,8 @@ struct kf_core {
     kf_runs_t *runs;
     kf_coords_t *coords;
     kf_functions_t *functions;
+    kf_keys_t *keys;
+    kf_auth_t *own_auth; /* when the config gave none */
     int64_t next_sweep_ms;
 };
 
@@ -85,15 +88,23 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
     core->runs = kf_runs_create();
     core->coords = kf_coords_create(core->runs);
     core->functions = kf_functions_create(config->plugin_dir, config->defer_handler_calls);
+    kf_auth_t *auth = config->auth;
+    if (auth == NULL) {
+        auth = core->own_auth = kf_auth_create(false);
+    }
+    core->keys = auth != NULL ? kf_keys_create(auth) : NULL;
     kf_batch_t *batch = kf_batch_create(store);
-    if (ctx->rng == NULL || batch == NULL) {
+    if (ctx->rng == NULL || batch == NULL || core->keys == NULL) {
         kf_batch_destroy(batch);
         kf_core_destroy(core);
         return kf_error_set(err, KF_E_INTERNAL, "cannot seed the random source");
     }
     kf_core_begin(core, batch, 0, kf_clock_now_ms(&config->clock));
     int64_t t0 = kf_mono_us();
-    kf_status_t st = kf_runs_recover(core->runs, ctx, err);
+    kf_status_t st = kf_keys_recover(core->keys, ctx, err);
+    if (st == KF_OK) {
+        st = kf_runs_recover(core->runs, ctx, err);
+    }
     if (st == KF_OK) {
         st = kf_coords_recover(core->coords, ctx, err);
     }
@@ -109,6 +120,9 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
         if (kf_batch_count(batch) > 0) {
             st = kf_store_write(store, batch, err);
         }
+    }
+    if (st == KF_OK) {
+        st = kf_keys_finish_recovery(core->keys, err); /* the new key is durable now */
     }
     kf_batch_destroy(batch);
     ctx->batch = NULL;
@@ -136,6 +150,8 @@ void kf_core_destroy(kf_core_t *core) {
     kf_coords_destroy(core->coords);
     kf_functions_destroy(core->functions);
     kf_runs_destroy(core->runs);
+    kf_keys_destroy(core->keys);
+    kf_auth_destroy(core->own_auth);
     kf_rng_destroy(core->ctx.rng);
     free(core->ctx.scratch);
     free(core);

@@ -17,6 +17,7 @@
 
 #include "base/arena.h"
 #include "base/clock.h"
+#include "auth/auth.h"
 #include "base/status.h"
 #include "proto/methods.h"
 #include "storage/store.h"
@@ -36,6 +37,8 @@ struct kf_cmd {
                                         returned KF_OK, on the replier thread; the
                                         cmd is the submitter's again */
     void *owner;                     /* submitter's context */
+    kf_principal_t *principal;       /* who called (borrowed until done); NULL:
+                                        auth is off, or the RPC needs no key */
     /* Set by the engine before done. */
     ProtobufCMessage *response; /* in arena; NULL when error.status != KF_OK */
     kf_error_t error;
@@ -50,12 +53,16 @@ typedef struct kf_engine_config {
     kf_clock_t clock;     /* default: system clock */
     const void *rng_seed; /* NULL: system entropy */
     size_t rng_seed_len;
-    int64_t run_retention_ms; /* finished runs kept this long; 0 = default */
-    int64_t run_attempts_max; /* leases per run before FAILED; 0 = default */
-    int64_t queue_depth_max;  /* inbox bound; 0 = KF_QUEUE_DEPTH_MAX */
-    const char *plugin_dir;   /* native handler .so files; NULL = none */
-    bool defer_handler_calls; /* tests only: handler calls answer on
-                                 kf_core_pump(), like remote ones */
+    int64_t run_retention_ms;       /* finished runs kept this long; 0 = default */
+    int64_t run_attempts_max;       /* leases per run before FAILED; 0 = default */
+    int64_t queue_depth_max;        /* inbox bound; 0 = KF_QUEUE_DEPTH_MAX */
+    const char *plugin_dir;         /* native handler .so files; NULL = none */
+    kf_auth_t *auth;                /* the API-key registry the engine keeps up to date
+                                       (borrowed); NULL: a disabled one of its own */
+    const char *bootstrap_key_path; /* where a new admin key is written (auth on) */
+    bool new_admin_key;             /* make an admin key even if one was made before */
+    bool defer_handler_calls;       /* tests only: handler calls answer on
+                                       kf_core_pump(), like remote ones */
     /* Called on the committer thread when a sync fails. Default: log and
      * abort(). If it returns, the engine stops acknowledging anything. */
     void (*on_fatal)(const kf_error_t *err, void *ctx);

@@ -96,6 +96,7 @@ struct fn_key {
 typedef struct producer {
     kf_map_node_t node;
     char *id;
+    char owner[KF_API_KEY_ID_CHARS + 1]; /* API key that first pushed; "": none */
     int64_t last_sequence;
     uint32_t nacks; /* ring of the last acks, oldest first */
     int64_t ack_seq[KF_PRODUCER_ACKS_KEPT];

@@ -1,9 +1,20 @@
-/* plugin.c - digest-addressed loading of native handlers (see plugin.h). */
+/*
+ * plugin.c - digest-addressed loading of native handlers (see plugin.h).
+ *
+ * Invariants
+ *   1. A file is a candidate only if it is a regular file (opened with
+ *      O_NOFOLLOW: never through a symlink), owned by root or by the user
+ *      keyflowd runs as, and not writable by group or others: nobody else
+ *      can have put code there. Files that fail are skipped and logged.
+ *   2. Messages that go back to clients name digests, never server paths;
+ *      the paths go to the server's log.
+ */
 #define _GNU_SOURCE /* memfd_create */
 #include "functions/plugin.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,15 +69,36 @@ void kf_plugins_destroy(kf_plugins_t *p) {
     free(p);
 }
 
-/* Reads a whole regular file of at most KF_PLUGIN_BYTES_MAX. */
+/* Why a file may not hold code keyflowd runs (invariant 1), or NULL. */
+static const char *untrusted(const struct stat *st) {
+    if (!S_ISREG(st->st_mode)) {
+        return "not a regular file";
+    }
+    if (st->st_uid != 0 && st->st_uid != geteuid()) {
+        return "owned by neither root nor keyflowd's user";
+    }
+    if ((st->st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        return "writable by group or others";
+    }
+    return NULL;
+}
+
+/* Reads a whole trusted regular file of at most KF_PLUGIN_BYTES_MAX. */
 static uint8_t *read_file(const char *path, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
+        if (errno == ELOOP) {
+            kf_log(KF_LOG_WARN, "plugin", "skipping %s: a symbolic link", path);
+        }
         return NULL;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+    const char *why = NULL;
+    if (fstat(fd, &st) != 0 || (why = untrusted(&st)) != NULL || st.st_size <= 0 ||
         st.st_size > KF_PLUGIN_BYTES_MAX) {
+        if (why != NULL) {
+            kf_log(KF_LOG_WARN, "plugin", "skipping %s: %s", path, why);
+        }
         close(fd);
         return NULL;
     }
@@ -92,14 +124,14 @@ static kf_status_t load_bytes(kf_plugins_t *p, const char *path, const char *dig
                               kf_error_t *err) {
     int fd = memfd_create("keyflow-plugin", MFD_CLOEXEC);
     if (fd < 0) {
-        return kf_error_set(err, KF_E_IO, "plugin %s: cannot create a memory file", path);
+        return kf_error_set(err, KF_E_IO, "plugin %s: cannot create a memory file", digest);
     }
     size_t put = 0;
     while (put < len) {
         ssize_t w = write(fd, bytes + put, len - put);
         if (w <= 0) {
             close(fd);
-            return kf_error_set(err, KF_E_IO, "plugin %s: cannot copy into a memory file", path);
+            return kf_error_set(err, KF_E_IO, "plugin %s: cannot copy into a memory file", digest);
         }
         put += (size_t)w;
     }
@@ -111,8 +143,11 @@ static kf_status_t load_bytes(kf_plugins_t *p, const char *path, const char *dig
     void *dl = dlopen(fd_path, RTLD_NOW | RTLD_LOCAL);
     if (dl == NULL) {
         const char *why = dlerror();
+        kf_log(KF_LOG_WARN, "plugin", "cannot load %s: %s", path, why ? why : "?");
         close(fd);
-        return kf_error_set(err, KF_E_INVALID, "plugin %s: cannot load: %s", path, why ? why : "?");
+        return kf_error_set(err, KF_E_INVALID,
+                            "plugin with SHA-256 %s: cannot be loaded (the server log says why)",
+                            digest);
     }
     for (loaded_t *l = p->loaded; l != NULL; l = l->next) {
         KF_ASSERT(l->dl != dl); /* a new memfd path is a new library */
@@ -121,8 +156,9 @@ static kf_status_t load_bytes(kf_plugins_t *p, const char *path, const char *dig
     if (h == NULL || h->abi_version != KF_HANDLER_ABI_VERSION || h->invoke == NULL) {
         dlclose(dl);
         close(fd);
-        return kf_error_set(err, KF_E_INVALID, "plugin %s: does not export %s with ABI version %u",
-                            path, KF_HANDLER_SYMBOL, KF_HANDLER_ABI_VERSION);
+        return kf_error_set(err, KF_E_INVALID,
+                            "plugin with SHA-256 %s: does not export %s with ABI version %u",
+                            digest, KF_HANDLER_SYMBOL, KF_HANDLER_ABI_VERSION);
     }
     loaded_t *l = calloc(1, sizeof *l);
     KF_ASSERT(l != NULL);
@@ -152,8 +188,10 @@ kf_status_t kf_plugins_find(kf_plugins_t *p, const char *digest_hex, const kf_ha
     }
     DIR *d = opendir(p->dir);
     if (d == NULL) {
+        kf_log(KF_LOG_WARN, "plugin", "cannot read the plugin directory %s: %s", p->dir,
+               strerror(errno));
         return kf_error_set(err, KF_E_PRECONDITION,
-                            "runtime NATIVE: cannot read plugin directory %s", p->dir);
+                            "runtime NATIVE: the server cannot read its plugin directory");
     }
     kf_status_t st = KF_E_PRECONDITION;
     int files = 0;
@@ -185,7 +223,8 @@ kf_status_t kf_plugins_find(kf_plugins_t *p, const char *digest_hex, const kf_ha
     closedir(d);
     if (st == KF_E_PRECONDITION) {
         kf_error_set(err, KF_E_PRECONDITION,
-                     "descriptor.implementation_digest: no plugin in %s has SHA-256 %s", p->dir,
+                     "descriptor.implementation_digest: no plugin in the server's plugin "
+                     "directory has SHA-256 %s",
                      digest_hex);
     }
     return st;

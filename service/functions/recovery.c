@@ -130,6 +130,9 @@ static kf_status_t load_producer(function_t *fn, const uint8_t *rest, size_t len
         return st;
     }
     producer_t *p = kf__producer_get(fn, rec->producer_id, true);
+    if (strlen(rec->owner) <= KF_API_KEY_ID_CHARS) {
+        strcpy(p->owner, rec->owner);
+    }
     p->last_sequence = rec->last_sequence;
     for (size_t i = 0; i < rec->n_acks; i++) {
         p->ack_seq[i] = rec->acks[i]->sequence;

@@ -244,6 +244,10 @@ void kf_functions_list(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         if (req->page_token[0] != '\0' && strcmp(all[i]->id, req->page_token) <= 0) {
             continue;
         }
+        /* A key limited to name prefixes lists only what it may read. */
+        if (!kf_principal_allows(cmd->principal, KF_SCOPE_FUNCTIONS_READ, all[i]->id)) {
+            continue;
+        }
         if ((int64_t)resp->n_functions == page) {
             resp->next_page_token = resp->functions[resp->n_functions - 1]->descriptor->function_id;
             break;

@@ -112,6 +112,7 @@ static void put_producer(kf_ctx_t *ctx, const function_t *fn, const producer_t *
     Keyflow__Records__ProducerAckRec acks[KF_PRODUCER_ACKS_KEPT];
     Keyflow__Records__ProducerAckRec *ptrs[KF_PRODUCER_ACKS_KEPT];
     rec.producer_id = p->id;
+    rec.owner = (char *)p->owner;
     rec.last_sequence = p->last_sequence;
     for (uint32_t i = 0; i < p->nacks; i++) {
         keyflow__records__producer_ack_rec__init(&acks[i]);
@@ -510,6 +511,10 @@ static void step_finish(step_t *s, kf_status_t st) {
     commit(s, ack);
     free(s->undo);
     producer_t *p = kf__producer_get(fn, s->req->producer_id, true);
+    if (p->owner[0] == '\0') {
+        /* The first key to push under a producer owns it from then on. */
+        strcpy(p->owner, kf_principal_id(cmd->principal));
+    }
     producer_remember(p, s->req->sequence, &ack->base);
     put_producer(ctx, fn, p);
     kf_counter_add(KF_C_INPUT_ROWS, s->rows->count);
@@ -537,6 +542,16 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
         return;
     }
     producer_t *p = kf__producer_get(fn, req->producer_id, false);
+    if (p != NULL && cmd->principal != NULL && p->owner[0] != '\0' &&
+        strcmp(p->owner, kf_principal_id(cmd->principal)) != 0) {
+        /* Else another tenant could push sequence INT64_MAX under it and
+         * lock its producer out for good. */
+        kf_error_set(err, KF_E_PERMISSION,
+                     "producer_id: producer %s of function %s belongs to another API key", p->id,
+                     fn->id);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
     if (p != NULL && req->sequence <= p->last_sequence) {
         if (replay_ack(p, req->sequence, cmd)) {
             kf_ctx_ready(ctx, cmd);

@@ -30,7 +30,6 @@
 #include "base/arena.h"
 #include "base/assert.h"
 #include "base/clock.h"
-#include "base/health.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "proto/json_map.h"
@@ -53,8 +52,9 @@ struct http_call {
     int64_t start_us;
     kf_arena_t arena;
     kf_cmd_t cmd;
-    int watch_fd;            /* HTTP/1 long poll: its socket, or -1 */
-    http_call_t *watch_prev; /* on gw->watched while watch_fd >= 0 */
+    kf_principal_t *principal; /* the caller's key (a reference), or NULL */
+    int watch_fd;              /* HTTP/1 long poll: its socket, or -1 */
+    http_call_t *watch_prev;   /* on gw->watched while watch_fd >= 0 */
     http_call_t *watch_next;
 };
 
@@ -71,6 +71,8 @@ struct kf_gateway {
     pthread_t thread;
     bool started;
     kf_engine_t *engine;
+    kf_auth_t *auth; /* NULL: requests are not checked */
+    atomic_bool ready;
     atomic_bool stopping;
     atomic_int in_flight;
     bool exit_loop; /* loop thread only */
@@ -225,6 +227,7 @@ static void record_request(http_call_t *call, int metrics_id, int grpc_code, int
 static void call_free(http_call_t *call) {
     watch_unlink(call->gw, call);
     kf_arena_deinit(&call->arena);
+    kf_principal_unref(call->principal);
     atomic_fetch_sub(&call->gw->in_flight, 1);
     free(call);
 }
@@ -303,6 +306,52 @@ static void engine_done(kf_cmd_t *cmd) {
     h2o_multithread_send_message(&call->gw->replies, &call->msg);
 }
 
+/* Authentication of a request for an RPC needing `scope`: the
+ * Authorization header against the API keys. On failure the error is sent
+ * (401 with a WWW-Authenticate challenge) and false returned. */
+static bool authenticate(kf_gateway_t *gw, h2o_req_t *req, kf_scope_t scope,
+                         kf_principal_t **principal) {
+    *principal = NULL;
+    if (gw->auth == NULL) {
+        return true;
+    }
+    ssize_t i = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, -1);
+    const char *value = i >= 0 ? req->headers.entries[i].value.base : NULL;
+    size_t len = i >= 0 ? req->headers.entries[i].value.len : 0;
+    kf_error_t err;
+    if (kf_auth_authenticate(gw->auth, scope, value, len, principal, &err) != KF_OK) {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_WWW_AUTHENTICATE, NULL,
+                       H2O_STRLIT("Bearer realm=\"keyflow\""));
+        send_error(req, err.status, err.message, 0);
+        return false;
+    }
+    return true;
+}
+
+/* GET /metrics: with auth on, a key holding metrics:read (Prometheus sends
+ * bearer tokens). */
+static void serve_metrics(kf_gateway_t *gw, h2o_req_t *req) {
+    kf_principal_t *p;
+    if (!authenticate(gw, req, KF_SCOPE_METRICS_READ, &p)) {
+        return;
+    }
+    bool allowed = kf_principal_allows(p, KF_SCOPE_METRICS_READ, "");
+    kf_principal_unref(p);
+    if (!allowed) {
+        send_error(req, KF_E_PERMISSION,
+                   "/metrics needs the metrics:read scope, which this API key lacks", 0);
+        return;
+    }
+    size_t len;
+    char *text = kf_metrics_render(&len);
+    if (text == NULL) {
+        send_error(req, KF_E_NOMEM, "metrics: out of memory", 0);
+        return;
+    }
+    send_body(req, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+    free(text);
+}
+
 static bool path_is(h2o_req_t *req, size_t path_len, const char *want) {
     return path_len == strlen(want) && memcmp(req->path.base, want, path_len) == 0;
 }
@@ -327,8 +376,9 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         return 0;
     }
     if (path_is(req, path_len, "/readyz")) {
-        /* The same answer as gRPC Health/Check (base/health.h). */
-        if (kf_health_serving() && !kf_engine_failed(gw->engine)) {
+        bool ready =
+            atomic_load(&gw->ready) && !atomic_load(&gw->stopping) && !kf_engine_failed(gw->engine);
+        if (ready) {
             static const char ok[] = "{\"status\":\"ready\"}";
             send_body(req, 200, "application/json", ok, sizeof ok - 1);
         } else {
@@ -337,14 +387,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         return 0;
     }
     if (path_is(req, path_len, "/metrics")) {
-        size_t len;
-        char *text = kf_metrics_render(&len);
-        if (text == NULL) {
-            send_error(req, KF_E_NOMEM, "metrics: out of memory", 0);
-            return 0;
-        }
-        send_body(req, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
-        free(text);
+        serve_metrics(gw, req);
         return 0;
     }
     if (atomic_load(&gw->stopping)) {
@@ -374,6 +417,25 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     ProtobufCMessage *msg;
     kf_error_t err;
     kf_status_t st = kf_http_route(&hreq, &call->arena, &call->method, &msg, &err);
+    /* Once the route names an RPC, who is calling comes first, then whether
+     * the key holds the RPC's scope: a caller without either learns nothing
+     * about its request. Then the key's name prefixes, against the request
+     * it built. */
+    if (call->method != NULL && !authenticate(gw, req, call->method->scope, &call->principal)) {
+        record_request(call, gw->metrics_ids[call->method - kf_methods],
+                       kf_status_grpc_code(KF_E_UNAUTHENTICATED), 401, NULL);
+        call_free(call);
+        return 0;
+    }
+    if (call->method != NULL) {
+        kf_error_t scope_err;
+        if (kf_auth_authorize(call->principal, call->method, NULL, &scope_err) != KF_OK) {
+            st = scope_err.status;
+            err = scope_err;
+        } else if (st == KF_OK) {
+            st = kf_auth_authorize(call->principal, call->method, msg, &err);
+        }
+    }
     if (st != KF_OK) {
         int sent = send_error(req, st, err.message, st == KF_E_UNIMPLEMENTED ? 405 : 0);
         if (call->method != NULL) { /* a refused request of a known method counts */
@@ -388,6 +450,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     KF_ASSERT(call->method->executor == KF_RPC_ENGINE); /* routes name no others */
     cmd->op = call->method->op;
     cmd->request = msg;
+    cmd->principal = call->principal;
     cmd->arena = &call->arena;
     cmd->done = engine_done;
     cmd->owner = call;
@@ -575,6 +638,7 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *
         return st;
     }
     gw->engine = engine;
+    gw->auth = options->auth;
     for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
         gw->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name);
     }
@@ -620,7 +684,12 @@ kf_status_t kf_gateway_start(kf_gateway_t *gw, kf_error_t *err) {
         return kf_error_set(err, KF_E_INTERNAL, "cannot start the HTTP thread");
     }
     gw->started = true;
+    atomic_store(&gw->ready, true);
     return KF_OK;
+}
+
+void kf_gateway_set_ready(kf_gateway_t *gw, bool ready) {
+    atomic_store(&gw->ready, ready);
 }
 
 static void send_control(kf_gateway_t *gw, int what) {

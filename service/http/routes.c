@@ -36,6 +36,9 @@ static const route_t routes[] = {
      "format=ROW_FORMAT_JSON", "after=after_seq&wait=wait_ms"},
     {"GET", "/v1/functions/{function_id}/keys/{key}", NULL, "/keyflow.v1.Functions/GetKeyState",
      NULL},
+    {"POST", "/v1/keys", NULL, "/keyflow.v1.Keys/CreateKey", "*"},
+    {"GET", "/v1/keys", NULL, "/keyflow.v1.Keys/ListKeys", NULL},
+    {"POST", "/v1/keys/{key_id}", "revoke", "/keyflow.v1.Keys/RevokeKey", "*"},
 };
 
 const kf_http_route_def_t *kf_http_routes(size_t *count) {

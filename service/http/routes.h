@@ -23,6 +23,9 @@
  *   GET  /v1/functions/{function_id}/output             ReadOutput (?after=&limit=&wait=;
  *                                                       rows as JSON objects by default)
  *   GET  /v1/functions/{function_id}/keys/{key}         GetKeyState
+ *   POST /v1/keys                                       CreateKey (body: *)
+ *   GET  /v1/keys                                       ListKeys
+ *   POST /v1/keys/{key_id}:revoke                       RevokeKey (body: *)
  *   POST /v1/{package.Service}/{Method}                 any RPC, body: * (generic)
  *
  * Path segments are percent-decoded after matching, so a key containing '/'

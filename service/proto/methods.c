@@ -7,6 +7,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
+#include "keyflow/v1/keys.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
 
 /* The engine answers each command once: it can only execute what is unary on

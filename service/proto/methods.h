@@ -79,8 +79,8 @@ typedef struct kf_method {
     kf_rpc_shape_t shape;
     kf_op_t op;          /* executor == KF_RPC_ENGINE only */
     kf_front_op_t front; /* executor == KF_RPC_FRONT_END only */
-    /* Authorization data for issue 9, carried but NOT enforced yet; how it is
-     * meant to be checked is written above the table in proto/rpcs.h. */
+    /* Authorization (auth/auth.h; how it is checked: above the table in
+     * proto/rpcs.h). */
     kf_scope_t scope;     /* the scope a caller's key needs */
     const char *resource; /* request field (dotted path) a key's name prefix
                              applies to; NULL: the request names none */

@@ -38,8 +38,7 @@
  *             applies to ("workflow", "function_id", or a path through
  *             singular messages such as "coordinator.workflow"), or NULL
  *
- * scope and resource are carried, not enforced yet (issue 9 enforces them).
- * They are meant to be checked like this:
+ * scope and resource are enforced by auth/auth.h (kf_auth_authorize):
  *   - scope: the caller's key holds the row's scope; KF_SCOPE_NONE needs no
  *     key (health).
  *   - resource names a string field or a repeated string field (PollRuns'
@@ -48,9 +47,9 @@
  *     PollRuns' workflows), so it matches only a key without a prefix: a
  *     prefix-limited key must narrow the filter to its prefix.
  *   - NULL: the request names no resource (a run id, whose workflow only the
- *     engine knows; a list of everything). A prefix-limited key cannot be
- *     checked from the request alone; issue 9 decides between refusing such
- *     keys and a check on the resolved resource in the engine.
+ *     engine knows; a list of everything). The engine checks what the
+ *     request resolves to (kf_principal_allows on the run's workflow) or
+ *     lists only what the key may see (ListFunctions).
  * tests/unit/proto/test_rpc_table.py checks every row against api/'s .proto
  * files (types, streaming, wait_ms, the resource field's existence).
  */
@@ -101,6 +100,14 @@
     ENGINE(GET_KEY_STATE, "keyflow.v1.Functions", "GetKeyState", "GetKeyState",                    \
            keyflow__v1__get_key_state_request, keyflow__v1__get_key_state_response, UNARY,         \
            FUNCTIONS_READ, "function_id", functions, kf_functions_key_state)                       \
+    ENGINE(CREATE_KEY, "keyflow.v1.Keys", "CreateKey", "CreateKey",                                \
+           keyflow__v1__create_key_request, keyflow__v1__create_key_response, UNARY, KEYS_ADMIN,   \
+           NULL, keys, kf_keys_create_key)                                                         \
+    ENGINE(LIST_KEYS, "keyflow.v1.Keys", "ListKeys", "ListKeys", keyflow__v1__list_keys_request,   \
+           keyflow__v1__list_keys_response, UNARY, KEYS_ADMIN, NULL, keys, kf_keys_list)           \
+    ENGINE(REVOKE_KEY, "keyflow.v1.Keys", "RevokeKey", "RevokeKey",                                \
+           keyflow__v1__revoke_key_request, keyflow__v1__revoke_key_response, UNARY, KEYS_ADMIN,   \
+           NULL, keys, kf_keys_revoke)                                                             \
     /* A loop of ReadOutput commands the gRPC front end drives (rpc/grpc_server.c). */             \
     FRONT(TAIL_OUTPUT, "keyflow.v1.Functions", "TailOutput", "TailOutput",                         \
           keyflow__v1__tail_output_request, keyflow__v1__read_output_response, SERVER_STREAM,      \
@@ -112,8 +119,8 @@
           grpc__health__v1__health_check_request, grpc__health__v1__health_check_response,         \
           SERVER_STREAM, NONE, NULL)
 
-/* X(scope, name): the API-key scopes (issue 9). metrics:read (/metrics) and
- * keys:admin (the Keys service to come) have no row in the table yet. */
+/* X(scope, name): the API-key scopes (docs/security.md). metrics:read
+ * guards GET /metrics, which is not an RPC. */
 #define KF_SCOPE_TABLE(X)                                                                          \
     X(NONE, "none")                                                                                \
     X(EVENTS_SEND, "events:send")                                                                  \

@@ -6,8 +6,7 @@
  * handed to the engine, and answered from the engine's replier thread once
  * durable. FRONT rows are answered here: the standard grpc.health.v1.Health
  * service without the engine (it is also the no-op baseline of the
- * benchmarks) from base/health.h, Check with the current status and Watch
- * with every change; TailOutput as a loop of engine reads.
+ * benchmarks), TailOutput as a loop of engine reads.
  *
  * Only this module includes grpc/. Statuses become gRPC codes through
  * kf_status_grpc_code (one table, base/status.h).
@@ -18,6 +17,7 @@
 #include <stdbool.h>
 
 #include "base/status.h"
+#include "auth/auth.h"
 #include "runtime/engine.h"
 #include "tls/tls.h"
 
@@ -29,6 +29,8 @@ typedef struct kf_grpc_options {
     kf_tls_t *tls;       /* borrowed (a reference is taken); NULL = plaintext.
                             With a client CA in it, every client must show a
                             certificate that CA signed (mTLS). */
+    kf_auth_t *auth;     /* API keys every call is checked against (borrowed;
+                            must outlive the server); NULL: no checks */
 } kf_grpc_options_t;
 
 /* Binds the address; *port receives the bound port. The engine is borrowed
@@ -41,10 +43,8 @@ kf_status_t kf_grpc_server_start(kf_grpc_server_t *server, kf_error_t *err) KF_M
  * created with TLS, and mTLS stays as it was created (on or off). Takes a
  * reference. Any thread. */
 void kf_grpc_server_set_tls(kf_grpc_server_t *server, kf_tls_t *tls);
-/* Waits, at most timeout_ms, until every Health/Watch stream has handed its
- * latest status to the transport: before a fail-stop exit, so that watchers
- * hear NOT_SERVING rather than only a dropped connection. Any thread. */
-void kf_grpc_server_wait_watches(kf_grpc_server_t *server, int timeout_ms);
+/* Health status reported by Health/Check and Watch. Any thread. */
+void kf_grpc_server_set_serving(kf_grpc_server_t *server, bool serving);
 /* Stops accepting calls; calls already handed to the engine are answered
  * when the engine finishes them. Call before kf_engine_stop. */
 void kf_grpc_server_shutdown(kf_grpc_server_t *server);

@@ -45,6 +45,7 @@ typedef struct run {
     int64_t updated_ms;
     char *worker_id;
     char lease[KF_LEASE_BYTES + 1];
+    char lease_owner[KF_API_KEY_ID_CHARS + 1]; /* API key that took the lease; "": none */
     int64_t lease_ms;
     int64_t lease_expires_ms;
     char *result_json;
@@ -195,6 +196,7 @@ static void run_to_rec(const run_t *r, Keyflow__Records__RunRec *rec) {
     rec->updated_ms = r->updated_ms;
     rec->worker_id = r->worker_id ? r->worker_id : "";
     rec->lease = (char *)r->lease;
+    rec->lease_owner = (char *)r->lease_owner;
     rec->lease_ms = r->lease_ms;
     rec->lease_expires_ms = r->lease_expires_ms;
     rec->result_json = r->result_json ? r->result_json : "";
@@ -275,6 +277,9 @@ static run_t *run_from_rec(const Keyflow__Records__RunRec *rec) {
     if (strlen(rec->lease) == KF_LEASE_BYTES) {
         memcpy(r->lease, rec->lease, KF_LEASE_BYTES + 1);
     }
+    if (strlen(rec->lease_owner) <= KF_API_KEY_ID_CHARS) {
+        strcpy(r->lease_owner, rec->lease_owner);
+    }
     r->lease_ms = rec->lease_ms;
     r->lease_expires_ms = rec->lease_expires_ms;
     r->result_json = rec->result_json[0] ? xstrdup(rec->result_json) : NULL;
@@ -320,7 +325,7 @@ static void set_wakeup(kf_ctx_t *ctx, run_t *r, int64_t due_ms) {
 }
 
 static void lease_run(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, const char *worker_id,
-                      int64_t lease_ms) {
+                      const kf_principal_t *owner, int64_t lease_ms) {
     KF_ASSERT(r->status == ST_PENDING);
     dequeue(rs, r);
     r->status = ST_LEASED;
@@ -329,6 +334,7 @@ static void lease_run(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, const char *worker
     free(r->worker_id);
     r->worker_id = xstrdup(worker_id);
     kf_uuid7(ctx->rng, ctx->now_ms, r->lease);
+    strcpy(r->lease_owner, kf_principal_id(owner));
     r->lease_ms = lease_ms;
     r->lease_expires_ms = kf_time_add_sat(ctx->now_ms, lease_ms);
     r->updated_ms = ctx->now_ms;
@@ -427,7 +433,7 @@ static size_t fill_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         if (r == NULL) {
             break;
         }
-        lease_run(rs, ctx, r, req->worker_id, lease_ms);
+        lease_run(rs, ctx, r, req->worker_id, cmd->principal, lease_ms);
         resp->runs[resp->n_runs++] = run_to_pb(cmd->arena, r, true);
         got++;
     }
@@ -611,6 +617,35 @@ static kf_status_t check_run_ref(const char *run_id, const char *lease, bool nee
     return KF_OK;
 }
 
+/* The caller's grants cover the run's workflow (the request names only the
+ * run). On refusal cmd->error is set. */
+static bool workflow_allowed(kf_cmd_t *cmd, kf_scope_t scope, const char *run_id,
+                             const char *workflow) {
+    if (kf_principal_allows(cmd->principal, scope, workflow)) {
+        return true;
+    }
+    kf_error_set(&cmd->error, KF_E_PERMISSION,
+                 "run_id: run %s belongs to workflow \"%s\", outside this API key's %s grants",
+                 run_id, workflow, kf_scope_name(scope));
+    return false;
+}
+
+/* Work on a lease (heartbeat, complete) that the caller presents: only the
+ * key that took the lease may do it, so that another tenant holding the
+ * token cannot forge the run's result. A lease taken without a key (auth
+ * was off) is anyone's. */
+static bool lease_owner_is_caller(kf_cmd_t *cmd, const char *run_id, const char *owner) {
+    if (cmd->principal == NULL || owner[0] == '\0' ||
+        strcmp(owner, kf_principal_id(cmd->principal)) == 0) {
+        return true;
+    }
+    kf_error_set(&cmd->error, KF_E_PERMISSION,
+                 "lease: run %s was leased with another API key; only that key may heartbeat or "
+                 "complete it",
+                 run_id);
+    return false;
+}
+
 static const char *status_word(int status) {
     switch (status) {
     case ST_PENDING: return "PENDING";
@@ -638,11 +673,19 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             if (rec == NULL) {
                 kf_error_set(err, KF_E_NOT_FOUND, "run_id: no run %s", req->run_id);
             } else {
-                kf_error_set(err, KF_E_PRECONDITION, "run %s is %s", req->run_id,
-                             status_word(rec->status));
+                if (workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, req->run_id, rec->workflow)) {
+                    kf_error_set(err, KF_E_PRECONDITION, "run %s is %s", req->run_id,
+                                 status_word(rec->status));
+                }
                 keyflow__records__run_rec__free_unpacked(rec, NULL);
             }
         }
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (!workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, req->run_id, r->workflow) ||
+        (strcmp(r->lease, req->lease) == 0 &&
+         !lease_owner_is_caller(cmd, req->run_id, r->lease_owner))) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
@@ -697,6 +740,12 @@ static void complete_finished(kf_ctx_t *ctx, kf_cmd_t *cmd, const Keyflow__Recor
     bool wants_success =
         req->outcome_case == KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_RESULT_JSON;
     bool finished = rec->status == ST_COMPLETED || rec->status == ST_FAILED;
+    if (!workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, rec->run_id, rec->workflow) ||
+        (strcmp(rec->lease, req->lease) == 0 &&
+         !lease_owner_is_caller(cmd, rec->run_id, rec->lease_owner))) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
     if (finished && strcmp(rec->lease, req->lease) == 0 &&
         (rec->status == ST_COMPLETED) == wants_success) {
         Keyflow__V1__CompleteRunResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
@@ -745,6 +794,12 @@ void kf_runs_complete(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         keyflow__records__run_rec__free_unpacked(rec, NULL);
         return;
     }
+    if (!workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, req->run_id, r->workflow) ||
+        (strcmp(r->lease, req->lease) == 0 &&
+         !lease_owner_is_caller(cmd, req->run_id, r->lease_owner))) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
     if (r->status == ST_LEASED && strcmp(r->lease, req->lease) == 0 &&
         ctx->now_ms >= r->lease_expires_ms) {
         /* Expired by the clock though its timer has not fired yet this turn. */
@@ -781,6 +836,10 @@ void kf_runs_get(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     }
     run_t *r = run_find(rs, req->run_id);
     if (r != NULL) {
+        if (!workflow_allowed(cmd, KF_SCOPE_RUNS_READ, req->run_id, r->workflow)) {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
         cmd->response = &run_to_pb(cmd->arena, r, false)->base;
         kf_ctx_ready(ctx, cmd);
         return;
@@ -792,6 +851,11 @@ void kf_runs_get(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     }
     if (rec == NULL) {
         kf_error_set(err, KF_E_NOT_FOUND, "run_id: no run %s", req->run_id);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (!workflow_allowed(cmd, KF_SCOPE_RUNS_READ, req->run_id, rec->workflow)) {
+        keyflow__records__run_rec__free_unpacked(rec, NULL);
         kf_ctx_fail(ctx, cmd);
         return;
     }
@@ -1000,11 +1064,13 @@ void kf_runs_fire(kf_runs_t *rs, kf_ctx_t *ctx, kf_timer_t *timer) {
              * CompleteRun with it is refused rather than taken for a retry
              * of a completion that never happened. */
             r->lease[0] = '\0';
+            r->lease_owner[0] = '\0';
             finish_run(rs, ctx, r, ST_FAILED, NULL, msg);
         } else {
             rs->leased--;
             r->status = ST_PENDING;
             r->lease[0] = '\0';
+            r->lease_owner[0] = '\0';
             r->lease_expires_ms = 0;
             r->updated_ms = ctx->now_ms;
             run_save(ctx, r);

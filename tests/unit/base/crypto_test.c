@@ -321,3 +321,44 @@ Test(uuid7, text_order_follows_milliseconds) {
     }
     kf_rng_destroy(rng);
 }
+
+/* ---- HMAC-SHA256 ---------------------------------------------------------- */
+
+static void hmac_hex(const void *key, size_t key_len, const void *data, size_t len,
+                     char out[KF_SHA256_HEX_BYTES + 1]) {
+    kf_hmac_key_t k;
+    kf_hmac_key_init(&k, key, key_len);
+    uint8_t mac[KF_SHA256_BYTES];
+    kf_hmac_sha256(&k, data, len, mac);
+    kf_hex_encode(mac, sizeof mac, out);
+    kf_hmac_key_deinit(&k);
+}
+
+/* RFC 4231 test cases 1, 2 and 6 (a key longer than a block). */
+Test(hmac, rfc4231_vectors) {
+    char hex[KF_SHA256_HEX_BYTES + 1];
+    uint8_t key1[20];
+    memset(key1, 0x0b, sizeof key1);
+    hmac_hex(key1, sizeof key1, "Hi There", 8, hex);
+    cr_assert_str_eq(hex, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+    hmac_hex("Jefe", 4, "what do ya want for nothing?", 28, hex);
+    cr_assert_str_eq(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    uint8_t key6[131];
+    memset(key6, 0xaa, sizeof key6);
+    const char *msg6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+    hmac_hex(key6, sizeof key6, msg6, strlen(msg6), hex);
+    cr_assert_str_eq(hex, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+/* One key, many messages: each MAC starts from the key's saved pads. */
+Test(hmac, a_key_is_reusable) {
+    kf_hmac_key_t k;
+    kf_hmac_key_init(&k, "Jefe", 4);
+    uint8_t a[KF_SHA256_BYTES], b[KF_SHA256_BYTES], c[KF_SHA256_BYTES];
+    kf_hmac_sha256(&k, "what do ya want for nothing?", 28, a);
+    kf_hmac_sha256(&k, "something else", 14, b);
+    kf_hmac_sha256(&k, "what do ya want for nothing?", 28, c);
+    cr_assert(kf_ct_equal(a, c, sizeof a));
+    cr_assert_not(kf_ct_equal(a, b, sizeof a));
+    kf_hmac_key_deinit(&k);
+}

@@ -1,0 +1,502 @@
+/*
+ * keys.c - API key records, the store secret and the bootstrap admin key
+ * (see keys.h).
+ */
+#include "keys/keys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/assert.h"
+#include "base/log.h"
+#include "keyflow/v1/keys.pb-c.h"
+#include "records/records.pb-c.h"
+
+#define REC_KEY   0x01 /* 0x01 <key id> -> ApiKeyRec */
+#define META_BYTE 0x00
+
+static const char secret_name[] = "secret";
+static const char bootstrap_name[] = "bootstrap";
+
+struct kf_keys {
+    kf_auth_t *auth;
+    kf_principal_t **list; /* live keys, oldest first; one reference each */
+    size_t count;
+    /* A key made by recovery, written to its file once recovery is durable. */
+    char bootstrap_text[KF_API_KEY_TEXT_BYTES + 1];
+    const char *bootstrap_path;
+    bool have_secret; /* the registry's HMAC key is set */
+};
+
+kf_keys_t *kf_keys_create(kf_auth_t *auth) {
+    kf_keys_t *keys = calloc(1, sizeof *keys);
+    KF_ASSERT(keys != NULL);
+    keys->auth = auth;
+    keys->list = calloc(KF_API_KEYS_MAX, sizeof *keys->list);
+    KF_ASSERT(keys->list != NULL);
+    return keys;
+}
+
+void kf_keys_destroy(kf_keys_t *keys) {
+    if (keys == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < keys->count; i++) {
+        kf_principal_unref(keys->list[i]);
+    }
+    free(keys->list);
+    memset(keys->bootstrap_text, 0, sizeof keys->bootstrap_text);
+    free(keys);
+}
+
+static void meta_key(kf_key_t *k, const char *name) {
+    kf_key_reset(k);
+    kf_key_u8(k, META_BYTE);
+    kf_key_raw(k, name, strlen(name));
+}
+
+static void record_key(kf_key_t *k, const char *key_id) {
+    kf_key_reset(k);
+    kf_key_u8(k, REC_KEY);
+    kf_key_raw(k, key_id, KF_API_KEY_ID_CHARS);
+}
+
+static kf_principal_t *find(const kf_keys_t *keys, const char *key_id, size_t *index) {
+    for (size_t i = 0; i < keys->count; i++) {
+        if (strcmp(kf_principal_id(keys->list[i]), key_id) == 0) {
+            *index = i;
+            return keys->list[i];
+        }
+    }
+    return NULL;
+}
+
+/* Publishes a key: the module's list and the front ends' registry. */
+static void publish(kf_keys_t *keys, kf_principal_t *p) {
+    KF_ASSERT(keys->count < KF_API_KEYS_MAX);
+    kf_principal_ref(p);
+    keys->list[keys->count++] = p;
+    kf_auth_put(keys->auth, p); /* takes the creator's reference */
+}
+
+static void put_record(kf_ctx_t *ctx, const kf_principal_t *p) {
+    size_t n;
+    const kf_grant_t *grants = kf_principal_grants(p, &n);
+    Keyflow__Records__GrantRec recs[KF_GRANTS_MAX];
+    Keyflow__Records__GrantRec *ptrs[KF_GRANTS_MAX];
+    for (size_t i = 0; i < n; i++) {
+        keyflow__records__grant_rec__init(&recs[i]);
+        recs[i].scope = (char *)kf_scope_name(grants[i].scope);
+        recs[i].prefix = (char *)grants[i].prefix;
+        ptrs[i] = &recs[i];
+    }
+    Keyflow__Records__ApiKeyRec rec = KEYFLOW__RECORDS__API_KEY_REC__INIT;
+    rec.key_id = (char *)kf_principal_id(p);
+    rec.name = (char *)kf_principal_name(p);
+    rec.created_ms = kf_principal_created_ms(p);
+    rec.created_by = (char *)kf_principal_created_by(p);
+    rec.n_grants = n;
+    rec.grants = ptrs;
+    rec.hash.data = (uint8_t *)kf_principal_hash(p);
+    rec.hash.len = KF_SHA256_BYTES;
+    kf_key_t k;
+    record_key(&k, rec.key_id);
+    kf_ctx_put_msg(ctx, KF_CF_API_KEYS, &k, &rec.base);
+}
+
+/* The store secret, if the store has one yet. */
+static kf_status_t load_secret(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) {
+    kf_key_t k;
+    meta_key(&k, secret_name);
+    kf_value_t v = {0};
+    bool found;
+    kf_status_t st = kf_store_get(ctx->store, KF_CF_API_KEYS, k.bytes, k.len, &v, &found, err);
+    if (st != KF_OK || !found) {
+        return st;
+    }
+    if (v.len != KF_AUTH_STORE_SECRET_BYTES) {
+        kf_store_value_free(&v);
+        return kf_error_set(err, KF_E_CORRUPT, "api_keys: the store secret has %zu bytes, not %d",
+                            v.len, KF_AUTH_STORE_SECRET_BYTES);
+    }
+    kf_auth_set_store_secret(keys->auth, v.data);
+    keys->have_secret = true;
+    kf_store_value_free(&v);
+    return KF_OK;
+}
+
+/* Makes the store secret with the first key, in the same write: a store
+ * that never had a key writes nothing for keys. */
+static void ensure_secret(kf_keys_t *keys, kf_ctx_t *ctx) {
+    if (keys->have_secret) {
+        return;
+    }
+    uint8_t secret[KF_AUTH_STORE_SECRET_BYTES];
+    kf_rng_bytes(ctx->rng, secret, sizeof secret);
+    kf_key_t k;
+    meta_key(&k, secret_name);
+    kf_ctx_put(ctx, KF_CF_API_KEYS, &k, secret, sizeof secret);
+    kf_auth_set_store_secret(keys->auth, secret);
+    memset(secret, 0, sizeof secret);
+    keys->have_secret = true;
+}
+
+/* A fresh key: random id (unique among the live keys) and secret. */
+static kf_principal_t *make_key(kf_keys_t *keys, kf_ctx_t *ctx, const char *name,
+                                const kf_grant_t *grants, size_t n, const char *created_by,
+                                char text[KF_API_KEY_TEXT_BYTES + 1]) {
+    ensure_secret(keys, ctx);
+    char id[KF_API_KEY_ID_CHARS + 1];
+    size_t ignored;
+    do {
+        uint8_t raw[KF_API_KEY_ID_CHARS / 2];
+        kf_rng_bytes(ctx->rng, raw, sizeof raw);
+        kf_hex_encode(raw, sizeof raw, id);
+    } while (find(keys, id, &ignored) != NULL);
+    uint8_t secret[KF_API_KEY_SECRET_BYTES];
+    kf_rng_bytes(ctx->rng, secret, sizeof secret);
+    uint8_t hash[KF_SHA256_BYTES];
+    kf_auth_hash_secret(keys->auth, secret, hash);
+    kf_api_key_format(id, secret, text);
+    memset(secret, 0, sizeof secret);
+    kf_principal_spec_t spec = {
+        .key_id = id,
+        .name = name,
+        .hash = hash,
+        .grants = grants,
+        .grant_count = n,
+        .created_ms = ctx->now_ms,
+        .created_by = created_by,
+    };
+    kf_principal_t *p = kf_principal_create(&spec);
+    KF_ASSERT(p != NULL);
+    put_record(ctx, p);
+    publish(keys, p);
+    return p;
+}
+
+/* ---- recovery ------------------------------------------------------------ */
+
+static kf_status_t load_record(kf_keys_t *keys, const void *v, size_t vlen, kf_error_t *err) {
+    Keyflow__Records__ApiKeyRec *rec = keyflow__records__api_key_rec__unpack(NULL, vlen, v);
+    bool ok = rec != NULL && strlen(rec->key_id) == KF_API_KEY_ID_CHARS &&
+              rec->hash.len == KF_SHA256_BYTES && rec->n_grants >= 1 &&
+              rec->n_grants <= KF_GRANTS_MAX && strlen(rec->name) <= KF_API_KEY_NAME_BYTES_MAX &&
+              strlen(rec->created_by) <= KF_API_KEY_ID_CHARS && keys->count < KF_API_KEYS_MAX;
+    kf_grant_t grants[KF_GRANTS_MAX];
+    for (size_t i = 0; ok && i < rec->n_grants; i++) {
+        ok = kf_scope_parse(rec->grants[i]->scope, &grants[i].scope) &&
+             strlen(rec->grants[i]->prefix) <= KF_GRANT_PREFIX_BYTES_MAX;
+        if (ok) {
+            strcpy(grants[i].prefix, rec->grants[i]->prefix);
+        }
+    }
+    size_t ignored;
+    ok = ok && find(keys, rec->key_id, &ignored) == NULL;
+    if (!ok) {
+        keyflow__records__api_key_rec__free_unpacked(rec, NULL);
+        return kf_error_set(err, KF_E_CORRUPT, "api_keys: malformed key record");
+    }
+    kf_principal_spec_t spec = {
+        .key_id = rec->key_id,
+        .name = rec->name,
+        .hash = rec->hash.data,
+        .grants = grants,
+        .grant_count = rec->n_grants,
+        .created_ms = rec->created_ms,
+        .created_by = rec->created_by,
+    };
+    kf_principal_t *p = kf_principal_create(&spec);
+    keyflow__records__api_key_rec__free_unpacked(rec, NULL);
+    if (p == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "api_keys: out of memory");
+    }
+    publish(keys, p);
+    return KF_OK;
+}
+
+static int by_created(const void *a, const void *b) {
+    int64_t x = kf_principal_created_ms(*(kf_principal_t *const *)a);
+    int64_t y = kf_principal_created_ms(*(kf_principal_t *const *)b);
+    if (x != y) {
+        return x < y ? -1 : 1;
+    }
+    return strcmp(kf_principal_id(*(kf_principal_t *const *)a),
+                  kf_principal_id(*(kf_principal_t *const *)b));
+}
+
+static kf_status_t load_records(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) {
+    uint8_t lower = REC_KEY, upper = REC_KEY + 1;
+    kf_iter_t *it;
+    kf_status_t st = kf_iter_create(ctx->store, KF_CF_API_KEYS, &lower, 1, &upper, 1, &it, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    for (kf_iter_seek_first(it); st == KF_OK && kf_iter_valid(it); kf_iter_next(it)) {
+        size_t vlen;
+        const void *v = kf_iter_value(it, &vlen);
+        st = load_record(keys, v, vlen, err);
+    }
+    if (st == KF_OK) {
+        st = kf_iter_status(it, err);
+    }
+    kf_iter_destroy(it);
+    qsort(keys->list, keys->count, sizeof *keys->list, by_created);
+    return st;
+}
+
+/* Every scope, no prefix. */
+static size_t admin_grants(kf_grant_t grants[KF_GRANTS_MAX]) {
+    size_t n = 0;
+    for (int s = 0; s < KF_SCOPE_COUNT; s++) {
+        if ((kf_scope_t)s != KF_SCOPE_NONE) {
+            grants[n].scope = (kf_scope_t)s;
+            grants[n].prefix[0] = '\0';
+            n++;
+        }
+    }
+    return n;
+}
+_Static_assert(KF_SCOPE_COUNT - 1 <= KF_GRANTS_MAX, "an admin key holds every scope");
+
+kf_status_t kf_keys_recover(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) {
+    kf_status_t st = load_secret(keys, ctx, err);
+    if (st == KF_OK) {
+        st = load_records(keys, ctx, err);
+    }
+    if (st != KF_OK || !kf_auth_enabled(keys->auth)) {
+        return st;
+    }
+    kf_key_t marker;
+    meta_key(&marker, bootstrap_name);
+    kf_value_t v = {0};
+    bool bootstrapped;
+    st = kf_store_get(ctx->store, KF_CF_API_KEYS, marker.bytes, marker.len, &v, &bootstrapped, err);
+    kf_store_value_free(&v);
+    if (st != KF_OK) {
+        return st;
+    }
+    const kf_engine_config_t *config = ctx->config;
+    if (bootstrapped && !config->new_admin_key) {
+        return KF_OK;
+    }
+    KF_ASSERT(config->bootstrap_key_path != NULL);
+    struct stat sb;
+    if (lstat(config->bootstrap_key_path, &sb) == 0) {
+        return kf_error_set(err, KF_E_EXISTS,
+                            "bootstrap key file %s already exists; it is not this store's key: "
+                            "move it away",
+                            config->bootstrap_key_path);
+    }
+    if (keys->count >= KF_API_KEYS_MAX) {
+        return kf_error_set(err, KF_E_LIMIT, "api_keys: KF_API_KEYS_MAX keys; revoke one first");
+    }
+    kf_grant_t grants[KF_GRANTS_MAX];
+    size_t n = admin_grants(grants);
+    kf_principal_t *p =
+        make_key(keys, ctx, bootstrapped ? "admin (--new-admin-key)" : "bootstrap admin", grants, n,
+                 "", keys->bootstrap_text);
+    int64_t now = ctx->now_ms;
+    kf_ctx_put(ctx, KF_CF_API_KEYS, &marker, &now, sizeof now);
+    keys->bootstrap_path = config->bootstrap_key_path;
+    kf_log(KF_LOG_INFO, "keys", "made admin API key %s", kf_principal_id(p));
+    return KF_OK;
+}
+
+kf_status_t kf_keys_finish_recovery(kf_keys_t *keys, kf_error_t *err) {
+    if (keys->bootstrap_path == NULL) {
+        return KF_OK;
+    }
+    const char *path = keys->bootstrap_path;
+    keys->bootstrap_path = NULL;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    bool ok = fd >= 0;
+    if (ok) {
+        char line[KF_API_KEY_TEXT_BYTES + 2];
+        int n = snprintf(line, sizeof line, "%s\n", keys->bootstrap_text);
+        ok = write(fd, line, (size_t)n) == n && fsync(fd) == 0;
+        memset(line, 0, sizeof line);
+        ok = close(fd) == 0 && ok;
+    }
+    memset(keys->bootstrap_text, 0, sizeof keys->bootstrap_text);
+    if (!ok) {
+        return kf_error_set(err, KF_E_IO, "cannot write the bootstrap key file %s: %s", path,
+                            strerror(errno));
+    }
+    /* The path, never the key. */
+    kf_log(KF_LOG_WARN, "keys",
+           "wrote the admin API key to %s (mode 0600): use it to create keys "
+           "(keyflow keys create), then move it somewhere safe or delete it",
+           path);
+    return KF_OK;
+}
+
+/* ---- the RPCs ------------------------------------------------------------- */
+
+static Keyflow__V1__ApiKey *key_to_pb(kf_arena_t *arena, const kf_principal_t *p) {
+    Keyflow__V1__ApiKey *k = kf_arena_new(arena, sizeof *k);
+    keyflow__v1__api_key__init(k);
+    k->key_id = (char *)kf_principal_id(p);
+    k->name = (char *)kf_principal_name(p);
+    k->created_ms = kf_principal_created_ms(p);
+    k->created_by = (char *)kf_principal_created_by(p);
+    size_t n;
+    const kf_grant_t *grants = kf_principal_grants(p, &n);
+    k->n_grants = n;
+    k->grants = kf_arena_new(arena, n * sizeof *k->grants);
+    for (size_t i = 0; i < n; i++) {
+        Keyflow__V1__Grant *g = kf_arena_new(arena, sizeof *g);
+        keyflow__v1__grant__init(g);
+        g->scope = (char *)kf_scope_name(grants[i].scope);
+        g->prefix = (char *)grants[i].prefix;
+        k->grants[i] = g;
+    }
+    return k;
+}
+
+/* Copies the strings a response points at into the arena: the principal
+ * may be freed (revoked) before the reply is packed. */
+static void detach(kf_arena_t *arena, Keyflow__V1__ApiKey *k) {
+    k->key_id = kf_arena_strdup(arena, k->key_id);
+    k->name = kf_arena_strdup(arena, k->name);
+    k->created_by = kf_arena_strdup(arena, k->created_by);
+    for (size_t i = 0; i < k->n_grants; i++) {
+        k->grants[i]->prefix = kf_arena_strdup(arena, k->grants[i]->prefix);
+    }
+}
+
+static kf_status_t check_grants(const Keyflow__V1__CreateKeyRequest *req, kf_grant_t *grants,
+                                kf_error_t *err) {
+    if (req->n_grants == 0 || req->n_grants > KF_GRANTS_MAX) {
+        return kf_error_set(err, KF_E_INVALID, "grants: 1..%d (KF_GRANTS_MAX), got %zu",
+                            KF_GRANTS_MAX, req->n_grants);
+    }
+    for (size_t i = 0; i < req->n_grants; i++) {
+        const Keyflow__V1__Grant *g = req->grants[i];
+        if (!kf_scope_parse(g->scope, &grants[i].scope)) {
+            return kf_error_set(
+                err, KF_E_INVALID,
+                "grants[%zu].scope: \"%.64s\" is not a scope (see docs/security.md)", i, g->scope);
+        }
+        size_t len = strlen(g->prefix);
+        if (len > 0 && kf_scope_resource(grants[i].scope) == KF_SCOPE_RESOURCE_NONE) {
+            return kf_error_set(err, KF_E_INVALID, "grants[%zu].prefix: %s takes no prefix", i,
+                                g->scope);
+        }
+        if (len > KF_GRANT_PREFIX_BYTES_MAX) {
+            return kf_error_set(err, KF_E_INVALID,
+                                "grants[%zu].prefix: at most %d bytes (KF_GRANT_PREFIX_BYTES_MAX), "
+                                "got %zu",
+                                i, KF_GRANT_PREFIX_BYTES_MAX, len);
+        }
+        memcpy(grants[i].prefix, g->prefix, len + 1);
+    }
+    return KF_OK;
+}
+
+void kf_keys_create_key(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__CreateKeyRequest *req = (const void *)cmd->request;
+    kf_error_t *err = &cmd->error;
+    kf_grant_t grants[KF_GRANTS_MAX];
+    size_t name_len = strlen(req->name);
+    if (name_len == 0 || name_len > KF_API_KEY_NAME_BYTES_MAX) {
+        kf_error_set(err, KF_E_INVALID, "name: 1..%d bytes (KF_API_KEY_NAME_BYTES_MAX), got %zu",
+                     KF_API_KEY_NAME_BYTES_MAX, name_len);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (check_grants(req, grants, err) != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (keys->count >= KF_API_KEYS_MAX) {
+        kf_error_set(err, KF_E_LIMIT,
+                     "at most %d live API keys (KF_API_KEYS_MAX); revoke one first",
+                     KF_API_KEYS_MAX);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    Keyflow__V1__CreateKeyResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
+    keyflow__v1__create_key_response__init(resp);
+    resp->api_key = kf_arena_alloc(cmd->arena, KF_API_KEY_TEXT_BYTES + 1);
+    kf_principal_t *p = make_key(keys, ctx, req->name, grants, req->n_grants,
+                                 kf_principal_id(cmd->principal), resp->api_key);
+    resp->key = key_to_pb(cmd->arena, p);
+    detach(cmd->arena, resp->key);
+    kf_log(KF_LOG_INFO, "keys", "created API key %s \"%s\" by %s", kf_principal_id(p), req->name,
+           cmd->principal != NULL ? kf_principal_id(cmd->principal) : "(no key: auth off)");
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+void kf_keys_list(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    Keyflow__V1__ListKeysResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
+    keyflow__v1__list_keys_response__init(resp);
+    resp->n_keys = keys->count;
+    resp->keys = kf_arena_new(cmd->arena, (keys->count + 1) * sizeof *resp->keys);
+    for (size_t i = 0; i < keys->count; i++) {
+        resp->keys[i] = key_to_pb(cmd->arena, keys->list[i]);
+        detach(cmd->arena, resp->keys[i]);
+    }
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+static bool holds_scope(const kf_principal_t *p, kf_scope_t scope) {
+    size_t n;
+    const kf_grant_t *g = kf_principal_grants(p, &n);
+    for (size_t i = 0; i < n; i++) {
+        if (g[i].scope == scope) {
+            return true;
+        }
+    }
+    return false;
+}
+
+void kf_keys_revoke(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__RevokeKeyRequest *req = (const void *)cmd->request;
+    kf_error_t *err = &cmd->error;
+    size_t index;
+    kf_principal_t *p = find(keys, req->key_id, &index);
+    if (p == NULL) {
+        kf_error_set(err, KF_E_NOT_FOUND, "key_id: no live API key \"%.32s\"", req->key_id);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    /* Revoking the last admin key would leave nobody able to make keys but
+     * a restart with --new-admin-key. */
+    size_t admins = 0;
+    for (size_t i = 0; i < keys->count; i++) {
+        admins += holds_scope(keys->list[i], KF_SCOPE_KEYS_ADMIN);
+    }
+    if (admins == 1 && holds_scope(p, KF_SCOPE_KEYS_ADMIN) && kf_auth_enabled(keys->auth)) {
+        kf_error_set(err, KF_E_PRECONDITION,
+                     "key_id: %s is the last key with keys:admin; create another admin key "
+                     "before revoking it",
+                     req->key_id);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    kf_key_t k;
+    record_key(&k, kf_principal_id(p));
+    kf_ctx_delete(ctx, KF_CF_API_KEYS, &k);
+    Keyflow__V1__RevokeKeyResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
+    keyflow__v1__revoke_key_response__init(resp);
+    resp->key = key_to_pb(cmd->arena, p);
+    detach(cmd->arena, resp->key);
+    kf_log(KF_LOG_INFO, "keys", "revoked API key %s \"%s\" by %s", kf_principal_id(p),
+           kf_principal_name(p),
+           cmd->principal != NULL ? kf_principal_id(cmd->principal) : "(no key: auth off)");
+    KF_ASSERT(kf_auth_remove(keys->auth, kf_principal_id(p)));
+    keys->list[index] = keys->list[--keys->count];
+    /* Keep the list oldest first. */
+    qsort(keys->list, keys->count, sizeof *keys->list, by_created);
+    kf_principal_unref(p);
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}

@@ -1,0 +1,539 @@
+"""API keys, scopes and ownership on the real keyflowd (docs/security.md).
+
+The negative suite: every RPC the .proto files under api/ declare, over
+gRPC, over its REST routes and over the generic HTTP route, is called with
+no key, an unknown key, a revoked key, a key holding every scope but the
+one the RPC needs, and a key whose grants are limited to another name
+prefix. Each must get UNAUTHENTICATED (401) or PERMISSION_DENIED (403) --
+or, for a list, only what the key may see -- and an admin read afterwards
+shows nothing changed. The RPC list comes from protoc and the routes from
+the server's own table (rpc_table_dump): an RPC or a route without a rule
+here fails the suite.
+
+Also: producers and leases belong to the key that took them; keys survive
+SIGKILL and a restart, and a revoked key stays revoked; /metrics needs
+metrics:read while health probes need nothing; a bootstrap key file is
+written once, 0600.
+"""
+
+import json
+import os
+import pathlib
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import grpc  # noqa: E402  (before harness.stubs(): see test_functions_grpc.py)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+harness.stubs()
+from google.protobuf import descriptor_pb2, json_format, symbol_database  # noqa: E402
+from grpc.health.v1 import health_pb2  # noqa: E402,F401  (registers the messages)
+from keyflow.v1 import coordinators_pb2 as C  # noqa: E402
+from keyflow.v1 import functions_pb2 as F  # noqa: E402
+from keyflow.v1 import keys_pb2 as K  # noqa: E402
+from keyflow.v1 import runs_pb2 as R  # noqa: E402
+
+HANDLERS = os.path.join(harness.BUILD, "handlers")
+DUMP = os.path.join(harness.BUILD, "tests", "unit", "proto", "rpc_table_dump")
+TIMEOUT_S = 10
+WF = "neg-wf"          # the workflow every rule aims at
+FN = "neg-fn"          # the function every rule aims at
+OTHER_PREFIX = "zz-"   # the prefix of the "other tenant" key
+DENIED = "denied"      # expected outcome of a call
+FILTERED = "filtered"
+
+
+def proto_rpcs():
+    """Every rpc declared under api/, by gRPC path, as protoc reads them."""
+    api = os.path.join(harness.ROOT, "api")
+    files = sorted(str(p.relative_to(api)) for p in pathlib.Path(api).rglob("*.proto"))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "api.desc")
+        subprocess.run(["protoc", "-I" + api, "--include_imports",
+                        "--descriptor_set_out=" + out] + files, check=True)
+        fds = descriptor_pb2.FileDescriptorSet.FromString(pathlib.Path(out).read_bytes())
+    rpcs = {}
+    for f in fds.file:
+        for svc in f.service:
+            for m in svc.method:
+                rpcs["/%s.%s/%s" % (f.package, svc.name, m.name)] = m
+    return rpcs
+
+
+def table():
+    return json.loads(subprocess.run([DUMP], check=True, capture_output=True, text=True).stdout)
+
+
+def message_class(full_name):
+    return symbol_database.Default().GetSymbol(full_name)
+
+
+def bearer(key):
+    return "Bearer " + key
+
+
+class Ctx:
+    """What the rules aim at, made by the admin before the suite runs."""
+
+
+# --- rules: one per RPC --------------------------------------------------------
+# request(ctx) -> the request message; snapshot(ctx, admin) -> what an admin
+# reads before and after a refused call (None: a read, nothing to compare);
+# http: [(METHOD, path, body dict or None)] for each REST route of the RPC;
+# prefix: what a key limited to OTHER_PREFIX gets (DENIED, FILTERED, or None
+# when the scope takes no prefix).
+
+def snap_coord(kind, key):
+    def snap(ctx, admin):
+        return admin.call("/keyflow.v1.Coordinators/DescribeCoordinator",
+                          C.DescribeCoordinatorRequest(coordinator=C.CoordinatorRef(
+                              kind=kind, workflow=WF, key=key))).SerializeToString()
+    return snap
+
+
+def snap_run(attr):
+    def snap(ctx, admin):
+        run = admin.call("/keyflow.v1.Runs/GetRun", R.GetRunRequest(run_id=getattr(ctx, attr)))
+        return (run.status, run.attempts, run.lease_expires_ms, run.result_json)
+    return snap
+
+
+def snap_keys(ctx, admin):
+    return sorted(k.key_id for k in admin.call("/keyflow.v1.Keys/ListKeys",
+                                               K.ListKeysRequest()).keys)
+
+
+def snap_functions(ctx, admin):
+    listed = admin.call("/keyflow.v1.Functions/ListFunctions", F.ListFunctionsRequest())
+    out = admin.call("/keyflow.v1.Functions/ReadOutput",
+                     F.ReadOutputRequest(function_id=FN, after_seq=0, limit=1000))
+    return ([f.descriptor.function_id for f in listed.functions], out.high_water_seq)
+
+
+def push_request(ctx):
+    return F.PushBatchRequest(function_id=FN, producer_id="p-neg", sequence=1,
+                              rows_json=json.dumps([{"user": "mallory", "ts": 1, "amount": 1}]))
+
+
+RULES = {
+    "/keyflow.v1.Coordinators/SendEvent": dict(
+        request=lambda c: C.SendEventRequest(workflow=WF, key="k-neg", event=C.Event(
+            input_json="1", rule=C.Rule(kind=C.RULE_KIND_BATCH))),
+        snapshot=snap_coord(C.RULE_KIND_BATCH, "k-neg"), prefix=DENIED,
+        http=lambda c: [("POST", "/v1/workflows/%s/keys/k-neg/events" % WF,
+                         {"rule": {"kind": "batch"}, "input": 1})]),
+    "/keyflow.v1.Coordinators/DescribeCoordinator": dict(
+        request=lambda c: C.DescribeCoordinatorRequest(coordinator=C.CoordinatorRef(
+            kind=C.RULE_KIND_DEBOUNCE, workflow=WF, key="k-open")),
+        snapshot=None, prefix=DENIED,
+        http=lambda c: [("GET", "/v1/coordinators/debounce/%s/k-open" % WF, None)]),
+    "/keyflow.v1.Coordinators/FlushWindow": dict(
+        request=lambda c: C.FlushWindowRequest(coordinator=C.CoordinatorRef(
+            kind=C.RULE_KIND_DEBOUNCE, workflow=WF, key="k-open")),
+        snapshot=snap_coord(C.RULE_KIND_DEBOUNCE, "k-open"), prefix=DENIED,
+        http=lambda c: [("POST", "/v1/coordinators/debounce/%s/k-open:flush" % WF, {})]),
+    "/keyflow.v1.Coordinators/CancelWindow": dict(
+        request=lambda c: C.CancelWindowRequest(coordinator=C.CoordinatorRef(
+            kind=C.RULE_KIND_DEBOUNCE, workflow=WF, key="k-open")),
+        snapshot=snap_coord(C.RULE_KIND_DEBOUNCE, "k-open"), prefix=DENIED,
+        http=lambda c: [("POST", "/v1/coordinators/debounce/%s/k-open:cancel" % WF, {})]),
+    "/keyflow.v1.Runs/PollRuns": dict(
+        request=lambda c: R.PollRunsRequest(workflows=[WF], worker_id="mallory", wait_ms=0),
+        snapshot=snap_run("pending_run"), prefix=DENIED,
+        http=lambda c: [("POST", "/v1/runs:poll", {"workflows": [WF], "workerId": "mallory"})]),
+    "/keyflow.v1.Runs/HeartbeatRun": dict(
+        request=lambda c: R.HeartbeatRunRequest(run_id=c.leased_run, lease=c.lease),
+        snapshot=snap_run("leased_run"), prefix=DENIED,
+        http=lambda c: [("POST", "/v1/runs/%s:heartbeat" % c.leased_run, {"lease": c.lease})]),
+    "/keyflow.v1.Runs/CompleteRun": dict(
+        request=lambda c: R.CompleteRunRequest(run_id=c.leased_run, lease=c.lease,
+                                               result_json='"forged"'),
+        snapshot=snap_run("leased_run"), prefix=DENIED,
+        http=lambda c: [("POST", "/v1/runs/%s:complete" % c.leased_run,
+                         {"lease": c.lease, "result": "forged"})]),
+    "/keyflow.v1.Runs/GetRun": dict(
+        request=lambda c: R.GetRunRequest(run_id=c.leased_run), snapshot=None, prefix=DENIED,
+        http=lambda c: [("GET", "/v1/runs/%s" % c.leased_run, None)]),
+    "/keyflow.v1.Runs/ListRuns": dict(
+        request=lambda c: R.ListRunsRequest(workflow=WF), snapshot=None, prefix=DENIED,
+        http=lambda c: [("GET", "/v1/runs?workflow=%s" % WF, None)]),
+    "/keyflow.v1.Functions/RegisterFunction": dict(
+        request=lambda c: F.RegisterFunctionRequest(descriptor=c.new_descriptor),
+        snapshot=snap_functions, prefix=DENIED,
+        http=lambda c: [("POST", "/v1/functions",
+                         json_format.MessageToDict(c.new_descriptor))]),
+    "/keyflow.v1.Functions/GetFunction": dict(
+        request=lambda c: F.GetFunctionRequest(function_id=FN), snapshot=None, prefix=DENIED,
+        http=lambda c: [("GET", "/v1/functions/%s" % FN, None)]),
+    "/keyflow.v1.Functions/ListFunctions": dict(
+        request=lambda c: F.ListFunctionsRequest(), snapshot=None, prefix=FILTERED,
+        http=lambda c: [("GET", "/v1/functions", None)]),
+    "/keyflow.v1.Functions/PushBatch": dict(
+        request=push_request, snapshot=snap_functions, prefix=DENIED,
+        http=lambda c: [("POST", "/v1/functions/%s/batches" % FN, {
+            "producerId": "p-neg", "sequence": 1,
+            "rows": [{"user": "mallory", "ts": 1, "amount": 1}]})]),
+    "/keyflow.v1.Functions/ReadOutput": dict(
+        request=lambda c: F.ReadOutputRequest(function_id=FN), snapshot=None, prefix=DENIED,
+        http=lambda c: [("GET", "/v1/functions/%s/output?after=0" % FN, None)]),
+    "/keyflow.v1.Functions/GetKeyState": dict(
+        request=lambda c: F.GetKeyStateRequest(function_id=FN, key="ann"), snapshot=None,
+        prefix=DENIED, http=lambda c: [("GET", "/v1/functions/%s/keys/ann" % FN, None)]),
+    "/keyflow.v1.Functions/TailOutput": dict(
+        request=lambda c: F.TailOutputRequest(function_id=FN), snapshot=None, prefix=DENIED,
+        http=lambda c: []),
+    "/keyflow.v1.Keys/CreateKey": dict(
+        request=lambda c: K.CreateKeyRequest(name="mallory", grants=[
+            K.Grant(scope="keys:admin")]),
+        snapshot=snap_keys, prefix=None,
+        http=lambda c: [("POST", "/v1/keys",
+                         {"name": "mallory", "grants": [{"scope": "keys:admin"}]})]),
+    "/keyflow.v1.Keys/ListKeys": dict(
+        request=lambda c: K.ListKeysRequest(), snapshot=None, prefix=None,
+        http=lambda c: [("GET", "/v1/keys", None)]),
+    "/keyflow.v1.Keys/RevokeKey": dict(
+        request=lambda c: K.RevokeKeyRequest(key_id=c.victim), snapshot=snap_keys, prefix=None,
+        http=lambda c: [("POST", "/v1/keys/%s:revoke" % c.victim, {})]),
+    # No key needed: health is for probes.
+    "/grpc.health.v1.Health/Check": dict(request=None, open=True),
+    "/grpc.health.v1.Health/Watch": dict(request=None, open=True),
+}
+
+
+def route_regex(route):
+    """The concrete paths a route of the table matches."""
+    parts = []
+    for seg in route["pattern"].strip("/").split("/"):
+        parts.append("[^/]+" if seg.startswith("{") else re.escape(seg))
+    verb = ":" + re.escape(route["verb"]) if route["verb"] else ""
+    return re.compile("^/" + "/".join(parts) + verb + r"(\?.*)?$")
+
+
+class Client:
+    """gRPC calls by path with one key (or none)."""
+
+    def __init__(self, target, rows, key=None):
+        self.channel = grpc.insecure_channel(target)
+        self.rows = rows
+        self.metadata = [("authorization", bearer(key))] if key else []
+
+    def close(self):
+        self.channel.close()
+
+    def _types(self, path):
+        row = self.rows[path]
+        return message_class(row["response"])
+
+    def call(self, path, request):
+        resp = self._types(path)
+        if self.rows[path]["shape"] == "server_stream":
+            stream = self.channel.unary_stream(path, request_serializer=lambda m: m.SerializeToString(),
+                                               response_deserializer=resp.FromString)(
+                request, metadata=self.metadata, timeout=TIMEOUT_S)
+            try:
+                return next(stream)
+            finally:
+                stream.cancel()
+        return self.channel.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
+                                        response_deserializer=resp.FromString)(
+            request, metadata=self.metadata, timeout=TIMEOUT_S)
+
+    def code(self, path, request):
+        try:
+            self.call(path, request)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            return e.code()
+
+
+class AuthTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        for path in (DUMP, os.path.join(HANDLERS, "running_sum.so")):
+            if not os.path.exists(path):
+                raise unittest.SkipTest("not built: %s" % path)
+        cls.rows = {r["path"]: r for r in table()["methods"]}
+        cls.routes = table()["routes"]
+
+    def setUp(self):
+        self.server = harness.Keyflowd(args=["--auth", "--plugin-dir", HANDLERS]).start()
+        self.addCleanup(self.server.cleanup)
+        self.addCleanup(lambda: self.assertEqual(self.server.stop(), 0, self.server.read_log()))
+        self.admin_key = self.bootstrap_key()
+        self.admin = Client(self.server.grpc_target, self.rows, self.admin_key)
+        self.addCleanup(self.admin.close)
+
+    def tearDown(self):
+        result = getattr(getattr(self, "_outcome", None), "result", None)
+        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
+        if any(t is self for t, _ in bad):
+            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+
+    def bootstrap_key(self):
+        path = os.path.join(self.server.data_dir, "db", "bootstrap-admin.key")
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        with open(path) as f:
+            return f.read().strip()
+
+    def create_key(self, name, grants):
+        resp = self.admin.call("/keyflow.v1.Keys/CreateKey", K.CreateKeyRequest(
+            name=name, grants=[K.Grant(scope=s, prefix=p) for s, p in grants]))
+        return resp.key.key_id, resp.api_key
+
+    def http(self, method, path, body, key):
+        headers = {"Authorization": bearer(key)} if key else {}
+        return self.server.http(method, path, body, headers=headers)[0]
+
+    # --- the negative suite ----------------------------------------------------
+    def make_ctx(self):
+        ctx = Ctx()
+        a = self.admin
+        send = "/keyflow.v1.Coordinators/SendEvent"
+        a.call(send, C.SendEventRequest(workflow=WF, key="k-open", event=C.Event(
+            input_json="1", rule=C.Rule(kind=C.RULE_KIND_DEBOUNCE, window_ms=600000))))
+        for key in ("k-run1", "k-run2"):
+            a.call(send, C.SendEventRequest(workflow=WF, key=key, event=C.Event(
+                input_json="1", rule=C.Rule(kind=C.RULE_KIND_BATCH, max_events=1))))
+        polled = a.call("/keyflow.v1.Runs/PollRuns", R.PollRunsRequest(
+            workflows=[WF], worker_id="admin", lease_ms=600000))
+        self.assertEqual(len(polled.runs), 1)
+        ctx.leased_run, ctx.lease = polled.runs[0].run_id, polled.runs[0].lease
+        listed = a.call("/keyflow.v1.Runs/ListRuns", R.ListRunsRequest(
+            workflow=WF, status=R.RUN_STATUS_PENDING))
+        ctx.pending_run = listed.runs[0].run_id
+        with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
+            d = json.load(f)
+        d["functionId"], d["pipelineStateId"] = FN, FN + ".state"
+        a.call("/keyflow.v1.Functions/RegisterFunction", F.RegisterFunctionRequest(
+            descriptor=json_format.ParseDict(d, F.FunctionDescriptor())))
+        a.call("/keyflow.v1.Functions/PushBatch", F.PushBatchRequest(
+            function_id=FN, producer_id="p-admin", sequence=1,
+            rows_json=json.dumps([{"user": "ann", "ts": 1, "amount": 5}])))
+        d["functionId"], d["pipelineStateId"] = FN + "-new", FN + "-new.state"
+        ctx.new_descriptor = json_format.ParseDict(d, F.FunctionDescriptor())
+        ctx.victim, _ = self.create_key("victim", [("runs:read", "")])
+        return ctx
+
+    def test_every_rpc_and_route_refuses_without_the_right_key(self):
+        rpcs = proto_rpcs()
+        # Every RPC has a rule, every rule an RPC, and every row of the table
+        # an RPC (rpc_table checks the last one too).
+        self.assertEqual(sorted(set(rpcs) - set(RULES)), [], "RPCs without a rule in RULES")
+        self.assertEqual(sorted(set(RULES) - set(rpcs)), [], "rules for RPCs that do not exist")
+        self.assertEqual(set(self.rows), set(rpcs))
+        ctx = self.make_ctx()
+        scopes = [s for s in table()["scopes"] if s != "none"]
+        # Keys: unknown (well formed), revoked, one per scope lacking only
+        # that scope, and one with every scope limited to another prefix.
+        unknown = "kf_%s_%s" % (secrets.token_hex(8), secrets.token_hex(32))
+        revoked_id, revoked = self.create_key("revoked", [(s, "") for s in scopes])
+        self.admin.call("/keyflow.v1.Keys/RevokeKey", K.RevokeKeyRequest(key_id=revoked_id))
+        lacking = {s: self.create_key("lacks " + s, [(o, "") for o in scopes if o != s])[1]
+                   for s in scopes}
+        prefixed = self.create_key("other tenant", [
+            (s, OTHER_PREFIX) for s in scopes if s not in ("metrics:read", "keys:admin")])[1]
+        clients = {}
+
+        def client(key):
+            if key not in clients:
+                clients[key] = Client(self.server.grpc_target, self.rows, key)
+                self.addCleanup(clients[key].close)
+            return clients[key]
+
+        covered_routes = set()
+        checked = 0
+        for path, rule in sorted(RULES.items()):
+            row = self.rows[path]
+            if rule.get("open"):
+                self.assertEqual(row["scope"], "none", path)
+                request = message_class(row["request"])()
+                for key in (None, unknown):
+                    self.assertEqual(client(key).code(path, request), grpc.StatusCode.OK, path)
+                continue
+            request = rule["request"](ctx)
+            # (key, gRPC code, HTTP status) for each kind of wrong key.
+            cases = [(None, grpc.StatusCode.UNAUTHENTICATED, 401),
+                     (unknown, grpc.StatusCode.UNAUTHENTICATED, 401),
+                     (revoked, grpc.StatusCode.UNAUTHENTICATED, 401),
+                     (lacking[row["scope"]], grpc.StatusCode.PERMISSION_DENIED, 403)]
+            if rule["prefix"] == DENIED:
+                cases.append((prefixed, grpc.StatusCode.PERMISSION_DENIED, 403))
+            http_calls = rule["http"](ctx)
+            for method, concrete, _ in http_calls:
+                matched = [r for r in self.routes if r["rpc"] == path and r["http_method"] == method
+                           and route_regex(r).match(concrete)]
+                self.assertEqual(len(matched), 1, "%s %s: not one route of %s" % (method, concrete,
+                                                                                  path))
+                covered_routes.add((matched[0]["http_method"], matched[0]["pattern"],
+                                    matched[0]["verb"]))
+            if row["http"]:
+                generic = json_format.MessageToDict(request)
+                http_calls = http_calls + [("POST", "/v1/%s/%s" % (row["service"], path.split("/")[-1]),
+                                            generic)]
+            snapshot = rule["snapshot"]
+            for key, code, status in cases:
+                before = snapshot(ctx, self.admin) if snapshot else None
+                self.assertEqual(client(key).code(path, request), code, "%s with key %s" % (path, key))
+                for method, concrete, body in http_calls:
+                    self.assertEqual(self.http(method, concrete, body, key), status,
+                                     "%s %s with key %s" % (method, concrete, key))
+                if snapshot:
+                    self.assertEqual(snapshot(ctx, self.admin), before, "%s changed something" % path)
+                checked += 1
+            if rule["prefix"] == FILTERED:
+                listed = client(prefixed).call(path, request)
+                self.assertNotIn(FN, [f.descriptor.function_id for f in listed.functions])
+                self.assertIn(FN, [f.descriptor.function_id for f in
+                                   self.admin.call(path, request).functions])
+        all_routes = {(r["http_method"], r["pattern"], r["verb"]) for r in self.routes}
+        self.assertEqual(sorted(all_routes - covered_routes, key=str), [],
+                         "HTTP routes without a rule")
+        self.assertGreater(checked, 60)
+
+    # --- metrics and probes ----------------------------------------------------
+    def test_probes_need_no_key_and_metrics_need_metrics_read(self):
+        for path in ("/healthz", "/readyz"):
+            self.assertEqual(self.http("GET", path, None, None), 200)
+        self.assertEqual(self.http("GET", "/metrics", None, None), 401)
+        _, other = self.create_key("no metrics", [("runs:read", "")])
+        self.assertEqual(self.http("GET", "/metrics", None, other), 403)
+        _, reader = self.create_key("prometheus", [("metrics:read", "")])
+        self.assertEqual(self.http("GET", "/metrics", None, reader), 200)
+        # metrics:read takes no prefix; an unknown scope is no scope.
+        for grant in (("metrics:read", "x"), ("metrics:write", ""), ("none", "")):
+            with self.assertRaises(grpc.RpcError) as cm:
+                self.create_key("bad", [grant])
+            self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+
+    # --- ownership ---------------------------------------------------------------
+    def test_a_producer_belongs_to_the_key_that_first_used_it(self):
+        with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
+            d = json.load(f)
+        d["functionId"], d["pipelineStateId"] = "own-fn", "own-fn.state"
+        self.admin.call("/keyflow.v1.Functions/RegisterFunction", F.RegisterFunctionRequest(
+            descriptor=json_format.ParseDict(d, F.FunctionDescriptor())))
+        _, alice = self.create_key("alice", [("functions:push", "own-")])
+        _, bob = self.create_key("bob", [("functions:push", "")])
+
+        def push(key, seq):
+            return Client(self.server.grpc_target, self.rows, key).code(
+                "/keyflow.v1.Functions/PushBatch", F.PushBatchRequest(
+                    function_id="own-fn", producer_id="p1", sequence=seq,
+                    rows_json=json.dumps([{"user": "ann", "ts": seq, "amount": 1}])))
+        self.assertEqual(push(alice, 1), grpc.StatusCode.OK)
+        # Bob cannot lock alice out with sequence INT64_MAX, nor replay her acks.
+        self.assertEqual(push(bob, 2 ** 63 - 1), grpc.StatusCode.PERMISSION_DENIED)
+        self.assertEqual(push(bob, 1), grpc.StatusCode.PERMISSION_DENIED)
+        self.assertEqual(push(alice, 2), grpc.StatusCode.OK)
+        # The owner is durable.
+        self.server.kill()
+        self.server.start()
+        self.assertEqual(push(bob, 3), grpc.StatusCode.PERMISSION_DENIED)
+        self.assertEqual(push(alice, 3), grpc.StatusCode.OK)
+
+    def test_a_lease_belongs_to_the_key_that_took_it(self):
+        self.admin.call("/keyflow.v1.Coordinators/SendEvent", C.SendEventRequest(
+            workflow="jobs", key="k1", event=C.Event(input_json="1", rule=C.Rule(
+                kind=C.RULE_KIND_BATCH, max_events=1))))
+        _, alice = self.create_key("alice", [("runs:work", "jobs")])
+        _, bob = self.create_key("bob", [("runs:work", "")])
+        a = Client(self.server.grpc_target, self.rows, alice)
+        b = Client(self.server.grpc_target, self.rows, bob)
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        run = a.call("/keyflow.v1.Runs/PollRuns", R.PollRunsRequest(
+            workflows=["jobs"], worker_id="alice", lease_ms=600000)).runs[0]
+        hb = R.HeartbeatRunRequest(run_id=run.run_id, lease=run.lease)
+        done = R.CompleteRunRequest(run_id=run.run_id, lease=run.lease, result_json='"forged"')
+        self.assertEqual(b.code("/keyflow.v1.Runs/HeartbeatRun", hb),
+                         grpc.StatusCode.PERMISSION_DENIED)
+        self.assertEqual(b.code("/keyflow.v1.Runs/CompleteRun", done),
+                         grpc.StatusCode.PERMISSION_DENIED)
+        self.server.kill()  # the owner is durable
+        self.server.start()
+        a = Client(self.server.grpc_target, self.rows, alice)
+        b = Client(self.server.grpc_target, self.rows, bob)
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        self.assertEqual(b.code("/keyflow.v1.Runs/CompleteRun", done),
+                         grpc.StatusCode.PERMISSION_DENIED)
+        self.assertEqual(a.code("/keyflow.v1.Runs/HeartbeatRun", hb), grpc.StatusCode.OK)
+        ok = a.call("/keyflow.v1.Runs/CompleteRun", R.CompleteRunRequest(
+            run_id=run.run_id, lease=run.lease, result_json='"real"'))
+        self.assertEqual(ok.run.result_json, '"real"')
+
+    # --- durability ---------------------------------------------------------------
+    def test_keys_survive_sigkill_and_revoked_stays_revoked(self):
+        keep_id, keep = self.create_key("keep", [("runs:read", "")])
+        gone_id, gone = self.create_key("gone", [("runs:read", "")])
+        self.admin.call("/keyflow.v1.Keys/RevokeKey", K.RevokeKeyRequest(key_id=gone_id))
+        with self.assertRaises(grpc.RpcError) as cm:  # revoking twice
+            self.admin.call("/keyflow.v1.Keys/RevokeKey", K.RevokeKeyRequest(key_id=gone_id))
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+        bootstrap = os.path.join(self.server.data_dir, "db", "bootstrap-admin.key")
+        self.server.kill()
+        self.server.start()
+        list_runs = ("/keyflow.v1.Runs/ListRuns", R.ListRunsRequest())
+        self.assertEqual(Client(self.server.grpc_target, self.rows, keep).code(*list_runs),
+                         grpc.StatusCode.OK)
+        self.assertEqual(Client(self.server.grpc_target, self.rows, gone).code(*list_runs),
+                         grpc.StatusCode.UNAUTHENTICATED)
+        admin = Client(self.server.grpc_target, self.rows, self.admin_key)
+        self.addCleanup(admin.close)
+        ids = [k.key_id for k in admin.call("/keyflow.v1.Keys/ListKeys", K.ListKeysRequest()).keys]
+        self.assertIn(keep_id, ids)
+        self.assertNotIn(gone_id, ids)
+        # The bootstrap key is made once per store: not again after a restart
+        # (the file is still the first key's), and never logged.
+        self.assertEqual(open(bootstrap).read().strip(), self.admin_key)
+        self.assertEqual(self.server.read_log().count("wrote the admin API key"), 1)
+        self.assertNotIn(self.admin_key, self.server.read_log())
+        self.assertNotIn(keep, self.server.read_log())
+
+    def test_the_last_admin_key_cannot_be_revoked(self):
+        admin_id = self.admin.call("/keyflow.v1.Keys/ListKeys", K.ListKeysRequest()).keys[0].key_id
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.admin.call("/keyflow.v1.Keys/RevokeKey", K.RevokeKeyRequest(key_id=admin_id))
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        _, second = self.create_key("second admin", [("keys:admin", "")])
+        b = Client(self.server.grpc_target, self.rows, second)
+        self.addCleanup(b.close)
+        b.call("/keyflow.v1.Keys/RevokeKey", K.RevokeKeyRequest(key_id=admin_id))
+        self.assertEqual(self.admin.code("/keyflow.v1.Keys/ListKeys", K.ListKeysRequest()),
+                         grpc.StatusCode.UNAUTHENTICATED)
+
+
+class AuthDefaultsTest(unittest.TestCase):
+    def test_loopback_without_auth_needs_no_key(self):
+        server = harness.Keyflowd().start()
+        self.addCleanup(server.cleanup)
+        self.assertRegex(server.read_log(), r"serving .*auth=\"?off")
+        self.assertEqual(server.http("GET", "/v1/runs", None)[0], 200)
+        self.assertFalse(os.path.exists(os.path.join(server.data_dir, "db",
+                                                     "bootstrap-admin.key")))
+        self.assertEqual(server.stop(), 0)
+
+    def test_bootstrap_file_is_never_overwritten(self):
+        data = tempfile.mkdtemp(prefix="kf-data-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", data]))
+        os.makedirs(os.path.join(data, "db"))
+        stale = os.path.join(data, "db", "bootstrap-admin.key")
+        with open(stale, "w") as f:
+            f.write("someone else's key\n")
+        out = subprocess.run([harness.KEYFLOWD, "--data", os.path.join(data, "db"), "--grpc",
+                              "127.0.0.1:0", "--http", "127.0.0.1:0", "--auth"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("already exists", out.stderr)
+        self.assertEqual(open(stale).read(), "someone else's key\n")
+
+
+if __name__ == "__main__":
+    unittest.main()
