@@ -196,6 +196,11 @@
 
 /* ---- operations ------------------------------------------------------- */
 
+/* How long keyflowd keeps serving after SIGTERM while it reports NOT_SERVING
+ * (--drain-grace-ms): long enough for any load balancer to notice, short
+ * enough that a stop never looks hung (Kubernetes' default grace is 30 s). */
+#define KF_DRAIN_GRACE_MS_MAX (5LL * 60 * 1000)
+
 /* One log line, built on the stack and written with one write(2) (which
  * keeps concurrent lines whole): room for a function key, the longest
  * identifier a line carries, escaped, plus the rest; longer values are cut. */

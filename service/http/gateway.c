@@ -30,6 +30,7 @@
 #include "base/arena.h"
 #include "base/assert.h"
 #include "base/clock.h"
+#include "base/health.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "proto/json_map.h"
@@ -72,7 +73,6 @@ struct kf_gateway {
     bool started;
     kf_engine_t *engine;
     kf_auth_t *auth; /* NULL: requests are not checked */
-    atomic_bool ready;
     atomic_bool stopping;
     atomic_int in_flight;
     bool exit_loop; /* loop thread only */
@@ -376,9 +376,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         return 0;
     }
     if (path_is(req, path_len, "/readyz")) {
-        bool ready =
-            atomic_load(&gw->ready) && !atomic_load(&gw->stopping) && !kf_engine_failed(gw->engine);
-        if (ready) {
+        /* The same answer as gRPC Health/Check (base/health.h). */
+        if (kf_health_serving() && !kf_engine_failed(gw->engine)) {
             static const char ok[] = "{\"status\":\"ready\"}";
             send_body(req, 200, "application/json", ok, sizeof ok - 1);
         } else {
@@ -684,12 +683,7 @@ kf_status_t kf_gateway_start(kf_gateway_t *gw, kf_error_t *err) {
         return kf_error_set(err, KF_E_INTERNAL, "cannot start the HTTP thread");
     }
     gw->started = true;
-    atomic_store(&gw->ready, true);
     return KF_OK;
-}
-
-void kf_gateway_set_ready(kf_gateway_t *gw, bool ready) {
-    atomic_store(&gw->ready, ready);
 }
 
 static void send_control(kf_gateway_t *gw, int what) {

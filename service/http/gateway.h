@@ -1,7 +1,8 @@
 /*
  * gateway.h - the HTTP/JSON gateway (h2o, HTTP/1.1 and h2c) on one event-loop
  * thread: the REST routes of routes.h over the engine, plus GET /healthz,
- * GET /readyz and GET /metrics (Prometheus text format).
+ * GET /readyz (200 exactly while base/health.h says serving, like gRPC
+ * Health/Check) and GET /metrics (Prometheus text format).
  *
  * Only this module includes h2o.h. A request is decoded on the loop thread,
  * executed by the engine, and answered on the loop thread once durable (the
@@ -41,8 +42,6 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *
 kf_status_t kf_gateway_set_tls(kf_gateway_t *gateway, const kf_tls_t *tls,
                                kf_error_t *err) KF_MUST_USE;
 kf_status_t kf_gateway_start(kf_gateway_t *gateway, kf_error_t *err) KF_MUST_USE;
-/* /readyz answers 200 only while ready. Any thread. */
-void kf_gateway_set_ready(kf_gateway_t *gateway, bool ready);
 /* Stops accepting new connections and requests (503 from then on). */
 void kf_gateway_shutdown(kf_gateway_t *gateway);
 /* After kf_engine_stop: delivers the last replies, stops the loop, frees. */

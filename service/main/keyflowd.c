@@ -4,12 +4,20 @@
  *
  * Start-up: open the store, recover the engine, bind both ports (port 0
  * picks a free one; --port-file reports them), start serving.
- * SIGTERM/SIGINT: stop accepting (gRPC and HTTP), let the engine finish and
- * sync everything it accepted, answer those calls, close the store, exit 0.
+ * SIGTERM/SIGINT, a rollout's order:
+ *   1. readiness goes NOT_SERVING (gRPC Health/Check and Watch, /readyz),
+ *   2. for --drain-grace-ms both listeners stay open and every request is
+ *      served as usual, so that load balancers stop sending new ones first,
+ *   3. then stop accepting (gRPC and HTTP), let the engine finish and sync
+ *      everything it accepted, answer those calls, close the store, exit 0.
+ * A second SIGTERM/SIGINT during the grace ends it early.
+ * A failed sync (fail-stop): NOT_SERVING at once with the reason logged,
+ * no grace, nothing more acknowledged, exit 1.
  * SIGHUP: re-read the TLS files; new connections get the new certificate,
  * open ones keep theirs. A reload that fails changes nothing.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +26,7 @@
 #include <unistd.h>
 
 #include "base/assert.h"
+#include "base/health.h"
 #include "base/limits.h"
 #include "base/log.h"
 #include "base/metrics.h"
@@ -32,6 +41,8 @@
 #define DEFAULT_DATA_DIR     "./data"
 #define DEFAULT_GRPC_ADDRESS "127.0.0.1:50051"
 #define DEFAULT_HTTP_ADDRESS "127.0.0.1:8070"
+/* How long a fail-stop waits for Watch streams to carry NOT_SERVING out. */
+#define FAIL_STOP_WATCH_FLUSH_MS 1000
 
 typedef struct options {
     const char *data_dir;
@@ -50,6 +61,7 @@ typedef struct options {
     int grpc_threads;
     kf_log_level_t log_level;
     kf_log_format_t log_format;
+    int64_t drain_grace_ms;
 } options_t;
 
 static void usage(FILE *out) {
@@ -75,6 +87,8 @@ static void usage(FILE *out) {
         "  --tls-cert FILE       PEM certificate chain: TLS on both listeners (needs --tls-key)\n"
         "  --tls-key FILE        PEM private key of --tls-cert\n"
         "  --tls-client-ca FILE  PEM CAs: clients must present a certificate they signed (mTLS)\n"
+        "  --drain-grace-ms N    on SIGTERM, report NOT_SERVING and keep serving for N ms\n"
+        "                        before stopping (default 0, max %lld)\n"
         "  --version             print the version and source commit, then exit\n"
         "  --auth                require API keys even when both listeners are loopback\n"
         "  --insecure-no-auth    serve without API keys on a non-loopback listener (logged)\n"
@@ -86,11 +100,11 @@ static void usage(FILE *out) {
         "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_GRPC_ADDRESS,\n"
         "KEYFLOW_HTTP_ADDRESS, KEYFLOW_PORT_FILE, KEYFLOW_PLUGIN_DIR, KEYFLOW_RUN_RETENTION_MS,\n"
         "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_LOG_LEVEL,\n"
-        "KEYFLOW_LOG_FORMAT, KEYFLOW_SERVER_TLS_CERT, KEYFLOW_SERVER_TLS_KEY,\n"
-        "KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1, KEYFLOW_INSECURE_NO_AUTH=1,\n"
-        "KEYFLOW_BOOTSTRAP_KEY_FILE.\n",
+        "KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
+        "KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1,\n"
+        "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE.\n",
         (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
-        KF_QUEUE_DEPTH_MAX);
+        KF_QUEUE_DEPTH_MAX, (long long)KF_DRAIN_GRACE_MS_MAX);
 }
 
 static const char *env_or(const char *name, const char *fallback) {
@@ -159,6 +173,9 @@ static bool parse_env(options_t *o) {
         return false;
     if ((v = env_or("KEYFLOW_LOG_FORMAT", NULL)) != NULL && !parse_format(v, &o->log_format))
         return false;
+    if ((v = env_or("KEYFLOW_DRAIN_GRACE_MS", NULL)) != NULL &&
+        !parse_int("KEYFLOW_DRAIN_GRACE_MS", v, 0, KF_DRAIN_GRACE_MS_MAX, &o->drain_grace_ms))
+        return false;
     if ((v = env_or("KEYFLOW_RUN_RETENTION_MS", NULL)) != NULL &&
         !parse_int("KEYFLOW_RUN_RETENTION_MS", v, 1000, KF_RETENTION_MS_MAX, &o->retention_ms))
         return false;
@@ -178,11 +195,14 @@ static bool parse_env(options_t *o) {
 
 static bool known_flag(const char *a) {
     static const char *const flags[] = {
-        "--data",         "--grpc",          "--http",
-        "--port-file",    "--plugin-dir",    "--run-retention-ms",
-        "--run-attempts", "--queue-depth",   "--grpc-threads",
-        "--log-level",    "--log-format",    "--tls-cert",
-        "--tls-key",      "--tls-client-ca", "--bootstrap-key-file",
+        "--data",          "--grpc",
+        "--http",          "--port-file",
+        "--plugin-dir",    "--run-retention-ms",
+        "--run-attempts",  "--queue-depth",
+        "--grpc-threads",  "--log-level",
+        "--log-format",    "--drain-grace-ms",
+        "--tls-cert",      "--tls-key",
+        "--tls-client-ca", "--bootstrap-key-file",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         if (strcmp(a, flags[i]) == 0) {
@@ -285,6 +305,9 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             o->tls.client_ca_path = v;
         } else if (strcmp(a, "--log-format") == 0) {
             if (!parse_format(v, &o->log_format))
+                return false;
+        } else if (strcmp(a, "--drain-grace-ms") == 0) {
+            if (!parse_int(a, v, 0, KF_DRAIN_GRACE_MS_MAX, &o->drain_grace_ms))
                 return false;
         } else if (strcmp(a, "--bootstrap-key-file") == 0) {
             o->bootstrap_key_file = v;
@@ -404,6 +427,63 @@ static void bound_address(const char *configured, int port, char *out, size_t ca
     snprintf(out, cap, "%.*s:%d", host_len, configured, port);
 }
 
+/* main's thread: the one that takes the signals (sigwait). */
+static pthread_t main_thread;
+
+/* The engine's fail-stop (committer thread): nothing more is acknowledged
+ * from now on. Say so and why, turn NOT_SERVING (Watch streams learn it at
+ * once), and have main stop without a grace. */
+static void on_engine_fatal(const kf_error_t *err, void *ctx) {
+    (void)ctx;
+    kf_log_kv(
+        KF_LOG_ERROR, "main", "fail-stop: a durable write failed; nothing more is acknowledged",
+        KF_LOG_STR("reason", err->message), KF_LOG_STR("status", kf_status_name(err->status)));
+    kf_health_fail("a durable write failed");
+    pthread_kill(main_thread, SIGTERM);
+}
+
+/* After a failed sync: the engine acknowledges nothing more and holds the
+ * commands it had, so there is nothing to finish. Stop accepting, let the
+ * health watchers hear NOT_SERVING (bounded), and exit 1 at once; the store
+ * is left to RocksDB's recovery at the next start, which replays exactly
+ * what was synced. */
+static _Noreturn void fail_stop(kf_grpc_server_t *grpc, kf_gateway_t *gateway) {
+    kf_gateway_shutdown(gateway);
+    kf_grpc_server_shutdown(grpc);
+    kf_grpc_server_wait_watches(grpc, FAIL_STOP_WATCH_FLUSH_MS);
+    kf_log(KF_LOG_ERROR, "main", "fail-stop: exiting without acknowledging anything more");
+    _exit(1);
+}
+
+/* Waits for SIGTERM/SIGINT, reloading TLS on each SIGHUP meanwhile; with
+ * deadline_ms >= 0, gives up at that time (kf_mono_us / 1000). Returns the
+ * signal, or 0 when the deadline passed. */
+static int wait_for_stop(const sigset_t *sigs, int64_t deadline_ms, const kf_tls_files_t *tls,
+                         kf_grpc_server_t *grpc, kf_gateway_t *gateway) {
+    for (;;) {
+        int sig;
+        if (deadline_ms < 0) {
+            if (sigwait(sigs, &sig) != 0) {
+                continue;
+            }
+        } else {
+            int64_t left_ms = deadline_ms - kf_mono_us() / 1000;
+            if (left_ms <= 0) {
+                return 0;
+            }
+            struct timespec ts = {left_ms / 1000, (left_ms % 1000) * 1000000};
+            sig = sigtimedwait(sigs, NULL, &ts);
+            if (sig < 0) {
+                continue; /* EAGAIN (the deadline: checked above) or EINTR */
+            }
+        }
+        if (sig != SIGHUP) {
+            return sig;
+        }
+        reload_tls(tls, grpc, gateway);
+    }
+}
+
 int main(int argc, char **argv) {
     options_t o = {0};
     if (!parse_args(argc, argv, &o)) {
@@ -430,6 +510,7 @@ int main(int argc, char **argv) {
     sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    main_thread = pthread_self();
 
     if (!make_dirs(o.data_dir)) {
         kf_log(KF_LOG_ERROR, "main", "cannot create %s: %s", o.data_dir, strerror(errno));
@@ -469,6 +550,7 @@ int main(int argc, char **argv) {
         .auth = auth,
         .bootstrap_key_path = o.bootstrap_key_file != NULL ? o.bootstrap_key_file : bootstrap_path,
         .new_admin_key = o.new_admin_key,
+        .on_fatal = on_engine_fatal,
     };
     kf_engine_t *engine;
     if (auth == NULL || kf_engine_create(&ec, store, &engine, &err) != KF_OK) {
@@ -512,7 +594,7 @@ int main(int argc, char **argv) {
         kf_log(KF_LOG_ERROR, "main", "cannot start: %s", err.message);
         return 1;
     }
-    kf_gauge_set(KF_G_READY, 1);
+    kf_health_set(true, "started");
     if (o.port_file != NULL && !write_port_file(o.port_file, grpc_port, http_port)) {
         kf_log(KF_LOG_ERROR, "main", "cannot write %s", o.port_file);
         return 1;
@@ -525,12 +607,25 @@ int main(int argc, char **argv) {
               KF_LOG_STR("grpc", grpc_at), KF_LOG_STR("http", http_at), KF_LOG_STR("tls", tls_mode),
               KF_LOG_STR("auth", auth_on ? "on" : "off"));
 
-    int sig = 0;
-    while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP) {
-        reload_tls(&o.tls, grpc, gateway);
+    int sig = wait_for_stop(&sigs, -1, &o.tls, grpc, gateway);
+    if (!kf_health_failed()) {
+        /* Readiness first: load balancers stop sending new requests while
+         * both listeners still serve the ones that come. */
+        kf_health_set(false, "draining");
+        kf_log_kv(KF_LOG_INFO, "main", "draining", KF_LOG_INT("signal", sig),
+                  KF_LOG_INT("grace_ms", o.drain_grace_ms));
+        if (o.drain_grace_ms > 0) {
+            int again =
+                wait_for_stop(&sigs, kf_mono_us() / 1000 + o.drain_grace_ms, &o.tls, grpc, gateway);
+            if (again != 0) {
+                kf_log_kv(KF_LOG_INFO, "main", "drain cut short", KF_LOG_INT("signal", again));
+            }
+        }
     }
-    kf_log(KF_LOG_INFO, "main", "signal %d: stopping", sig);
-    kf_gauge_set(KF_G_READY, 0);
+    if (kf_health_failed()) {
+        fail_stop(grpc, gateway);
+    }
+    kf_log_kv(KF_LOG_INFO, "main", "stopping", KF_LOG_INT("signal", sig));
     kf_gateway_shutdown(gateway);
     kf_grpc_server_shutdown(grpc);
     kf_engine_stop(engine); /* finishes and syncs everything accepted */

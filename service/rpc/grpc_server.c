@@ -8,8 +8,9 @@
  *       |                        v
  *       |                   REPLYING --batch complete--> freed
  *       +--(FRONT row: health check)--> REPLYING
- *       +--(FRONT row: health watch)--> WATCHING (sent SERVING; open until
- *       |                               client or shutdown)
+ *       +--(FRONT row: health watch)--> WATCHING (sends the status, then
+ *       |                               every change; open until the client
+ *       |                               leaves or the server shuts down)
  *       +--(FRONT row: tail)----------> TAIL (a loop of engine reads)
  *
  * What happens to a call follows from its row's flags (proto/rpcs.h): the
@@ -44,6 +45,7 @@
 #include "base/arena.h"
 #include "base/assert.h"
 #include "base/clock.h"
+#include "base/health.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "runtime/engine.h"
@@ -56,7 +58,7 @@
 typedef enum call_state {
     CALL_REQUESTED,
     CALL_REPLYING,
-    CALL_WATCH_SENT,   /* watch: the SERVING message went out */
+    CALL_WATCH_SENT,   /* watch: a status message went out */
     CALL_WATCH_CLOSED, /* watch: the client closed or was cancelled */
     CALL_TAIL_SENT,    /* tail: a page went out */
     CALL_TAIL_CLOSED,  /* tail: the client closed or was cancelled */
@@ -100,6 +102,17 @@ struct call {
     call_tag_t tag_close;
     kf_arena_t arena;
     kf_cmd_t cmd;
+    /* Health/Watch, under server->watch_lock: the open streams are a list
+     * that a health change walks, sending each its new status. At most one
+     * send is in flight per stream; a change seen meanwhile is sent when it
+     * completes (watch_pump), so the last status always arrives. */
+    call_t *watch_prev;
+    call_t *watch_next;
+    bool watch_linked;  /* on server->watching */
+    bool watch_sending; /* a status message is in flight */
+    bool watch_unknown; /* the service named is not served: SERVICE_UNKNOWN */
+    bool watch_started; /* initial metadata went out */
+    int watch_sent;     /* the status last sent; -1 none */
     /* TailOutput: repeated engine reads, one page in flight at a time. */
     atomic_int tail_refs; /* the close batch + the read or send in flight */
     atomic_bool tail_closed;
@@ -119,12 +132,14 @@ struct kf_grpc_server {
     pthread_t threads[KF_GRPC_THREADS_MAX];
     int thread_count;
     bool started;
-    atomic_bool serving;
     atomic_bool shutting_down;
     atomic_int live_calls; /* calls handed out by grpc and not yet freed */
     atomic_int watches;    /* of which Health/Watch streams (open until cancelled) */
     call_tag_t shutdown_tag;
     atomic_bool shutdown_done;
+    pthread_mutex_t watch_lock;
+    call_t *watching;    /* open Health/Watch streams (watch_lock) */
+    int health_listener; /* kf_health_listen handle, or -1 */
     /* TLS: the material the next handshake should switch to, taken (and
      * cleared) by the certificate fetcher gRPC calls before handshakes. */
     pthread_mutex_t tls_lock;
@@ -310,38 +325,143 @@ static ProtobufCMessage *unpack_payload(call_t *c, const ProtobufCMessageDescrip
     return m;
 }
 
-static void start_watch(call_t *c) {
-    /* First the close (it completes when the client goes away or at server
-     * shutdown), then the current status. */
-    grpc_op close_op;
-    memset(&close_op, 0, sizeof close_op);
-    close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    close_op.data.recv_close_on_server.cancelled = &c->cancelled;
-    atomic_store(&c->refs, 2);
-    c->refs_watch = true;
-    atomic_fetch_add(&c->server->watches, 1);
-    if (grpc_call_start_batch(c->call, &close_op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
+/* ---- Health ------------------------------------------------------------
+ * Check and Watch answer from base/health.h (the state /readyz answers
+ * from too) and the engine's own failure flag, so the two transports agree.
+ * A service name that is not served is NOT_FOUND for Check and
+ * SERVICE_UNKNOWN for Watch, as the health protocol says (a Watch stays
+ * open: the service could appear). */
+
+static bool health_serving(const kf_grpc_server_t *s) {
+    return kf_health_serving() && !kf_engine_failed(s->engine);
+}
+
+/* Known: "" (the whole server), or a service with an RPC here other than
+ * the health service itself. */
+static bool health_service_known(const call_t *c, const char *service) {
+    return service[0] == '\0' ||
+           (kf_method_service_known(service) && strcmp(service, c->method->service) != 0);
+}
+
+static int watch_status(const call_t *c) {
+    if (c->watch_unknown) {
+        return GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
+    }
+    return health_serving(c->server)
+               ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+               : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+}
+
+static void watch_unref(call_t *c) {
+    if (atomic_fetch_sub(&c->refs, 1) == 1) {
         call_free(c);
+    }
+}
+
+/* Sends the current status if it differs from the last one sent and no
+ * send is in flight. server->watch_lock held. */
+static void watch_pump(call_t *c) {
+    int status = watch_status(c);
+    if (!c->watch_linked || c->watch_sending || status == c->watch_sent) {
         return;
     }
     Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-    resp.status = atomic_load(&c->server->serving)
-                      ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
-                      : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    resp.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)status;
     size_t len = grpc__health__v1__health_check_response__get_packed_size(&resp);
     grpc_slice slice = grpc_slice_malloc(len);
     grpc__health__v1__health_check_response__pack(&resp, GRPC_SLICE_START_PTR(slice));
+    if (c->reply != NULL) {
+        grpc_byte_buffer_destroy(c->reply); /* its send completed */
+    }
     c->reply = grpc_raw_byte_buffer_create(&slice, 1);
     grpc_slice_unref(slice);
     grpc_op ops[2];
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = c->reply;
-    c->tag_main.state = CALL_WATCH_SENT;
-    if (grpc_call_start_batch(c->call, ops, 2, &c->tag_main, NULL) != GRPC_CALL_OK) {
-        atomic_fetch_sub(&c->refs, 1); /* the close batch still completes and frees */
+    size_t n = 0;
+    if (!c->watch_started) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
     }
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = c->reply;
+    c->tag_main.state = CALL_WATCH_SENT;
+    atomic_fetch_add(&c->refs, 1);
+    if (grpc_call_start_batch(c->call, ops, n, &c->tag_main, NULL) != GRPC_CALL_OK) {
+        atomic_fetch_sub(&c->refs, 1); /* the close batch still holds the call */
+        return;
+    }
+    c->watch_started = true;
+    c->watch_sending = true;
+    c->watch_sent = status;
+}
+
+/* A health change: every open Watch gets the new status. Called by
+ * base/health.c on the thread that made the change. */
+static void on_health_change(void *ctx) {
+    kf_grpc_server_t *s = ctx;
+    pthread_mutex_lock(&s->watch_lock);
+    for (call_t *c = s->watching; c != NULL; c = c->watch_next) {
+        watch_pump(c);
+    }
+    pthread_mutex_unlock(&s->watch_lock);
+}
+
+static void start_watch(call_t *c, const Grpc__Health__V1__HealthCheckRequest *req) {
+    kf_grpc_server_t *s = c->server;
+    /* First the close (it completes when the client goes away or at server
+     * shutdown, and holds the call until then), then the current status. */
+    grpc_op close_op;
+    memset(&close_op, 0, sizeof close_op);
+    close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    close_op.data.recv_close_on_server.cancelled = &c->cancelled;
+    atomic_store(&c->refs, 1);
+    c->refs_watch = true;
+    c->watch_sent = -1;
+    c->watch_unknown = !health_service_known(c, req->service);
+    atomic_fetch_add(&s->watches, 1);
+    c->tag_close.state = CALL_WATCH_CLOSED;
+    if (grpc_call_start_batch(c->call, &close_op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
+        call_free(c);
+        return;
+    }
+    pthread_mutex_lock(&s->watch_lock);
+    c->watch_prev = NULL;
+    c->watch_next = s->watching;
+    if (s->watching != NULL) {
+        s->watching->watch_prev = c;
+    }
+    s->watching = c;
+    c->watch_linked = true;
+    watch_pump(c);
+    pthread_mutex_unlock(&s->watch_lock);
+}
+
+/* The stream's send (ok) or its end. */
+static void watch_sent(call_t *c, bool ok) {
+    pthread_mutex_lock(&c->server->watch_lock);
+    c->watch_sending = false;
+    if (ok) {
+        watch_pump(c); /* a change that came while this send was in flight */
+    }
+    pthread_mutex_unlock(&c->server->watch_lock);
+    watch_unref(c);
+}
+
+static void watch_closed(call_t *c) {
+    kf_grpc_server_t *s = c->server;
+    pthread_mutex_lock(&s->watch_lock);
+    if (c->watch_linked) {
+        if (c->watch_prev != NULL) {
+            c->watch_prev->watch_next = c->watch_next;
+        } else {
+            s->watching = c->watch_next;
+        }
+        if (c->watch_next != NULL) {
+            c->watch_next->watch_prev = c->watch_prev;
+        }
+        c->watch_linked = false;
+    }
+    pthread_mutex_unlock(&s->watch_lock);
+    watch_unref(c);
 }
 
 /* ---- TailOutput ---------------------------------------------------------
@@ -517,12 +637,11 @@ static ProtobufCMessage *unpack_or_refuse(call_t *c) {
 /* Health/Check: the whole server (service "") or one of its services. */
 static void health_check(call_t *c, const Grpc__Health__V1__HealthCheckRequest *req) {
     Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-    if (req->service[0] != '\0' &&
-        (!kf_method_service_known(req->service) || strcmp(req->service, c->method->service) == 0)) {
+    if (!health_service_known(c, req->service)) {
         send_reply(c, KF_E_NOT_FOUND, "service: unknown service name", NULL);
         return;
     }
-    resp.status = atomic_load(&c->server->serving)
+    resp.status = health_serving(c->server)
                       ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
                       : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
     send_reply(c, KF_OK, NULL, &resp.base);
@@ -572,7 +691,11 @@ static ProtobufCMessage *unpack_authorized(call_t *c) {
 static void serve_front(call_t *c) {
     ProtobufCMessage *req;
     switch (c->method->front) {
-    case KF_FRONT_HEALTH_WATCH: start_watch(c); return; /* its request is not needed */
+    case KF_FRONT_HEALTH_WATCH:
+        if ((req = unpack_or_refuse(c)) != NULL) {
+            start_watch(c, (const Grpc__Health__V1__HealthCheckRequest *)req);
+        }
+        return;
     case KF_FRONT_HEALTH_CHECK:
         if ((req = unpack_authorized(c)) != NULL) {
             health_check(c, (const Grpc__Health__V1__HealthCheckRequest *)req);
@@ -676,12 +799,8 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
             call_free(c);
         }
         return;
-    case CALL_WATCH_SENT:
-    case CALL_WATCH_CLOSED:
-        if (atomic_fetch_sub(&c->refs, 1) == 1) {
-            call_free(c);
-        }
-        return;
+    case CALL_WATCH_SENT: watch_sent(c, ok); return;
+    case CALL_WATCH_CLOSED: watch_closed(c); return;
     case CALL_POLL_CLOSED:
         /* The client left while its long poll may still wait in the engine:
          * tell the engine, so that no run is leased to nobody. */
@@ -819,9 +938,10 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t 
     if (s->thread_count > KF_GRPC_THREADS_MAX) {
         s->thread_count = KF_GRPC_THREADS_MAX;
     }
-    atomic_store(&s->serving, true);
     s->shutdown_tag.call = NULL;
+    s->health_listener = -1;
     pthread_mutex_init(&s->tls_lock, NULL);
+    pthread_mutex_init(&s->watch_lock, NULL);
     grpc_arg args[3];
     memset(args, 0, sizeof args);
     args[0].type = GRPC_ARG_INTEGER;
@@ -852,6 +972,7 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t 
         grpc_completion_queue_destroy(s->cq);
         kf_tls_unref(s->tls_next);
         pthread_mutex_destroy(&s->tls_lock);
+        pthread_mutex_destroy(&s->watch_lock);
         free(s);
         grpc_shutdown();
         return kf_error_set(err, KF_E_IO, "grpc: cannot bind %s", options->address);
@@ -869,6 +990,11 @@ kf_status_t kf_grpc_server_start(kf_grpc_server_t *s, kf_error_t *err) {
         }
     }
     request_generic(s);
+    s->health_listener = kf_health_listen(on_health_change, s);
+    if (s->health_listener < 0) {
+        return kf_error_set(err, KF_E_LIMIT,
+                            "health: no listener slot left (KF_HEALTH_LISTENERS_MAX)");
+    }
     for (int i = 0; i < s->thread_count; i++) {
         if (pthread_create(&s->threads[i], NULL, cq_main, s) != 0) {
             return kf_error_set(err, KF_E_INTERNAL, "cannot start a gRPC thread");
@@ -878,15 +1004,27 @@ kf_status_t kf_grpc_server_start(kf_grpc_server_t *s, kf_error_t *err) {
     return KF_OK;
 }
 
-void kf_grpc_server_set_serving(kf_grpc_server_t *s, bool serving) {
-    atomic_store(&s->serving, serving);
+void kf_grpc_server_wait_watches(kf_grpc_server_t *s, int timeout_ms) {
+    int64_t deadline_us = kf_mono_us() + (int64_t)timeout_ms * 1000;
+    for (;;) {
+        bool sending = false;
+        pthread_mutex_lock(&s->watch_lock);
+        for (call_t *c = s->watching; c != NULL && !sending; c = c->watch_next) {
+            sending = c->watch_sending || watch_status(c) != c->watch_sent;
+        }
+        pthread_mutex_unlock(&s->watch_lock);
+        if (!sending || kf_mono_us() >= deadline_us) {
+            return;
+        }
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 void kf_grpc_server_shutdown(kf_grpc_server_t *s) {
     if (atomic_exchange(&s->shutting_down, true)) {
         return;
     }
-    atomic_store(&s->serving, false);
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
 }
 
@@ -895,6 +1033,9 @@ void kf_grpc_server_destroy(kf_grpc_server_t *s, int grace_ms) {
         return;
     }
     kf_grpc_server_shutdown(s);
+    if (s->health_listener >= 0) {
+        kf_health_unlisten(s->health_listener); /* no more sends to the watches */
+    }
     /* Calls the engine answered are finishing; health watches stay open
      * until cancelled. Give the rest a grace period, then cancel. */
     int64_t deadline = kf_mono_us() + (int64_t)grace_ms * 1000;
@@ -929,6 +1070,7 @@ void kf_grpc_server_destroy(kf_grpc_server_t *s, int grace_ms) {
     grpc_completion_queue_destroy(s->cq);
     kf_tls_unref(s->tls_next);
     pthread_mutex_destroy(&s->tls_lock);
+    pthread_mutex_destroy(&s->watch_lock);
     free(s);
     grpc_shutdown();
 }

@@ -6,7 +6,8 @@
  * handed to the engine, and answered from the engine's replier thread once
  * durable. FRONT rows are answered here: the standard grpc.health.v1.Health
  * service without the engine (it is also the no-op baseline of the
- * benchmarks), TailOutput as a loop of engine reads.
+ * benchmarks) from base/health.h, Check with the current status and Watch
+ * with every change; TailOutput as a loop of engine reads.
  *
  * Only this module includes grpc/. Statuses become gRPC codes through
  * kf_status_grpc_code (one table, base/status.h).
@@ -43,8 +44,10 @@ kf_status_t kf_grpc_server_start(kf_grpc_server_t *server, kf_error_t *err) KF_M
  * created with TLS, and mTLS stays as it was created (on or off). Takes a
  * reference. Any thread. */
 void kf_grpc_server_set_tls(kf_grpc_server_t *server, kf_tls_t *tls);
-/* Health status reported by Health/Check and Watch. Any thread. */
-void kf_grpc_server_set_serving(kf_grpc_server_t *server, bool serving);
+/* Waits, at most timeout_ms, until every Health/Watch stream has handed its
+ * latest status to the transport: before a fail-stop exit, so that watchers
+ * hear NOT_SERVING rather than only a dropped connection. Any thread. */
+void kf_grpc_server_wait_watches(kf_grpc_server_t *server, int timeout_ms);
 /* Stops accepting calls; calls already handed to the engine are answered
  * when the engine finishes them. Call before kf_engine_stop. */
 void kf_grpc_server_shutdown(kf_grpc_server_t *server);

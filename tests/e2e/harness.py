@@ -124,10 +124,11 @@ class Keyflowd:
     With tls_ca (a CA file), the HTTP helpers speak HTTPS and verify the
     server with it; tls_client is an optional (cert, key) for mTLS."""
 
-    def __init__(self, data_dir=None, args=(), tls_ca=None, tls_client=None):
+    def __init__(self, data_dir=None, args=(), tls_ca=None, tls_client=None, env=None):
         self.owns_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="kf-data-")
         self.args = list(args)
+        self.env = dict(env or {})  # added to this process's environment
         self.tls_ca = tls_ca
         self.tls_client = tls_client
         self.proc = None
@@ -162,7 +163,8 @@ class Keyflowd:
             "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
             "--port-file", port_file] + self.args
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, **self.env))
         deadline = time.time() + timeout
         while not os.path.exists(port_file):
             if self.proc.poll() is not None:

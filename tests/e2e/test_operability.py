@@ -174,7 +174,7 @@ class JsonLogTest(Server):
         self.assertEqual(len(reg), 1, "an idempotent repeat registers nothing")
         self.assertRegex(reg[0]["descriptor_sha256"], r"^[0-9a-f]{64}$")
         # The start-up line names the version, and every line parsed.
-        serving = self.find("serving")
+        serving = self.find("serving", module="main")
         self.assertEqual(serving[0]["version"], project_version())
 
 

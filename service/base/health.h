@@ -1,0 +1,46 @@
+/*
+ * health.h - whether the process serves: the one answer behind gRPC
+ * Health/Check and Health/Watch, HTTP GET /readyz and the keyflow_ready
+ * gauge, so that they always agree.
+ *
+ * The state is process-wide (one process, one readiness), like the metrics:
+ *
+ *   NOT_SERVING (starting) --kf_health_set(true)--> SERVING
+ *   SERVING --kf_health_set(false, "draining")----> NOT_SERVING (SIGTERM: the drain)
+ *   any --kf_health_fail(reason)------------------> NOT_SERVING, for good (fail-stop)
+ *
+ * Every change is logged (info, or error for a failure) with its reason and
+ * announced to the listeners, which is how a Watch stream learns of it. A
+ * listener runs on the thread that made the change, after the state changed,
+ * under this module's listener lock (so kf_health_unlisten can wait it out);
+ * it reads the state itself, must be quick, and must not call kf_health_set,
+ * kf_health_fail or kf_health_(un)listen. Any thread.
+ */
+#ifndef KF_BASE_HEALTH_H
+#define KF_BASE_HEALTH_H
+
+#include <stdbool.h>
+
+/* Listeners a process registers (both front ends, the tests). */
+#define KF_HEALTH_LISTENERS_MAX 8
+
+bool kf_health_serving(void);
+/* Whether kf_health_fail was called. */
+bool kf_health_failed(void);
+
+/* Serving or not, with a reason for the log ("started", "draining"). No
+ * effect after a failure, or when nothing changes. `reason` is borrowed for
+ * the call. */
+void kf_health_set(bool serving, const char *reason);
+/* The process can no longer serve (a failed sync): NOT_SERVING from now on,
+ * logged as an error with the reason. */
+void kf_health_fail(const char *reason);
+
+typedef void (*kf_health_listener_fn)(void *ctx);
+/* Calls fn(ctx) after every change until kf_health_unlisten. Returns a
+ * handle (>= 0), or -1 when KF_HEALTH_LISTENERS_MAX are registered. */
+int kf_health_listen(kf_health_listener_fn fn, void *ctx);
+/* After it returns, the listener is not running and will not run again. */
+void kf_health_unlisten(int handle);
+
+#endif
