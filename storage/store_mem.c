@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "storage/store_int.h"
 
@@ -71,15 +72,6 @@ typedef struct mem_iter {
     bool failed;
 } mem_iter_t;
 
-static uint8_t *dup_bytes(const void *p, size_t len) {
-    uint8_t *d = malloc(len ? len : 1);
-    KF_ASSERT(d != NULL);
-    if (len) {
-        memcpy(d, p, len);
-    }
-    return d;
-}
-
 static int cmp_bytes(const void *a, size_t a_len, const void *b, size_t b_len) {
     size_t n = a_len < b_len ? a_len : b_len;
     int c = n ? memcmp(a, b, n) : 0;
@@ -108,18 +100,17 @@ static void family_put(mem_family_t *f, const uint8_t *key, size_t key_len, cons
     size_t i = lower_bound(f, key, key_len);
     if (i < f->count && cmp_bytes(f->entries[i].key, f->entries[i].key_len, key, key_len) == 0) {
         free(f->entries[i].value);
-        f->entries[i].value = dup_bytes(value, value_len);
+        f->entries[i].value = kf_xmemdup(value, value_len);
         f->entries[i].value_len = value_len;
         return;
     }
     if (f->count == f->cap) {
         f->cap = f->cap ? f->cap * 2 : 64;
-        f->entries = realloc(f->entries, f->cap * sizeof *f->entries);
-        KF_ASSERT(f->entries != NULL);
+        f->entries = kf_xrealloc(f->entries, f->cap * sizeof *f->entries);
     }
     memmove(&f->entries[i + 1], &f->entries[i], (f->count - i) * sizeof *f->entries);
     f->entries[i] =
-        (mem_entry_t){dup_bytes(key, key_len), key_len, dup_bytes(value, value_len), value_len};
+        (mem_entry_t){kf_xmemdup(key, key_len), key_len, kf_xmemdup(value, value_len), value_len};
     f->count++;
 }
 
@@ -149,8 +140,7 @@ static void family_del(mem_family_t *f, const uint8_t *key, size_t key_len) {
 }
 
 kf_memdisk_t *kf_memdisk_create(void) {
-    kf_memdisk_t *d = calloc(1, sizeof *d);
-    KF_ASSERT(d != NULL);
+    kf_memdisk_t *d = kf_xcalloc(1, sizeof *d);
     pthread_mutex_init(&d->lock, NULL);
     return d;
 }
@@ -199,26 +189,25 @@ static void mb_destroy(kf_batch_t *b) {
 static void mb_add(mem_batch_t *mb, mem_op_t op) {
     if (mb->count == mb->cap) {
         mb->cap = mb->cap ? mb->cap * 2 : 16;
-        mb->ops = realloc(mb->ops, mb->cap * sizeof *mb->ops);
-        KF_ASSERT(mb->ops != NULL);
+        mb->ops = kf_xrealloc(mb->ops, mb->cap * sizeof *mb->ops);
     }
     mb->ops[mb->count++] = op;
 }
 
 static void mb_put(kf_batch_t *b, kf_cf_t cf, const void *key, size_t key_len, const void *value,
                    size_t value_len) {
-    mb_add((mem_batch_t *)b, (mem_op_t){OP_PUT, cf, dup_bytes(key, key_len), key_len,
-                                        dup_bytes(value, value_len), value_len});
+    mb_add((mem_batch_t *)b, (mem_op_t){OP_PUT, cf, kf_xmemdup(key, key_len), key_len,
+                                        kf_xmemdup(value, value_len), value_len});
 }
 
 static void mb_del(kf_batch_t *b, kf_cf_t cf, const void *key, size_t key_len) {
-    mb_add((mem_batch_t *)b, (mem_op_t){OP_DEL, cf, dup_bytes(key, key_len), key_len, NULL, 0});
+    mb_add((mem_batch_t *)b, (mem_op_t){OP_DEL, cf, kf_xmemdup(key, key_len), key_len, NULL, 0});
 }
 
 static void mb_del_range(kf_batch_t *b, kf_cf_t cf, const void *begin, size_t begin_len,
                          const void *end, size_t end_len) {
-    mb_add((mem_batch_t *)b, (mem_op_t){OP_DEL_RANGE, cf, dup_bytes(begin, begin_len), begin_len,
-                                        dup_bytes(end, end_len), end_len});
+    mb_add((mem_batch_t *)b, (mem_op_t){OP_DEL_RANGE, cf, kf_xmemdup(begin, begin_len), begin_len,
+                                        kf_xmemdup(end, end_len), end_len});
 }
 
 static const kf_batch_ops_t mem_batch_ops = {
@@ -230,8 +219,7 @@ static const kf_batch_ops_t mem_batch_ops = {
 };
 
 static kf_batch_t *ms_batch_create(kf_store_t *s) {
-    mem_batch_t *mb = calloc(1, sizeof *mb);
-    KF_ASSERT(mb != NULL);
+    mem_batch_t *mb = kf_xcalloc(1, sizeof *mb);
     mb->base.ops = &mem_batch_ops;
     mb->store = (mem_store_t *)s;
     return &mb->base;
@@ -297,8 +285,7 @@ static kf_status_t ms_iter_create(kf_store_t *s, kf_cf_t cf, const void *lower, 
                                   kf_error_t *err) {
     (void)err;
     mem_store_t *ms = (mem_store_t *)s;
-    mem_iter_t *mi = calloc(1, sizeof *mi);
-    KF_ASSERT(mi != NULL);
+    mem_iter_t *mi = kf_xcalloc(1, sizeof *mi);
     mi->base.ops = &mem_iter_ops;
     mi->failed = ms->faults.fail_reads;
     pthread_mutex_lock(&ms->disk->lock);
@@ -307,12 +294,11 @@ static kf_status_t ms_iter_create(kf_store_t *s, kf_cf_t cf, const void *lower, 
     size_t to = upper ? lower_bound(f, upper, upper_len) : f->count;
     if (to > from) {
         mi->count = to - from;
-        mi->entries = malloc(mi->count * sizeof *mi->entries);
-        KF_ASSERT(mi->entries != NULL);
+        mi->entries = kf_xmalloc(mi->count * sizeof *mi->entries);
         for (size_t k = 0; k < mi->count; k++) {
             mem_entry_t *e = &f->entries[from + k];
-            mi->entries[k] = (mem_entry_t){dup_bytes(e->key, e->key_len), e->key_len,
-                                           dup_bytes(e->value, e->value_len), e->value_len};
+            mi->entries[k] = (mem_entry_t){kf_xmemdup(e->key, e->key_len), e->key_len,
+                                           kf_xmemdup(e->value, e->value_len), e->value_len};
         }
     }
     pthread_mutex_unlock(&ms->disk->lock);
@@ -332,7 +318,7 @@ static kf_status_t ms_get(kf_store_t *s, kf_cf_t cf, const void *key, size_t key
     mem_family_t *f = &ms->disk->families[cf];
     size_t i = lower_bound(f, key, key_len);
     if (i < f->count && cmp_bytes(f->entries[i].key, f->entries[i].key_len, key, key_len) == 0) {
-        value->data = dup_bytes(f->entries[i].value, f->entries[i].value_len);
+        value->data = kf_xmemdup(f->entries[i].value, f->entries[i].value_len);
         value->len = f->entries[i].value_len;
         *found = true;
     }

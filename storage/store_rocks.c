@@ -11,6 +11,7 @@
 
 #include <rocksdb/c.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "base/log.h"
 #include "storage/store_int.h"
@@ -157,14 +158,12 @@ static kf_status_t rs_iter_create(kf_store_t *s, kf_cf_t cf, const void *lower, 
     ri->base.ops = &rocks_iter_ops;
     ri->read = rocksdb_readoptions_create();
     if (lower != NULL) {
-        ri->lower = malloc(lower_len ? lower_len : 1);
-        memcpy(ri->lower, lower, lower_len);
+        ri->lower = kf_xmemdup(lower, lower_len);
         ri->lower_len = lower_len;
         rocksdb_readoptions_set_iterate_lower_bound(ri->read, ri->lower, ri->lower_len);
     }
     if (upper != NULL) {
-        ri->upper = malloc(upper_len ? upper_len : 1);
-        memcpy(ri->upper, upper, upper_len);
+        ri->upper = kf_xmemdup(upper, upper_len);
         ri->upper_len = upper_len;
         rocksdb_readoptions_set_iterate_upper_bound(ri->read, ri->upper, ri->upper_len);
     }

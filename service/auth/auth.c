@@ -20,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "base/map.h"
 
@@ -80,10 +81,7 @@ kf_principal_t *kf_principal_create(const kf_principal_spec_t *spec) {
     KF_ASSERT(spec->grant_count >= 1 && spec->grant_count <= KF_GRANTS_MAX);
     KF_ASSERT(strlen(spec->name) <= KF_API_KEY_NAME_BYTES_MAX);
     KF_ASSERT(strlen(spec->created_by) <= KF_API_KEY_ID_CHARS);
-    kf_principal_t *p = calloc(1, sizeof *p + spec->grant_count * sizeof p->grants[0]);
-    if (p == NULL) {
-        return NULL;
-    }
+    kf_principal_t *p = kf_xcalloc(1, sizeof *p + spec->grant_count * sizeof p->grants[0]);
     atomic_init(&p->refs, 1);
     memcpy(p->key_id, spec->key_id, KF_API_KEY_ID_CHARS + 1);
     strcpy(p->name, spec->name);

@@ -74,7 +74,7 @@ typedef struct kf_principal_spec {
     const char *created_by; /* key id, or "" */
 } kf_principal_spec_t;
 
-/* One reference; NULL when out of memory. */
+/* One reference; never NULL (out of memory ends the process: base/alloc.h). */
 kf_principal_t *kf_principal_create(const kf_principal_spec_t *spec);
 void kf_principal_ref(kf_principal_t *p);
 /* NULL is a no-op. */

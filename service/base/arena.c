@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "base/limits.h"
 
@@ -76,10 +77,7 @@ void *kf_arena_alloc(kf_arena_t *arena, size_t bytes) {
         if (c != NULL && c->size * 2 > size && c->size * 2 <= 1024 * 1024) {
             size = c->size * 2; /* grow chunk sizes geometrically for big responses */
         }
-        c = malloc(sizeof *c + size);
-        if (c == NULL) {
-            return NULL;
-        }
+        c = kf_xmalloc(sizeof *c + size); /* the host's memory: alloc.h */
         c->size = size;
         c->used = 0;
         c->next = arena->chunks;

@@ -5,7 +5,9 @@
  * arena; kf_arena_deinit frees everything at once at the end of the request.
  * An arena is owned by one thread at a time (the request moves from the front
  * end to the engine and back, never shared). Allocation fails (NULL) past
- * the arena's byte limit, which callers turn into RESOURCE_EXHAUSTED.
+ * the arena's byte limit, which callers turn into RESOURCE_EXHAUSTED; the
+ * host running out of memory ends the process instead (base/alloc.h), so
+ * NULL always means the limit.
  */
 #ifndef KF_BASE_ARENA_H
 #define KF_BASE_ARENA_H
@@ -33,8 +35,7 @@ void kf_arena_deinit(kf_arena_t *arena);
 /* Frees everything but keeps the arena usable. */
 void kf_arena_reset(kf_arena_t *arena);
 
-/* 16-byte aligned; NULL past the limit or when malloc fails. Valid until
- * deinit/reset. */
+/* 16-byte aligned; NULL past the limit. Valid until deinit/reset. */
 void *kf_arena_alloc(kf_arena_t *arena, size_t bytes);
 void *kf_arena_zalloc(kf_arena_t *arena, size_t bytes);
 /* kf_arena_zalloc for small, bounded objects (response messages): running

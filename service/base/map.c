@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 
 uint64_t kf_hash_bytes(const void *p, size_t len) {
@@ -53,8 +54,7 @@ kf_map_node_t *kf_map_get(const kf_map_t *map, const void *key, size_t key_len) 
 
 static void map_grow(kf_map_t *map) {
     size_t count = map->bucket_count ? map->bucket_count * 2 : 64;
-    kf_map_node_t **buckets = calloc(count, sizeof *buckets);
-    KF_ASSERT(buckets != NULL); /* bounded by KF_*_MAX entries; OOM here is fatal */
+    kf_map_node_t **buckets = kf_xcalloc(count, sizeof *buckets);
     for (size_t i = 0; i < map->bucket_count; i++) {
         kf_map_node_t *n = map->buckets[i];
         while (n != NULL) {

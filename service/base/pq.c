@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 
 void kf_pq_init(kf_pq_t *pq, kf_pq_before_fn before, const void *ctx) {
@@ -63,8 +64,7 @@ void kf_pq_push(kf_pq_t *pq, kf_pq_node_t *node) {
     KF_ASSERT(!kf_pq_queued(node));
     if (pq->count == pq->cap) {
         uint32_t cap = pq->cap ? pq->cap * 2 : 256;
-        kf_pq_node_t **items = realloc(pq->items, cap * sizeof *items);
-        KF_ASSERT(items != NULL); /* bounded by the owners' limits; OOM here is fatal */
+        kf_pq_node_t **items = kf_xrealloc(pq->items, cap * sizeof *items);
         pq->items = items;
         pq->cap = cap;
     }

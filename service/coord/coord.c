@@ -15,6 +15,7 @@
 
 #include <jansson.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "base/json.h"
 #include "base/log.h"
@@ -84,14 +85,6 @@ static coord_t *coord_find(const kf_coords_t *cs, const kf_key_t *ckey) {
     return n ? KF_CONTAINER_OF(n, coord_t, node) : NULL;
 }
 
-static char *xstrndup(const char *s, size_t len) {
-    char *d = malloc(len + 1);
-    KF_ASSERT(d != NULL);
-    memcpy(d, s, len);
-    d[len] = '\0';
-    return d;
-}
-
 static coord_t *coord_new(kf_coords_t *cs, const kf_key_t *ckey) {
     kf_key_reader_t r = kf_key_reader(ckey->bytes, ckey->len);
     uint8_t kind;
@@ -100,15 +93,12 @@ static coord_t *coord_new(kf_coords_t *cs, const kf_key_t *ckey) {
     bool ok = kf_key_read_u8(&r, &kind) && kf_key_read_lp(&r, &wf, &wf_len) &&
               kf_key_read_lp(&r, &key, &key_len) && r.left == 0;
     KF_ASSERT(ok); /* callers validated or decoded the key */
-    coord_t *c = calloc(1, sizeof *c);
-    KF_ASSERT(c != NULL);
-    c->ckey = malloc(ckey->len);
-    KF_ASSERT(c->ckey != NULL);
-    memcpy(c->ckey, ckey->bytes, ckey->len);
+    coord_t *c = kf_xcalloc(1, sizeof *c);
+    c->ckey = kf_xmemdup(ckey->bytes, ckey->len);
     c->ckey_len = ckey->len;
     c->kind = (kf_rule_kind_t)kind;
-    c->workflow = xstrndup(wf, wf_len);
-    c->key = xstrndup(key, key_len);
+    c->workflow = kf_xstrndup(wf, wf_len);
+    c->key = kf_xstrndup(key, key_len);
     kf_timer_init(&c->timer, KF_TIMER_COORDINATOR);
     c->wakeup_due_ms = KF_NO_WAKEUP;
     kf_map_insert(&cs->map, &c->node, c->ckey, c->ckey_len);
@@ -148,8 +138,7 @@ static void input_reserve(kf_coords_t *cs, coord_t *c, size_t need) {
     while (cap < need) {
         cap *= 2;
     }
-    char *p = realloc(c->input, cap);
-    KF_ASSERT(p != NULL);
+    char *p = kf_xrealloc(c->input, cap);
     cs->window_bytes += (int64_t)(cap - c->input_cap);
     c->input = p;
     c->input_cap = cap;
@@ -202,8 +191,7 @@ static void id_push(coord_t *c, const char *id, const char *run_uuid, int64_t du
         if (cap > KF_REMEMBERED_IDS_MAX) {
             cap = KF_REMEMBERED_IDS_MAX;
         }
-        remembered_t *ids = malloc(cap * sizeof *ids);
-        KF_ASSERT(ids != NULL);
+        remembered_t *ids = kf_xcalloc(cap, sizeof *ids);
         for (uint32_t i = 0; i < c->ids_count; i++) {
             ids[i] = *id_at(c, i);
         }
@@ -213,7 +201,7 @@ static void id_push(coord_t *c, const char *id, const char *run_uuid, int64_t du
         c->ids_cap = cap;
     }
     remembered_t *r = &c->ids[(c->ids_head + c->ids_count) % c->ids_cap];
-    r->id = xstrndup(id, strlen(id));
+    r->id = kf_xstrdup(id);
     memcpy(r->run_uuid, run_uuid, KF_UUID_TEXT_BYTES + 1);
     r->due_ms = due_ms;
     r->expires_ms = expires_ms;
@@ -249,8 +237,27 @@ static void rule_to_rec(const kf_rule_t *rule, Keyflow__Records__RuleRec *rec) {
     rec->dedup_ms = rule->dedup_ms;
 }
 
+static bool in_range(int64_t v, int64_t lo, int64_t hi) {
+    return v >= lo && v <= hi;
+}
+
+/* A stored rule must be one kf_rule_resolve could have produced (the same
+ * ranges): anything else was not written by this engine. */
 static bool rule_from_rec(const Keyflow__Records__RuleRec *rec, kf_rule_t *rule) {
-    if (rec == NULL || (rec->kind != KF_RULE_DEBOUNCE && rec->kind != KF_RULE_BATCH)) {
+    if (rec == NULL || !in_range(rec->dedup_ms, 0, KF_DEDUP_MS_MAX)) {
+        return false;
+    }
+    if (rec->kind == KF_RULE_DEBOUNCE) {
+        if (!in_range(rec->window_ms, 1, KF_WINDOW_MS_MAX) ||
+            !in_range(rec->max_wait_ms, 0, KF_WINDOW_MS_MAX)) {
+            return false;
+        }
+    } else if (rec->kind == KF_RULE_BATCH) {
+        if (!in_range(rec->max_events, 1, KF_BATCH_EVENTS_MAX) ||
+            !in_range(rec->max_wait_ms, 1, KF_WINDOW_MS_MAX)) {
+            return false;
+        }
+    } else {
         return false;
     }
     rule->kind = (kf_rule_kind_t)rec->kind;
@@ -270,7 +277,9 @@ static bool uuid_ok(const char *s) {
 static kf_status_t apply_accepted(kf_coords_t *cs, coord_t *c, int64_t at_ms,
                                   const Keyflow__Records__EventAcceptedRec *e, kf_error_t *err) {
     kf_rule_t rule;
-    if (!rule_from_rec(e->rule, &rule) || !uuid_ok(e->run_uuid) || rule.kind != c->kind) {
+    if (!rule_from_rec(e->rule, &rule) || !uuid_ok(e->run_uuid) || rule.kind != c->kind ||
+        strlen(e->event_id) > KF_EVENT_ID_BYTES_MAX ||
+        strlen(e->input_json) > KF_EVENT_INPUT_BYTES_MAX) {
         return kf_error_set(err, KF_E_CORRUPT, "journal: malformed event_accepted entry");
     }
     if (e->opened) {
@@ -289,6 +298,13 @@ static kf_status_t apply_accepted(kf_coords_t *cs, coord_t *c, int64_t at_ms,
         }
     } else if (!c->open || strcmp(c->run_uuid, e->run_uuid) != 0) {
         return kf_error_set(err, KF_E_CORRUPT, "journal: event joined a window that is not open");
+    }
+    if (rule.kind == KF_RULE_BATCH &&
+        c->input_len + 1 + strlen(e->input_json) + 1 > KF_WINDOW_INPUT_BYTES_MAX) {
+        /* The live path closes a batch window before an event would take it
+         * past this (kf_coords_send_event, the same sum). */
+        return kf_error_set(err, KF_E_CORRUPT, "journal: a batch window larger than %d bytes",
+                            KF_WINDOW_INPUT_BYTES_MAX);
     }
     const char *in = e->input_json[0] ? e->input_json : "null";
     size_t in_len = strlen(in);
@@ -385,14 +401,13 @@ static void write_snapshot(kf_ctx_t *ctx, coord_t *c) {
         win.last_ms = c->last_ms;
         win.due_ms = c->due_ms;
         win.rule = &rule;
-        input = xstrndup(c->input, c->input_len);
+        input = kf_xstrndup(c->input, c->input_len);
         win.input = input;
         win.event_count = c->event_count;
         snap.window = &win;
     }
-    Keyflow__Records__RememberedIdRec *ids = calloc(c->ids_count + 1, sizeof *ids);
-    Keyflow__Records__RememberedIdRec **id_ptrs = calloc(c->ids_count + 1, sizeof *id_ptrs);
-    KF_ASSERT(ids != NULL && id_ptrs != NULL);
+    Keyflow__Records__RememberedIdRec *ids = kf_xcalloc(c->ids_count + 1, sizeof *ids);
+    Keyflow__Records__RememberedIdRec **id_ptrs = kf_xcalloc(c->ids_count + 1, sizeof *id_ptrs);
     for (uint32_t i = 0; i < c->ids_count; i++) {
         remembered_t *r = id_at(c, i);
         keyflow__records__remembered_id_rec__init(&ids[i]);
@@ -926,14 +941,15 @@ static kf_status_t load_snapshot(kf_coords_t *cs, coord_t *c,
     }
     for (size_t i = 0; i < s->n_ids; i++) {
         const Keyflow__Records__RememberedIdRec *r = s->ids[i];
-        if (!uuid_ok(r->run_uuid)) {
+        if (!uuid_ok(r->run_uuid) || r->id[0] == '\0' || strlen(r->id) > KF_EVENT_ID_BYTES_MAX) {
             return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed remembered id");
         }
         id_push(c, r->id, r->run_uuid, r->due_ms, r->expires_ms);
     }
     if (s->window != NULL) {
         const Keyflow__Records__WindowRec *w = s->window;
-        if (!uuid_ok(w->run_uuid) || !rule_from_rec(w->rule, &c->rule) || c->rule.kind != c->kind) {
+        if (!uuid_ok(w->run_uuid) || !rule_from_rec(w->rule, &c->rule) || c->rule.kind != c->kind ||
+            strlen(w->input) > KF_WINDOW_INPUT_BYTES_MAX) {
             return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed window");
         }
         c->open = true;
@@ -1104,8 +1120,7 @@ void kf_coords_finish_recovery(kf_coords_t *cs, kf_ctx_t *ctx) {
 /* ---- lifecycle --------------------------------------------------------- */
 
 kf_coords_t *kf_coords_create(kf_runs_t *runs) {
-    kf_coords_t *cs = calloc(1, sizeof *cs);
-    KF_ASSERT(cs != NULL);
+    kf_coords_t *cs = kf_xcalloc(1, sizeof *cs);
     kf_map_init(&cs->map);
     cs->runs = runs;
     return cs;

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "base/bytes.h"
 
@@ -37,8 +38,7 @@ void kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const Protob
         while (cap < len) {
             cap *= 2;
         }
-        uint8_t *p = realloc(ctx->scratch, cap);
-        KF_ASSERT(p != NULL);
+        uint8_t *p = kf_xrealloc(ctx->scratch, cap);
         ctx->scratch = p;
         ctx->scratch_cap = cap;
     }

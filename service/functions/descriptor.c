@@ -305,8 +305,7 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
         return st;
     }
 
-    Keyflow__V1__FunctionLimits *limits = kf_arena_zalloc(a, sizeof *limits);
-    KF_ASSERT(limits != NULL);
+    Keyflow__V1__FunctionLimits *limits = kf_arena_new(a, sizeof *limits);
     keyflow__v1__function_limits__init(limits);
     limit_slot_t in_slots[9], out_slots[9];
     Keyflow__V1__FunctionLimits empty = KEYFLOW__V1__FUNCTION_LIMITS__INIT;
@@ -327,8 +326,7 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
         *out_slots[i].value = v;
     }
 
-    Keyflow__V1__FunctionDescriptor *c = kf_arena_zalloc(a, sizeof *c);
-    KF_ASSERT(c != NULL);
+    Keyflow__V1__FunctionDescriptor *c = kf_arena_new(a, sizeof *c);
     keyflow__v1__function_descriptor__init(c);
     c->version = 1;
     c->function_id = kf_arena_strdup(a, d->function_id);

@@ -244,12 +244,6 @@ struct kf_call {
     char message[KF_ERROR_MESSAGE_BYTES_MAX];
 };
 
-static inline void *kf__xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    KF_ASSERT(p != NULL);
-    return p;
-}
-
 /* ---- registry.c -------------------------------------------------------- */
 
 /* Builds the in-memory function from a canonical descriptor (copied into

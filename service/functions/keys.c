@@ -19,6 +19,7 @@
 
 #include <jansson.h>
 
+#include "base/alloc.h"
 #include "base/bytes.h"
 #include "functions/functions_int.h"
 
@@ -85,14 +86,10 @@ fn_key_t *kf__key_find(function_t *fn, const uint8_t *key, size_t len) {
 
 fn_key_t *kf__key_new(function_t *fn, const uint8_t *key, size_t len, const char *text,
                       size_t text_len) {
-    fn_key_t *k = calloc(1, sizeof *k);
-    KF_ASSERT(k != NULL);
-    k->key = kf__xmalloc(len);
-    memcpy(k->key, key, len);
+    fn_key_t *k = kf_xcalloc(1, sizeof *k);
+    k->key = kf_xmemdup(key, len);
     k->key_len = (uint32_t)len;
-    k->key_text = kf__xmalloc(text_len + 1);
-    memcpy(k->key_text, text, text_len);
-    k->key_text[text_len] = '\0';
+    k->key_text = kf_xstrndup(text, text_len);
     k->key_text_len = (uint32_t)text_len;
     k->state = KF_STATE_ABSENT;
     kf_map_insert(&fn->keys, &k->node, k->key, k->key_len);
@@ -115,8 +112,7 @@ void kf__key_set_timer(function_t *fn, fn_key_t *k, uint8_t name, int64_t at_us)
         if (at_us == KF__NO_TIME) {
             return;
         }
-        k->timers = calloc(fn->desc->n_timer_names, sizeof *k->timers);
-        KF_ASSERT(k->timers != NULL);
+        k->timers = kf_xcalloc(fn->desc->n_timer_names, sizeof *k->timers);
     }
     ev_timer_t *t = k->timers[name];
     bool was_live = kf__key_live(fn, k);
@@ -132,8 +128,7 @@ void kf__key_set_timer(function_t *fn, fn_key_t *k, uint8_t name, int64_t at_us)
         t->at_us = at_us;
         kf_pq_push(&fn->timers, &t->node);
     } else {
-        t = calloc(1, sizeof *t);
-        KF_ASSERT(t != NULL);
+        t = kf_xcalloc(1, sizeof *t);
         t->owner = k;
         t->name = name;
         t->at_us = at_us;
@@ -169,8 +164,7 @@ size_t kf__key_of_row(kf_functions_t *fns, const function_t *fn, const kf_rows_t
     }
     if (need > fns->scratch_cap) {
         fns->scratch_cap = need * 2;
-        fns->scratch = realloc(fns->scratch, fns->scratch_cap);
-        KF_ASSERT(fns->scratch != NULL);
+        fns->scratch = kf_xrealloc(fns->scratch, fns->scratch_cap);
     }
     size_t o = 0;
     for (int c = 0; c < fn->nkey_cols; c++) {
@@ -183,13 +177,12 @@ size_t kf__key_of_row(kf_functions_t *fns, const function_t *fn, const kf_rows_t
         *text_len = values[0].len;
         *text_owned = false;
     } else {
-        json_t *arr = json_array();
+        json_t *arr = kf_xcheck(json_array());
         for (int c = 0; c < fn->nkey_cols; c++) {
             json_array_append_new(arr, json_stringn(values[c].p, values[c].len));
         }
-        *text = json_dumps(arr, JSON_COMPACT);
+        *text = kf_xcheck(json_dumps(arr, JSON_COMPACT));
         json_decref(arr);
-        KF_ASSERT(*text != NULL);
         *text_len = strlen(*text);
         *text_owned = true;
     }
@@ -199,7 +192,7 @@ size_t kf__key_of_row(kf_functions_t *fns, const function_t *fn, const kf_rows_t
 /* The readable form of a stored canonical key (see kf__key_of_row). */
 bool kf__key_text_of(const function_t *fn, const uint8_t *key, size_t len, char **text,
                      size_t *text_len) {
-    json_t *arr = json_array();
+    json_t *arr = kf_xcheck(json_array());
     size_t o = 0;
     for (int c = 0; c < fn->nkey_cols; c++) {
         if (len - o < 4 || len - o - 4 < kf_get_be32(key + o)) {
@@ -222,11 +215,9 @@ bool kf__key_text_of(const function_t *fn, const uint8_t *key, size_t len, char 
     if (fn->nkey_cols == 1) {
         json_t *v = json_array_get(arr, 0);
         *text_len = json_string_length(v);
-        *text = kf__xmalloc(*text_len + 1);
-        memcpy(*text, json_string_value(v), *text_len + 1);
+        *text = kf_xstrndup(json_string_value(v), *text_len);
     } else {
-        *text = json_dumps(arr, JSON_COMPACT);
-        KF_ASSERT(*text != NULL);
+        *text = kf_xcheck(json_dumps(arr, JSON_COMPACT));
         *text_len = strlen(*text);
     }
     json_decref(arr);

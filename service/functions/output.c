@@ -16,6 +16,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/bytes.h"
 #include "base/metrics.h"
 #include "functions/functions_int.h"
@@ -30,8 +31,7 @@ void kf__output_written(kf_functions_t *fns, function_t *fn, uint64_t group) {
     }
     if (fns->npending == fns->pending_cap) {
         fns->pending_cap = fns->pending_cap ? fns->pending_cap * 2 : 64;
-        fns->pending = realloc(fns->pending, fns->pending_cap * sizeof *fns->pending);
-        KF_ASSERT(fns->pending != NULL);
+        fns->pending = kf_xrealloc(fns->pending, fns->pending_cap * sizeof *fns->pending);
     }
     fns->pending[fns->npending++] = (pending_durable_t){fn, group, fn->output_seq};
 }

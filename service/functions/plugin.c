@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "base/crypto.h"
 #include "base/limits.h"
@@ -42,11 +43,9 @@ struct kf_plugins {
 };
 
 kf_plugins_t *kf_plugins_create(const char *dir) {
-    kf_plugins_t *p = calloc(1, sizeof *p);
-    KF_ASSERT(p != NULL);
+    kf_plugins_t *p = kf_xcalloc(1, sizeof *p);
     if (dir != NULL) {
-        p->dir = strdup(dir);
-        KF_ASSERT(p->dir != NULL);
+        p->dir = kf_xstrdup(dir);
     }
     return p;
 }
@@ -160,8 +159,7 @@ static kf_status_t load_bytes(kf_plugins_t *p, const char *path, const char *dig
                             "plugin with SHA-256 %s: does not export %s with ABI version %u",
                             digest, KF_HANDLER_SYMBOL, KF_HANDLER_ABI_VERSION);
     }
-    loaded_t *l = calloc(1, sizeof *l);
-    KF_ASSERT(l != NULL);
+    loaded_t *l = kf_xcalloc(1, sizeof *l);
     memcpy(l->digest, digest, KF_SHA256_HEX_BYTES + 1);
     l->dl = dl;
     l->fd = fd;

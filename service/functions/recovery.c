@@ -16,6 +16,7 @@
  */
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/bytes.h"
 #include "base/log.h"
 #include "functions/functions_int.h"
@@ -137,8 +138,7 @@ static kf_status_t load_producer(function_t *fn, const uint8_t *rest, size_t len
     for (size_t i = 0; i < rec->n_acks; i++) {
         p->ack_seq[i] = rec->acks[i]->sequence;
         p->ack_len[i] = rec->acks[i]->ack.len;
-        p->ack[i] = kf__xmalloc(p->ack_len[i]);
-        memcpy(p->ack[i], rec->acks[i]->ack.data, p->ack_len[i]);
+        p->ack[i] = kf_xmemdup(rec->acks[i]->ack.data, p->ack_len[i]);
     }
     p->nacks = (uint32_t)rec->n_acks;
     keyflow__records__producer_rec__free_unpacked(rec, NULL);
@@ -234,8 +234,13 @@ kf_status_t kf_functions_recover(kf_functions_t *fns, kf_ctx_t *ctx, kf_error_t 
         return st;
     }
     if (found) {
-        fns->next_index = v.len == 4 ? kf_get_be32(v.data) : 0;
+        bool well_formed = v.len == 4;
+        fns->next_index = well_formed ? kf_get_be32(v.data) : 0;
         kf_store_value_free(&v);
+        if (!well_formed) {
+            /* Guessing would hand a new function an index in use. */
+            return kf_error_set(err, KF_E_CORRUPT, "meta: malformed function index counter");
+        }
     }
     kf_iter_t *it;
     if ((st = kf_iter_create(ctx->store, KF_CF_FUNCTIONS, NULL, 0, NULL, 0, &it, err)) != KF_OK) {

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/bytes.h"
 #include "base/log.h"
 #include "base/metrics.h"
@@ -42,8 +43,7 @@ static function_t *fn_by_pipeline(const kf_functions_t *fns, const char *pipelin
 
 function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescriptor *canonical,
                        const char *sha256, uint32_t index, int64_t created_ms) {
-    function_t *fn = calloc(1, sizeof *fn);
-    KF_ASSERT(fn != NULL);
+    function_t *fn = kf_xcalloc(1, sizeof *fn);
     kf_arena_init(&fn->arena, 0);
     kf_error_t err;
     kf_status_t st = kf_descriptor_canonicalize(canonical, &fn->arena, &fn->desc, &err);
@@ -261,8 +261,7 @@ void kf_functions_list(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
 /* ---- lifecycle --------------------------------------------------------- */
 
 kf_functions_t *kf_functions_create(const char *plugin_dir, bool defer_calls) {
-    kf_functions_t *fns = calloc(1, sizeof *fns);
-    KF_ASSERT(fns != NULL);
+    kf_functions_t *fns = kf_xcalloc(1, sizeof *fns);
     fns->defer_calls = defer_calls;
     kf_map_init(&fns->by_id);
     fns->plugins = kf_plugins_create(plugin_dir);

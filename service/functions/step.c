@@ -29,6 +29,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/bytes.h"
 #include "base/metrics.h"
 #include "base/text.h"
@@ -43,8 +44,7 @@ static void touch(step_t *s, fn_key_t *k, bool existed) {
     k->step_mark = s->mark;
     if (s->nundo == s->undo_cap) {
         s->undo_cap = s->undo_cap ? s->undo_cap * 2 : 256;
-        s->undo = realloc(s->undo, s->undo_cap * sizeof *s->undo);
-        KF_ASSERT(s->undo != NULL);
+        s->undo = kf_xrealloc(s->undo, s->undo_cap * sizeof *s->undo);
     }
     undo_t *u = &s->undo[s->nundo++];
     u->key = k;
@@ -84,10 +84,8 @@ producer_t *kf__producer_get(function_t *fn, const char *id, bool create) {
     if (n != NULL || !create) {
         return n ? KF_CONTAINER_OF(n, producer_t, node) : NULL;
     }
-    producer_t *p = calloc(1, sizeof *p);
-    KF_ASSERT(p != NULL);
-    p->id = strdup(id);
-    KF_ASSERT(p->id != NULL);
+    producer_t *p = kf_xcalloc(1, sizeof *p);
+    p->id = kf_xstrdup(id);
     kf_map_insert(&fn->producers, &p->node, p->id, strlen(p->id));
     return p;
 }
@@ -138,7 +136,7 @@ static void producer_remember(producer_t *p, int64_t seq, const ProtobufCMessage
         p->nacks--;
     }
     size_t len = protobuf_c_message_get_packed_size(ack);
-    uint8_t *buf = kf__xmalloc(len);
+    uint8_t *buf = kf_xmalloc(len);
     protobuf_c_message_pack(ack, buf);
     p->ack_seq[p->nacks] = seq;
     p->ack[p->nacks] = buf;

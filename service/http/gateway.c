@@ -27,6 +27,7 @@
 
 #include <h2o.h>
 
+#include "base/alloc.h"
 #include "base/arena.h"
 #include "base/assert.h"
 #include "base/clock.h"
@@ -687,8 +688,7 @@ kf_status_t kf_gateway_start(kf_gateway_t *gw, kf_error_t *err) {
 }
 
 static void send_control(kf_gateway_t *gw, int what) {
-    control_msg_t *c = calloc(1, sizeof *c);
-    KF_ASSERT(c != NULL);
+    control_msg_t *c = kf_xcalloc(1, sizeof *c);
     c->what = what;
     h2o_multithread_send_message(&gw->control, &c->msg);
 }

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "base/log.h"
 #include "keyflow/v1/keys.pb-c.h"
@@ -34,11 +35,9 @@ struct kf_keys {
 };
 
 kf_keys_t *kf_keys_create(kf_auth_t *auth) {
-    kf_keys_t *keys = calloc(1, sizeof *keys);
-    KF_ASSERT(keys != NULL);
+    kf_keys_t *keys = kf_xcalloc(1, sizeof *keys);
     keys->auth = auth;
-    keys->list = calloc(KF_API_KEYS_MAX, sizeof *keys->list);
-    KF_ASSERT(keys->list != NULL);
+    keys->list = kf_xcalloc(KF_API_KEYS_MAX, sizeof *keys->list);
     return keys;
 }
 
@@ -174,7 +173,6 @@ static kf_principal_t *make_key(kf_keys_t *keys, kf_ctx_t *ctx, const char *name
         .created_by = created_by,
     };
     kf_principal_t *p = kf_principal_create(&spec);
-    KF_ASSERT(p != NULL);
     put_record(ctx, p);
     publish(keys, p);
     return p;
@@ -213,9 +211,6 @@ static kf_status_t load_record(kf_keys_t *keys, const void *v, size_t vlen, kf_e
     };
     kf_principal_t *p = kf_principal_create(&spec);
     keyflow__records__api_key_rec__free_unpacked(rec, NULL);
-    if (p == NULL) {
-        return kf_error_set(err, KF_E_NOMEM, "api_keys: out of memory");
-    }
     publish(keys, p);
     return KF_OK;
 }

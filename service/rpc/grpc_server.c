@@ -42,6 +42,7 @@
 #include <grpc/support/log.h>
 #include <grpc/support/time.h>
 
+#include "base/alloc.h"
 #include "base/arena.h"
 #include "base/assert.h"
 #include "base/clock.h"
@@ -196,8 +197,7 @@ static void request_call(kf_grpc_server_t *s, size_t method_index) {
     if (atomic_load(&s->shutting_down)) {
         return;
     }
-    call_t *c = calloc(1, sizeof *c);
-    KF_ASSERT(c != NULL);
+    call_t *c = kf_xcalloc(1, sizeof *c);
     c->server = s;
     c->method = &kf_methods[method_index];
     c->registered = s->registered[method_index];
@@ -223,8 +223,7 @@ static void request_generic(kf_grpc_server_t *s) {
     if (atomic_load(&s->shutting_down)) {
         return;
     }
-    call_t *c = calloc(1, sizeof *c);
-    KF_ASSERT(c != NULL);
+    call_t *c = kf_xcalloc(1, sizeof *c);
     c->server = s;
     c->metrics_id = -1;
     c->tag_main = (call_tag_t){c, CALL_REQUESTED};

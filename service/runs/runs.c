@@ -9,6 +9,7 @@
 
 #include <jansson.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "base/json.h"
 #include "base/bytes.h"
@@ -96,14 +97,6 @@ static void publish(const kf_runs_t *rs) {
     kf_gauge_set(KF_G_PARKED_POLLS, rs->polls);
 }
 
-static char *xstrdup(const char *s) {
-    size_t n = strlen(s);
-    char *d = malloc(n + 1);
-    KF_ASSERT(d != NULL);
-    memcpy(d, s, n + 1);
-    return d;
-}
-
 static int64_t retention_ms(const kf_ctx_t *ctx) {
     int64_t r = ctx->config->run_retention_ms;
     return r > 0 ? r : KF_RETENTION_MS_DEFAULT;
@@ -129,9 +122,8 @@ static wfq_t *queue_get(kf_runs_t *rs, const char *workflow, bool create) {
     if (!create) {
         return NULL;
     }
-    wfq_t *q = calloc(1, sizeof *q);
-    KF_ASSERT(q != NULL);
-    q->workflow = xstrdup(workflow);
+    wfq_t *q = kf_xcalloc(1, sizeof *q);
+    q->workflow = kf_xstrdup(workflow);
     kf_pq_init(&q->pq, run_before, NULL);
     kf_map_insert(&rs->queues, &q->node, q->workflow, strlen(q->workflow));
     return q;
@@ -258,22 +250,21 @@ bool kf_runs_live(const kf_runs_t *rs, const char *run_id) {
 }
 
 static run_t *run_from_rec(const Keyflow__Records__RunRec *rec) {
-    run_t *r = calloc(1, sizeof *r);
-    KF_ASSERT(r != NULL);
+    run_t *r = kf_xcalloc(1, sizeof *r);
     kf_timer_init(&r->timer, KF_TIMER_RUN);
     kf_pq_node_init(&r->queue_node);
     r->wakeup_due_ms = KF_NO_WAKEUP;
-    r->run_id = xstrdup(rec->run_id);
-    r->workflow = xstrdup(rec->workflow);
-    r->key = xstrdup(rec->key);
+    r->run_id = kf_xstrdup(rec->run_id);
+    r->workflow = kf_xstrdup(rec->workflow);
+    r->key = kf_xstrdup(rec->key);
     r->kind = rec->kind;
-    r->input = xstrdup(rec->input_json);
+    r->input = kf_xstrdup(rec->input_json);
     r->event_count = rec->event_count;
     r->status = rec->status;
     r->attempts = rec->attempts;
     r->created_ms = rec->created_ms;
     r->updated_ms = rec->updated_ms;
-    r->worker_id = rec->worker_id[0] ? xstrdup(rec->worker_id) : NULL;
+    r->worker_id = rec->worker_id[0] ? kf_xstrdup(rec->worker_id) : NULL;
     if (strlen(rec->lease) == KF_LEASE_BYTES) {
         memcpy(r->lease, rec->lease, KF_LEASE_BYTES + 1);
     }
@@ -282,8 +273,8 @@ static run_t *run_from_rec(const Keyflow__Records__RunRec *rec) {
     }
     r->lease_ms = rec->lease_ms;
     r->lease_expires_ms = rec->lease_expires_ms;
-    r->result_json = rec->result_json[0] ? xstrdup(rec->result_json) : NULL;
-    r->error = rec->error[0] ? xstrdup(rec->error) : NULL;
+    r->result_json = rec->result_json[0] ? kf_xstrdup(rec->result_json) : NULL;
+    r->error = rec->error[0] ? kf_xstrdup(rec->error) : NULL;
     r->finished_ms = rec->finished_ms;
     r->seq = rec->seq;
     return r;
@@ -300,6 +291,23 @@ static void run_free(run_t *r) {
     free(r);
 }
 
+/* A run record as this engine writes it: every record read back goes
+ * through here (load_rec), so nothing past it meets an identifier, status,
+ * kind or lease that the engine could not have produced. */
+static bool rec_valid(const Keyflow__Records__RunRec *rec) {
+    size_t lease_len = strlen(rec->lease);
+    bool lease_ok = rec->status == ST_LEASED ? lease_len == KF_LEASE_BYTES
+                                             : lease_len == 0 || lease_len == KF_LEASE_BYTES;
+    return rec->run_id[0] != '\0' && strlen(rec->run_id) <= KF_RUN_ID_BYTES_MAX &&
+           strlen(rec->workflow) <= KF_WORKFLOW_BYTES_MAX && strlen(rec->key) <= KF_KEY_BYTES_MAX &&
+           strlen(rec->worker_id) <= KF_WORKER_ID_BYTES_MAX &&
+           (rec->kind == KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE ||
+            rec->kind == KEYFLOW__V1__RULE_KIND__RULE_KIND_BATCH) &&
+           (rec->status == ST_PENDING || rec->status == ST_LEASED || rec->status == ST_COMPLETED ||
+            rec->status == ST_FAILED) &&
+           lease_ok;
+}
+
 static kf_status_t load_rec(kf_ctx_t *ctx, const char *run_id, Keyflow__Records__RunRec **out,
                             kf_error_t *err) {
     kf_value_t v;
@@ -311,7 +319,11 @@ static kf_status_t load_rec(kf_ctx_t *ctx, const char *run_id, Keyflow__Records_
     }
     *out = keyflow__records__run_rec__unpack(NULL, v.len, v.data);
     kf_store_value_free(&v);
-    if (*out == NULL) {
+    if (*out == NULL || !rec_valid(*out)) {
+        if (*out != NULL) {
+            keyflow__records__run_rec__free_unpacked(*out, NULL);
+            *out = NULL;
+        }
         return kf_error_set(err, KF_E_CORRUPT, "runs: undecodable record for %s", run_id);
     }
     return KF_OK;
@@ -332,7 +344,7 @@ static void lease_run(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, const char *worker
     rs->leased++;
     r->attempts++;
     free(r->worker_id);
-    r->worker_id = xstrdup(worker_id);
+    r->worker_id = kf_xstrdup(worker_id);
     kf_uuid7(ctx->rng, ctx->now_ms, r->lease);
     strcpy(r->lease_owner, kf_principal_id(owner));
     r->lease_ms = lease_ms;
@@ -366,8 +378,8 @@ static void finish_run(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, int status, const
     r->finished_ms = r->updated_ms = ctx->now_ms;
     free(r->result_json);
     free(r->error);
-    r->result_json = result ? xstrdup(result) : NULL;
-    r->error = error ? xstrdup(error) : NULL;
+    r->result_json = result ? kf_xstrdup(result) : NULL;
+    r->error = error ? kf_xstrdup(error) : NULL;
     kf_key_t k;
     kf_key_run_queue(&k, r->seq);
     kf_ctx_delete(ctx, KF_CF_RUN_QUEUE, &k);
@@ -492,19 +504,15 @@ bool kf_runs_full(const kf_runs_t *rs) {
 uint64_t kf_runs_start(kf_runs_t *rs, kf_ctx_t *ctx, const kf_run_spec_t *spec) {
     KF_ASSERT(!kf_runs_full(rs));
     KF_ASSERT(run_find(rs, spec->run_id) == NULL);
-    run_t *r = calloc(1, sizeof *r);
-    KF_ASSERT(r != NULL);
+    run_t *r = kf_xcalloc(1, sizeof *r);
     kf_timer_init(&r->timer, KF_TIMER_RUN);
     kf_pq_node_init(&r->queue_node);
     r->wakeup_due_ms = KF_NO_WAKEUP;
-    r->run_id = xstrdup(spec->run_id);
-    r->workflow = xstrdup(spec->workflow);
-    r->key = xstrdup(spec->key);
+    r->run_id = kf_xstrdup(spec->run_id);
+    r->workflow = kf_xstrdup(spec->workflow);
+    r->key = kf_xstrdup(spec->key);
     r->kind = spec->kind;
-    r->input = malloc(spec->input_len + 1);
-    KF_ASSERT(r->input != NULL);
-    memcpy(r->input, spec->input, spec->input_len);
-    r->input[spec->input_len] = '\0';
+    r->input = kf_xstrndup(spec->input, spec->input_len);
     r->event_count = spec->event_count;
     r->status = ST_PENDING;
     r->created_ms = r->updated_ms = ctx->now_ms;
@@ -894,8 +902,7 @@ static bool hex_decode(const char *hex, kf_key_t *out) {
 
 static char *token_encode(kf_arena_t *arena, uint8_t status, const void *key, size_t len) {
     uint8_t head[2] = {TOKEN_MAGIC, status};
-    char *hex = kf_arena_alloc(arena, (sizeof head + len) * 2 + 1);
-    KF_ASSERT(hex != NULL);
+    char *hex = kf_arena_new(arena, (sizeof head + len) * 2 + 1);
     kf_hex_encode(head, sizeof head, hex);
     kf_hex_encode(key, len, hex + sizeof head * 2);
     return hex;
@@ -1254,8 +1261,7 @@ void kf_runs_finish_recovery(kf_runs_t *rs, kf_ctx_t *ctx) {
 /* ---- lifecycle --------------------------------------------------------- */
 
 kf_runs_t *kf_runs_create(void) {
-    kf_runs_t *rs = calloc(1, sizeof *rs);
-    KF_ASSERT(rs != NULL);
+    kf_runs_t *rs = kf_xcalloc(1, sizeof *rs);
     kf_map_init(&rs->by_id);
     kf_map_init(&rs->queues);
     return rs;

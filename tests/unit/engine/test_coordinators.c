@@ -9,7 +9,9 @@
 #include <string.h>
 
 #include "coord/window.h"
+#include "records/records.pb-c.h"
 #include "sim.h"
+#include "storage/keys.h"
 
 static sim_t sim;
 static void setup(void) {
@@ -426,4 +428,43 @@ Test(coordinators, a_request_after_the_due_time_finds_the_window_closed) {
     cr_assert_eq(seen_first, 1);
     sim_advance(&sim, t0 + 1500);
     cr_assert_eq(take_runs("wf")->n_runs, 0, "no run started twice when the timers fire late");
+}
+
+/* The disk boundary: a journal entry is replayed only if the engine could
+ * have written it. A rule outside the ranges a request may ask for (here a
+ * debounce window of 0 ms) stops recovery with KF_E_CORRUPT; the same entry
+ * with a valid window recovers. */
+Test(coordinators, recovery_refuses_a_stored_rule_out_of_range) {
+    kf_key_t ckey, jkey;
+    kf_key_coord(&ckey, KF_RULE_DEBOUNCE, "wf", 2, "k", 1);
+    kf_key_journal(&jkey, &ckey, 0);
+    Keyflow__Records__RuleRec rule = KEYFLOW__RECORDS__RULE_REC__INIT;
+    rule.kind = KF_RULE_DEBOUNCE;
+    rule.dedup_ms = KF_DEDUP_MS_DEFAULT;
+    Keyflow__Records__EventAcceptedRec acc = KEYFLOW__RECORDS__EVENT_ACCEPTED_REC__INIT;
+    acc.rule = &rule;
+    acc.input_json = "1";
+    acc.run_uuid = "0190f5c0-1234-7abc-8def-0123456789ab";
+    acc.opened = true;
+    acc.due_ms = sim.now_ms + 100;
+    Keyflow__Records__JournalEntryRec entry = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
+    entry.seq = 0;
+    entry.at_ms = sim.now_ms;
+    entry.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED;
+    entry.accepted = &acc;
+    int64_t windows_ms[] = {100, 0, -5, KF_WINDOW_MS_MAX + 1};
+    for (size_t i = 0; i < sizeof windows_ms / sizeof windows_ms[0]; i++) {
+        rule.window_ms = windows_ms[i];
+        uint8_t buf[256];
+        size_t len = keyflow__records__journal_entry_rec__pack(&entry, buf);
+        sim_put_raw(&sim, KF_CF_COORD_JOURNAL, jkey.bytes, jkey.len, buf, len);
+        kf_error_t err;
+        kf_status_t st = sim_restart_status(&sim, &err);
+        if (i == 0) {
+            cr_assert_eq(st, KF_OK, "%s", err.message);
+        } else {
+            cr_assert_eq(st, KF_E_CORRUPT, "window_ms %lld", (long long)windows_ms[i]);
+            cr_assert(strstr(err.message, "malformed event_accepted") != NULL, "%s", err.message);
+        }
+    }
 }

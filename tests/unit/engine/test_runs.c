@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "sim.h"
+#include "records/records.pb-c.h"
 #include "storage/keys.h"
 
 static sim_t sim;
@@ -349,4 +350,38 @@ Test(runs, recovery_refuses_a_run_queued_twice) {
     cr_assert_eq(sim_restart_status(&sim, &err), KF_E_CORRUPT, "%s", err.message);
     cr_assert(strstr(err.message, id) != NULL && strstr(err.message, "listed twice") != NULL, "%s",
               err.message);
+}
+
+/* The disk boundary: every run record read back is checked (load_rec). One
+ * the engine could not have written (an unknown status, a leased run without
+ * its lease) is KF_E_CORRUPT naming the run, never an assertion further on. */
+Test(runs, a_malformed_stored_run_is_corrupt_when_read) {
+    const char *id = "k@0190f5c0-1234-7abc-8def-0123456789ab";
+    Keyflow__Records__RunRec rec = KEYFLOW__RECORDS__RUN_REC__INIT;
+    rec.run_id = (char *)id;
+    rec.workflow = "wf";
+    rec.key = "k";
+    rec.kind = KEYFLOW__V1__RULE_KIND__RULE_KIND_BATCH;
+    struct {
+        int status;
+        char *lease;
+        kf_status_t want;
+    } cases[] = {
+        {KEYFLOW__V1__RUN_STATUS__RUN_STATUS_COMPLETED, "", KF_OK}, /* well formed */
+        {9, "", KF_E_CORRUPT},
+        {KEYFLOW__V1__RUN_STATUS__RUN_STATUS_LEASED, "", KF_E_CORRUPT},
+        {KEYFLOW__V1__RUN_STATUS__RUN_STATUS_COMPLETED, "short", KF_E_CORRUPT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rec.status = cases[i].status;
+        rec.lease = cases[i].lease;
+        uint8_t buf[512];
+        size_t len = keyflow__records__run_rec__pack(&rec, buf);
+        sim_put_raw(&sim, KF_CF_RUNS, id, strlen(id), buf, len);
+        kf_cmd_t *c = sim_get(&sim, id);
+        cr_assert_eq(c->error.status, cases[i].want, "case %zu: %s", i, c->error.message);
+        if (cases[i].want != KF_OK) {
+            cr_assert(strstr(c->error.message, id) != NULL, "%s", c->error.message);
+        }
+    }
 }
