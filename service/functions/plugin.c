@@ -57,9 +57,14 @@ void kf_plugins_destroy(kf_plugins_t *p) {
     loaded_t *l = p->loaded;
     while (l != NULL) {
         loaded_t *next = l->next;
-        /* dlclose is deliberately not called: handlers may be referenced by
-         * function objects until the very end, and unloading code at exit
-         * buys nothing. */
+        /* Unload before closing the memfd: dlopen() knows a loaded library
+         * by its path, and a library left loaded under /proc/self/fd/N would
+         * be handed out again when a later memfd reuses N - another
+         * kf_plugins_t in this process (a recovered engine, another
+         * partition) asking for a different plugin would get this one's
+         * handler. The functions that used these handlers are gone by now
+         * (kf_functions_destroy frees them first). */
+        dlclose(l->dl);
         close(l->fd);
         free(l);
         l = next;

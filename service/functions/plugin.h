@@ -7,9 +7,9 @@
  * A file is read once into memory, hashed, copied into an anonymous memory
  * file (memfd) and dlopen()ed from there, so the code that runs is the code
  * that was hashed even if the file on disk changes meanwhile. Loaded
- * plugins stay loaded for the life of the process (a handler may be shared
- * by several functions). Engine-thread only; loading reads files (blocking
- * I/O), which happens only at registration and at start.
+ * plugins stay loaded until kf_plugins_destroy (a handler may be shared by
+ * several functions); no handler pointer may be used after it. Engine-thread only; loading reads
+ * files (blocking I/O), which happens only at registration and at start.
  */
 #ifndef KF_FUNCTIONS_PLUGIN_H
 #define KF_FUNCTIONS_PLUGIN_H
