@@ -1,7 +1,7 @@
 /*
  * cli.h - private interface between the files of the `keyflow` CLI:
  * command-line flags (cli_args.c), the shared per-invocation context,
- * output helpers and the command table (keyflow.c), the worker loop
+ * output (cli_output.c), the command table (keyflow.c), the worker loop
  * (cli_work.c), the `functions` commands (cli_functions.c) and their JSON
  * lines input (cli_rows.c).
  *
@@ -35,6 +35,9 @@
  * --workflow may appear KF_POLL_WORKFLOWS_MAX times, plus the others. */
 #define KF__CLI_OCCURRENCES_MAX 64
 #define KF__CLI_POSITIONAL_MAX  4
+/* A method's name as `call` takes it: a service name and a method name,
+ * both short identifiers. */
+#define KF__CLI_METHOD_NAME_BYTES_MAX 256
 /* Deadline of an ordinary call; a long poll gets this much past its
  * wait_ms before the client gives up on it. */
 #define KF__CLI_TIMEOUT_MS_DEFAULT 30000
@@ -122,18 +125,39 @@ kf_status_t kf__cli_read_fd(int fd, size_t max_bytes, char **out, size_t *len,
 kf_status_t kf__cli_read_path(const char *path, size_t max_bytes, char **out, size_t *len,
                               kf_error_t *err) KF_MUST_USE;
 
+/* How responses are printed (--output; cli_output.c). */
+typedef enum kf__cli_output {
+    KF__CLI_OUTPUT_JSON,  /* one JSON document per line (not a terminal) */
+    KF__CLI_OUTPUT_TABLE, /* aligned columns, readable times (a terminal) */
+} kf__cli_output_t;
+
+/* The progress line's text (stderr, a terminal only). */
+#define KF__CLI_PROGRESS_BYTES_MAX 160
+
 /* Per invocation: the connection and the arena responses live in. */
 typedef struct kf__cli {
     const char *command;
     const char *addr;   /* --addr, $KEYFLOW_ADDR, or the default */
     int64_t timeout_ms; /* --timeout-ms; meaningful when timeout_set */
     bool timeout_set;
+    kf__cli_output_t output;
     kf_client_t *client; /* owned; created before a command runs */
     kf_arena_t arena;    /* responses and JSON text; reset per call */
+    bool progress_tty;   /* stderr is a terminal: progress lines are shown */
+    bool progress_shown; /* the progress line is on the screen now */
+    char progress[KF__CLI_PROGRESS_BYTES_MAX];
 } kf__cli_t;
 
-/* Prints `msg` as one line of JSON on stdout. Returns an exit code. */
-int kf__cli_print_json(kf__cli_t *cli, const ProtobufCMessage *msg);
+/* Prints a response on stdout as --output says: one line of JSON, with
+ * every list present ([] when empty), or a table. Returns an exit code. */
+int kf__cli_print(kf__cli_t *cli, const ProtobufCMessage *msg);
+/* The progress line of a long operation, rewritten in place on stderr when
+ * it is a terminal (nothing otherwise). kf__cli_print clears it before it
+ * prints and draws it again after; kf__cli_progress_end removes it. */
+void kf__cli_progress(kf__cli_t *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kf__cli_progress_redraw(kf__cli_t *cli);
+void kf__cli_progress_clear(kf__cli_t *cli);
+void kf__cli_progress_end(kf__cli_t *cli);
 /* Prints "keyflow: <GRPC_CODE_NAME>: <message>"; returns KF__CLI_EXIT_ERROR. */
 int kf__cli_fail(const kf_error_t *err);
 /* The deadline for a call: --timeout-ms when given, else the default plus
@@ -168,6 +192,7 @@ struct kf__cli_command {
     bool allow_rest;                      /* "-- CMD ARGS..." */
     kf__cli_command_fn run;               /* NULL exactly when `group` is set */
     const kf__cli_command_group_t *group; /* subcommands, or NULL */
+    bool offline;                         /* runs without a connection */
 };
 
 /* `keyflow functions ...` (cli_functions.c). */

@@ -26,6 +26,9 @@
 const kf__cli_flag_t kf__cli_global_flags[] = {
     {"--addr", KF__CLI_VALUE, "HOST:PORT",
      "server address (default: $KEYFLOW_ADDR, else 127.0.0.1:50051)"},
+    {"--output", KF__CLI_VALUE, "json|table",
+     "print responses as JSON lines or as tables ($KEYFLOW_OUTPUT; default: table on a "
+     "terminal, JSON otherwise)"},
     {"--timeout-ms", KF__CLI_VALUE, "N",
      "deadline of each call (default 30000, plus the wait of a long poll; a value given "
      "here bounds the whole call, long poll included)"},

@@ -79,7 +79,7 @@ static int cmd_register(kf__cli_t *cli, const kf__cli_args_t *args) {
                                     &resp, &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 /* ---- get / list ---------------------------------------------------------- */
@@ -93,7 +93,7 @@ static int cmd_get(kf__cli_t *cli, const kf__cli_args_t *args) {
                                &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &info->base);
+    return kf__cli_print(cli, &info->base);
 }
 
 static const kf__cli_flag_t list_flags[] = {
@@ -118,7 +118,7 @@ static int cmd_list(kf__cli_t *cli, const kf__cli_args_t *args) {
                                  &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 /* ---- push ---------------------------------------------------------------- */
@@ -171,7 +171,15 @@ static int push_batches(kf__cli_t *cli, Keyflow__V1__PushBatchRequest *req,
                         const kf__cli_batch_t *batches, size_t count, bool watermark,
                         int64_t watermark_us) {
     int64_t first_sequence = req->sequence;
+    size_t rows_total = 0, rows_done = 0;
     for (size_t b = 0; b < count; b++) {
+        rows_total += batches[b].row_count;
+    }
+    for (size_t b = 0; b < count; b++) {
+        if (count > 1) { /* a long push shows where it is (on a terminal) */
+            kf__cli_progress(cli, "keyflow: pushing batch %zu of %zu (%zu of %zu rows sent)", b + 1,
+                             count, rows_done, rows_total);
+        }
         kf_arena_reset(&cli->arena);
         const kf__cli_batch_t *batch = &batches[b];
         req->sequence = first_sequence + (int64_t)b;
@@ -191,6 +199,7 @@ static int push_batches(kf__cli_t *cli, Keyflow__V1__PushBatchRequest *req,
         kf_error_t err;
         if (kf_client_push_batch(cli->client, req, &cli->arena, kf__cli_timeout_ms(cli, 0), &ack,
                                  &err) != KF_OK) {
+            kf__cli_progress_end(cli);
             int rc = kf__cli_fail(&err);
             if (count > 1) {
                 fprintf(stderr,
@@ -207,11 +216,14 @@ static int push_batches(kf__cli_t *cli, Keyflow__V1__PushBatchRequest *req,
             }
             return rc;
         }
-        int rc = kf__cli_print_json(cli, &ack->base);
+        rows_done += batch->row_count;
+        int rc = kf__cli_print(cli, &ack->base);
         if (rc != KF__CLI_EXIT_OK) {
+            kf__cli_progress_end(cli);
             return rc;
         }
     }
+    kf__cli_progress_end(cli);
     return KF__CLI_EXIT_OK;
 }
 
@@ -331,7 +343,7 @@ static int cmd_output(kf__cli_t *cli, const kf__cli_args_t *args) {
                               &resp, &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 static const kf__cli_flag_t tail_flags[] = {
@@ -385,7 +397,7 @@ static int cmd_tail(kf__cli_t *cli, const kf__cli_args_t *args) {
             }
             break;
         }
-        rc = kf__cli_print_json(cli, &page->base);
+        rc = kf__cli_print(cli, &page->base);
         if (rc != KF__CLI_EXIT_OK) {
             break;
         }
@@ -407,7 +419,7 @@ static int cmd_state(kf__cli_t *cli, const kf__cli_args_t *args) {
                                 &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 /* ---- the subcommand table ------------------------------------------------ */

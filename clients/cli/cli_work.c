@@ -650,7 +650,7 @@ static int handle_run(work_t *w, const Keyflow__V1__Run *run) {
     if (complete_run(w, run, &o, &resp, &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(w->cli, resp->run != NULL ? &resp->run->base : &resp->base);
+    return kf__cli_print(w->cli, resp->run != NULL ? &resp->run->base : &resp->base);
 }
 
 /* ---- the loop ----------------------------------------------------------- */

@@ -5,9 +5,11 @@
  * worker loop (`work`, in cli_work.c), all over the C client library.
  *
  * Invariants
- *   1. Output: every response is one JSON document on one line of stdout,
- *      rendered by the gateway's mapping (kf_message_to_json), so the CLI
- *      and `curl` against the HTTP gateway print the same shapes.
+ *   1. Output: every response is printed by kf__cli_print (cli_output.c):
+ *      one JSON document on one line of stdout, rendered by the gateway's
+ *      mapping (so the CLI and `curl` against the HTTP gateway print the
+ *      same shapes) plus empty lists as [], or, on a terminal or with
+ *      --output table, the same data as aligned tables.
  *   2. Errors: an RPC error prints "keyflow: <GRPC_CODE_NAME>: <message>"
  *      with the server's message unchanged and exits 1; a usage error names
  *      the flag or argument at fault and exits 2; nothing is sent then.
@@ -40,23 +42,6 @@ typedef kf__cli_command_t command_t;
 #define COMMAND_NAME_BYTES_MAX 64
 
 /* ---- output ------------------------------------------------------------ */
-
-int kf__cli_print_json(kf__cli_t *cli, const ProtobufCMessage *msg) {
-    size_t len = 0;
-    char *text = kf_message_to_json(msg, &cli->arena, &len);
-    if (text == NULL) {
-        fprintf(stderr,
-                "keyflow: RESOURCE_EXHAUSTED: cannot render the %s response as JSON "
-                "(arena limit reached)\n",
-                msg->descriptor->name);
-        return KF__CLI_EXIT_ERROR;
-    }
-    if (fwrite(text, 1, len, stdout) != len || fputc('\n', stdout) == EOF || fflush(stdout) != 0) {
-        fprintf(stderr, "keyflow: cannot write to stdout: %s\n", strerror(errno));
-        return KF__CLI_EXIT_ERROR;
-    }
-    return KF__CLI_EXIT_OK;
-}
 
 int kf__cli_fail(const kf_error_t *err) {
     fprintf(stderr, "keyflow: %s: %s\n", kf_status_grpc_name(err->status), err->message);
@@ -201,7 +186,7 @@ static int cmd_send(kf__cli_t *cli, const kf__cli_args_t *args) {
     if (st != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 /* ---- describe / flush / cancel ----------------------------------------- */
@@ -253,7 +238,7 @@ static int cmd_coordinator(kf__cli_t *cli, const kf__cli_args_t *args) {
     if (st != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, out);
+    return kf__cli_print(cli, out);
 }
 
 /* ---- poll -------------------------------------------------------------- */
@@ -293,7 +278,7 @@ static int cmd_poll(kf__cli_t *cli, const kf__cli_args_t *args) {
                             &resp, &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 /* ---- heartbeat / complete ---------------------------------------------- */
@@ -323,7 +308,7 @@ static int cmd_heartbeat(kf__cli_t *cli, const kf__cli_args_t *args) {
                                 &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 static const kf__cli_flag_t complete_flags[] = {
@@ -361,7 +346,7 @@ static int cmd_complete(kf__cli_t *cli, const kf__cli_args_t *args) {
                                &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 /* ---- get / list -------------------------------------------------------- */
@@ -375,12 +360,12 @@ static int cmd_get(kf__cli_t *cli, const kf__cli_args_t *args) {
         KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &run->base);
+    return kf__cli_print(cli, &run->base);
 }
 
 static const kf__cli_flag_t list_flags[] = {
     {"--workflow", KF__CLI_VALUE, "W", "only runs of workflow W"},
-    {"--status", KF__CLI_VALUE, "S", "only runs in status pending|leased|completed|failed"},
+    {"--status", KF__CLI_VALUE, "pending|leased|completed|failed", "only runs in this status"},
     {"--page-size", KF__CLI_VALUE, "N", "runs per page (default 100, at most 1000)"},
     {"--page-token", KF__CLI_VALUE, "T", "continue from a previous page's nextPageToken"},
 };
@@ -431,7 +416,7 @@ static int cmd_list(kf__cli_t *cli, const kf__cli_args_t *args) {
                             &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 /* ---- health ------------------------------------------------------------ */
@@ -452,7 +437,7 @@ static int cmd_health(kf__cli_t *cli, const kf__cli_args_t *args) {
                                &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    int rc = kf__cli_print_json(cli, &resp->base);
+    int rc = kf__cli_print(cli, &resp->base);
     if (rc == KF__CLI_EXIT_OK &&
         resp->status != GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING) {
         /* A script's `keyflow health && ...` must not go on against a
@@ -483,13 +468,34 @@ static bool method_is_unary(const kf_method_t *method) {
     return method->shape == KF_RPC_UNARY || method->shape == KF_RPC_LONG_POLL;
 }
 
+/* The method a name spells, in any of the forms people copy from other
+ * tools: "/keyflow.v1.Runs/GetRun" (the HTTP/2 path), "keyflow.v1.Runs/GetRun"
+ * (grpcurl) or "keyflow.v1.Runs.GetRun" (grpcurl, and the fully qualified
+ * protobuf name). NULL when none is known. */
+static const kf_method_t *method_named(const char *name) {
+    char path[KF__CLI_METHOD_NAME_BYTES_MAX];
+    const char *bare = name[0] == '/' ? name + 1 : name;
+    if (snprintf(path, sizeof path, "/%s", bare) >= (int)sizeof path) {
+        return NULL;
+    }
+    if (strchr(path + 1, '/') == NULL) {
+        char *dot = strrchr(path, '.');
+        if (dot == NULL) {
+            return NULL;
+        }
+        *dot = '/'; /* service.Method -> service/Method */
+    }
+    return kf_method_by_path(path);
+}
+
 static int cmd_call(kf__cli_t *cli, const kf__cli_args_t *args) {
     const char *path = args->positional[0];
-    const kf_method_t *method = kf_method_by_path(path);
+    const kf_method_t *method = method_named(path);
     if (method == NULL) {
         return kf__cli_usage_error(args->command,
                                    "unknown method %s ('keyflow call --help' lists them)", path);
     }
+    path = method->path;
     if (!method_is_unary(method)) {
         return kf__cli_usage_error(
             args->command, "%s streams its responses; only unary methods can be called", path);
@@ -522,8 +528,11 @@ static int cmd_call(kf__cli_t *cli, const kf__cli_args_t *args) {
                        &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, resp);
+    return kf__cli_print(cli, resp);
 }
+
+/* `keyflow completion bash`, written from the table below. */
+static int cmd_completion(kf__cli_t *cli, const kf__cli_args_t *args);
 
 /* ---- the command table ------------------------------------------------- */
 
@@ -550,7 +559,7 @@ static const command_t commands[] = {
     {"poll", "--worker ID [--workflow W ...] [--lease-ms N] [--max-runs N] [--wait-ms N]",
      "lease pending runs (long poll with --wait-ms)",
      "Prints {\"runs\": [...]}, each run with its \"lease\" token for heartbeat and complete\n"
-     "({} when no run was leased: fields at their default are left out, as in proto3 JSON).",
+     "({\"runs\": []} when no run was leased).",
      FLAGS(poll_flags), 0, 0, false, cmd_poll},
     {"heartbeat", "RUN_ID --lease L [--lease-ms N]", "extend a run's lease", NULL,
      FLAGS(heartbeat_flags), 1, 1, false, cmd_heartbeat},
@@ -578,8 +587,16 @@ static const command_t commands[] = {
      "Prints each finished run as one JSON line. --once handles one run and exits 1 if none\n"
      "arrived within --wait-ms; --max-runs N exits 0 after N runs.",
      FLAGS(work_flags), 0, 0, true, kf__cli_work},
-    {"call", "METHOD_PATH [JSON]", "call any method with a JSON request (stdin without JSON)", NULL,
+    {"call", "METHOD [JSON]", "call any method with a JSON request (stdin without JSON)",
+     "METHOD is written as in the list below, or as grpcurl writes it:\n"
+     "keyflow.v1.Runs/GetRun or keyflow.v1.Runs.GetRun.",
      NULL, 0, 1, 2, false, cmd_call},
+    {"completion", "bash", "print a shell completion script",
+     "Prints a bash completion script for keyflow's commands, flags and their values, and\n"
+     "the methods of `call`. Load it in the current shell with\n"
+     "  source <(keyflow completion bash)\n"
+     "or install it as /usr/share/bash-completion/completions/keyflow (cmake --install does).",
+     NULL, 0, 1, 1, false, cmd_completion, NULL, true},
     {"functions", "SUBCOMMAND [FLAGS] [ARGS]",
      "keyed process functions: register, push rows, read and tail output", NULL, NULL, 0, 0, 0,
      false, NULL, &kf__cli_functions_group},
@@ -588,6 +605,173 @@ static const command_t commands[] = {
 };
 
 static const size_t command_count = sizeof commands / sizeof commands[0];
+
+/* ---- completion ---------------------------------------------------------- */
+
+/* Bash completion, written from the command and flag tables so that it
+ * never lags behind them: commands and subcommands, each command's flags
+ * and the global ones, the words of a flag whose value is a choice
+ * ("debounce|batch"), file names for file flags, and method names for
+ * `call`. The function only reads COMP_WORDS/COMP_CWORD and fills
+ * COMPREPLY. */
+
+static void print_words(FILE *out, const kf__cli_flag_t *flags, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        fprintf(out, " %s", flags[i].name);
+    }
+}
+
+/* Flag names already given a case in the script (a flag such as --workflow
+ * belongs to several commands and means the same in each). */
+#define COMPLETION_FLAGS_MAX 256
+typedef struct seen_flags {
+    const char *names[COMPLETION_FLAGS_MAX];
+    size_t count;
+} seen_flags_t;
+
+/* Every flag that takes a value, once, and how its value completes. */
+static void print_value_flags(FILE *out, seen_flags_t *seen, const kf__cli_flag_t *flags,
+                              size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        const kf__cli_flag_t *f = &flags[i];
+        size_t k = 0;
+        while (k < seen->count && strcmp(seen->names[k], f->name) != 0) {
+            k++;
+        }
+        if (f->kind == KF__CLI_SWITCH || k < seen->count) {
+            continue;
+        }
+        KF_ASSERT(seen->count < COMPLETION_FLAGS_MAX);
+        seen->names[seen->count++] = f->name;
+        if (strchr(f->value_name, '|') != NULL) {
+            fprintf(out, "    %s) choices=\"", f->name);
+            for (const char *c = f->value_name; *c != '\0'; c++) {
+                fputc(*c == '|' ? ' ' : *c, out);
+            }
+            fprintf(out, "\" ;;\n");
+        } else if (strcmp(f->value_name, "F") == 0 || strcmp(f->value_name, "FILE") == 0) {
+            fprintf(out, "    %s) choices=@files ;;\n", f->name);
+        } else {
+            fprintf(out, "    %s) choices=@any ;;\n", f->name);
+        }
+    }
+}
+
+static void print_command_flags(FILE *out, const command_t *cmds, size_t count, const char *group) {
+    for (size_t i = 0; i < count; i++) {
+        if (cmds[i].group != NULL) {
+            print_command_flags(out, cmds[i].group->commands, cmds[i].group->count, cmds[i].name);
+            continue;
+        }
+        fprintf(out, "    \"%s%s%s\") flags=\"", group ? group : "", group ? " " : "",
+                cmds[i].name);
+        print_words(out, cmds[i].flags, cmds[i].flag_count);
+        fprintf(out, "\" ;;\n");
+    }
+}
+
+static void print_value_cases(FILE *out, seen_flags_t *seen, const command_t *cmds, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        if (cmds[i].group != NULL) {
+            print_value_cases(out, seen, cmds[i].group->commands, cmds[i].group->count);
+        } else {
+            print_value_flags(out, seen, cmds[i].flags, cmds[i].flag_count);
+        }
+    }
+}
+
+static int cmd_completion(kf__cli_t *cli, const kf__cli_args_t *args) {
+    (void)cli;
+    if (strcmp(args->positional[0], "bash") != 0) {
+        return kf__cli_usage_error(args->command, "only bash is supported, got \"%s\"",
+                                   args->positional[0]);
+    }
+    FILE *out = stdout;
+    fprintf(out, "# bash completion for keyflow, written by `keyflow completion bash`.\n"
+                 "# Load it with: source <(keyflow completion bash)\n"
+                 "_keyflow_value() { # FLAG: sets choices to words, @files, @any or nothing\n"
+                 "  choices=\n"
+                 "  case \"$1\" in\n");
+    seen_flags_t seen = {.count = 0};
+    print_value_flags(out, &seen, kf__cli_global_flags, kf__cli_global_flag_count);
+    print_value_cases(out, &seen, commands, command_count);
+    fprintf(out, "  esac\n"
+                 "}\n"
+                 "_keyflow() {\n"
+                 "  local cur=${COMP_WORDS[COMP_CWORD]} cmd= i w choices flags groups=\" ");
+    for (size_t i = 0; i < command_count; i++) {
+        if (commands[i].group != NULL) {
+            fprintf(out, "%s ", commands[i].name);
+        }
+    }
+    fprintf(out, "\"\n"
+                 "  COMPREPLY=()\n"
+                 "  for ((i = 1; i < COMP_CWORD; i++)); do\n"
+                 "    w=${COMP_WORDS[i]}\n"
+                 "    case \"$w\" in\n"
+                 "      --) return ;;\n"
+                 "      -*) _keyflow_value \"$w\"; [ -n \"$choices\" ] && ((i++)) ;;\n"
+                 "      *) if [ -z \"$cmd\" ]; then cmd=$w\n"
+                 "         elif [[ $groups == *\" $cmd \"* ]]; then cmd=\"$cmd $w\"\n"
+                 "         fi ;;\n"
+                 "    esac\n"
+                 "  done\n"
+                 "  if ((COMP_CWORD > 1)); then\n"
+                 "    _keyflow_value \"${COMP_WORDS[COMP_CWORD - 1]}\"\n"
+                 "    case \"$choices\" in\n"
+                 "      '') ;;\n"
+                 "      @files) COMPREPLY=($(compgen -f -- \"$cur\")); return ;;\n"
+                 "      @any) return ;;\n"
+                 "      *) COMPREPLY=($(compgen -W \"$choices\" -- \"$cur\")); return ;;\n"
+                 "    esac\n"
+                 "  fi\n"
+                 "  local globals=\"");
+    print_words(out, kf__cli_global_flags, kf__cli_global_flag_count);
+    fprintf(out,
+            " --help --version\"\n"
+            "  if [ -z \"$cmd\" ]; then\n"
+            "    if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W \"$globals\" -- \"$cur\"))\n"
+            "    else COMPREPLY=($(compgen -W \"");
+    for (size_t i = 0; i < command_count; i++) {
+        fprintf(out, "%s%s", i > 0 ? " " : "", commands[i].name);
+    }
+    fprintf(out, " help\" -- \"$cur\")); fi\n"
+                 "    return\n"
+                 "  fi\n"
+                 "  case \"$cmd\" in\n");
+    for (size_t i = 0; i < command_count; i++) {
+        if (commands[i].group != NULL) {
+            fprintf(out, "    \"%s\") COMPREPLY=($(compgen -W \"", commands[i].name);
+            for (size_t k = 0; k < commands[i].group->count; k++) {
+                fprintf(out, "%s%s", k > 0 ? " " : "", commands[i].group->commands[k].name);
+            }
+            fprintf(out, "\" -- \"$cur\")); return ;;\n");
+        }
+    }
+    fprintf(out, "  esac\n"
+                 "  flags=\n"
+                 "  case \"$cmd\" in\n");
+    print_command_flags(out, commands, command_count, NULL);
+    fprintf(out, "  esac\n"
+                 "  if [[ $cur == -* ]]; then\n"
+                 "    COMPREPLY=($(compgen -W \"$flags $globals --help\" -- \"$cur\"))\n"
+                 "  elif [ \"$cmd\" = call ]; then\n"
+                 "    COMPREPLY=($(compgen -W \"");
+    bool first = true;
+    for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
+        if (method_is_unary(&kf_methods[i])) {
+            fprintf(out, "%s%s", first ? "" : " ", kf_methods[i].path + 1);
+            first = false;
+        }
+    }
+    fprintf(out, "\" -- \"$cur\"))\n"
+                 "  elif [ \"$cmd\" = \"functions register\" ]; then\n"
+                 "    COMPREPLY=($(compgen -f -- \"$cur\"))\n"
+                 "  fi\n"
+                 "}\n"
+                 "complete -o default -F _keyflow keyflow\n");
+    return fflush(out) == 0 ? KF__CLI_EXIT_OK : KF__CLI_EXIT_ERROR;
+}
 
 static const command_t *find_command(const command_t *table, size_t count, const char *name) {
     for (size_t i = 0; i < count; i++) {
@@ -613,8 +797,9 @@ static void print_main_help(FILE *out) {
     fprintf(out, "Usage: keyflow [GLOBAL FLAGS] COMMAND [FLAGS] [ARGS]\n"
                  "       keyflow --version\n"
                  "\n"
-                 "The command-line client of keyflowd. Each response is printed as one line of\n"
-                 "JSON on stdout; an error as \"keyflow: <GRPC_CODE>: <message>\" on stderr.\n"
+                 "The command-line client of keyflowd. Each response is printed on stdout as a\n"
+                 "table on a terminal, else as one line of JSON (--output json|table chooses);\n"
+                 "an error as \"keyflow: <GRPC_CODE>: <message>\" on stderr.\n"
                  "Exit status: 0 success, 1 an RPC or run-time error, 2 a usage error.\n"
                  "\n"
                  "Commands:\n");
@@ -725,6 +910,9 @@ static int run_command(const command_t *cmd, const kf__cli_args_t *args) {
     kf__cli_t cli;
     memset(&cli, 0, sizeof cli);
     cli.command = name;
+    if (cmd->offline) {
+        return cmd->run(&cli, args);
+    }
     cli.addr = kf__cli_value(args, "--addr");
     if (cli.addr == NULL) {
         const char *env = getenv("KEYFLOW_ADDR");
@@ -735,6 +923,18 @@ static int run_command(const command_t *cmd, const kf__cli_args_t *args) {
     if (rc != KF__CLI_EXIT_OK) {
         return rc;
     }
+    /* Tables for a person at a terminal, JSON for everything else. */
+    const char *output = flag_or_env(args, "--output", "KEYFLOW_OUTPUT");
+    if (output == NULL) {
+        cli.output = isatty(STDOUT_FILENO) ? KF__CLI_OUTPUT_TABLE : KF__CLI_OUTPUT_JSON;
+    } else if (strcmp(output, "json") == 0) {
+        cli.output = KF__CLI_OUTPUT_JSON;
+    } else if (strcmp(output, "table") == 0) {
+        cli.output = KF__CLI_OUTPUT_TABLE;
+    } else {
+        return kf__cli_usage_error(name, "--output: expected json or table, got \"%s\"", output);
+    }
+    cli.progress_tty = isatty(STDERR_FILENO);
     const char *tls_env = getenv("KEYFLOW_TLS");
     kf_client_options_t options = {
         .tls = kf__cli_has(args, "--tls") ||
