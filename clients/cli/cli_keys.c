@@ -57,7 +57,7 @@ static int cmd_create(kf__cli_t *cli, const kf__cli_args_t *args) {
                              &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    rc = kf__cli_print_json(cli, &resp->base);
+    rc = kf__cli_print(cli, &resp->base);
     if (rc == KF__CLI_EXIT_OK) {
         fprintf(stderr,
                 "keyflow: the apiKey above is shown only now: keyflowd keeps a hash of it\n");
@@ -74,7 +74,7 @@ static int cmd_list(kf__cli_t *cli, const kf__cli_args_t *args) {
                             &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 static int cmd_revoke(kf__cli_t *cli, const kf__cli_args_t *args) {
@@ -86,7 +86,7 @@ static int cmd_revoke(kf__cli_t *cli, const kf__cli_args_t *args) {
                              &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print_json(cli, &resp->base);
+    return kf__cli_print(cli, &resp->base);
 }
 
 static const kf__cli_command_t keys_commands[] = {
