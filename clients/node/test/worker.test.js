@@ -143,6 +143,7 @@ test('SIGTERM finishes the held run and exits', opts, async (t) => {
     const kf = require(${JSON.stringify(path.resolve(__dirname, '..'))});
     const w = new kf.Worker({ addr: process.argv[1], concurrency: 2, pollWaitMs: 1000 });
     w.handle(process.argv[2], async (input, run) => {
+      console.log('started'); // the test's cue for SIGTERM
       await new Promise((resolve) => run.signal.addEventListener('abort', resolve));
       return { stoppedCleanly: input };
     });
@@ -156,10 +157,12 @@ test('SIGTERM finishes the held run and exits', opts, async (t) => {
   child.stderr.on('data', (d) => { err += d; });
   const exited = new Promise((resolve) => child.once('exit', resolve));
   t.after(() => child.exitCode === null && child.kill('SIGKILL'));
-  await c.waitStatus(runId, 'leased');
+  // SIGTERM once the handler runs: the server shows the run leased before
+  // the worker has it, and a stop then cancels the poll.
+  await waitFor(() => out.includes('started\n'), 'the handler to start');
   child.kill('SIGTERM');
   assert.strictEqual(await exited, 0, err);
-  assert.strictEqual(out.trim(), 'completed=1 released=0');
+  assert.strictEqual(out.trim(), 'started\ncompleted=1 released=0');
   assert.deepStrictEqual((await c.client.getRun(runId)).result, { stoppedCleanly: ['x'] });
 });
 

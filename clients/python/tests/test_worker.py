@@ -3,6 +3,7 @@ once, heartbeats that outlive the lease, shutdown that finishes or releases,
 SIGTERM in a worker process, and reconnecting after a keyflowd restart."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -14,6 +15,14 @@ import keyflow
 from sdk_harness import restart_same_port, start_server, unique, wait_for
 
 ONE = keyflow.batch(max_events=1)
+
+
+def read_line(stream, what, timeout_s=30):
+    """One line of a child's stdout, failing after timeout_s."""
+    ready, _, _ = select.select([stream], [], [], timeout_s)
+    if not ready:
+        raise AssertionError("timed out after %d s waiting for %s" % (timeout_s, what))
+    return stream.readline().decode().strip()
 
 
 class WorkerTest(unittest.TestCase):
@@ -126,6 +135,7 @@ class WorkerTest(unittest.TestCase):
             import sys, time, keyflow
             w = keyflow.Worker(keyflow.Client(sys.argv[1]), concurrency=2, poll_wait_ms=1000)
             def handler(input, run):
+                print("started", flush=True)  # the test's cue for SIGTERM
                 while not run.stopping:
                     time.sleep(0.01)
                 return {"stopped_cleanly": input}
@@ -137,7 +147,9 @@ class WorkerTest(unittest.TestCase):
         proc = subprocess.Popen([sys.executable, "-c", script, self.server.grpc_target, wf],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
         try:
-            self.wait_status(run_id, "leased")
+            # SIGTERM once the handler runs: the server shows the run leased
+            # before the worker has it, and a stop then cancels the poll.
+            self.assertEqual(read_line(proc.stdout, "the handler to start"), "started")
             proc.send_signal(signal.SIGTERM)
             out, err = proc.communicate(timeout=30)
         finally:
