@@ -55,7 +55,9 @@ typedef struct run {
     uint64_t seq;
     wfq_t *queue;            /* its workflow's pending queue, while PENDING */
     kf_pq_node_t queue_node; /* position in that queue */
-    uint64_t finished_group; /* group of the finishing write */
+    uint64_t finished_group; /* group of the finishing write (or of the deletion) */
+    bool deleted;            /* retention ended before the finish was durable:
+                                a tombstone until the deletion is (see fire) */
     struct run *evict_prev;  /* finished, waiting for durability */
     struct run *evict_next;
 } run_t;
@@ -244,6 +246,17 @@ static run_t *run_find(const kf_runs_t *rs, const char *run_id) {
     return n ? KF_CONTAINER_OF(n, run_t, node) : NULL;
 }
 
+/* A tombstone (see kf_runs_fire) answers like a run that does not exist;
+ * it must not fall through to the older stored record. */
+static bool refuse_deleted(kf_ctx_t *ctx, kf_cmd_t *cmd, const run_t *r, const char *run_id) {
+    if (r == NULL || !r->deleted) {
+        return false;
+    }
+    kf_error_set(&cmd->error, KF_E_NOT_FOUND, "run_id: no run %s", run_id);
+    kf_ctx_fail(ctx, cmd);
+    return true;
+}
+
 bool kf_runs_live(const kf_runs_t *rs, const char *run_id) {
     const run_t *r = run_find(rs, run_id);
     return r != NULL && (r->status == ST_PENDING || r->status == ST_LEASED);
@@ -370,6 +383,20 @@ static void evict_unlink(kf_runs_t *rs, run_t *r) {
     r->evict_prev = r->evict_next = NULL;
 }
 
+/* Queues a finished run to be forgotten once `group` is durable. The list
+ * stays in group order: groups only grow. */
+static void evict_push(kf_runs_t *rs, run_t *r, uint64_t group) {
+    r->finished_group = group;
+    r->evict_prev = rs->evict_tail;
+    r->evict_next = NULL;
+    if (rs->evict_tail) {
+        rs->evict_tail->evict_next = r;
+    } else {
+        rs->evict_head = r;
+    }
+    rs->evict_tail = r;
+}
+
 static void finish_run(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, int status, const char *result,
                        const char *error) {
     KF_ASSERT(r->status == ST_LEASED);
@@ -385,15 +412,7 @@ static void finish_run(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, int status, const
     kf_ctx_delete(ctx, KF_CF_RUN_QUEUE, &k);
     run_save(ctx, r);
     set_wakeup(ctx, r, kf_time_add_sat(ctx->now_ms, retention_ms(ctx)));
-    r->finished_group = ctx->group_id;
-    r->evict_prev = rs->evict_tail;
-    r->evict_next = NULL;
-    if (rs->evict_tail) {
-        rs->evict_tail->evict_next = r;
-    } else {
-        rs->evict_head = r;
-    }
-    rs->evict_tail = r;
+    evict_push(rs, r, ctx->group_id);
     kf_counter_add(status == ST_COMPLETED ? KF_C_RUNS_COMPLETED : KF_C_RUNS_FAILED, 1);
     if (status == ST_FAILED) {
         kf_log_kv(KF_LOG_INFO, "runs", "run failed", KF_LOG_STR("run_id", r->run_id),
@@ -675,6 +694,9 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         return;
     }
     run_t *r = run_find(rs, req->run_id);
+    if (refuse_deleted(ctx, cmd, r, req->run_id)) {
+        return;
+    }
     if (r == NULL) {
         Keyflow__Records__RunRec *rec;
         if (load_rec(ctx, req->run_id, &rec, err) == KF_OK) {
@@ -787,6 +809,9 @@ void kf_runs_complete(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         return;
     }
     run_t *r = run_find(rs, req->run_id);
+    if (refuse_deleted(ctx, cmd, r, req->run_id)) {
+        return;
+    }
     if (r == NULL) {
         Keyflow__Records__RunRec *rec;
         if (load_rec(ctx, req->run_id, &rec, err) != KF_OK) {
@@ -843,6 +868,9 @@ void kf_runs_get(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         return;
     }
     run_t *r = run_find(rs, req->run_id);
+    if (refuse_deleted(ctx, cmd, r, req->run_id)) {
+        return;
+    }
     if (r != NULL) {
         if (!workflow_allowed(cmd, KF_SCOPE_RUNS_READ, req->run_id, r->workflow)) {
             kf_ctx_fail(ctx, cmd);
@@ -999,7 +1027,7 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         Keyflow__V1__Run *p = NULL;
         run_t *r = run_find(rs, run_id);
         if (r != NULL) {
-            p = run_to_pb(cmd->arena, r, false);
+            p = r->deleted ? NULL : run_to_pb(cmd->arena, r, false);
         } else {
             Keyflow__Records__RunRec *rec;
             if (load_rec(ctx, run_id, &rec, err) != KF_OK) {
@@ -1091,6 +1119,17 @@ void kf_runs_fire(kf_runs_t *rs, kf_ctx_t *ctx, kf_timer_t *timer) {
     if (r->status == ST_COMPLETED || r->status == ST_FAILED) {
         delete_stored(ctx, r->run_id, r->workflow, r->seq, r->wakeup_due_ms);
         r->wakeup_due_ms = KF_NO_WAKEUP;
+        if (r->finished_group > ctx->durable_group_id) {
+            /* Its finishing write is not durable yet, so the stored record
+             * is still the one from before it finished: forgetting the run
+             * now would let GetRun, ListRuns and CompleteRun read that older
+             * state back. It stays, answering as deleted, until the
+             * deletion is durable. */
+            r->deleted = true;
+            evict_unlink(rs, r);
+            evict_push(rs, r, ctx->group_id);
+            return;
+        }
         run_forget(rs, ctx, r);
         return;
     }

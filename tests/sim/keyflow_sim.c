@@ -353,10 +353,6 @@ static void apply_notes(world_t *w);
 /* The open group's write returned: the model's state is durable. */
 static void group_durable(world_t *w) {
     model_commit(&w->m);
-    for (uint32_t r = 0; r < w->m.nruns; r++) {
-        w->m.runs[r].finish_durable |=
-            w->m.runs[r].status == M_COMPLETED || w->m.runs[r].status == M_FAILED;
-    }
 }
 
 /* Writes the open group; on success its replies are released (the client
@@ -656,6 +652,19 @@ static void op_poll(world_t *w) {
     }
 }
 
+/* Whether a command about run r should find it. Past its retention the
+ * run is certainly gone only at a durable point (the sweep deletes through
+ * the group it runs in); until then the engine may answer NOT_FOUND, or from
+ * the run's latest state - never from an older one. Returns 1 (answer from
+ * the model's state), 0 (NOT_FOUND) or -1 (answered NOT_FOUND: accepted). */
+static int run_kept_now(const world_t *w, int r, const kf_cmd_t *cmd) {
+    int kept = m_run_kept(&w->m, r, w->now_ms);
+    if (kept == 1 || (kept == 0 && w->at_durable_point)) {
+        return kept;
+    }
+    return cmd->error.status == KF_E_NOT_FOUND ? -1 : 1;
+}
+
 static c_lease_t *random_lease(world_t *w) {
     if (w->nleases == 0) {
         return NULL;
@@ -681,9 +690,9 @@ static void op_heartbeat(world_t *w) {
     say(w, "heartbeat %s -> %s", l->run_id, kf_status_name(cmd->error.status));
     int r = m_run_find(&w->m, l->run_id);
     CHECK(w, r >= 0, "client holds a lease on run %s the model never created", l->run_id);
-    int kept = m_run_kept(&w->m, r, w->now_ms);
-    if (kept < 0 || (kept == 0 && !w->at_durable_point)) {
-        return; /* being swept: either answer is right */
+    int kept = run_kept_now(w, r, cmd);
+    if (kept < 0) {
+        return; /* past retention and answered as deleted: right too */
     }
     const m_run_t *run = &w->m.runs[r];
     if (kept == 0) {
@@ -732,9 +741,9 @@ static void op_complete(world_t *w) {
     }
     int r = m_run_find(&w->m, l->run_id);
     CHECK(w, r >= 0, "client holds a lease on run %s the model never created", l->run_id);
-    int kept = m_run_kept(&w->m, r, w->now_ms);
-    if (kept < 0 || (kept == 0 && !w->at_durable_point)) {
-        return; /* being swept: either answer is right */
+    int kept = run_kept_now(w, r, cmd);
+    if (kept < 0) {
+        return; /* past retention and answered as deleted: right too */
     }
     const m_run_t *run = &w->m.runs[r];
     bool finished = run->status == M_COMPLETED || run->status == M_FAILED;
@@ -765,10 +774,7 @@ static void op_get_run(world_t *w) {
     int r = w->m.nruns > 0 && chance(w, 90) ? (int)rnd(w, w->m.nruns) : -1;
     req->run_id = r >= 0 ? w->m.runs[r].run_id : "k1@00000000-0000-7000-8000-000000000000";
     kf_cmd_t *cmd = exec(w, KF_OP_GET_RUN, &req->base);
-    int kept = r >= 0 ? m_run_kept(&w->m, r, w->now_ms) : 0;
-    if (r >= 0 && kept == 0 && !w->at_durable_point) {
-        kept = -1; /* the sweep's delete may be in this very group */
-    }
+    int kept = r >= 0 ? run_kept_now(w, r, cmd) : 0;
     if (kept == 1) {
         expect_status(w, cmd, KF_OK, "GetRun");
         check_run(w, (Keyflow__V1__Run *)cmd->response, r, "GetRun");
@@ -1024,25 +1030,6 @@ static void op_push(world_t *w) {
 
 /* ---- time ------------------------------------------------------------------------------ */
 
-/* Whether moving the clock to `to_ms` would pass the retention of a run
- * whose finishing write is not durable yet. The engine's groups last
- * milliseconds, so this does not happen there; the simulation's groups can
- * span minutes of its clock, and then the engine forgets the run in memory
- * before its last state is on disk, and a read falls through to the stored
- * record as it was before the run finished (docs/semantics.md allows
- * in-flight effects to be invisible, not older states to reappear). The
- * driver commits first instead. */
-static bool retention_would_pass_unsynced(const world_t *w, int64_t to_ms) {
-    for (uint32_t r = 0; r < w->m.nruns; r++) {
-        const m_run_t *run = &w->m.runs[r];
-        if ((run->status == M_COMPLETED || run->status == M_FAILED) && !run->finish_durable &&
-            run->finished_ms + w->m.retention_ms <= to_ms) {
-            return true;
-        }
-    }
-    return false;
-}
-
 /* Moves the clock to `to_ms`, stopping at every time the model has
  * something due, so windows close at exactly their due times. */
 static void op_advance(world_t *w) {
@@ -1055,9 +1042,6 @@ static void op_advance(world_t *w) {
     for (;;) {
         int64_t due = m_next_due_ms(&w->m, w->now_ms);
         int64_t next = due < to ? due : to;
-        if (retention_would_pass_unsynced(w, next)) {
-            commit(w);
-        }
         w->now_ms = next;
         tick(w);
         if (next == to) {

@@ -94,9 +94,8 @@ typedef struct m_run {
     char worker[16];
     int64_t lease_ms, lease_expires_ms;
     int64_t created_ms, updated_ms, finished_ms;
-    char result[32];     /* COMPLETED */
-    char error[64];      /* FAILED */
-    bool finish_durable; /* the finishing write is durable (set by the driver) */
+    char result[32]; /* COMPLETED */
+    char error[64];  /* FAILED */
 } m_run_t;
 
 /* Where an accepted event went: the run its window starts (or would). */

@@ -206,6 +206,54 @@ Test(runs, finished_runs_are_deleted_after_retention) {
         0);
 }
 
+/* Runs one command in the open group without ending it (its effects are
+ * not durable yet; sim_exec would write them). */
+static kf_cmd_t *exec_in_group(kf_op_t op, const ProtobufCMessage *request) {
+    kf_cmd_t *cmd = kf_arena_zalloc(&sim.arena, sizeof *cmd);
+    cmd->op = op;
+    cmd->request = request;
+    cmd->arena = &sim.arena;
+    kf_core_begin(sim.core, sim.batch, sim.group, sim.now_ms);
+    kf_core_execute(sim.core, cmd);
+    return cmd;
+}
+
+/* Found by the seeded simulation (tests/sim): a run whose retention ended
+ * while the write that finished it was still in flight was forgotten in
+ * memory, and reads fell through to the stored record from before it
+ * finished - GetRun and ListRuns showed it LEASED again. */
+Test(runs, retention_ending_before_the_finish_is_durable_never_shows_the_older_state) {
+    int64_t t0 = sim.now_ms;
+    const char *id = make_run("wf", "k", "1");
+    Keyflow__V1__Run *r = POLL_RESP(sim_poll(&sim, "wf", 30000, 1, 0))->runs[0];
+    Keyflow__V1__CompleteRunRequest done = KEYFLOW__V1__COMPLETE_RUN_REQUEST__INIT;
+    done.run_id = (char *)id;
+    done.lease = r->lease;
+    done.outcome_case = KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_RESULT_JSON;
+    done.result_json = "2";
+    cr_assert_eq(exec_in_group(KF_OP_COMPLETE_RUN, &done.base)->error.status, KF_OK);
+    /* The same group goes on past the retention (10 s here). */
+    sim.now_ms = t0 + 10001;
+    kf_core_begin(sim.core, sim.batch, sim.group, sim.now_ms);
+    while (kf_core_tick(sim.core, KF_TIMERS_PER_TURN_MAX) == KF_TIMERS_PER_TURN_MAX) {
+    }
+    Keyflow__V1__GetRunRequest get = KEYFLOW__V1__GET_RUN_REQUEST__INIT;
+    get.run_id = (char *)id;
+    kf_cmd_t *g = exec_in_group(KF_OP_GET_RUN, &get.base);
+    cr_assert_eq(g->error.status, KF_E_NOT_FOUND, "%s (status %d)", g->error.message,
+                 g->response ? (int)((Keyflow__V1__Run *)g->response)->status : -1);
+    Keyflow__V1__ListRunsRequest list = KEYFLOW__V1__LIST_RUNS_REQUEST__INIT;
+    kf_cmd_t *l = exec_in_group(KF_OP_LIST_RUNS, &list.base);
+    cr_assert_eq(l->error.status, KF_OK, "%s", l->error.message);
+    cr_assert_eq(((Keyflow__V1__ListRunsResponse *)l->response)->n_runs, 0);
+    kf_cmd_t *again = exec_in_group(KF_OP_COMPLETE_RUN, &done.base);
+    cr_assert_eq(again->error.status, KF_E_NOT_FOUND, "%s", again->error.message);
+    sim_step(&sim); /* the finish and the deletion are durable together */
+    cr_assert_eq(sim_get(&sim, id)->error.status, KF_E_NOT_FOUND);
+    sim_crash(&sim);
+    cr_assert_eq(sim_get(&sim, id)->error.status, KF_E_NOT_FOUND);
+}
+
 Test(runs, leased_runs_survive_a_crash_with_their_lease) {
     int64_t t0 = sim.now_ms;
     const char *id = make_run("wf", "k", "1");
