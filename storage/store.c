@@ -121,6 +121,10 @@ kf_status_t kf_store_write(kf_store_t *store, kf_batch_t *batch, kf_error_t *err
     return store->ops->write(store, batch, err);
 }
 
+kf_status_t kf_store_free_bytes(kf_store_t *store, uint64_t *free_bytes, kf_error_t *err) {
+    return store->ops->free_bytes(store, free_bytes, err);
+}
+
 static const char format_key[] = "format_version";
 
 kf_status_t kf__store_check_format(kf_store_t *store, kf_error_t *err) {

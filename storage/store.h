@@ -99,6 +99,10 @@ typedef struct kf_mem_faults {
 
 kf_memdisk_t *kf_memdisk_create(void);
 void kf_memdisk_destroy(kf_memdisk_t *disk);
+/* What kf_store_free_bytes reports for stores on this memdisk (default
+ * UINT64_MAX): lets a test run the disk reserve without a full disk. Any
+ * thread. */
+void kf_memdisk_set_free_bytes(kf_memdisk_t *disk, uint64_t free_bytes);
 /* Writes that reached the memdisk so far (all of them durable). */
 uint64_t kf_memdisk_writes(const kf_memdisk_t *disk);
 
@@ -107,6 +111,12 @@ kf_status_t kf_store_open_mem(kf_memdisk_t *disk, const kf_mem_faults_t *faults,
 
 /* Closes and frees the handle. Outstanding batches/iterators must be gone. */
 void kf_store_close(kf_store_t *store);
+
+/* Bytes an unprivileged writer could still write on the store's filesystem
+ * (statvfs: f_bavail * f_frsize). Cheap (no I/O); any thread.
+ * Errors: KF_E_IO (the filesystem cannot be queried). */
+kf_status_t kf_store_free_bytes(kf_store_t *store, uint64_t *free_bytes,
+                                kf_error_t *err) KF_MUST_USE;
 
 /* ---- reading ---------------------------------------------------------- */
 

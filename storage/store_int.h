@@ -16,6 +16,7 @@ typedef struct kf_store_ops {
     kf_status_t (*iter_create)(kf_store_t *store, kf_cf_t cf, const void *lower, size_t lower_len,
                                const void *upper, size_t upper_len, kf_iter_t **out,
                                kf_error_t *err);
+    kf_status_t (*free_bytes)(kf_store_t *store, uint64_t *free_bytes, kf_error_t *err);
 } kf_store_ops_t;
 
 typedef struct kf_batch_ops {

@@ -11,6 +11,7 @@
  * is fine at test sizes. Iterators take a snapshot of their range at creation.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,7 +35,8 @@ typedef struct mem_family {
 struct kf_memdisk {
     pthread_mutex_t lock;
     mem_family_t families[KF_CF_COUNT];
-    uint64_t writes; /* successful writes */
+    uint64_t writes;             /* successful writes */
+    _Atomic uint64_t free_bytes; /* what kf_store_free_bytes reports */
 };
 
 typedef struct mem_store {
@@ -142,7 +144,12 @@ static void family_del(mem_family_t *f, const uint8_t *key, size_t key_len) {
 kf_memdisk_t *kf_memdisk_create(void) {
     kf_memdisk_t *d = kf_xcalloc(1, sizeof *d);
     pthread_mutex_init(&d->lock, NULL);
+    atomic_store(&d->free_bytes, UINT64_MAX);
     return d;
+}
+
+void kf_memdisk_set_free_bytes(kf_memdisk_t *d, uint64_t free_bytes) {
+    atomic_store(&d->free_bytes, free_bytes);
 }
 
 void kf_memdisk_destroy(kf_memdisk_t *d) {
@@ -352,6 +359,12 @@ static kf_status_t ms_write(kf_store_t *s, kf_batch_t *b, kf_error_t *err) {
     return KF_OK;
 }
 
+static kf_status_t ms_free_bytes(kf_store_t *s, uint64_t *free_bytes, kf_error_t *err) {
+    (void)err;
+    *free_bytes = atomic_load(&((mem_store_t *)s)->disk->free_bytes);
+    return KF_OK;
+}
+
 static void ms_close(kf_store_t *s) {
     free(s);
 }
@@ -362,6 +375,7 @@ static const kf_store_ops_t mem_store_ops = {
     .write = ms_write,
     .batch_create = ms_batch_create,
     .iter_create = ms_iter_create,
+    .free_bytes = ms_free_bytes,
 };
 
 kf_status_t kf_store_open_mem(kf_memdisk_t *disk, const kf_mem_faults_t *faults, kf_store_t **out,

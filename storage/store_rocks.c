@@ -5,9 +5,12 @@
  * translated into statuses here, once. Every write uses sync = true; a failed
  * write poisons the store (see store.h, invariant 1).
  */
+#define _POSIX_C_SOURCE 200809L /* strdup */
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 
 #include <rocksdb/c.h>
 
@@ -18,6 +21,7 @@
 
 typedef struct rocks_store {
     kf_store_t base;
+    char *path; /* the data directory, for statvfs */
     rocksdb_t *db;
     rocksdb_options_t *options;
     rocksdb_options_t *cf_options[KF_CF_COUNT];
@@ -207,6 +211,16 @@ static kf_status_t rs_write(kf_store_t *s, kf_batch_t *b, kf_error_t *err) {
     return KF_OK;
 }
 
+static kf_status_t rs_free_bytes(kf_store_t *s, uint64_t *free_bytes, kf_error_t *err) {
+    rocks_store_t *rs = (rocks_store_t *)s;
+    struct statvfs sv;
+    if (statvfs(rs->path, &sv) != 0) {
+        return kf_error_set(err, KF_E_IO, "statvfs %s: %s", rs->path, strerror(errno));
+    }
+    *free_bytes = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+    return KF_OK;
+}
+
 static void rs_close(kf_store_t *s) {
     rocks_store_t *rs = (rocks_store_t *)s;
     for (int i = 0; i < KF_CF_COUNT; i++) {
@@ -229,6 +243,7 @@ static void rs_close(kf_store_t *s) {
     if (rs->options != NULL) {
         rocksdb_options_destroy(rs->options);
     }
+    free(rs->path);
     free(rs);
 }
 
@@ -238,6 +253,7 @@ static const kf_store_ops_t rocks_store_ops = {
     .write = rs_write,
     .batch_create = rs_batch_create,
     .iter_create = rs_iter_create,
+    .free_bytes = rs_free_bytes,
 };
 
 static rocksdb_options_t *family_options(const kf_rocks_options_t *o, kf_cf_t cf) {
@@ -270,10 +286,23 @@ kf_status_t kf_store_open_rocks(const kf_rocks_options_t *o, kf_store_t **out, k
         return kf_error_set(err, KF_E_NOMEM, "cannot allocate the store");
     }
     rs->base.ops = &rocks_store_ops;
+    rs->path = strdup(o->path);
+    if (rs->path == NULL) {
+        free(rs);
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate the store");
+    }
     rs->options = rocksdb_options_create();
     rocksdb_options_set_create_if_missing(rs->options, 1);
     rocksdb_options_set_create_missing_column_families(rs->options, 1);
     rocksdb_options_set_keep_log_file_num(rs->options, 4);
+    /* RocksDB's info log (LOG in the data directory) at FATAL: it keeps the
+     * options header written at open and nothing else. Debian's librocksdb
+     * is built with assertions on, and a second write to the LOG after one
+     * failed (a full disk) aborts the process inside RocksDB
+     * (writable_file_writer.h, "sync_without_flush_called_"): on a full disk
+     * the error handler's own log lines killed keyflowd before the failed
+     * write could reach it. keyflowd reports storage errors itself. */
+    rocksdb_options_set_info_log_level(rs->options, 4 /* FATAL_LEVEL */);
     rocksdb_options_set_max_background_jobs(rs->options, 2);
     rocksdb_options_set_max_open_files(rs->options, 1024);
     /* A small WAL: once the live WAL files pass this, RocksDB flushes the
@@ -290,15 +319,23 @@ kf_status_t kf_store_open_rocks(const kf_rocks_options_t *o, kf_store_t **out, k
      * writes buy nothing and vector memtables do not support them. */
     rocksdb_options_set_allow_concurrent_memtable_write(rs->options, 0);
 
-    /* No fallocate: RocksDB would preallocate each WAL to 1.1 x the largest
-     * write buffer (about 70 MB) and the MANIFEST to 4 MB, so an empty store
-     * took 76 MB of disk. Appends cost the same here (bench/README.md,
-     * "allow_fallocate=false": no change in c=1 latency), and on a nearly
-     * full disk nothing is reserved that the data does not use. The C API
-     * has no setter for it, so it goes through RocksDB's option string. */
+    /* Two options the C API has no setter for, through RocksDB's option
+     * string:
+     * - No fallocate: RocksDB would preallocate each WAL to 1.1 x the
+     *   largest write buffer (about 70 MB) and the MANIFEST to 4 MB, so an
+     *   empty store took 76 MB of disk. Appends cost the same here
+     *   (bench/README.md, "allow_fallocate=false": no change in c=1
+     *   latency), and on a nearly full disk nothing is reserved that the
+     *   data does not use.
+     * - No flush at open: recovery keeps the replayed WAL in memtables
+     *   instead of writing it out as level-0 files before it serves. A
+     *   restart then writes almost nothing (it can start on a disk below
+     *   the reserve, where the flush could not be written) and is faster;
+     *   the WAL files stay until the memtables are flushed as usual. */
     char *oe = NULL;
     rocksdb_options_t *db_options = rocksdb_options_create();
-    rocksdb_get_options_from_string(rs->options, "allow_fallocate=false", db_options, &oe);
+    rocksdb_get_options_from_string(
+        rs->options, "allow_fallocate=false;avoid_flush_during_recovery=true", db_options, &oe);
     if (oe != NULL) {
         rocksdb_options_destroy(db_options);
         kf_status_t st = rocks_error(err, oe, "options");

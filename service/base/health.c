@@ -4,13 +4,18 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "base/assert.h"
+#include "base/limits.h"
 #include "base/log.h"
 #include "base/metrics.h"
 
-static atomic_bool serving;
+static atomic_bool serving; /* wanted && !degraded && !failed */
 static atomic_bool failed;
+static bool wanted;   /* what kf_health_set last asked (change_lock) */
+static bool degraded; /* kf_health_degrade (change_lock) */
+static char why[KF_ERROR_MESSAGE_BYTES_MAX] = "starting"; /* change_lock */
 /* Orders changes, so the log and the listeners see them in one order. */
 static pthread_mutex_t change_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Guards the listener table and is held while listeners run. */
@@ -38,16 +43,39 @@ static void announce(void) {
     pthread_mutex_unlock(&listener_lock);
 }
 
+void kf_health_reason(char *buf, size_t cap) {
+    pthread_mutex_lock(&change_lock);
+    snprintf(buf, cap, "%s", atomic_load(&serving) ? "serving" : why);
+    pthread_mutex_unlock(&change_lock);
+}
+
+/* Applies wanted/degraded to the state; change_lock held. `stops` says
+ * that this call's reason is why the process does not serve. */
+static void update(const char *reason, bool stops) {
+    bool to = wanted && !degraded;
+    if (stops && !atomic_load(&failed)) {
+        snprintf(why, sizeof why, "%s", reason);
+    }
+    if (atomic_load(&failed) || atomic_load(&serving) == to) {
+        return;
+    }
+    atomic_store(&serving, to);
+    kf_gauge_set(KF_G_READY, to ? 1 : 0);
+    kf_log_kv(KF_LOG_INFO, "health", to ? "serving" : "not serving", KF_LOG_STR("reason", reason));
+    announce();
+}
+
 void kf_health_set(bool to, const char *reason) {
     pthread_mutex_lock(&change_lock);
-    bool changed = !atomic_load(&failed) && atomic_load(&serving) != to;
-    if (changed) {
-        atomic_store(&serving, to);
-        kf_gauge_set(KF_G_READY, to ? 1 : 0);
-        kf_log_kv(KF_LOG_INFO, "health", to ? "serving" : "not serving",
-                  KF_LOG_STR("reason", reason));
-        announce();
-    }
+    wanted = to;
+    update(reason, !to);
+    pthread_mutex_unlock(&change_lock);
+}
+
+void kf_health_degrade(bool on, const char *reason) {
+    pthread_mutex_lock(&change_lock);
+    degraded = on;
+    update(reason, on);
     pthread_mutex_unlock(&change_lock);
 }
 
@@ -56,6 +84,7 @@ void kf_health_fail(const char *reason) {
     bool first = !atomic_exchange(&failed, true);
     atomic_store(&serving, false);
     if (first) {
+        snprintf(why, sizeof why, "failed: %s", reason);
         kf_gauge_set(KF_G_READY, 0);
         kf_log_kv(KF_LOG_ERROR, "health", "not serving: failed", KF_LOG_STR("reason", reason));
         announce();

@@ -8,6 +8,8 @@
  *   NOT_SERVING (starting) --kf_health_set(true)--> SERVING
  *   SERVING --kf_health_set(false, "draining")----> NOT_SERVING (SIGTERM: the drain)
  *   any --kf_health_fail(reason)------------------> NOT_SERVING, for good (fail-stop)
+ *   SERVING <--kf_health_degrade(true/false, reason)--> NOT_SERVING while
+ *       degraded (the disk reserve reached), whatever kf_health_set asked
  *
  * Every change is logged (info, or error for a failure) with its reason and
  * announced to the listeners, which is how a Watch stream learns of it. A
@@ -20,6 +22,7 @@
 #define KF_BASE_HEALTH_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* Listeners a process registers (both front ends, the tests). */
 #define KF_HEALTH_LISTENERS_MAX 8
@@ -27,6 +30,9 @@
 bool kf_health_serving(void);
 /* Whether kf_health_fail was called. */
 bool kf_health_failed(void);
+/* Why it is not serving (the reason given with the change that made it
+ * so), or "serving". NUL-terminated, cut to cap. */
+void kf_health_reason(char *buf, size_t cap);
 
 /* Serving or not, with a reason for the log ("started", "draining"). No
  * effect after a failure, or when nothing changes. `reason` is borrowed for
@@ -35,6 +41,11 @@ void kf_health_set(bool serving, const char *reason);
 /* The process can no longer serve (a failed sync): NOT_SERVING from now on,
  * logged as an error with the reason. */
 void kf_health_fail(const char *reason);
+/* A condition that keeps a started process from serving until it clears,
+ * independent of kf_health_set: the disk reserve reached. While it holds,
+ * the state is NOT_SERVING with its reason; when it clears, the state is
+ * what kf_health_set last asked for (SERVING again, or still draining). */
+void kf_health_degrade(bool degraded, const char *reason);
 
 typedef void (*kf_health_listener_fn)(void *ctx);
 /* Calls fn(ctx) after every change until kf_health_unlisten. Returns a

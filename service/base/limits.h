@@ -160,6 +160,21 @@
  * flushes. */
 #define KF_ROCKS_WAL_BYTES_MAX (64 * 1024 * 1024)
 
+/* Free space kept on the data directory's filesystem (--disk-reserve): below
+ * it, commands that grow the store (new events, batches, functions) are
+ * refused with KF_E_NO_SPACE while reads, completions, deletions and timers
+ * go on. The default leaves room for RocksDB's flushes and compactions,
+ * which need space to free space. A group is written only if it leaves a
+ * quarter of the reserve free; else keyflowd fail-stops before RocksDB can
+ * meet a full disk (see engine.c). */
+#define KF_DISK_RESERVE_BYTES_DEFAULT (256LL * 1024 * 1024)
+/* Small values are for tests on small filesystems. */
+#define KF_DISK_RESERVE_BYTES_MIN (1LL * 1024 * 1024)
+#define KF_DISK_RESERVE_BYTES_MAX (1LL << 50)
+/* Free space is measured (statvfs) before every group is written, and
+ * otherwise (readiness, recovery from a low disk) at most this often. */
+#define KF_DISK_CHECK_INTERVAL_MS 100
+
 /* ---- API keys ---------------------------------------------------------- */
 
 /* Live keys: each is a few hundred bytes in memory and looked up on every
@@ -225,5 +240,8 @@ _Static_assert(KF_FUNCTION_KEY_BYTES_MAX < KF_LOG_LINE_BYTES_MAX, "a key fits a 
 _Static_assert(KF_GRANT_PREFIX_BYTES_MAX >= KF_WORKFLOW_BYTES_MAX &&
                    KF_GRANT_PREFIX_BYTES_MAX >= KF_FUNCTION_ID_BYTES_MAX,
                "a prefix can be a whole workflow or function name");
+_Static_assert(KF_DISK_RESERVE_BYTES_MIN <= KF_DISK_RESERVE_BYTES_DEFAULT &&
+                   KF_DISK_RESERVE_BYTES_DEFAULT <= KF_DISK_RESERVE_BYTES_MAX,
+               "default reserve within bounds");
 
 #endif

@@ -30,7 +30,11 @@
     X(KF_G_PARKED_READS, "keyflow_parked_reads", "ReadOutput/TailOutput reads waiting for rows")   \
     X(KF_G_TIMERS, "keyflow_timers", "Processing-time timers armed")                               \
     X(KF_G_FUNCTIONS, "keyflow_functions", "Registered process functions")                         \
-    X(KF_G_READY, "keyflow_ready", "1 when the service is ready to serve")
+    X(KF_G_READY, "keyflow_ready", "1 when the service is ready to serve")                         \
+    X(KF_G_DISK_FREE_BYTES, "keyflow_disk_free_bytes",                                             \
+      "Free bytes on the data directory's filesystem, last measured")                              \
+    X(KF_G_DISK_RESERVE_REACHED, "keyflow_disk_reserve_reached",                                   \
+      "1 while free space is below --disk-reserve (new writes refused)")
 
 #define KF_COUNTER_TABLE(X)                                                                        \
     X(KF_C_EVENTS_ACCEPTED, "keyflow_events_accepted_total", "Events accepted into a window")      \
@@ -47,7 +51,10 @@
     X(KF_C_OUTPUT_ROWS, "keyflow_function_output_rows_total", "Process function output rows")      \
     X(KF_C_EVENT_TIMERS_FIRED, "keyflow_function_timers_fired_total", "Event-time timers fired")   \
     X(KF_C_HANDLER_CALLS, "keyflow_function_handler_calls_total", "Handler invocations")           \
-    X(KF_C_REJECTED_QUEUE_FULL, "keyflow_rejected_queue_full_total", "Commands refused: queue full")
+    X(KF_C_REJECTED_QUEUE_FULL, "keyflow_rejected_queue_full_total",                               \
+      "Commands refused: queue full")                                                              \
+    X(KF_C_REJECTED_DISK_RESERVE, "keyflow_rejected_disk_reserve_total",                           \
+      "Commands refused: disk reserve reached")
 
 #define KF_HISTOGRAM_TABLE(X)                                                                      \
     X(KF_H_GROUP_COMMANDS, "keyflow_commit_group_commands", "Commands per synced group",           \

@@ -29,6 +29,7 @@
     X(KF_E_PERMISSION, 7, 403, "permission denied")                                                \
     X(KF_E_LIMIT, 8, 429, "resource exhausted")                                                    \
     X(KF_E_TOO_LARGE, 8, 413, "too large")                                                         \
+    X(KF_E_NO_SPACE, 8, 507, "insufficient storage")                                               \
     X(KF_E_PRECONDITION, 9, 409, "failed precondition")                                            \
     X(KF_E_ABORTED, 10, 409, "aborted")                                                            \
     X(KF_E_RANGE, 11, 400, "out of range")                                                         \

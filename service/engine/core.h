@@ -49,5 +49,10 @@ void kf_core_pump(kf_core_t *core);
 void kf_core_cancel(kf_core_t *core, kf_cmd_t *cmd, uint64_t id);
 /* Answers parked polls (empty) in the current step: call at shutdown. */
 void kf_core_shutdown(kf_core_t *core);
+/* The disk reserve: while `why` is non-NULL, commands that grow the store
+ * (SendEvent, PushBatch, RegisterFunction) are refused with KF_E_NO_SPACE
+ * and `why` as their message; everything else goes on (reads, completions,
+ * deletions, timers). `why` is copied. */
+void kf_core_set_disk_low(kf_core_t *core, const char *why);
 
 #endif

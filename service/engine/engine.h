@@ -63,8 +63,14 @@ typedef struct kf_engine_config {
     bool new_admin_key;             /* make an admin key even if one was made before */
     bool defer_handler_calls;       /* tests only: handler calls answer on
                                        kf_core_pump(), like remote ones */
-    /* Called on the committer thread when a sync fails. Default: log and
-     * abort(). If it returns, the engine stops acknowledging anything. */
+    /* Free bytes kept on the store's filesystem (--disk-reserve); 0 =
+     * KF_DISK_RESERVE_BYTES_DEFAULT. */
+    uint64_t disk_reserve_bytes;
+    /* Called on the committer thread (or the engine thread, for a write it
+     * made itself) when a sync fails. Default: log and abort(). If it
+     * returns, the engine acknowledges nothing more and answers every call
+     * it holds with the failure (runtime/engine.h, invariant 3); the caller
+     * then stops it. */
     void (*on_fatal)(const kf_error_t *err, void *ctx);
     void *on_fatal_ctx;
 } kf_engine_config_t;

@@ -129,6 +129,7 @@ static const char *reason(int status) {
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
+    case 507: return "Insufficient Storage";
     case 504: return "Gateway Timeout";
     default: return "Error";
     }
@@ -377,12 +378,20 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         return 0;
     }
     if (path_is(req, path_len, "/readyz")) {
-        /* The same answer as gRPC Health/Check (base/health.h). */
-        if (kf_health_serving() && !kf_engine_failed(gw->engine)) {
+        /* The same answer as gRPC Health/Check (base/health.h), with the
+         * reason when not ready. Asking the engine first also measures free
+         * space again (at most every KF_DISK_CHECK_INTERVAL_MS), so a disk
+         * that was freed shows here at once. */
+        char why[KF_ERROR_MESSAGE_BYTES_MAX];
+        bool unready = kf_engine_unready(gw->engine, why, sizeof why);
+        if (!unready && kf_health_serving()) {
             static const char ok[] = "{\"status\":\"ready\"}";
             send_body(req, 200, "application/json", ok, sizeof ok - 1);
         } else {
-            send_error(req, KF_E_UNAVAILABLE, "not ready", 0);
+            if (!unready) {
+                kf_health_reason(why, sizeof why);
+            }
+            send_error(req, KF_E_UNAVAILABLE, why, 0);
         }
         return 0;
     }

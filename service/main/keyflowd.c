@@ -12,7 +12,8 @@
  *      everything it accepted, answer those calls, close the store, exit 0.
  * A second SIGTERM/SIGINT during the grace ends it early.
  * A failed sync (fail-stop): NOT_SERVING at once with the reason logged,
- * no grace, nothing more acknowledged, exit 1.
+ * no grace, nothing more acknowledged (calls in flight are answered
+ * "storage failure: <what>, stopping"), exit 1.
  * SIGHUP: re-read the TLS files; new connections get the new certificate,
  * open ones keep theirs. A reload that fails changes nothing.
  */
@@ -58,6 +59,7 @@ typedef struct options {
     int64_t retention_ms;
     int64_t attempts_max;
     int64_t queue_depth;
+    int64_t disk_reserve_bytes;
     int grpc_threads;
     kf_log_level_t log_level;
     kf_log_format_t log_format;
@@ -80,6 +82,10 @@ static void usage(FILE *out) {
         "  --run-attempts N      leases per run before it FAILS (default %d, max %d)\n"
         "  --queue-depth N       engine queue bound (default and max %d)\n"
         "  --grpc-threads N      completion-queue threads (default 1)\n"
+        "  --disk-reserve BYTES  free space kept on the data directory's filesystem: below\n"
+        "                        it new events, batches and functions are refused (HTTP 507)\n"
+        "                        while reads, completions and deletions go on (default\n"
+        "                        256MiB; suffixes KiB, MiB, GiB; at least 1MiB)\n"
         "  --log-level LEVEL     debug (adds a line per request), info (lifecycle events),\n"
         "                        warn, error (default info)\n"
         "  --log-format FORMAT   text or json (one object per line: ts, level, module, msg,\n"
@@ -99,8 +105,8 @@ static void usage(FILE *out) {
         "SIGHUP re-reads the TLS files (new connections get the new certificate).\n"
         "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_GRPC_ADDRESS,\n"
         "KEYFLOW_HTTP_ADDRESS, KEYFLOW_PORT_FILE, KEYFLOW_PLUGIN_DIR, KEYFLOW_RUN_RETENTION_MS,\n"
-        "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_LOG_LEVEL,\n"
-        "KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
+        "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_DISK_RESERVE,\n"
+        "KEYFLOW_LOG_LEVEL, KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
         "KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1,\n"
         "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE.\n",
         (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
@@ -123,6 +129,32 @@ static bool parse_int(const char *flag, const char *text, int64_t lo, int64_t hi
     }
     *out = v;
     return true;
+}
+
+/* A byte count: digits, optionally followed by KiB, MiB or GiB. */
+static bool parse_bytes(const char *flag, const char *text, int64_t lo, int64_t hi, int64_t *out) {
+    static const struct {
+        const char *suffix;
+        int shift;
+    } units[] = {{"", 0}, {"KiB", 10}, {"MiB", 20}, {"GiB", 30}};
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    for (size_t i = 0; errno == 0 && end != text && v >= 0 && i < sizeof units / sizeof units[0];
+         i++) {
+        if (strcmp(end, units[i].suffix) == 0 && v <= (INT64_MAX >> units[i].shift)) {
+            int64_t bytes = (int64_t)v << units[i].shift;
+            if (bytes >= lo && bytes <= hi) {
+                *out = bytes;
+                return true;
+            }
+        }
+    }
+    fprintf(stderr,
+            "keyflowd: %s must be a byte count in %lld..%lld (a number, optionally followed "
+            "by KiB, MiB or GiB), got %s\n",
+            flag, (long long)lo, (long long)hi, text);
+    return false;
 }
 
 static bool parse_level(const char *v, kf_log_level_t *out) {
@@ -185,6 +217,10 @@ static bool parse_env(options_t *o) {
     if ((v = env_or("KEYFLOW_QUEUE_DEPTH", NULL)) != NULL &&
         !parse_int("KEYFLOW_QUEUE_DEPTH", v, 1, KF_QUEUE_DEPTH_MAX, &o->queue_depth))
         return false;
+    if ((v = env_or("KEYFLOW_DISK_RESERVE", NULL)) != NULL &&
+        !parse_bytes("KEYFLOW_DISK_RESERVE", v, KF_DISK_RESERVE_BYTES_MIN,
+                     KF_DISK_RESERVE_BYTES_MAX, &o->disk_reserve_bytes))
+        return false;
     if ((v = env_or("KEYFLOW_GRPC_THREADS", NULL)) != NULL) {
         if (!parse_int("KEYFLOW_GRPC_THREADS", v, 1, 8, &n))
             return false;
@@ -203,6 +239,7 @@ static bool known_flag(const char *a) {
         "--log-format",    "--drain-grace-ms",
         "--tls-cert",      "--tls-key",
         "--tls-client-ca", "--bootstrap-key-file",
+        "--disk-reserve",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         if (strcmp(a, flags[i]) == 0) {
@@ -294,6 +331,10 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             if (!parse_int(a, v, 1, 8, &n))
                 return false;
             o->grpc_threads = (int)n;
+        } else if (strcmp(a, "--disk-reserve") == 0) {
+            if (!parse_bytes(a, v, KF_DISK_RESERVE_BYTES_MIN, KF_DISK_RESERVE_BYTES_MAX,
+                             &o->disk_reserve_bytes))
+                return false;
         } else if (strcmp(a, "--log-level") == 0) {
             if (!parse_level(v, &o->log_level))
                 return false;
@@ -430,27 +471,33 @@ static void bound_address(const char *configured, int port, char *out, size_t ca
 /* main's thread: the one that takes the signals (sigwait). */
 static pthread_t main_thread;
 
-/* The engine's fail-stop (committer thread): nothing more is acknowledged
- * from now on. Say so and why, turn NOT_SERVING (Watch streams learn it at
- * once), and have main stop without a grace. */
+/* The engine's fail-stop (committer thread): a write failed, or would
+ * have filled the disk (runtime/engine.h, invariant 3); nothing more is
+ * acknowledged from now on. Say so and why, turn NOT_SERVING (Watch streams
+ * learn it at once), and have main stop without a grace. */
 static void on_engine_fatal(const kf_error_t *err, void *ctx) {
     (void)ctx;
-    kf_log_kv(
-        KF_LOG_ERROR, "main", "fail-stop: a durable write failed; nothing more is acknowledged",
-        KF_LOG_STR("reason", err->message), KF_LOG_STR("status", kf_status_name(err->status)));
+    kf_log_kv(KF_LOG_ERROR, "main",
+              "fail-stop: a durable write failed (storage failure); nothing more is acknowledged",
+              KF_LOG_STR("reason", err->message),
+              KF_LOG_STR("status", kf_status_name(err->status)));
     kf_health_fail("a durable write failed");
     pthread_kill(main_thread, SIGTERM);
 }
 
-/* After a failed sync: the engine acknowledges nothing more and holds the
- * commands it had, so there is nothing to finish. Stop accepting, let the
- * health watchers hear NOT_SERVING (bounded), and exit 1 at once; the store
- * is left to RocksDB's recovery at the next start, which replays exactly
- * what was synced. */
-static _Noreturn void fail_stop(kf_grpc_server_t *grpc, kf_gateway_t *gateway) {
+/* After a failed sync: the engine acknowledges nothing more and answers the
+ * calls it held with "storage failure: <what>, stopping"; there is nothing
+ * to finish. Stop accepting, let those answers and the health watchers'
+ * NOT_SERVING go out (bounded), and exit 1; the store is left to RocksDB's
+ * recovery at the next start, which replays exactly what was synced. */
+static _Noreturn void fail_stop(kf_engine_t *engine, kf_grpc_server_t *grpc,
+                                kf_gateway_t *gateway) {
     kf_gateway_shutdown(gateway);
     kf_grpc_server_shutdown(grpc);
+    kf_engine_stop(engine); /* the replier hands the failure answers to the front ends */
     kf_grpc_server_wait_watches(grpc, FAIL_STOP_WATCH_FLUSH_MS);
+    kf_grpc_server_destroy(grpc, FAIL_STOP_WATCH_FLUSH_MS);
+    kf_gateway_destroy(gateway);
     kf_log(KF_LOG_ERROR, "main", "fail-stop: exiting without acknowledging anything more");
     _exit(1);
 }
@@ -546,6 +593,7 @@ int main(int argc, char **argv) {
         .run_retention_ms = o.retention_ms,
         .run_attempts_max = o.attempts_max,
         .queue_depth_max = o.queue_depth,
+        .disk_reserve_bytes = (uint64_t)o.disk_reserve_bytes,
         .plugin_dir = o.plugin_dir,
         .auth = auth,
         .bootstrap_key_path = o.bootstrap_key_file != NULL ? o.bootstrap_key_file : bootstrap_path,
@@ -623,7 +671,7 @@ int main(int argc, char **argv) {
         }
     }
     if (kf_health_failed()) {
-        fail_stop(grpc, gateway);
+        fail_stop(engine, grpc, gateway);
     }
     kf_log_kv(KF_LOG_INFO, "main", "stopping", KF_LOG_INT("signal", sig));
     kf_gateway_shutdown(gateway);

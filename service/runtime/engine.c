@@ -22,11 +22,13 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "base/assert.h"
+#include "base/health.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "engine/core.h"
@@ -70,6 +72,8 @@ struct kf_engine {
     bool stopping;    /* no new commands */
     bool committer_exit;
     atomic_bool failed;   /* a sync failed: acknowledge nothing more */
+    kf_error_t failure;   /* why, for every call answered after it; set
+                             under lock before `failed` */
     uint64_t next_cmd_id; /* guarded by lock */
     /* Cancels posted by front ends (clients that left a long poll or a
      * tail), guarded by lock. Two arrays that the engine swaps, so posting
@@ -82,6 +86,15 @@ struct kf_engine {
     } * cancels, *cancels_taken;
     size_t ncancels, cancels_cap, cancels_taken_cap;
     atomic_uint_fast64_t durable_group;
+    /* The disk reserve (see disk_refresh), guarded by disk_lock. */
+    pthread_mutex_t disk_lock;
+    uint64_t disk_reserve_bytes;
+    uint64_t disk_free_bytes;    /* at the last measure */
+    uint64_t disk_written_bytes; /* group bytes written since */
+    int64_t disk_checked_us;     /* monotonic; 0 = never measured */
+    char disk_why[KF_ERROR_MESSAGE_BYTES_MAX];
+    bool disk_error_logged; /* statvfs failed, said once */
+    atomic_bool disk_low;   /* free space (estimated) below the reserve */
 };
 
 static void default_fatal(const kf_error_t *err, void *ctx) {
@@ -90,6 +103,74 @@ static void default_fatal(const kf_error_t *err, void *ctx) {
         KF_LOG_ERROR, "engine", "fail-stop: a durable write failed; nothing more is acknowledged",
         KF_LOG_STR("reason", err->message), KF_LOG_STR("status", kf_status_name(err->status)));
     abort();
+}
+
+/* Measures the free space of the store's filesystem when the last measure
+ * is older than KF_DISK_CHECK_INTERVAL_MS (always when `force`: before
+ * each group is written); in between, free space is estimated as the last
+ * measure minus the group bytes written since (RocksDB writes a little
+ * more: WAL framing now, flushes and compactions later, which the reserve
+ * is there for). Updates disk_low and says so in the log when it changes.
+ * Returns the estimate. Any thread (engine, committer, front ends through
+ * kf_engine_unready); statvfs does no I/O (about a microsecond, next to a
+ * group's fsync of 100 us or more). */
+static uint64_t disk_refresh(kf_engine_t *e, bool force) {
+    pthread_mutex_lock(&e->disk_lock);
+    int64_t now_us = kf_mono_us();
+    if (force || e->disk_checked_us == 0 ||
+        now_us - e->disk_checked_us >= KF_DISK_CHECK_INTERVAL_MS * 1000) {
+        uint64_t free_bytes;
+        kf_error_t err;
+        if (kf_store_free_bytes(e->store, &free_bytes, &err) == KF_OK) {
+            e->disk_free_bytes = free_bytes;
+            e->disk_written_bytes = 0;
+            e->disk_error_logged = false;
+        } else if (!e->disk_error_logged) {
+            /* Keep the estimate; a filesystem that cannot be queried will
+             * show in the writes themselves. */
+            kf_log(KF_LOG_WARN, "engine", "cannot measure free disk space: %s", err.message);
+            e->disk_error_logged = true;
+        }
+        e->disk_checked_us = now_us;
+    }
+    uint64_t estimate =
+        e->disk_free_bytes > e->disk_written_bytes ? e->disk_free_bytes - e->disk_written_bytes : 0;
+    bool low = estimate < e->disk_reserve_bytes;
+    if (low) {
+        snprintf(e->disk_why, sizeof e->disk_why,
+                 "disk reserve reached: %llu bytes free on the data directory's filesystem, "
+                 "below the reserve of %llu (--disk-reserve); new writes are refused until "
+                 "space is freed",
+                 (unsigned long long)estimate, (unsigned long long)e->disk_reserve_bytes);
+    }
+    if (low != atomic_load(&e->disk_low)) {
+        atomic_store(&e->disk_low, low);
+        if (low) {
+            kf_log(KF_LOG_WARN, "engine", "%s", e->disk_why);
+        } else {
+            kf_log(KF_LOG_INFO, "engine",
+                   "disk reserve clear again: %llu bytes free (reserve %llu); accepting writes",
+                   (unsigned long long)estimate, (unsigned long long)e->disk_reserve_bytes);
+        }
+        kf_gauge_set(KF_G_DISK_RESERVE_REACHED, low ? 1 : 0);
+        /* Not ready while it lasts: gRPC health and /readyz say so. */
+        kf_health_degrade(low, low ? e->disk_why : "disk reserve clear again");
+    }
+    kf_gauge_set(KF_G_DISK_FREE_BYTES, (int64_t)(estimate > INT64_MAX ? INT64_MAX : estimate));
+    pthread_mutex_unlock(&e->disk_lock);
+    return estimate;
+}
+
+/* Copies the reason writes are refused into why; false when they are not. */
+static bool disk_low_why(kf_engine_t *e, char *why, size_t cap) {
+    if (!atomic_load(&e->disk_low)) {
+        return false;
+    }
+    pthread_mutex_lock(&e->disk_lock);
+    bool low = atomic_load(&e->disk_low);
+    snprintf(why, cap, "%s", e->disk_why);
+    pthread_mutex_unlock(&e->disk_lock);
+    return low;
 }
 
 kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store, kf_engine_t **out,
@@ -109,6 +190,9 @@ kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store
                        ? (size_t)config->queue_depth_max
                        : KF_QUEUE_DEPTH_MAX;
     e->store = store;
+    e->disk_reserve_bytes =
+        config->disk_reserve_bytes > 0 ? config->disk_reserve_bytes : KF_DISK_RESERVE_BYTES_DEFAULT;
+    pthread_mutex_init(&e->disk_lock, NULL);
     pthread_mutex_init(&e->lock, NULL);
     pthread_mutex_init(&e->reply_lock, NULL);
     pthread_cond_init(&e->reply_cv, NULL);
@@ -130,6 +214,7 @@ kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store
         kf_engine_destroy(e);
         return st;
     }
+    disk_refresh(e, true); /* a start below the reserve refuses writes at once */
     *out = e;
     return KF_OK;
 }
@@ -138,11 +223,27 @@ bool kf_engine_failed(const kf_engine_t *e) {
     return atomic_load(&e->failed);
 }
 
+bool kf_engine_unready(kf_engine_t *e, char *why, size_t cap) {
+    if (atomic_load(&e->failed)) {
+        pthread_mutex_lock(&e->lock);
+        snprintf(why, cap, "%s", e->failure.message);
+        pthread_mutex_unlock(&e->lock);
+        return true;
+    }
+    disk_refresh(e, false);
+    return disk_low_why(e, why, cap);
+}
+
 kf_status_t kf_engine_submit(kf_engine_t *e, kf_cmd_t *cmd) {
     cmd->next = NULL;
     cmd->submitted_ns = kf_mono_ns();
     pthread_mutex_lock(&e->lock);
-    if (e->stopping || atomic_load(&e->failed)) {
+    if (atomic_load(&e->failed)) {
+        cmd->error = e->failure;
+        pthread_mutex_unlock(&e->lock);
+        return cmd->error.status;
+    }
+    if (e->stopping) {
         pthread_mutex_unlock(&e->lock);
         return kf_error_set(&cmd->error, KF_E_UNAVAILABLE, "the engine is shutting down");
     }
@@ -234,6 +335,40 @@ static void deadline_after_ms(struct timespec *ts, int64_t ms) {
 }
 
 static bool commit_group(kf_engine_t *e, group_t *g, bool reply_here);
+static void release_replies(kf_engine_t *e, kf_cmd_t *replies, bool reply_here);
+
+/* Answers each command of the list with the engine's failure. */
+static void reply_failed(kf_engine_t *e, kf_cmd_t *list, bool reply_here) {
+    pthread_mutex_lock(&e->lock);
+    kf_error_t failure = e->failure;
+    pthread_mutex_unlock(&e->lock);
+    for (kf_cmd_t *c = list; c != NULL; c = c->next) {
+        c->response = NULL;
+        c->error = failure;
+    }
+    release_replies(e, list, reply_here);
+}
+
+/* After a failed sync, on the engine thread: everything the engine still
+ * holds (commands of its open group, parked polls and reads, the inbox) is
+ * answered with the failure, never with a result that is not durable. The
+ * open group's effects are dropped. */
+static void fail_held(kf_engine_t *e, group_t *open) {
+    pthread_mutex_lock(&e->lock);
+    kf_cmd_t *inbox = e->inbox_head;
+    e->inbox_head = e->inbox_tail = NULL;
+    e->inbox_count = 0;
+    pthread_mutex_unlock(&e->lock);
+    kf_core_begin(e->core, open->batch, open->id, kf_clock_now_ms(&e->config.clock));
+    kf_core_shutdown(e->core);
+    group_append(open, kf_core_take_ready(e->core));
+    group_append(open, inbox);
+    kf_cmd_t *held = open->head;
+    open->head = open->tail = NULL;
+    open->commands = 0;
+    kf_batch_clear(open->batch);
+    reply_failed(e, held, false);
+}
 
 static void *engine_main(void *arg) {
     kf_engine_t *e = arg;
@@ -289,6 +424,13 @@ static void *engine_main(void *arg) {
         }
         int64_t now = kf_clock_now_ms(&e->config.clock);
         kf_core_begin(e->core, open->batch, open->id, now);
+        /* Below the disk reserve, measure again now and then, so writes
+         * resume soon after space is freed even when nothing is written. */
+        char disk_why[KF_ERROR_MESSAGE_BYTES_MAX];
+        if (atomic_load(&e->disk_low)) {
+            disk_refresh(e, false);
+        }
+        kf_core_set_disk_low(e->core, disk_low_why(e, disk_why, sizeof disk_why) ? disk_why : NULL);
         /* Due timers first: a request that arrives after a window's due
          * time must find that window closed (its run started), not join it. */
         kf_core_tick(e->core, KF_TIMERS_PER_TURN_MAX);
@@ -339,14 +481,13 @@ static void *engine_main(void *arg) {
                 kf_core_durable(e->core, durable_seen);
             }
         }
-        pthread_mutex_lock(&e->lock);
-        e->engine_busy = false;
-        if (stopping && e->inbox_head == NULL && e->handed == NULL && group_empty(e->open)) {
-            pthread_mutex_unlock(&e->lock);
-            break;
-        }
         if (atomic_load(&e->failed)) {
-            /* Nothing more will be acknowledged; wait to be stopped. */
+            /* Nothing more will be acknowledged: answer everything held
+             * with the failure, then wait to be stopped (the group the
+             * committer holds was answered by commit_group). */
+            fail_held(e, open);
+            pthread_mutex_lock(&e->lock);
+            e->engine_busy = false;
             while (!e->stopping) {
                 e->engine_sleeping = true;
                 pthread_cond_wait(&e->engine_cv, &e->lock);
@@ -355,12 +496,19 @@ static void *engine_main(void *arg) {
             pthread_mutex_unlock(&e->lock);
             break;
         }
+        pthread_mutex_lock(&e->lock);
+        e->engine_busy = false;
+        if (stopping && e->inbox_head == NULL && e->handed == NULL && group_empty(e->open)) {
+            pthread_mutex_unlock(&e->lock);
+            break;
+        }
         /* Sleep until there is work: commands (if the group has room), the
          * committer free while this group holds something, a timer, a stop. */
         for (;;) {
             bool can_take = (e->inbox_head != NULL && !group_full(e->open)) || e->ncancels > 0;
             bool can_hand = e->handed == NULL && !group_empty(e->open);
-            if (can_take || can_hand || (e->stopping && !shutdown_done) ||
+            if (can_take || can_hand || atomic_load(&e->failed) ||
+                (e->stopping && !shutdown_done) ||
                 (e->stopping && e->inbox_head == NULL && e->handed == NULL)) {
                 break;
             }
@@ -383,20 +531,61 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
+/* A group is written only if it leaves a quarter of the disk reserve free:
+ * RocksDB must never meet a full disk (Debian's build then aborts inside
+ * it, see storage/store_rocks.c), and a group already applied in memory
+ * cannot be refused, so running out is a fail-stop with keyflowd's own
+ * message instead. The reserve, refusing new writes far earlier, makes
+ * this the exception: something else filled the disk. */
+static kf_status_t check_space(kf_engine_t *e, size_t bytes, kf_error_t *err) {
+    uint64_t floor = e->disk_reserve_bytes / 4;
+    uint64_t free_bytes = disk_refresh(e, true);
+    if (free_bytes < bytes + floor) {
+        return kf_error_set(err, KF_E_NO_SPACE,
+                            "disk full: %llu bytes free on the data directory's filesystem; a "
+                            "write of %zu bytes would leave less than %llu (a quarter of "
+                            "--disk-reserve)",
+                            (unsigned long long)free_bytes, bytes, (unsigned long long)floor);
+    }
+    return KF_OK;
+}
+
 /* Writes a group durably and releases its replies: on the replier thread,
  * or here when `reply_here` (the engine's inline commit, when idle).
  * False when the sync failed (fail-stop: nothing is acknowledged). */
 static bool commit_group(kf_engine_t *e, group_t *g, bool reply_here) {
     if (kf_batch_count(g->batch) > 0) {
         kf_error_t err;
-        int64_t t0 = kf_mono_us();
-        kf_status_t st = kf_store_write(e->store, g->batch, &err);
-        kf_histogram_observe_us(KF_H_SYNC_SECONDS, kf_mono_us() - t0);
+        kf_status_t st = check_space(e, kf_batch_bytes(g->batch), &err);
+        if (st == KF_OK) {
+            int64_t t0 = kf_mono_us();
+            st = kf_store_write(e->store, g->batch, &err);
+            kf_histogram_observe_us(KF_H_SYNC_SECONDS, kf_mono_us() - t0);
+        }
         if (st != KF_OK) {
+            /* Fail-stop: the group's effects are in memory but maybe not
+             * on disk, so nothing more is acknowledged; its calls, and all
+             * the engine still holds, are answered with the failure. */
+            pthread_mutex_lock(&e->lock);
+            kf_error_set(&e->failure, KF_E_UNAVAILABLE, "storage failure: %s, stopping",
+                         err.message);
             atomic_store(&e->failed, true);
+            bool wake = e->engine_sleeping;
+            pthread_mutex_unlock(&e->lock);
+            if (wake) {
+                pthread_cond_signal(&e->engine_cv);
+            }
             e->config.on_fatal(&err, e->config.on_fatal_ctx);
+            kf_cmd_t *held = g->head;
+            g->head = g->tail = NULL;
+            g->commands = 0;
+            kf_batch_clear(g->batch);
+            reply_failed(e, held, reply_here);
             return false;
         }
+        pthread_mutex_lock(&e->disk_lock);
+        e->disk_written_bytes += kf_batch_bytes(g->batch);
+        pthread_mutex_unlock(&e->disk_lock);
         kf_histogram_observe(KF_H_GROUP_BYTES, (double)kf_batch_bytes(g->batch));
         /* Only groups that wrote something were synced (reads alone wait
          * for the group before them, not for a sync of their own). */
@@ -408,6 +597,13 @@ static bool commit_group(kf_engine_t *e, group_t *g, bool reply_here) {
     g->head = g->tail = NULL;
     g->commands = 0;
     kf_batch_clear(g->batch);
+    release_replies(e, replies, reply_here);
+    return true;
+}
+
+/* Releases a list of answered commands: here (the engine's inline commit),
+ * or through the replier thread, in order. */
+static void release_replies(kf_engine_t *e, kf_cmd_t *replies, bool reply_here) {
     if (reply_here) {
         while (replies != NULL) {
             kf_cmd_t *next = replies->next;
@@ -415,7 +611,7 @@ static bool commit_group(kf_engine_t *e, group_t *g, bool reply_here) {
             replies->done(replies);
             replies = next;
         }
-        return true;
+        return;
     }
     if (replies != NULL) {
         kf_cmd_t *last = replies;
@@ -432,7 +628,6 @@ static bool commit_group(kf_engine_t *e, group_t *g, bool reply_here) {
         pthread_cond_signal(&e->reply_cv);
         pthread_mutex_unlock(&e->reply_lock);
     }
-    return true;
 }
 
 static void *committer_main(void *arg) {
@@ -449,8 +644,9 @@ static void *committer_main(void *arg) {
             break;
         }
         if (!commit_group(e, g, false)) {
-            /* on_fatal returned (tests): acknowledge nothing, ever. The
-             * group stays handed so the engine never hands another. */
+            /* on_fatal returned: acknowledge nothing, ever (the group's
+             * calls were answered with the failure). The group stays handed
+             * so the engine never hands another. */
             pthread_mutex_lock(&e->lock);
             pthread_cond_signal(&e->engine_cv);
             while (!e->committer_exit) {

@@ -21,15 +21,24 @@
  *      Reads are released in the same order, so no reply reveals an effect
  *      that is not yet durable.
  *   3. A failed sync is fatal: nothing of that group or any later group is
- *      acknowledged; the process stops (config.on_fatal, default abort()).
+ *      acknowledged; every call the engine holds, and every later submit,
+ *      is answered KF_E_UNAVAILABLE "storage failure: <what>, stopping",
+ *      and the process stops (config.on_fatal, default abort()). A group
+ *      that would leave less than a quarter of the disk reserve free is not
+ *      written at all and fails the same way, so that RocksDB never meets a
+ *      full disk.
  *   4. While the committer syncs group N-1, the engine fills group N: one
  *      fsync serves every command that arrived meanwhile (group commit).
  *   5. Every queue is bounded: a full inbox refuses with KF_E_LIMIT.
+ *   6. Disk reserve: while the store's filesystem has less free space than
+ *      config.disk_reserve_bytes, commands that grow the store are refused
+ *      with KF_E_NO_SPACE (see kf_core_set_disk_low); the rest goes on.
  */
 #ifndef KF_RUNTIME_ENGINE_H
 #define KF_RUNTIME_ENGINE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "base/status.h"
 #include "engine/engine.h"
@@ -59,5 +68,10 @@ void kf_engine_stop(kf_engine_t *engine);
 void kf_engine_destroy(kf_engine_t *engine);
 /* True once a sync failed (the engine acknowledges nothing more). */
 bool kf_engine_failed(const kf_engine_t *engine);
+/* Why the engine does not take every command now, for /readyz: a storage
+ * failure, or the disk reserve reached (measuring free space again when the
+ * last measure is old). False, and `why` untouched, when it takes them all.
+ * Any thread. */
+bool kf_engine_unready(kf_engine_t *engine, char *why, size_t why_cap);
 
 #endif

@@ -92,6 +92,7 @@ Test(status, boundary_translations) {
         {KF_E_PERMISSION, 7, 403, "PERMISSION_DENIED"},
         {KF_E_LIMIT, 8, 429, "RESOURCE_EXHAUSTED"},
         {KF_E_TOO_LARGE, 8, 413, "RESOURCE_EXHAUSTED"},
+        {KF_E_NO_SPACE, 8, 507, "RESOURCE_EXHAUSTED"},
         {KF_E_PRECONDITION, 9, 409, "FAILED_PRECONDITION"},
         {KF_E_ABORTED, 10, 409, "ABORTED"},
         {KF_E_RANGE, 11, 400, "OUT_OF_RANGE"},

@@ -1,7 +1,8 @@
 /*
  * test_engine_threads.c - the threaded engine: replies only after the
- * group is durable, group commit across concurrent submitters, and a
- * failed sync that stops the engine without acknowledging anything.
+ * group is durable, group commit across concurrent submitters, a failed
+ * sync that stops the engine without acknowledging anything, and the disk
+ * reserve (refused growth, and a fail-stop instead of a full disk).
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -133,15 +134,127 @@ Test(engine_threads, failed_sync_stops_without_acknowledging, .timeout = 30) {
     fill(&later, 2);
     cr_assert_eq(kf_engine_submit(engine, &later.cmd), KF_E_UNAVAILABLE,
                  "no new work after a failure");
+    cr_assert_str_eq(later.cmd.error.message, "storage failure: injected fsync failure, stopping");
+    /* The call in flight is answered, with the failure, not with a result. */
+    wait_for(&w.done, 1);
+    cr_assert_eq(slot.cmd.error.status, KF_E_UNAVAILABLE);
+    cr_assert_str_eq(slot.cmd.error.message, "storage failure: injected fsync failure, stopping");
+    cr_assert_null(slot.cmd.response);
     kf_engine_stop(engine);
     pthread_mutex_lock(&w.lock);
     int done = w.done;
     pthread_mutex_unlock(&w.lock);
-    cr_assert_eq(done, 0, "nothing was acknowledged");
+    cr_assert_eq(done, 1, "one answer, and no acknowledgement");
     cr_assert_eq(kf_memdisk_writes(disk), before, "nothing reached the disk");
     kf_engine_destroy(engine);
     kf_arena_deinit(&slot.arena);
     kf_arena_deinit(&later.arena);
+    kf_store_close(store);
+    kf_memdisk_destroy(disk);
+}
+
+/* Below the disk reserve, a new event is refused with KF_E_NO_SPACE naming
+ * the reserve, and a read still works; with space back, events go in. */
+Test(engine_threads, disk_reserve_refuses_new_writes_only, .timeout = 30) {
+    kf_memdisk_t *disk = kf_memdisk_create();
+    w.disk = disk;
+    w.done = 0;
+    kf_store_t *store;
+    kf_error_t err;
+    cr_assert_eq(kf_store_open_mem(disk, NULL, &store, &err), KF_OK);
+    kf_engine_config_t cfg = {.clock = kf_clock_system(), .disk_reserve_bytes = 1 << 20};
+    kf_engine_t *engine;
+    cr_assert_eq(kf_engine_create(&cfg, store, &engine, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(kf_engine_start(engine, &err), KF_OK);
+    char why[KF_ERROR_MESSAGE_BYTES_MAX] = "";
+    cr_assert_not(kf_engine_unready(engine, why, sizeof why));
+
+    kf_memdisk_set_free_bytes(disk, 1000 * 1000); /* below 1 MiB */
+    /* The engine measures at most every KF_DISK_CHECK_INTERVAL_MS: wait for
+     * /readyz's view to change (a condition, not a sleep). */
+    while (!kf_engine_unready(engine, why, sizeof why)) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert(strstr(why, "disk reserve reached: 1000000 bytes free") != NULL, "%s", why);
+    static req_slot_t refused;
+    fill(&refused, 1);
+    cr_assert_eq(kf_engine_submit(engine, &refused.cmd), KF_OK);
+    wait_for(&w.done, 1);
+    cr_assert_eq(refused.cmd.error.status, KF_E_NO_SPACE, "%s", refused.cmd.error.message);
+    cr_assert(strstr(refused.cmd.error.message, "--disk-reserve") != NULL, "%s",
+              refused.cmd.error.message);
+
+    static req_slot_t describe;
+    static Keyflow__V1__DescribeCoordinatorRequest dreq =
+        KEYFLOW__V1__DESCRIBE_COORDINATOR_REQUEST__INIT;
+    static Keyflow__V1__CoordinatorRef ref = KEYFLOW__V1__COORDINATOR_REF__INIT;
+    ref.kind = KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE;
+    ref.workflow = "wf";
+    ref.key = "k1";
+    dreq.coordinator = &ref;
+    fill(&describe, 2);
+    describe.cmd.op = KF_OP_DESCRIBE_COORDINATOR;
+    describe.cmd.request = &dreq.base;
+    cr_assert_eq(kf_engine_submit(engine, &describe.cmd), KF_OK);
+    wait_for(&w.done, 2);
+    cr_assert_neq(describe.cmd.error.status, KF_E_NO_SPACE, "reads go on: %s",
+                  describe.cmd.error.message);
+
+    kf_memdisk_set_free_bytes(disk, UINT64_MAX);
+    while (kf_engine_unready(engine, why, sizeof why)) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    static req_slot_t accepted;
+    fill(&accepted, 3);
+    cr_assert_eq(kf_engine_submit(engine, &accepted.cmd), KF_OK);
+    wait_for(&w.done, 3);
+    cr_assert_eq(accepted.cmd.error.status, KF_OK, "%s", accepted.cmd.error.message);
+
+    kf_engine_stop(engine);
+    kf_engine_destroy(engine);
+    kf_arena_deinit(&refused.arena);
+    kf_arena_deinit(&describe.arena);
+    kf_arena_deinit(&accepted.arena);
+    kf_store_close(store);
+    kf_memdisk_destroy(disk);
+}
+
+/* A write that would leave less than a quarter of the reserve free is not
+ * made: the engine fail-stops with its own message, and the call in
+ * flight gets it. (The reserve refuses new events long before; here the
+ * space vanishes between two measures, as if another process filled the
+ * disk.) */
+Test(engine_threads, a_write_into_a_full_disk_fail_stops_first, .timeout = 30) {
+    kf_memdisk_t *disk = kf_memdisk_create();
+    w.disk = disk;
+    w.done = 0;
+    w.fatal = 0;
+    kf_store_t *store;
+    kf_error_t err;
+    cr_assert_eq(kf_store_open_mem(disk, NULL, &store, &err), KF_OK);
+    kf_engine_config_t cfg = {
+        .clock = kf_clock_system(), .disk_reserve_bytes = 1 << 20, .on_fatal = on_fatal};
+    kf_engine_t *engine;
+    cr_assert_eq(kf_engine_create(&cfg, store, &engine, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(kf_engine_start(engine, &err), KF_OK);
+    uint64_t before = kf_memdisk_writes(disk);
+    kf_memdisk_set_free_bytes(disk, 1000); /* measured again before the write */
+    static req_slot_t slot;
+    fill(&slot, 1);
+    cr_assert_eq(kf_engine_submit(engine, &slot.cmd), KF_OK);
+    wait_for(&w.done, 1);
+    cr_assert_eq(slot.cmd.error.status, KF_E_UNAVAILABLE);
+    cr_assert(strncmp(slot.cmd.error.message, "storage failure: disk full: 1000 bytes free", 43) ==
+                  0,
+              "%s", slot.cmd.error.message);
+    cr_assert_eq(w.fatal, 1);
+    cr_assert(kf_engine_failed(engine));
+    cr_assert_eq(kf_memdisk_writes(disk), before, "nothing was written");
+    kf_engine_stop(engine);
+    kf_engine_destroy(engine);
+    kf_arena_deinit(&slot.arena);
     kf_store_close(store);
     kf_memdisk_destroy(disk);
 }

@@ -1,0 +1,247 @@
+"""End-to-end tests of keyflowd on a full disk: the data directory is a
+small tmpfs mounted for the test (needs root; skipped with a message
+otherwise).
+
+- Filled under load down to --disk-reserve: new events are refused with
+  RESOURCE_EXHAUSTED "disk reserve reached" (HTTP 507), /readyz says why,
+  while reads, run completions, polls and cancels go on; it restarts on that
+  disk and serves reads; once space is freed, events go in again.
+- Filled behind its back (another writer takes the last bytes): the next
+  write fail-stops with keyflowd's own message, the call in flight gets
+  "storage failure: ..., stopping", the process exits 1 (no abort inside
+  RocksDB), and after space is freed it restarts with everything that was
+  acknowledged.
+
+Run (Debian's Python, as root):
+  cd /work/main && KEYFLOW_BUILD_DIR=build PYENV_VERSION=system \
+      python3 -m unittest discover -s tests/e2e -p 'test_disk_full.py' -v
+"""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+harness.stubs()
+import grpc  # noqa: E402
+from keyflow.v1 import coordinators_pb2 as C  # noqa: E402
+from keyflow.v1 import coordinators_pb2_grpc as CG  # noqa: E402
+from keyflow.v1 import runs_pb2 as R  # noqa: E402
+from keyflow.v1 import runs_pb2_grpc as RG  # noqa: E402
+
+FS_BYTES = 40 * 1024 * 1024
+RESERVE = "8MiB"
+RESERVE_BYTES = 8 * 1024 * 1024
+BIG_INPUT = json.dumps("x" * (200 * 1024))  # under the 256 KiB event input bound
+
+
+def wait_until(fn, timeout, what, interval=0.05):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError("timed out after %.1fs waiting for %s (last value: %r)" % (timeout, what, last))
+
+
+def fill(path, leave_bytes):
+    """Writes zeros to `path` until the filesystem has about leave_bytes
+    free (0: until it is full). Returns the bytes written."""
+    st = os.statvfs(os.path.dirname(path))
+    free = st.f_bavail * st.f_frsize
+    want = max(0, free - leave_bytes)
+    written = 0
+    chunk = b"\0" * 65536
+    with open(path, "ab") as f:
+        while leave_bytes > 0 and written < want or leave_bytes == 0:
+            n = min(len(chunk), want - written) if leave_bytes > 0 else len(chunk)
+            try:
+                f.write(chunk[:n])
+                f.flush()
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                break
+            written += n
+    return written
+
+
+class DiskFullTest(unittest.TestCase):
+    def setUp(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root to mount a small tmpfs for the data directory")
+        self.server = harness.Keyflowd(args=["--disk-reserve", RESERVE])
+        self.addCleanup(self.server.cleanup)
+        self.db = os.path.join(self.server.data_dir, "db")
+        os.makedirs(self.db)
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d" % FS_BYTES, "tmpfs", self.db],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            self.skipTest("cannot mount a tmpfs (%s)" % p.stderr.strip())
+        self.addCleanup(lambda: subprocess.run(["umount", "-l", self.db]))
+        self.addCleanup(self.stop_quietly)
+        self.filler = os.path.join(self.db, "filler")
+        self.wf = "wf-" + uuid.uuid4().hex[:8]
+        self.channel = None
+
+    def tearDown(self):
+        result = getattr(getattr(self, "_outcome", None), "result", None)
+        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
+        if any(t is self for t, _ in bad):
+            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+
+    def stop_quietly(self):
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        if self.server.proc is not None:
+            self.server.kill()
+
+    def start(self):
+        self.server.start()
+        if self.channel is not None:
+            self.channel.close()
+        self.channel = grpc.insecure_channel(self.server.grpc_target)
+        self.coords = CG.CoordinatorsStub(self.channel)
+        self.runs = RG.RunsStub(self.channel)
+
+    def send(self, key, rule, input_json="null", stub=None):
+        return (stub or self.coords).SendEvent(C.SendEventRequest(
+            workflow=self.wf, key=key, event=C.Event(rule=rule, input_json=input_json)), timeout=30)
+
+    def debounce(self):
+        return C.Rule(kind=C.RULE_KIND_DEBOUNCE, window_ms=600000)
+
+    def free_bytes(self):
+        st = os.statvfs(self.db)
+        return st.f_bavail * st.f_frsize
+
+    def fill_under_load(self):
+        """Big events from four clients until one is refused for the disk
+        reserve; returns that error."""
+        refused = []
+        failures = []
+
+        def client(n):
+            ch = grpc.insecure_channel(self.server.grpc_target)
+            stub = CG.CoordinatorsStub(ch)
+            i = 0
+            try:
+                while not refused and not failures and i < 1000:
+                    i += 1
+                    try:
+                        self.send("big-%d-%d" % (n, i), self.debounce(), BIG_INPUT, stub)
+                    except grpc.RpcError as e:
+                        (refused if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else failures).append(e)
+            finally:
+                ch.close()
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        self.assertEqual(failures, [], "only refusals for the reserve: %r" % failures[:1])
+        self.assertTrue(refused, "the disk reserve was never reached (%d bytes free)" % self.free_bytes())
+        return refused[0]
+
+    def test_reserve_refuses_new_writes_and_the_rest_goes_on(self):
+        self.start()
+        # Before the disk fills: three runs (batches of one start at once),
+        # two of them leased, and an open debounce window.
+        batch_of_one = C.Rule(kind=C.RULE_KIND_BATCH, max_events=1)
+        run_ids = [self.send("run-%d" % i, batch_of_one, str(i)).receipt.run_id for i in range(3)]
+        leased = self.runs.PollRuns(R.PollRunsRequest(
+            workflows=[self.wf], worker_id="w1", max_runs=2), timeout=10).runs
+        self.assertEqual(len(leased), 2)
+        self.send("open-1", self.debounce(), '"kept"')
+        # A filler leaves the reserve plus 6 MiB; events fill the rest.
+        fill(self.filler, RESERVE_BYTES + 6 * 1024 * 1024)
+        err = self.fill_under_load()
+        self.assertIn("disk reserve reached", err.details())
+        self.assertIn("--disk-reserve", err.details())
+
+        # New writes: refused on both transports, naming the reserve.
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.send("new-key", self.debounce())
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        status, body = self.server.http("POST", "/v1/workflows/%s/keys/http-key/events" % self.wf,
+                                        {"rule": {"kind": "debounce", "windowMs": 1000}, "input": 1})
+        self.assertEqual(status, 507, body)
+        self.assertEqual(body["status"], "RESOURCE_EXHAUSTED")
+        self.assertIn("disk reserve reached", body["message"])
+        status, body = self.server.http("GET", "/readyz")
+        self.assertEqual(status, 503, body)
+        self.assertIn("disk reserve reached", body["message"])
+        self.assertEqual(self.server.http("GET", "/healthz")[0], 200)
+        metrics = self.server.http("GET", "/metrics")[1]
+        self.assertIn("\nkeyflow_disk_reserve_reached 1\n", metrics)
+
+        # Reads, completions, polls and deletions go on.
+        self.assertEqual(self.runs.GetRun(R.GetRunRequest(run_id=run_ids[2]), timeout=10).run_id, run_ids[2])
+        d = self.coords.DescribeCoordinator(C.DescribeCoordinatorRequest(coordinator=C.CoordinatorRef(
+            kind=C.RULE_KIND_DEBOUNCE, workflow=self.wf, key="open-1")), timeout=10)
+        self.assertTrue(d.exists)
+        self.runs.CompleteRun(R.CompleteRunRequest(
+            run_id=leased[0].run_id, lease=leased[0].lease, result_json='{"ok": true}'), timeout=10)
+        self.assertEqual(self.runs.GetRun(R.GetRunRequest(run_id=leased[0].run_id), timeout=10).status,
+                         R.RUN_STATUS_COMPLETED)
+        third = self.runs.PollRuns(R.PollRunsRequest(workflows=[self.wf], worker_id="w2"), timeout=10).runs
+        self.assertEqual([r.run_id for r in third], [run_ids[2]])
+        cancelled = self.coords.CancelWindow(C.CancelWindowRequest(coordinator=C.CoordinatorRef(
+            kind=C.RULE_KIND_DEBOUNCE, workflow=self.wf, key="open-1")), timeout=10)
+        self.assertTrue(cancelled.cancelled)
+
+        # It restarts on that disk and serves reads; writes stay refused.
+        self.assertEqual(self.server.stop(), 0)
+        self.start()
+        self.assertEqual(self.runs.GetRun(R.GetRunRequest(run_id=leased[0].run_id), timeout=10).status,
+                         R.RUN_STATUS_COMPLETED)
+        self.assertIn("disk reserve reached", self.server.http("GET", "/readyz")[1]["message"])
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.send("new-key", self.debounce())
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+        # Space freed: events go in again, and it is ready.
+        os.unlink(self.filler)
+        wait_until(lambda: self.server.http("GET", "/readyz")[0] == 200, 10, "/readyz 200 with space back")
+        self.assertTrue(self.send("new-key", self.debounce()).receipt.run_id)
+        self.assertEqual(self.server.stop(), 0)
+
+    def test_a_disk_filled_behind_its_back_fail_stops_with_its_own_message(self):
+        self.start()
+        acked = self.send("kept", self.debounce(), '"before"').receipt.run_id
+        fill(self.filler, 0)
+        self.assertLess(self.free_bytes(), 65536)
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.send("lost", self.debounce(), '"after"')
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        self.assertRegex(cm.exception.details(), r"^storage failure: disk full: .*, stopping$")
+        code = self.server.proc.wait(timeout=30)
+        self.server.proc = None
+        self.server.log.close()
+        log = self.server.read_log()
+        self.assertEqual(code, 1, log)
+        self.assertIn("storage failure: disk full", log)
+        self.assertNotIn("Assertion", log)
+        # With space back it starts, with everything acknowledged.
+        os.unlink(self.filler)
+        self.start()
+        d = self.coords.DescribeCoordinator(C.DescribeCoordinatorRequest(coordinator=C.CoordinatorRef(
+            kind=C.RULE_KIND_DEBOUNCE, workflow=self.wf, key="kept")), timeout=10)
+        self.assertEqual(d.window.run_id, acked)
+        self.assertEqual(self.server.stop(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
