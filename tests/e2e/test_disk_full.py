@@ -232,7 +232,8 @@ class DiskFullTest(unittest.TestCase):
         self.server.log.close()
         log = self.server.read_log()
         self.assertEqual(code, 1, log)
-        self.assertIn("storage failure: disk full", log)
+        self.assertIn("fail-stop: a durable write failed (storage failure)", log)
+        self.assertIn("disk full: ", log)
         self.assertNotIn("Assertion", log)
         # With space back it starts, with everything acknowledged.
         os.unlink(self.filler)

@@ -225,8 +225,11 @@ class HealthTest(unittest.TestCase):
         self.assertEqual(w.next(), SERVING)
         self.send_event(server.grpc_target, "before")  # syncs work until the trigger exists
         open(trigger, "w").close()
-        with self.assertRaises(grpc.RpcError):
+        with self.assertRaises(grpc.RpcError) as cm:
             self.send_event(server.grpc_target, "after")  # never acknowledged
+        # The call in flight is told what happened.
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        self.assertRegex(cm.exception.details(), r"^storage failure: .*, stopping$")
         self.assertEqual(w.next(), NOT_SERVING)
         # No drain grace for a failure: the process stops by itself, exit 1.
         self.assertEqual(server.proc.wait(timeout=60), 1)
