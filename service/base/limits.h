@@ -148,6 +148,25 @@
 /* Cancels of parked polls and reads waiting for the engine's next turn:
  * more than can be parked at once, so none is dropped in practice. */
 #define KF_CANCELS_MAX (2 * (KF_PARKED_POLLS_MAX + KF_PARKED_READS_MAX))
+/* REMOTE functions (workers on the Workers stream, functions/remote.c).
+ * A worker's answer to one handler call may take up to the descriptor's
+ * limits.call_timeout_ms: long enough by default for a garbage-collection
+ * pause or a cold import, and at most 5 minutes, since the function's
+ * batches queue behind the call meanwhile. A call past it fails its batch
+ * (DEADLINE_EXCEEDED) and ends the worker's stream. */
+#define KF_FN_CALL_TIMEOUT_MS_DEFAULT 10000
+#define KF_FN_CALL_TIMEOUT_MS_MAX     300000
+/* Calls one worker takes at once (its hello's max_concurrent_calls): enough
+ * to keep a worker busy while results and the next calls travel; each call
+ * out costs the step a call buffer (max_batch_rows activations). */
+#define KF_WORKER_CONCURRENCY_MAX 64
+/* Calls one step has out at once, over all of its function's workers. */
+#define KF_FN_CALLS_IN_FLIGHT_MAX 64
+/* Worker streams the server holds at once, and workers one function has
+ * (more are refused RESOURCE_EXHAUSTED before they reach the engine). */
+#define KF_WORKER_STREAMS_MAX       1024
+#define KF_WORKERS_PER_FUNCTION_MAX 64
+#define KF_WORKER_NAME_BYTES_MAX    128
 /* Native handler plugins: files scanned and bytes read per file. */
 #define KF_PLUGIN_FILES_MAX 256
 #define KF_PLUGIN_BYTES_MAX (64LL * 1024 * 1024)
@@ -235,6 +254,10 @@ _Static_assert(KF_FN_MAX_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX,
                "a full input batch fits a request");
 _Static_assert(KF_FN_MAX_BATCH_ROWS_DEFAULT <= KF_FN_MAX_BATCH_ROWS_MAX, "default within bound");
 _Static_assert(KF_FN_MAX_INPUT_ROWS_DEFAULT <= KF_FN_MAX_INPUT_ROWS_MAX, "default within bound");
+_Static_assert(KF_FN_CALL_TIMEOUT_MS_DEFAULT <= KF_FN_CALL_TIMEOUT_MS_MAX, "default within bound");
+_Static_assert(KF_WORKER_CONCURRENCY_MAX <= KF_FN_CALLS_IN_FLIGHT_MAX,
+               "one worker's calls fit a step's window");
+_Static_assert(KF_WORKERS_PER_FUNCTION_MAX <= KF_WORKER_STREAMS_MAX, "workers are streams");
 _Static_assert(KF_KEY_COLUMNS_MAX <= KF_SCHEMA_FIELDS_MAX, "key columns are input columns");
 _Static_assert(KF_FUNCTION_KEY_BYTES_MAX < KF_LOG_LINE_BYTES_MAX, "a key fits a log line");
 _Static_assert(KF_GRANT_PREFIX_BYTES_MAX >= KF_WORKFLOW_BYTES_MAX &&

@@ -236,6 +236,7 @@ uint32_t kf_core_tick(kf_core_t *core, uint32_t limit) {
         case KF_TIMER_RUN:
         case KF_TIMER_POLL: kf_runs_fire(core->runs, ctx, t); break;
         case KF_TIMER_FUNCTION: kf_functions_fire(core->functions, ctx, t); break;
+        case KF_TIMER_REMOTE_CALL: kf_functions_fire_call(core->functions, ctx, t); break;
         default: KF_UNREACHABLE();
         }
     }
@@ -287,7 +288,27 @@ void kf_core_set_disk_low(kf_core_t *core, const char *why) {
     }
 }
 
+void kf_worker_event_free(kf_worker_event_t *ev) {
+    if (ev == NULL) {
+        return;
+    }
+    if (ev->message != NULL) {
+        protobuf_c_message_free_unpacked(ev->message, NULL);
+    }
+    free(ev);
+}
+
+void kf_core_worker_events(kf_core_t *core, kf_worker_event_t *list) {
+    while (list != NULL) {
+        kf_worker_event_t *next = list->next;
+        kf_functions_worker_event(core->functions, &core->ctx, list);
+        kf_worker_event_free(list);
+        list = next;
+    }
+}
+
 void kf_core_shutdown(kf_core_t *core) {
     kf_runs_release_polls(core->runs, &core->ctx);
+    kf_functions_release_workers(core->functions, &core->ctx);
     kf_functions_release_reads(core->functions, &core->ctx);
 }

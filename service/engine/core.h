@@ -47,6 +47,8 @@ void kf_core_pump(kf_core_t *core);
 /* Cancels a parked command (a long poll whose client left); no-op when
  * `cmd` is not parked under `id`. */
 void kf_core_cancel(kf_core_t *core, kf_cmd_t *cmd, uint64_t id);
+/* Handles worker events (engine.h) in order, freeing each. */
+void kf_core_worker_events(kf_core_t *core, kf_worker_event_t *list);
 /* Answers parked polls (empty) in the current step: call at shutdown. */
 void kf_core_shutdown(kf_core_t *core);
 /* The disk reserve: while `why` is non-NULL, commands that grow the store

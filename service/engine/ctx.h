@@ -25,6 +25,7 @@ enum {
     KF_TIMER_RUN = 2,
     KF_TIMER_POLL = 3,
     KF_TIMER_FUNCTION = 4,
+    KF_TIMER_REMOTE_CALL = 5, /* a remote handler call's deadline */
 };
 
 typedef struct kf_ctx {

@@ -18,6 +18,7 @@
 #include "base/arena.h"
 #include "base/clock.h"
 #include "auth/auth.h"
+#include "base/limits.h"
 #include "base/status.h"
 #include "proto/methods.h"
 #include "storage/store.h"
@@ -48,6 +49,60 @@ struct kf_cmd {
     uint64_t id;  /* unique per submission, for cancellation */
     void *parked; /* engine state while the command waits */
 };
+
+/* ---- remote handler workers ---------------------------------------------
+ * A worker stream (keyflow.v1.Workers/Serve) lives in a front end; the
+ * engine owns what it means (functions/remote.c). They meet here:
+ *
+ *   front end (any thread)                     engine thread
+ *   kf_engine_worker_post(HELLO)  ------------> accept: ops->send(welcome)
+ *                                               or refuse: ops->close(status)
+ *                                <------------ ops->send(call), ...
+ *   kf_engine_worker_post(RESULT) ------------> recorded, validated, applied
+ *   kf_engine_worker_post(GONE)   ------------> its calls fail; ops->release
+ *
+ * Contract:
+ *   - Per link the front end posts one HELLO first, then RESULTs, then one
+ *     GONE (the stream ended, for whatever reason); nothing after GONE.
+ *   - Once a HELLO was accepted by kf_engine_worker_post, the engine calls
+ *     ops->release(link) exactly once: when it handles the GONE, or when
+ *     it stops (kf_engine_stop), whichever is first; it never touches the
+ *     link after that. Posts after the engine stopped are refused.
+ *   - ops->send and ops->close run on the engine thread and must not block;
+ *     send takes ownership of the packed keyflow.v1.ServerMessage (free()).
+ *     After close the engine sends nothing more on the link.
+ *   - The engine has at most the worker's granted concurrency of calls out
+ *     on a link, so a front end that forwards only RESULTs answering calls
+ *     it sent keeps the number of events per link bounded by that. */
+typedef struct kf_worker_link kf_worker_link_t; /* the front end's, opaque here */
+
+typedef struct kf_worker_ops {
+    void (*send)(kf_worker_link_t *link, uint8_t *message, size_t len, bool is_call);
+    void (*close)(kf_worker_link_t *link, kf_status_t status, const char *message);
+    void (*release)(kf_worker_link_t *link);
+} kf_worker_ops_t;
+
+typedef enum kf_worker_event_kind {
+    KF_WORKER_HELLO,
+    KF_WORKER_RESULT,
+    KF_WORKER_GONE,
+} kf_worker_event_kind_t;
+
+typedef struct kf_worker_event {
+    kf_worker_event_kind_t kind;
+    kf_worker_link_t *link;
+    const kf_worker_ops_t *ops; /* HELLO: lives as long as the link */
+    /* HELLO and RESULT: the unpacked keyflow.v1.WorkerMessage (protobuf-c,
+     * default allocator), owned by the event. */
+    ProtobufCMessage *message;
+    char peer[64];                           /* HELLO: for logs */
+    char reason[KF_ERROR_MESSAGE_BYTES_MAX]; /* GONE: why the stream ended */
+    struct kf_worker_event *next;            /* engine-private */
+} kf_worker_event_t;
+
+/* Frees an event and its message (the engine does it for events it took).
+ * Any thread. */
+void kf_worker_event_free(kf_worker_event_t *ev);
 
 typedef struct kf_engine_config {
     kf_clock_t clock;     /* default: system clock */

@@ -51,6 +51,14 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
  * step takes its response and goes on. */
 void kf_functions_pump(kf_functions_t *fns, kf_ctx_t *ctx);
 
+/* A worker event from a front end (engine/engine.h): a hello, a result, or
+ * the end of the stream. `ev` stays the caller's. */
+void kf_functions_worker_event(kf_functions_t *fns, kf_ctx_t *ctx, kf_worker_event_t *ev);
+/* A KF_TIMER_REMOTE_CALL timer fired: a worker missed a call's deadline. */
+void kf_functions_fire_call(kf_functions_t *fns, kf_ctx_t *ctx, kf_timer_t *timer);
+/* Ends every worker stream (at shutdown): steps waiting for them fail, and
+ * every link goes back to its front end. */
+void kf_functions_release_workers(kf_functions_t *fns, kf_ctx_t *ctx);
 /* A KF_TIMER_FUNCTION timer fired: a parked read's deadline. */
 void kf_functions_fire(kf_functions_t *fns, kf_ctx_t *ctx, kf_timer_t *timer);
 /* Groups <= ctx->durable_group_id are durable: wake parked reads. */

@@ -11,6 +11,9 @@
  *   host.c      the handler host: the kf_host_t a handler builds its
  *               response through, and the hosts that send a call out and
  *               bring its response back (native, deferred).
+ *   remote.c    the remote host: workers on the Workers stream (their
+ *               hellos, calls out with deadlines, results recorded through
+ *               the same kf_host_t, worker loss).
  *   step.c      PushBatch: producers, the step machine (activations,
  *               validation, apply, due timers), undo and the commit.
  *   output.c    ReadOutput: durable output, parked reads.
@@ -40,9 +43,17 @@
  *                        function; batches queue behind it. Later the host
  *                        records the response into the same `call`, through
  *                        kf__host_abi's builder functions or kf__call_fail(),
- *                        and calls kf__step_resume(fns, ctx, fn)
+ *                        sets call->answered and calls
+ *                        kf__step_resume(fns, ctx, fn)
  *   step.c take_response: validate the whole response, apply, check the
  *   function's limits, append the call's output rows to the step's.
+ *
+ * A host that pipelines (remote) takes several calls of a step at once,
+ * up to host->room(): step.c then builds calls whose keys are disjoint from
+ * every call out (looking ahead past rows whose key is busy), takes the
+ * responses in the order the calls went out, and puts the step's output
+ * back into input-row order before it commits, so the output is what one
+ * call at a time would have produced.
  *
  * Every function here runs on the engine thread.
  */
@@ -52,6 +63,7 @@
 #include <stdlib.h>
 
 #include "base/assert.h"
+#include "base/limits.h"
 #include "base/map.h"
 #include "base/pq.h"
 #include "functions/descriptor.h"
@@ -86,7 +98,8 @@ struct fn_key {
     uint32_t key_len;
     char *key_text; /* owned */
     uint32_t key_text_len;
-    uint8_t state; /* KF_STATE_* */
+    uint8_t state;   /* KF_STATE_* */
+    uint8_t in_call; /* in a handler call that is out (pipelining) */
     int64_t value;
     ev_timer_t **timers; /* one slot per timer name, NULL until needed */
     uint32_t step_mark;  /* the step that snapshotted this key */
@@ -126,7 +139,9 @@ struct function {
     int event_col;
     int out_event_col;
     const kf__handler_host_t *host; /* NULL: unavailable (see `unavailable`) */
-    const kf_handler_t *handler;    /* the native handler the host invokes */
+    struct kf__worker *workers;     /* REMOTE: workers serving it (remote.c) */
+    uint32_t nworkers;
+    const kf_handler_t *handler; /* the native handler the host invokes */
     char unavailable[KF_ERROR_MESSAGE_BYTES_MAX];
     kf_map_t keys;
     uint64_t live_keys; /* keys with state or timers */
@@ -165,6 +180,9 @@ struct kf_functions {
     uint8_t *scratch; /* canonical key building */
     size_t scratch_cap;
     bool defer_calls; /* test seam: native calls answer on pump() */
+    kf_map_t workers; /* remote.c: every worker stream, by its link */
+    uint64_t next_call_id;
+    uint64_t next_worker_id;
 };
 
 /* ---- a step: one PushBatch, with its undo log -------------------------- */
@@ -200,10 +218,24 @@ struct step {
     kf_cmd_t *cmd; /* the PushBatch being answered */
     const Keyflow__V1__PushBatchRequest *req;
     kf_rows_t rows_storage;
-    kf_call_t *call;
     bool timers_phase; /* rows done, watermark advanced */
-    uint32_t row_pos;  /* next input row */
-    bool awaiting;     /* a call is out, its response not yet taken */
+    uint32_t row_pos;  /* next input row (one call at a time) */
+    bool awaiting;     /* a call is out, or the host has no room: waiting */
+    /* Calls out, oldest first (a ring); responses are taken in this order. */
+    kf_call_t *calls_out[KF_FN_CALLS_IN_FLIGHT_MAX];
+    uint32_t out_head;
+    uint32_t nout;
+    kf_call_t *spare; /* calls to reuse (linked by next_spare) */
+    /* Pipelining (host->pipelines): the rows not yet in a call as a list
+     * in row order, each row's key once looked up, and the input row of
+     * each output row, to restore input order at the end. */
+    bool lookahead;
+    bool reordered;     /* a call took a row before an earlier one */
+    uint32_t *next_row; /* next unassigned row after each row */
+    uint32_t first_row; /* first unassigned row (rows->count: none) */
+    fn_key_t **row_key;
+    uint32_t *out_row; /* per step output row: its activation's input row */
+    uint32_t out_row_cap;
 };
 
 /* ---- a handler call: its activations and the response being built ------ */
@@ -238,7 +270,10 @@ struct kf_call {
     kf_outbuf_t out;   /* this call's output rows */
     uint32_t *row_act; /* activation of each output row */
     uint32_t row_act_cap;
-    int cur_row; /* the row being built, or -1 */
+    int cur_row;     /* the row being built, or -1 */
+    bool answered;   /* the response is recorded: take_response may run */
+    void *host_data; /* the host's record of the call while it is out */
+    struct kf_call *next_spare;
     bool failed;
     kf_status_t fail_status;
     char message[KF_ERROR_MESSAGE_BYTES_MAX];
@@ -294,9 +329,17 @@ typedef enum kf__call_sent {
  * kf__host_abi (or kf__call_fail) and call kf__step_resume(). */
 struct kf__handler_host {
     const char *name; /* for logs */
+    bool pipelines;   /* takes several calls of a step at once (see above) */
+    /* How many more calls of fn's active step it takes now: > 0 room, 0
+     * none until a call out is answered (the step waits), -1 none at all
+     * (the step fails UNAVAILABLE with fn->unavailable). */
+    int (*room)(kf_functions_t *fns, function_t *fn);
     /* Sends `call` (borrowed: it and the step's arena live until the step
-     * ends, which cannot happen while the call is out). */
+     * ends or abandons it). */
     kf__call_sent_t (*send)(kf_functions_t *fns, function_t *fn, kf_call_t *call);
+    /* The step ended while `call` was out: the host forgets it (its
+     * response, if one comes, is dropped) and never touches it again. */
+    void (*abandon)(kf_functions_t *fns, function_t *fn, kf_call_t *call);
 };
 
 /* The builder and accessor functions a handler's response goes through,
@@ -314,16 +357,29 @@ __attribute__((format(printf, 3, 4))) int kf__call_fail(kf_call_t *call, kf_stat
 void kf__call_init(kf_call_t *call, step_t *s, uint32_t cap);
 /* Empties the call for the step's next one. */
 void kf__call_reset(kf_call_t *call);
-/* Adds an activation of key `k` (the key's state as it is now). */
-void kf__call_add(kf_call_t *call, fn_key_t *k, int32_t callback, uint32_t row,
+/* Adds an activation of key `k` (the key's state as it is now) with id
+ * `id`, and marks the key in a call. */
+void kf__call_add(kf_call_t *call, fn_key_t *k, uint64_t id, int32_t callback, uint32_t row,
                   int64_t event_time_us, const char *timer_name);
 /* Sends the call through its function's host. */
 kf__call_sent_t kf__call_send(kf_call_t *call);
 
+/* ---- remote.c ---------------------------------------------------------- */
+
+/* The host of REMOTE functions. */
+extern const kf__handler_host_t kf__remote_host;
+/* Whether fn (REMOTE) has a worker now; the reason in fn->unavailable. */
+bool kf__remote_available(const function_t *fn);
+void kf__remote_init(kf_functions_t *fns);
+/* Ends every worker stream (at shutdown and destroy): their calls fail,
+ * and the front end gets every link back. */
+void kf__remote_release_all(kf_functions_t *fns, kf_ctx_t *ctx);
+
 /* ---- step.c ------------------------------------------------------------ */
 
-/* The response of the function's active step's call is in: take it and go
- * on (the step may finish, and queued batches start). */
+/* A response of the active step came in, or the host's room changed: take
+ * what is answered and go on (the step may finish, and queued batches
+ * start). No-op for a function without a waiting step. */
 void kf__step_resume(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn);
 /* Refuses the batches queued behind an active step (at shutdown). */
 void kf__push_release_queued(kf_ctx_t *ctx, function_t *fn);

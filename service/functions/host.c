@@ -12,7 +12,8 @@
  *     native_host invokes the plugin at once (KF__CALL_ANSWERED);
  *     deferred_host (the defer_calls test seam) leaves the call out
  *     (KF__CALL_OUT) and invokes the plugin on kf_functions_pump(), the way
- *     a remote worker's response would arrive later.
+ *     a remote worker's response arrives later; kf__remote_host (remote.c)
+ *     sends calls to workers.
  *
  * Invariants
  *   1. Builder functions check their arguments as they are called; the
@@ -427,15 +428,16 @@ void kf__call_reset(kf_call_t *call) {
     call->out.bytes = 0;
     call->cur_row = -1;
     call->failed = false;
+    call->answered = false;
+    call->host_data = NULL;
     memset(call->res, 0, call->cap * sizeof *call->res);
 }
 
-void kf__call_add(kf_call_t *call, fn_key_t *k, int32_t callback, uint32_t row,
+void kf__call_add(kf_call_t *call, fn_key_t *k, uint64_t id, int32_t callback, uint32_t row,
                   int64_t event_time_us, const char *timer_name) {
-    step_t *s = call->step;
-    KF_ASSERT(call->count < call->cap);
+    KF_ASSERT(call->count < call->cap && !k->in_call);
     kf_activation_t *a = &call->acts[call->count];
-    a->id = s->fn->next_activation++;
+    a->id = id;
     a->key = k->key;
     a->key_len = k->key_len;
     a->key_text = k->key_text;
@@ -448,6 +450,7 @@ void kf__call_add(kf_call_t *call, fn_key_t *k, int32_t callback, uint32_t row,
     a->state_value = k->value;
     call->keys[call->count] = k;
     call->count++;
+    k->in_call = 1;
 }
 
 /* ---- handler hosts ----------------------------------------------------- */
@@ -459,19 +462,42 @@ static void native_invoke(function_t *fn, kf_call_t *call) {
     }
 }
 
-/* Native handlers answer inside invoke(). */
+/* Native handlers answer inside invoke(), so one call at a time. */
+static int native_room(kf_functions_t *fns, function_t *fn) {
+    (void)fns;
+    (void)fn;
+    return 1;
+}
+
 static kf__call_sent_t native_send(kf_functions_t *fns, function_t *fn, kf_call_t *call) {
     (void)fns;
     native_invoke(fn, call);
     return KF__CALL_ANSWERED;
 }
 
+/* Never called: a native call is never out. */
+static void native_abandon(kf_functions_t *fns, function_t *fn, kf_call_t *call) {
+    (void)fns;
+    (void)fn;
+    (void)call;
+    KF_UNREACHABLE();
+}
+
 static const kf__handler_host_t native_host = {
     .name = "native",
+    .pipelines = false,
+    .room = native_room,
     .send = native_send,
+    .abandon = native_abandon,
 };
 
-/* The defer_calls test seam: the call stays out until kf_functions_pump(). */
+/* The defer_calls test seam: one call at a time stays out until
+ * kf_functions_pump(). */
+static int deferred_room(kf_functions_t *fns, function_t *fn) {
+    (void)fns;
+    return fn->active != NULL && fn->active->nout > 0 ? 0 : 1;
+}
+
 static kf__call_sent_t deferred_send(kf_functions_t *fns, function_t *fn, kf_call_t *call) {
     (void)fns;
     (void)fn;
@@ -479,18 +505,28 @@ static kf__call_sent_t deferred_send(kf_functions_t *fns, function_t *fn, kf_cal
     return KF__CALL_OUT;
 }
 
+/* The step ended while its call was out: pump() finds nothing to answer. */
+static void deferred_abandon(kf_functions_t *fns, function_t *fn, kf_call_t *call) {
+    (void)fns;
+    (void)fn;
+    (void)call;
+}
+
 static const kf__handler_host_t deferred_host = {
     .name = "native (deferred)",
+    .pipelines = false,
+    .room = deferred_room,
     .send = deferred_send,
+    .abandon = deferred_abandon,
 };
 
 void kf__host_attach(kf_functions_t *fns, function_t *fn) {
     fn->host = NULL;
     fn->handler = NULL;
-    if (fn->desc->runtime != KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE) {
+    if (fn->desc->runtime == KEYFLOW__V1__RUNTIME__RUNTIME_REMOTE) {
+        fn->host = &kf__remote_host;
         snprintf(fn->unavailable, sizeof fn->unavailable,
-                 "runtime REMOTE: no worker serves %s (remote workers are not supported by this "
-                 "build yet)",
+                 "no worker serves %s: start one (Workers/Serve) with its implementation_digest",
                  fn->id);
         return;
     }
@@ -506,12 +542,12 @@ void kf__host_attach(kf_functions_t *fns, function_t *fn) {
 
 /* Sends a call to the handler through the function's host. A native
  * handler answers inside send(); a remote one (or the test seam
- * `defer_calls`) answers later, through kf_functions_pump() today and a
- * worker stream tomorrow; either way the response then goes through
- * step.c's take_response() exactly as an immediate one does. */
+ * `defer_calls`) answers later, from a worker's result (remote.c) or
+ * kf_functions_pump(); either way the response then goes through step.c's
+ * take_response() exactly as an immediate one does. */
 kf__call_sent_t kf__call_send(kf_call_t *call) {
     step_t *s = call->step;
-    KF_ASSERT(s->fn->host != NULL && !s->awaiting);
+    KF_ASSERT(s->fn->host != NULL);
     s->calls++;
     s->activations += call->count;
     kf_counter_add(KF_C_HANDLER_CALLS, 1);
@@ -526,7 +562,13 @@ void kf_functions_pump(kf_functions_t *fns, kf_ctx_t *ctx) {
         if (fn->host != &deferred_host || s == NULL || !s->awaiting) {
             continue;
         }
-        native_invoke(fn, s->call);
+        for (uint32_t i = 0; i < s->nout; i++) {
+            kf_call_t *call = s->calls_out[(s->out_head + i) % KF_FN_CALLS_IN_FLIGHT_MAX];
+            if (!call->answered) {
+                native_invoke(fn, call);
+                call->answered = true;
+            }
+        }
         kf__step_resume(fns, ctx, fn);
     }
 }

@@ -102,8 +102,9 @@ static Keyflow__V1__FunctionInfo *fn_info(kf_arena_t *a, const function_t *fn) {
     info->descriptor = fn->desc; /* lives in the function's arena, outlives the reply */
     info->descriptor_sha256 = (char *)fn->sha256;
     info->created_ms = fn->created_ms;
-    info->available = fn->host != NULL;
-    info->unavailable_reason = fn->host ? "" : kf_arena_strdup(a, fn->unavailable);
+    info->available =
+        fn->host != NULL && (fn->host != &kf__remote_host || kf__remote_available(fn));
+    info->unavailable_reason = info->available ? "" : kf_arena_strdup(a, fn->unavailable);
     info->watermark_us = fn->has_watermark ? fn->watermark_us : 0;
     info->output_seq = (int64_t)fn->output_seq;
     info->keys = (int64_t)fn->live_keys;
@@ -265,6 +266,7 @@ kf_functions_t *kf_functions_create(const char *plugin_dir, bool defer_calls) {
     fns->defer_calls = defer_calls;
     kf_map_init(&fns->by_id);
     fns->plugins = kf_plugins_create(plugin_dir);
+    kf__remote_init(fns);
     return fns;
 }
 
@@ -272,6 +274,7 @@ void kf_functions_destroy(kf_functions_t *fns) {
     if (fns == NULL) {
         return;
     }
+    kf__remote_release_all(fns, NULL);
     size_t b;
     kf_map_node_t *n = kf_map_first(&fns->by_id, &b);
     while (n != NULL) {

@@ -265,27 +265,38 @@ kf_status_t kf_outbuf_append_from(kf_outbuf_t *out, const kf_outbuf_t *src, uint
     return KF_OK;
 }
 
-Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from, uint32_t n,
-                                          kf_arena_t *a) {
-    KF_ASSERT(from + n <= out->rows);
+/* A batch of n rows with ncols empty columns; NULL when the arena is full. */
+static Keyflow__V1__RowBatch *batch_new(uint32_t ncols, uint32_t n, kf_arena_t *a) {
     Keyflow__V1__RowBatch *b = kf_arena_zalloc(a, sizeof *b);
-    Keyflow__V1__Column **cols = kf_arena_zalloc(a, (out->ncols + 1) * sizeof *cols);
+    Keyflow__V1__Column **cols = kf_arena_zalloc(a, (ncols + 1) * sizeof *cols);
     if (b == NULL || cols == NULL) {
         return NULL;
     }
     keyflow__v1__row_batch__init(b);
     b->row_count = n;
-    b->n_columns = out->ncols;
+    b->n_columns = ncols;
     b->columns = cols;
+    for (uint32_t c = 0; c < ncols; c++) {
+        cols[c] = kf_arena_zalloc(a, sizeof *cols[c]);
+        if (cols[c] == NULL) {
+            return NULL;
+        }
+        keyflow__v1__column__init(cols[c]);
+    }
+    return b;
+}
+
+Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from, uint32_t n,
+                                          kf_arena_t *a) {
+    KF_ASSERT(from + n <= out->rows);
+    Keyflow__V1__RowBatch *b = batch_new(out->ncols, n, a);
+    if (b == NULL) {
+        return NULL;
+    }
     size_t cap = n ? n : 1;
     for (uint32_t c = 0; c < out->ncols; c++) {
         const Keyflow__V1__Field *f = out->schema->fields[c];
-        Keyflow__V1__Column *col = kf_arena_zalloc(a, sizeof *col);
-        if (col == NULL) {
-            return NULL;
-        }
-        keyflow__v1__column__init(col);
-        cols[c] = col;
+        Keyflow__V1__Column *col = b->columns[c];
         bool any_null = false;
         for (uint32_t i = 0; i < n; i++) {
             if (kf_outbuf_row(out, from + i)[c].null || !kf_outbuf_row(out, from + i)[c].set) {
@@ -312,6 +323,44 @@ Keyflow__V1__RowBatch *kf_outbuf_to_batch(const kf_outbuf_t *out, uint32_t from,
          * handler set a value before it set null); readers ignore it. */
         for (uint32_t i = 0; i < n; i++) {
             ct->values_set(col, i, &kf_outbuf_row(out, from + i)[c]);
+        }
+    }
+    return b;
+}
+
+Keyflow__V1__RowBatch *kf_rows_gather(const kf_rows_t *rows, const uint32_t *which, uint32_t n,
+                                      kf_arena_t *a) {
+    Keyflow__V1__RowBatch *b = batch_new(rows->ncols, n, a);
+    if (b == NULL) {
+        return NULL;
+    }
+    size_t cap = n ? n : 1;
+    for (uint32_t c = 0; c < rows->ncols; c++) {
+        const kf_column_t *in = &rows->cols[c];
+        Keyflow__V1__Column *col = b->columns[c];
+        bool any_null = false;
+        for (uint32_t i = 0; i < n && in->nulls != NULL && !any_null; i++) {
+            any_null = in->nulls[which[i]] != 0;
+        }
+        if (any_null) {
+            col->nulls = kf_arena_zalloc(a, cap * sizeof *col->nulls);
+            if (col->nulls == NULL) {
+                return NULL;
+            }
+            col->n_nulls = n;
+            for (uint32_t i = 0; i < n; i++) {
+                col->nulls[i] = in->nulls[which[i]] != 0;
+            }
+        }
+        if (!in->type->values_new(col, n, a)) {
+            return NULL;
+        }
+        /* Values (a null's placeholder too) are borrowed from the rows: the
+         * batch lives no longer than they do. */
+        for (uint32_t i = 0; i < n; i++) {
+            kf_cell_t cell;
+            kf_rows_value(rows, which[i], c, &cell);
+            in->type->values_set(col, i, &cell);
         }
     }
     return b;

@@ -62,6 +62,12 @@ static inline void kf_rows_value(const kf_rows_t *r, uint32_t row, uint32_t col,
     c->type->values_get(c->values, row, out);
 }
 
+/* Rows which[0..n) of `rows` as a RowBatch (a remote handler call's input
+ * rows). The batch points into `rows`' values; it lives in the arena and
+ * no longer than `rows`. NULL when the arena is full. */
+Keyflow__V1__RowBatch *kf_rows_gather(const kf_rows_t *rows, const uint32_t *which, uint32_t n,
+                                      kf_arena_t *arena);
+
 /* ---- output rows --------------------------------------------------------- */
 
 typedef struct kf_outbuf {

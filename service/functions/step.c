@@ -5,13 +5,15 @@
  *   kf_functions_push --(function busy)--> queue (fn_drain starts it later)
  *        |
  *   push_begin: producer check, decode and check rows --> step_advance
- *   step_advance: next_call builds a call (rows phase, then the watermark
- *        advances, then the timers phase) --> kf__call_send (host.c)
- *        KF__CALL_ANSWERED --> take_response --> next call
- *        KF__CALL_OUT      --> wait; kf__step_resume --> take_response
- *   no call left, or take_response refused --> step_finish:
+ *   step_advance: take the answered calls, oldest first (take_response);
+ *        while the host has room, next_call builds a call (rows phase,
+ *        then the watermark advances, then the timers phase) -->
+ *        kf__call_send (host.c)
+ *        KF__CALL_ANSWERED --> taken at the next turn of the loop
+ *        KF__CALL_OUT      --> wait; kf__step_resume --> step_advance
+ *   no call left and none out, or take_response refused --> step_finish:
  *        commit + acknowledge (remember the ack for retries), or
- *        rollback + refuse
+ *        abandon the calls out + rollback + refuse
  *
  * Invariants
  *   1. The first time a step touches a key (touch) it snapshots it; every
@@ -360,6 +362,32 @@ static kf_status_t check_limits(step_t *s) {
     return KF_OK;
 }
 
+/* Remembers the input row of each output row a call added to the step's
+ * output, so that restore_row_order can put a pipelined step's output back
+ * in input order. Timer activations sort after every row. */
+static kf_status_t note_output_rows(step_t *s, const kf_call_t *call, uint32_t first) {
+    if (s->out.rows > s->out_row_cap) {
+        uint32_t cap = s->out_row_cap ? s->out_row_cap : 1024;
+        while (cap < s->out.rows) {
+            cap *= 2;
+        }
+        uint32_t *p = kf_arena_alloc(s->arena, (size_t)cap * sizeof *p);
+        if (p == NULL) {
+            return kf_error_set(s->err, KF_E_LIMIT, "output: out of memory for this step");
+        }
+        if (first > 0) {
+            memcpy(p, s->out_row, (size_t)first * sizeof *p);
+        }
+        s->out_row = p;
+        s->out_row_cap = cap;
+    }
+    for (uint32_t r = 0; r < call->out.rows; r++) {
+        const kf_activation_t *a = &call->acts[call->row_act[r]];
+        s->out_row[first + r] = a->callback == KF_CALLBACK_ROW ? a->row : UINT32_MAX;
+    }
+    return KF_OK;
+}
+
 /* Validates a call's response, then applies it (invariant 1). */
 static kf_status_t take_response(kf_call_t *call) {
     step_t *s = call->step;
@@ -372,14 +400,93 @@ static kf_status_t take_response(kf_call_t *call) {
         return st;
     }
     if (call->out.rows > 0) {
+        uint32_t first = s->out.rows;
         st = kf_outbuf_append_from(&s->out, &call->out, 0, call->out.rows, s->err);
+        if (st == KF_OK && s->lookahead) {
+            st = note_output_rows(s, call, first);
+        }
     }
     return st;
 }
 
+/* A pipelined step took rows out of order (a call took a row while an
+ * earlier one waited for its key): a stable counting sort of the output by
+ * input row restores what one call at a time would have produced. */
+static kf_status_t restore_row_order(step_t *s) {
+    uint32_t n = s->out.rows;
+    uint32_t nrows = s->rows->count;
+    uint32_t *start = kf_arena_zalloc(s->arena, ((size_t)nrows + 2) * sizeof *start);
+    kf_cell_t *cells = kf_arena_alloc(s->arena, (size_t)n * s->out.ncols * sizeof *cells);
+    if (start == NULL || (cells == NULL && n > 0)) {
+        return kf_error_set(s->err, KF_E_LIMIT, "output: out of memory for this step");
+    }
+    for (uint32_t r = 0; r < n; r++) {
+        uint32_t key = s->out_row[r] == UINT32_MAX ? nrows : s->out_row[r];
+        start[key + 1]++;
+    }
+    for (uint32_t k = 0; k <= nrows; k++) {
+        start[k + 1] += start[k];
+    }
+    for (uint32_t r = 0; r < n; r++) {
+        uint32_t key = s->out_row[r] == UINT32_MAX ? nrows : s->out_row[r];
+        memcpy(cells + (size_t)start[key]++ * s->out.ncols, kf_outbuf_row(&s->out, r),
+               s->out.ncols * sizeof *cells);
+    }
+    s->out.cells = cells;
+    s->out.cap = n;
+    return KF_OK;
+}
+
 /* ---- the step machine -------------------------------------------------- */
 
-/* The next call of the rows phase: rows in arrival order; a call ends at
+/* A call object of the step, reused once taken. */
+static kf_call_t *call_get(step_t *s) {
+    kf_call_t *call = s->spare;
+    if (call != NULL) {
+        s->spare = call->next_spare;
+    } else {
+        call = kf_arena_new(s->arena, sizeof *call);
+        kf__call_init(call, s, (uint32_t)s->fn->limits.max_batch_rows);
+    }
+    kf__call_reset(call);
+    return call;
+}
+
+/* The call's keys may go into other calls again. */
+static void call_put(step_t *s, kf_call_t *call) {
+    for (uint32_t i = 0; i < call->count; i++) {
+        call->keys[i]->in_call = 0;
+    }
+    call->count = 0;
+    call->next_spare = s->spare;
+    s->spare = call;
+}
+
+/* The key of input row i, created (and snapshotted) on first sight. */
+static fn_key_t *row_key(step_t *s, uint32_t i) {
+    if (s->lookahead && s->row_key[i] != NULL) {
+        return s->row_key[i];
+    }
+    function_t *fn = s->fn;
+    char *text;
+    size_t text_len;
+    bool owned;
+    size_t klen = kf__key_of_row(s->fns, fn, s->rows, i, &text, &text_len, &owned);
+    fn_key_t *k = kf__key_find(fn, s->fns->scratch, klen);
+    if (k == NULL) {
+        k = kf__key_new(fn, s->fns->scratch, klen, text, text_len);
+        touch(s, k, false);
+    }
+    if (owned) {
+        free(text);
+    }
+    if (s->lookahead) {
+        s->row_key[i] = k;
+    }
+    return k;
+}
+
+/* Rows phase, one call at a time: rows in arrival order; a call ends at
  * max_batch_rows activations or when the next row's key already has an
  * activation in it. */
 static void build_row_call(step_t *s, kf_call_t *call) {
@@ -388,31 +495,58 @@ static void build_row_call(step_t *s, kf_call_t *call) {
     uint32_t stamp = ++s->fns->call_counter;
     while (s->row_pos < rows->count && call->count < (uint32_t)fn->limits.max_batch_rows) {
         uint32_t i = s->row_pos;
-        char *text;
-        size_t text_len;
-        bool owned;
-        size_t klen = kf__key_of_row(s->fns, fn, rows, i, &text, &text_len, &owned);
-        fn_key_t *k = kf__key_find(fn, s->fns->scratch, klen);
-        if (k == NULL) {
-            k = kf__key_new(fn, s->fns->scratch, klen, text, text_len);
-            touch(s, k, false);
-        }
-        if (owned) {
-            free(text);
-        }
+        fn_key_t *k = row_key(s, i);
         if (k->call_mark == stamp) {
             break; /* a second row of this key: next call */
         }
         k->call_mark = stamp;
         kf_cell_t event_time; /* TIMESTAMP_US, not nullable */
         kf_rows_value(rows, i, (uint32_t)fn->event_col, &event_time);
-        kf__call_add(call, k, KF_CALLBACK_ROW, i, event_time.v.i, NULL);
+        kf__call_add(call, k, s->next_activation0 + i, KF_CALLBACK_ROW, i, event_time.v.i, NULL);
         s->row_pos++;
     }
 }
 
+/* Rows phase, pipelined: the unassigned rows in arrival order, skipping a
+ * row whose key is in a call out, or was skipped or taken earlier in this
+ * scan (a key's rows stay in order: each activation sees the state its
+ * previous row left). At most max_batch_rows rows are skipped per call,
+ * which bounds the scan. Activation ids are the rows' (base + row index),
+ * as one call at a time would number them. */
+static void build_row_call_ahead(step_t *s, kf_call_t *call) {
+    function_t *fn = s->fn;
+    const kf_rows_t *rows = s->rows;
+    uint32_t cap = (uint32_t)fn->limits.max_batch_rows;
+    uint32_t stamp = ++s->fns->call_counter;
+    uint32_t skipped = 0;
+    uint32_t prev = UINT32_MAX;
+    for (uint32_t i = s->first_row; i < rows->count && call->count < cap && skipped < cap;) {
+        uint32_t next = s->next_row[i];
+        fn_key_t *k = row_key(s, i);
+        bool blocked = k->call_mark == stamp || k->in_call;
+        k->call_mark = stamp;
+        if (blocked) {
+            skipped++;
+            prev = i;
+            i = next;
+            continue;
+        }
+        if (prev == UINT32_MAX) {
+            s->first_row = next;
+        } else {
+            s->next_row[prev] = next;
+            s->reordered = true;
+        }
+        kf_cell_t event_time; /* TIMESTAMP_US, not nullable */
+        kf_rows_value(rows, i, (uint32_t)fn->event_col, &event_time);
+        kf__call_add(call, k, s->next_activation0 + i, KF_CALLBACK_ROW, i, event_time.v.i, NULL);
+        i = next;
+    }
+}
+
 /* The next call of the timers phase: due timers in (at_us, key, name)
- * order, at most max_timer_callbacks_per_step, one per key. */
+ * order, at most max_timer_callbacks_per_step, one per key; it stops at a
+ * timer whose key is in a call out (that call may cancel or move it). */
 static void build_timer_call(step_t *s, kf_call_t *call) {
     function_t *fn = s->fn;
     uint32_t per_call = (uint32_t)fn->limits.max_timer_callbacks;
@@ -423,28 +557,41 @@ static void build_timer_call(step_t *s, kf_call_t *call) {
     ev_timer_t *t;
     while ((t = kf__timer_top(fn)) != NULL && t->at_us <= s->watermark && call->count < per_call) {
         fn_key_t *k = t->owner;
-        if (k->call_mark == stamp) {
-            break; /* another timer of a key already in this call */
+        if (k->call_mark == stamp || k->in_call) {
+            break; /* another timer of a key already in a call */
         }
         k->call_mark = stamp;
         int64_t at = t->at_us;
         uint8_t name = t->name;
         touch(s, k, true);
         kf__key_set_timer(fn, k, name, KF__NO_TIME); /* fired: gone unless set again */
-        kf__call_add(call, k, KF_CALLBACK_TIMER, 0, at, fn->desc->timer_names[name]);
+        kf__call_add(call, k, fn->next_activation++, KF_CALLBACK_TIMER, 0, at,
+                     fn->desc->timer_names[name]);
         s->timer_callbacks++;
     }
 }
 
-/* Builds the step's next call; false when the step has no call left. The
- * watermark advances between the rows and the timers. */
-static bool next_call(step_t *s) {
-    kf_call_t *call = s->call;
-    kf__call_reset(call);
+typedef enum next_call {
+    NEXT_CALL,    /* `call` holds activations: send it */
+    NEXT_BLOCKED, /* the next activation's key is in a call out: wait */
+    NEXT_DONE,    /* nothing left to call */
+} next_call_t;
+
+/* Builds the step's next call into `call`. The watermark advances between
+ * the rows and the timers, once no row call is out. */
+static next_call_t next_call(step_t *s, kf_call_t *call) {
     if (!s->timers_phase) {
-        if (s->row_pos < s->rows->count) {
-            build_row_call(s, call);
-            return true;
+        bool rows_left = s->lookahead ? s->first_row < s->rows->count : s->row_pos < s->rows->count;
+        if (rows_left) {
+            if (s->lookahead) {
+                build_row_call_ahead(s, call);
+            } else {
+                build_row_call(s, call);
+            }
+            return call->count > 0 ? NEXT_CALL : NEXT_BLOCKED;
+        }
+        if (s->nout > 0) {
+            return NEXT_BLOCKED; /* their responses may set timers due in this step */
         }
         const Keyflow__V1__PushBatchRequest *req = s->req;
         if (req->watermark_present_case ==
@@ -454,33 +601,63 @@ static bool next_call(step_t *s) {
             s->watermark = req->watermark_us;
         }
         s->timers_phase = true;
+        s->fn->next_activation = s->next_activation0 + s->rows->count;
     }
     ev_timer_t *top = kf__timer_top(s->fn);
     if (s->has_watermark && top != NULL && top->at_us <= s->watermark) {
         build_timer_call(s, call);
-        return true;
+        return call->count > 0 ? NEXT_CALL : NEXT_BLOCKED;
     }
-    return false;
+    return NEXT_DONE;
 }
 
 static void step_finish(step_t *s, kf_status_t st);
 
-/* Runs the step until a call is out with no response yet, or to its end. */
+/* Runs the step as far as it can: takes the answered calls in the order
+ * they went out, sends new ones while the host has room, and finishes when
+ * nothing is left, or waits (s->awaiting) for a response or for room. */
 static void step_advance(step_t *s) {
+    function_t *fn = s->fn;
     for (;;) {
-        if (!next_call(s)) {
-            step_finish(s, KF_OK);
+        while (s->nout > 0 && s->calls_out[s->out_head]->answered) {
+            kf_call_t *call = s->calls_out[s->out_head];
+            s->out_head = (s->out_head + 1) % KF_FN_CALLS_IN_FLIGHT_MAX;
+            s->nout--;
+            kf_status_t st = take_response(call);
+            call_put(s, call);
+            if (st != KF_OK) {
+                step_finish(s, st);
+                return;
+            }
+        }
+        int room = fn->host->room(s->fns, fn);
+        if (room < 0 && s->nout == 0) {
+            step_finish(s, kf_error_set(s->err, KF_E_UNAVAILABLE,
+                                        "function %s is unavailable: %s; nothing applied", fn->id,
+                                        fn->unavailable));
             return;
         }
-        if (kf__call_send(s->call) == KF__CALL_OUT) {
-            s->awaiting = true;
-            return; /* the response arrives later: kf__step_resume() */
+        if (room > 0 && s->nout < KF_FN_CALLS_IN_FLIGHT_MAX) {
+            kf_call_t *call = call_get(s);
+            next_call_t next = next_call(s, call);
+            if (next == NEXT_CALL) {
+                s->calls_out[(s->out_head + s->nout) % KF_FN_CALLS_IN_FLIGHT_MAX] = call;
+                s->nout++;
+                if (kf__call_send(call) == KF__CALL_ANSWERED) {
+                    call->answered = true;
+                }
+                continue;
+            }
+            call_put(s, call);
+            if (next == NEXT_DONE && s->nout == 0) {
+                step_finish(s, KF_OK);
+                return;
+            }
+            /* NEXT_BLOCKED waits for a call out; so does NEXT_DONE. */
+            KF_ASSERT(s->nout > 0);
         }
-        kf_status_t st = take_response(s->call);
-        if (st != KF_OK) {
-            step_finish(s, st);
-            return;
-        }
+        s->awaiting = true; /* kf__step_resume() goes on */
+        return;
     }
 }
 
@@ -489,13 +666,30 @@ static void step_finish(step_t *s, kf_status_t st) {
     function_t *fn = s->fn;
     kf_ctx_t *ctx = s->ctx;
     kf_cmd_t *cmd = s->cmd;
-    fn->active = NULL;
+    s->awaiting = false;
+    if (st == KF_OK && s->reordered) {
+        st = restore_row_order(s);
+    }
     if (st != KF_OK) {
+        /* Calls still out are forgotten: their responses, if any come, are
+         * dropped by the host; their keys are free before rollback frees
+         * the keys this step made. */
+        for (; s->nout > 0; s->nout--) {
+            kf_call_t *call = s->calls_out[s->out_head];
+            s->out_head = (s->out_head + 1) % KF_FN_CALLS_IN_FLIGHT_MAX;
+            if (!call->answered) {
+                fn->host->abandon(s->fns, fn, call);
+            }
+            call_put(s, call);
+        }
+        fn->active = NULL;
         rollback(s);
         free(s->undo);
         kf_ctx_fail(ctx, cmd);
         return;
     }
+    KF_ASSERT(s->nout == 0);
+    fn->active = NULL;
     fn->has_watermark = s->has_watermark;
     fn->watermark_us = s->watermark;
     Keyflow__V1__PushBatchResponse *ack = kf_arena_new(cmd->arena, sizeof *ack);
@@ -571,7 +765,7 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    if (fn->host == NULL) {
+    if (fn->host == NULL || fn->host->room(fns, fn) < 0) {
         kf_error_set(err, KF_E_UNAVAILABLE, "function %s is unavailable: %s", fn->id,
                      fn->unavailable);
         kf_ctx_fail(ctx, cmd);
@@ -626,8 +820,21 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
     s->next_activation0 = fn->next_activation;
     s->err = err;
     kf_outbuf_init(&s->out, fn->desc->output_schema, cmd->arena);
-    s->call = kf_arena_new(cmd->arena, sizeof *s->call);
-    kf__call_init(s->call, s, (uint32_t)fn->limits.max_batch_rows);
+    s->lookahead = fn->host->pipelines;
+    if (s->lookahead) {
+        /* The unassigned rows as a list: row i is followed by row i + 1. */
+        s->next_row = kf_arena_alloc(cmd->arena, ((size_t)rows->count + 1) * sizeof *s->next_row);
+        s->row_key = kf_arena_zalloc(cmd->arena, ((size_t)rows->count + 1) * sizeof *s->row_key);
+        if (s->next_row == NULL || s->row_key == NULL) {
+            kf_error_set(err, KF_E_LIMIT, "rows: out of memory for this batch");
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
+        for (uint32_t i = 0; i < rows->count; i++) {
+            s->next_row[i] = i + 1;
+        }
+        s->first_row = 0;
+    }
     fn->active = s;
     step_advance(s);
 }
@@ -686,15 +893,12 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
  * step if it finished. */
 void kf__step_resume(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
     step_t *s = fn->active;
-    KF_ASSERT(s != NULL && s->awaiting);
+    if (s == NULL || !s->awaiting) {
+        return;
+    }
     s->awaiting = false;
     s->ctx = ctx;
-    kf_status_t st = take_response(s->call);
-    if (st != KF_OK) {
-        step_finish(s, st);
-    } else {
-        step_advance(s);
-    }
+    step_advance(s);
     fn_drain(fns, ctx, fn);
 }
 

@@ -9,6 +9,7 @@
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/keys.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
+#include "keyflow/v1/workers.pb-c.h"
 
 /* The engine answers each command once: it can only execute what is unary on
  * the wire (a long poll included). */

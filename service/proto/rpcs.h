@@ -117,7 +117,11 @@
           NONE, NULL)                                                                              \
     FRONT(HEALTH_WATCH, "grpc.health.v1.Health", "Watch", "HealthWatch",                           \
           grpc__health__v1__health_check_request, grpc__health__v1__health_check_response,         \
-          SERVER_STREAM, NONE, NULL)
+          SERVER_STREAM, NONE, NULL)                                                               \
+    /* A remote handler's stream (api/keyflow/v1/workers.proto): the gRPC front end relays         \
+     * calls and results between the worker and the engine (kf_engine_worker_post). */             \
+    FRONT(WORKER_SERVE, "keyflow.v1.Workers", "Serve", "WorkerServe", keyflow__v1__worker_message, \
+          keyflow__v1__server_message, BIDI_STREAM, FUNCTIONS_SERVE, "hello.function_id")
 
 /* X(scope, name): the API-key scopes (docs/security.md). metrics:read
  * guards GET /metrics, which is not an RPC. */

@@ -12,6 +12,8 @@
  *       |                               every change; open until the client
  *       |                               leaves or the server shuts down)
  *       +--(FRONT row: tail)----------> TAIL (a loop of engine reads)
+ *       +--(FRONT row: worker)--------> WORKER (a relay between a remote
+ *                                       handler's stream and the engine)
  *
  * What happens to a call follows from its row's flags (proto/rpcs.h): the
  * executor says engine or front end, the shape says unary, long poll (the
@@ -39,6 +41,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
+#include <grpc/support/alloc.h>
 #include <grpc/support/log.h>
 #include <grpc/support/time.h>
 
@@ -53,6 +56,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
+#include "keyflow/v1/workers.pb-c.h"
 
 #define KF_GRPC_THREADS_MAX 8
 
@@ -65,6 +69,9 @@ typedef enum call_state {
     CALL_TAIL_CLOSED,  /* tail: the client closed or was cancelled */
     CALL_TAIL_DONE,    /* tail: the final status went out */
     CALL_POLL_CLOSED,  /* long poll: the client closed or was cancelled */
+    CALL_WORKER_RECV,  /* worker: a message arrived (or the stream ended) */
+    CALL_WORKER_SENT,  /* worker: a message went out */
+    CALL_WORKER_DONE,  /* worker: the status went out, or the close batch ended */
 } call_state_t;
 
 typedef struct call call_t;
@@ -121,6 +128,8 @@ struct call {
     kf_arena_t page_arena; /* one page's response; reset per read */
     Keyflow__V1__ReadOutputRequest tail_read;
     kf_principal_t *principal; /* the caller's key (a reference), or NULL */
+    /* Workers/Serve: the stream the engine knows as a kf_worker_link_t. */
+    kf_worker_link_t *link;
 };
 
 struct kf_grpc_server {
@@ -134,8 +143,9 @@ struct kf_grpc_server {
     int thread_count;
     bool started;
     atomic_bool shutting_down;
-    atomic_int live_calls; /* calls handed out by grpc and not yet freed */
-    atomic_int watches;    /* of which Health/Watch streams (open until cancelled) */
+    atomic_int live_calls;     /* calls handed out by grpc and not yet freed */
+    atomic_int watches;        /* of which Health/Watch streams (open until cancelled) */
+    atomic_int worker_streams; /* Workers/Serve streams (KF_WORKER_STREAMS_MAX) */
     call_tag_t shutdown_tag;
     atomic_bool shutdown_done;
     pthread_mutex_t watch_lock;
@@ -158,6 +168,8 @@ static void record_metrics(call_t *c) {
         c->metrics_done = true;
     }
 }
+
+static void worker_link_free(kf_worker_link_t *link);
 
 static void call_free(call_t *c) {
     if (c->method != NULL && kf_method_streams(c->method) && !c->metrics_done) {
@@ -182,6 +194,10 @@ static void call_free(call_t *c) {
     kf_arena_deinit(&c->arena);
     kf_arena_deinit(&c->page_arena);
     kf_principal_unref(c->principal);
+    if (c->link != NULL) {
+        worker_link_free(c->link);
+        atomic_fetch_sub(&c->server->worker_streams, 1);
+    }
     if (c->method == NULL) {
         grpc_call_details_destroy(&c->call_details);
     } else if (c->refs_watch) {
@@ -602,6 +618,430 @@ static void start_tail(call_t *c, const Keyflow__V1__TailOutputRequest *req) {
     tail_next(c);
 }
 
+/* ---- Workers/Serve --------------------------------------------------------
+ * A remote handler's stream, relayed between the worker and the engine
+ * (engine.h, "remote handler workers"): messages the worker sends are
+ * unpacked here and posted (the first as HELLO, then RESULTs), calls the
+ * engine sends (ops->send, on the engine thread) go out one SEND_MESSAGE
+ * at a time from a queue, and the stream ends with the status the engine
+ * or this relay decided (ops->close), or OK when the worker half-closes.
+ *
+ *   arrival --peer check--> RECV loop (one message at a time) ------+
+ *      |                     first: HELLO; then RESULT, each        |
+ *      |                     answering a call sent (else: protocol  |
+ *      |                     error, stream closed)                  |
+ *      |                    ops->send --> queue --> SEND_MESSAGE ---+
+ *      |                    ops->close / protocol error / half-close:
+ *      |                      status after the send in flight, GONE posted
+ *      +-- freed when the recv, send, status and close batches are done
+ *          and the engine released the link (refs)
+ *
+ * The queue holds at most the worker's calls out plus the welcome: the
+ * engine sends a call only into a free slot (functions/remote.c), so a
+ * stream is paced by its worker's results, never by how fast the
+ * transport accepts bytes (the starvation pitfall of unpaced streams). */
+
+typedef struct out_message {
+    grpc_byte_buffer *buffer;
+    struct out_message *next;
+} out_message_t;
+
+struct kf_worker_link {
+    call_t *call;
+    pthread_mutex_t lock;
+    /* Guarded by lock. */
+    out_message_t *queue_head;
+    out_message_t *queue_tail;
+    grpc_byte_buffer *sending; /* the message in flight, or NULL */
+    bool sent_metadata;
+    bool closing;        /* the status is decided: nothing more is sent */
+    bool status_started; /* the status batch was started */
+    kf_status_t status;
+    char message[KF_ERROR_MESSAGE_BYTES_MAX];
+    bool gone_posted;
+    uint64_t calls_sent;
+    /* CQ threads only (one recv at a time). */
+    uint64_t results;
+    bool hello_posted;
+    grpc_byte_buffer *recv_buffer;
+    atomic_int refs; /* recv, send, status and close batches; the engine */
+    call_tag_t tag_recv;
+    call_tag_t tag_send;
+    call_tag_t tag_status;
+    call_tag_t tag_close;
+};
+
+static void worker_link_free(kf_worker_link_t *link) {
+    while (link->queue_head != NULL) {
+        out_message_t *m = link->queue_head;
+        link->queue_head = m->next;
+        grpc_byte_buffer_destroy(m->buffer);
+        free(m);
+    }
+    if (link->sending != NULL) {
+        grpc_byte_buffer_destroy(link->sending);
+    }
+    if (link->recv_buffer != NULL) {
+        grpc_byte_buffer_destroy(link->recv_buffer);
+    }
+    pthread_mutex_destroy(&link->lock);
+    free(link);
+}
+
+static void link_unref(kf_worker_link_t *link) {
+    if (atomic_fetch_sub(&link->refs, 1) == 1) {
+        call_free(link->call);
+    }
+}
+
+/* Starts the next send, or the status once closing; lock held. */
+static void link_pump(kf_worker_link_t *link) {
+    call_t *c = link->call;
+    if (link->sending != NULL) {
+        return;
+    }
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!link->sent_metadata) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    }
+    if (!link->closing && link->queue_head != NULL) {
+        out_message_t *m = link->queue_head;
+        link->queue_head = m->next;
+        if (link->queue_head == NULL) {
+            link->queue_tail = NULL;
+        }
+        link->sending = m->buffer;
+        free(m);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = link->sending;
+        n++;
+        atomic_fetch_add(&link->refs, 1);
+        if (grpc_call_start_batch(c->call, ops, n, &link->tag_send, NULL) != GRPC_CALL_OK) {
+            grpc_byte_buffer_destroy(link->sending);
+            link->sending = NULL;
+            atomic_fetch_sub(&link->refs, 1); /* never the last: the close batch holds one */
+            return;
+        }
+        link->sent_metadata = true;
+        return;
+    }
+    if (link->closing && !link->status_started) {
+        link->status_started = true;
+        c->grpc_code = kf_status_grpc_code(link->status);
+        ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[n].data.send_status_from_server.status = (grpc_status_code)c->grpc_code;
+        if (link->status != KF_OK && link->message[0] != '\0') {
+            c->details = grpc_slice_from_copied_string(link->message);
+            c->has_details = true;
+            ops[n].data.send_status_from_server.status_details = &c->details;
+        }
+        n++;
+        atomic_fetch_add(&link->refs, 1);
+        if (grpc_call_start_batch(c->call, ops, n, &link->tag_status, NULL) != GRPC_CALL_OK) {
+            atomic_fetch_sub(&link->refs, 1);
+            return;
+        }
+        link->sent_metadata = true;
+    }
+}
+
+/* Decides the stream's status (the first decision wins) and drops what is
+ * queued; the status goes out after the message in flight. Any thread. */
+static void link_close(kf_worker_link_t *link, kf_status_t status, const char *message) {
+    pthread_mutex_lock(&link->lock);
+    if (!link->closing) {
+        link->closing = true;
+        link->status = status;
+        snprintf(link->message, sizeof link->message, "%s", message ? message : "");
+        while (link->queue_head != NULL) {
+            out_message_t *m = link->queue_head;
+            link->queue_head = m->next;
+            grpc_byte_buffer_destroy(m->buffer);
+            free(m);
+        }
+        link->queue_tail = NULL;
+        link_pump(link);
+    }
+    pthread_mutex_unlock(&link->lock);
+}
+
+/* Tells the engine the stream is over (once, and only after its HELLO). */
+static void link_post_gone(kf_worker_link_t *link, const char *reason) {
+    pthread_mutex_lock(&link->lock);
+    bool post = link->hello_posted && !link->gone_posted;
+    link->gone_posted = true;
+    pthread_mutex_unlock(&link->lock);
+    if (!post) {
+        return;
+    }
+    kf_worker_event_t *ev = kf_xcalloc(1, sizeof *ev);
+    ev->kind = KF_WORKER_GONE;
+    ev->link = link;
+    snprintf(ev->reason, sizeof ev->reason, "%s", reason);
+    if (kf_engine_worker_post(link->call->server->engine, ev) != KF_OK) {
+        /* Stopping: the engine releases the link itself (engine.h). */
+        kf_worker_event_free(ev);
+    }
+}
+
+/* The relay's own verdict (a protocol error): the worker gets `status`,
+ * the engine hears the stream is gone. */
+static void link_fail(kf_worker_link_t *link, kf_status_t status, const char *message) {
+    link_close(link, status, message);
+    link_post_gone(link, message);
+}
+
+/* ---- the engine's side (engine thread) ---- */
+
+static void link_send(kf_worker_link_t *link, uint8_t *message, size_t len, bool is_call) {
+    grpc_slice slice = grpc_slice_new(message, len, free); /* takes the buffer */
+    grpc_byte_buffer *buffer = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    pthread_mutex_lock(&link->lock);
+    if (link->closing) {
+        pthread_mutex_unlock(&link->lock);
+        grpc_byte_buffer_destroy(buffer);
+        return;
+    }
+    if (is_call) {
+        link->calls_sent++;
+    }
+    out_message_t *m = kf_xmalloc(sizeof *m);
+    m->buffer = buffer;
+    m->next = NULL;
+    if (link->queue_tail != NULL) {
+        link->queue_tail->next = m;
+    } else {
+        link->queue_head = m;
+    }
+    link->queue_tail = m;
+    link_pump(link);
+    pthread_mutex_unlock(&link->lock);
+}
+
+static void link_engine_close(kf_worker_link_t *link, kf_status_t status, const char *message) {
+    link_close(link, status, message);
+}
+
+static void link_release(kf_worker_link_t *link) {
+    link_unref(link);
+}
+
+static const kf_worker_ops_t link_ops = {
+    .send = link_send,
+    .close = link_engine_close,
+    .release = link_release,
+};
+
+/* ---- the worker's side (CQ threads) ---- */
+
+static void link_recv(kf_worker_link_t *link) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &link->recv_buffer;
+    atomic_fetch_add(&link->refs, 1);
+    if (grpc_call_start_batch(link->call->call, &op, 1, &link->tag_recv, NULL) != GRPC_CALL_OK) {
+        atomic_fetch_sub(&link->refs, 1); /* never the last: the close batch holds one */
+        link_fail(link, KF_E_INTERNAL, "cannot read the stream");
+    }
+}
+
+/* One message from the worker: HELLO first, then RESULTs; false when the
+ * stream is to end. */
+static bool link_received(kf_worker_link_t *link, grpc_byte_buffer *buffer) {
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, buffer)) {
+        link_fail(link, KF_E_INVALID, "protocol: an unreadable message");
+        return false;
+    }
+    grpc_slice slice = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    kf_error_t err;
+    kf_error_clear(&err);
+    Keyflow__V1__WorkerMessage *m = NULL;
+    if (kf_wire_check(&keyflow__v1__worker_message__descriptor, GRPC_SLICE_START_PTR(slice),
+                      GRPC_SLICE_LENGTH(slice), &err) == KF_OK) {
+        m = keyflow__v1__worker_message__unpack(NULL, GRPC_SLICE_LENGTH(slice),
+                                                GRPC_SLICE_START_PTR(slice));
+    }
+    grpc_slice_unref(slice);
+    if (m == NULL) {
+        char reason[KF_ERROR_MESSAGE_BYTES_MAX];
+        snprintf(reason, sizeof reason, "protocol: not a keyflow.v1.WorkerMessage%s%.400s",
+                 err.message[0] ? ": " : "", err.message);
+        link_fail(link, KF_E_INVALID, reason);
+        return false;
+    }
+    if (!link->hello_posted && link->call->principal != NULL &&
+        kf_auth_authorize(link->call->principal, link->call->method, &m->base, &err) != KF_OK) {
+        /* The key holds functions:serve, but not for this function. */
+        keyflow__v1__worker_message__free_unpacked(m, NULL);
+        link_close(link, err.status, err.message);
+        return false;
+    }
+    kf_worker_event_t *ev = kf_xcalloc(1, sizeof *ev);
+    ev->link = link;
+    ev->message = &m->base;
+    if (!link->hello_posted) {
+        ev->kind = KF_WORKER_HELLO;
+        ev->ops = &link_ops;
+        char *peer = grpc_call_get_peer(link->call->call);
+        snprintf(ev->peer, sizeof ev->peer, "%s", peer ? peer : "");
+        gpr_free(peer);
+        /* The engine's reference, taken before it can be released. */
+        atomic_fetch_add(&link->refs, 1);
+        pthread_mutex_lock(&link->lock);
+        link->hello_posted = true;
+        pthread_mutex_unlock(&link->lock);
+        if (kf_engine_worker_post(link->call->server->engine, ev) != KF_OK) {
+            pthread_mutex_lock(&link->lock);
+            link->hello_posted = false;
+            pthread_mutex_unlock(&link->lock);
+            kf_worker_event_free(ev);
+            atomic_fetch_sub(&link->refs, 1); /* never the last: recv holds one */
+            link_close(link, KF_E_UNAVAILABLE, "keyflowd is shutting down");
+            return false;
+        }
+        return true;
+    }
+    /* Only results, each answering a call this stream carried: the number
+     * of events a stream has in the engine stays bounded (engine.h). */
+    pthread_mutex_lock(&link->lock);
+    bool closing = link->closing;
+    uint64_t sent = link->calls_sent;
+    pthread_mutex_unlock(&link->lock);
+    const char *problem = NULL;
+    if (m->message_case != KEYFLOW__V1__WORKER_MESSAGE__MESSAGE_RESULT) {
+        problem = "protocol: after the hello a worker sends only results";
+    } else if (++link->results > sent) {
+        problem = "protocol: more results than calls were sent";
+    }
+    if (problem != NULL || closing) {
+        kf_worker_event_free(ev);
+        if (problem != NULL) {
+            link_fail(link, KF_E_INVALID, problem);
+            return false;
+        }
+        return true; /* the engine closed the stream: the rest is dropped */
+    }
+    ev->kind = KF_WORKER_RESULT;
+    if (kf_engine_worker_post(link->call->server->engine, ev) != KF_OK) {
+        kf_worker_event_free(ev);
+        link_close(link, KF_E_UNAVAILABLE, "keyflowd is shutting down");
+        return false;
+    }
+    return true;
+}
+
+static void on_worker_recv(kf_worker_link_t *link, bool ok) {
+    grpc_byte_buffer *buffer = link->recv_buffer;
+    link->recv_buffer = NULL;
+    if (!ok || buffer == NULL) {
+        /* Half-closed (ok, no message), cancelled or gone (not ok). */
+        const char *reason = ok ? "the worker closed its stream" : "the stream was cancelled";
+        link_close(link, KF_OK, NULL);
+        link_post_gone(link, reason);
+    } else {
+        bool more = link_received(link, buffer);
+        grpc_byte_buffer_destroy(buffer);
+        if (more) {
+            link_recv(link);
+        }
+    }
+    link_unref(link);
+}
+
+static void on_worker_sent(kf_worker_link_t *link, bool ok) {
+    pthread_mutex_lock(&link->lock);
+    grpc_byte_buffer_destroy(link->sending);
+    link->sending = NULL;
+    if (!ok && !link->closing) {
+        link->closing = true; /* the transport is gone: recv ends too */
+        link->status_started = true;
+    }
+    link_pump(link);
+    pthread_mutex_unlock(&link->lock);
+    link_unref(link);
+}
+
+/* Whether the peer is this machine: loopback or a unix socket. */
+static bool peer_is_local(const char *peer) {
+    return strncmp(peer, "ipv4:127.", 9) == 0 || strncmp(peer, "ipv6:[::1]:", 11) == 0 ||
+           strncmp(peer, "ipv6:[::ffff:127.", 17) == 0 || strncmp(peer, "unix:", 5) == 0;
+}
+
+static void start_worker(call_t *c) {
+    kf_grpc_server_t *s = c->server;
+    /* Who may serve a function: a worker receives every key, row and state
+     * of it. One on this machine (loopback or a unix socket), or one that
+     * came over TLS with an API key: the key's functions:serve was checked
+     * at arrival (authenticate), its prefix is checked against the hello's
+     * function_id (link_received). A plaintext worker from elsewhere could
+     * be anyone on the path, key or not. */
+    char *peer = grpc_call_get_peer(c->call);
+    bool local = peer != NULL && peer_is_local(peer);
+    bool admitted = local || (s->tls_enabled && c->principal != NULL);
+    char message[256];
+    snprintf(message, sizeof message,
+             "Workers/Serve: a worker must connect from this machine (loopback), or over TLS "
+             "with an API key holding functions:serve; this call came from %.100s%s",
+             peer ? peer : "an unknown peer", s->tls_enabled ? " without a key" : " without TLS");
+    gpr_free(peer);
+    if (!admitted) {
+        send_reply(c, KF_E_PERMISSION, message, NULL);
+        return;
+    }
+    if (atomic_fetch_add(&s->worker_streams, 1) >= KF_WORKER_STREAMS_MAX) {
+        atomic_fetch_sub(&s->worker_streams, 1);
+        snprintf(message, sizeof message,
+                 "Workers/Serve: %d worker streams are open (KF_WORKER_STREAMS_MAX)",
+                 KF_WORKER_STREAMS_MAX);
+        send_reply(c, KF_E_LIMIT, message, NULL);
+        return;
+    }
+    kf_worker_link_t *link = kf_xcalloc(1, sizeof *link);
+    link->call = c;
+    pthread_mutex_init(&link->lock, NULL);
+    link->tag_recv = (call_tag_t){c, CALL_WORKER_RECV};
+    link->tag_send = (call_tag_t){c, CALL_WORKER_SENT};
+    link->tag_status = (call_tag_t){c, CALL_WORKER_DONE};
+    link->tag_close = (call_tag_t){c, CALL_WORKER_DONE};
+    c->link = link;
+    atomic_store(&link->refs, 1); /* the close batch */
+    grpc_op close_op;
+    memset(&close_op, 0, sizeof close_op);
+    close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    close_op.data.recv_close_on_server.cancelled = &c->cancelled;
+    if (grpc_call_start_batch(c->call, &close_op, 1, &link->tag_close, NULL) != GRPC_CALL_OK) {
+        call_free(c);
+        return;
+    }
+    /* Every method is registered to read its first message with the call
+     * (GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER): the hello is here. */
+    grpc_byte_buffer *hello = c->payload;
+    c->payload = NULL;
+    atomic_fetch_add(&link->refs, 1); /* as a recv in flight would hold */
+    link->recv_buffer = hello;
+    on_worker_recv(link, true);
+}
+
+static void on_worker_event(call_t *c, call_tag_t *tag, bool ok) {
+    kf_worker_link_t *link = c->link;
+    if (tag == &link->tag_recv) {
+        on_worker_recv(link, ok);
+    } else if (tag == &link->tag_send) {
+        on_worker_sent(link, ok);
+    } else {
+        if (tag == &link->tag_status) {
+            record_metrics(c);
+        }
+        link_unref(link);
+    }
+}
+
 /* A LONG_POLL request that may wait in the engine (its wait_ms > 0): its
  * wait is capped at the call's deadline (the client would not see a later
  * answer), and the caller watches for the client leaving. */
@@ -705,6 +1145,7 @@ static void serve_front(call_t *c) {
             start_tail(c, (const Keyflow__V1__TailOutputRequest *)req);
         }
         return;
+    case KF_FRONT_WORKER_SERVE: start_worker(c); return; /* it reads its own messages */
     }
     KF_UNREACHABLE();
 }
@@ -830,6 +1271,9 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
         record_metrics(c);
         tail_unref(c);
         return;
+    case CALL_WORKER_RECV:
+    case CALL_WORKER_SENT:
+    case CALL_WORKER_DONE: on_worker_event(c, tag, ok); return;
     }
 }
 

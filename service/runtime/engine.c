@@ -85,6 +85,12 @@ struct kf_engine {
         uint64_t id;
     } * cancels, *cancels_taken;
     size_t ncancels, cancels_cap, cancels_taken_cap;
+    /* Worker events (engine.h), guarded by lock, in posting order. Bounded
+     * by the front end: one HELLO and one GONE per worker stream, and
+     * RESULTs only for calls the engine sent (each stream has at most its
+     * granted concurrency out). */
+    kf_worker_event_t *worker_head;
+    kf_worker_event_t *worker_tail;
     atomic_uint_fast64_t durable_group;
     /* The disk reserve (see disk_refresh), guarded by disk_lock. */
     pthread_mutex_t disk_lock;
@@ -298,6 +304,27 @@ void kf_engine_cancel(kf_engine_t *e, kf_cmd_t *cmd) {
     }
 }
 
+kf_status_t kf_engine_worker_post(kf_engine_t *e, kf_worker_event_t *ev) {
+    ev->next = NULL;
+    pthread_mutex_lock(&e->lock);
+    if (e->stopping || atomic_load(&e->failed)) {
+        pthread_mutex_unlock(&e->lock);
+        return KF_E_UNAVAILABLE;
+    }
+    if (e->worker_tail) {
+        e->worker_tail->next = ev;
+    } else {
+        e->worker_head = ev;
+    }
+    e->worker_tail = ev;
+    bool wake = e->engine_sleeping;
+    pthread_mutex_unlock(&e->lock);
+    if (wake) {
+        pthread_cond_signal(&e->engine_cv);
+    }
+    return KF_OK;
+}
+
 static void group_append(group_t *g, kf_cmd_t *list) {
     while (list != NULL) {
         kf_cmd_t *next = list->next;
@@ -415,6 +442,8 @@ static void *engine_main(void *arg) {
         e->cancels_taken = cancels;
         e->cancels_taken_cap = cap;
         e->ncancels = 0;
+        kf_worker_event_t *worker_events = e->worker_head;
+        e->worker_head = e->worker_tail = NULL;
         pthread_mutex_unlock(&e->lock);
 
         uint64_t durable = atomic_load(&e->durable_group);
@@ -444,6 +473,9 @@ static void *engine_main(void *arg) {
         for (size_t i = 0; i < ncancels; i++) {
             kf_core_cancel(e->core, cancels[i].cmd, cancels[i].id);
         }
+        /* Worker events after the commands: a result resumes a step whose
+         * batch may have arrived in this very turn. */
+        kf_core_worker_events(e->core, worker_events);
         kf_core_tick(e->core, KF_TIMERS_PER_TURN_MAX);
         if (stopping && !shutdown_done) {
             kf_core_shutdown(e->core);
@@ -505,7 +537,8 @@ static void *engine_main(void *arg) {
         /* Sleep until there is work: commands (if the group has room), the
          * committer free while this group holds something, a timer, a stop. */
         for (;;) {
-            bool can_take = (e->inbox_head != NULL && !group_full(e->open)) || e->ncancels > 0;
+            bool can_take = (e->inbox_head != NULL && !group_full(e->open)) || e->ncancels > 0 ||
+                            e->worker_head != NULL;
             bool can_hand = e->handed == NULL && !group_empty(e->open);
             if (can_take || can_hand || atomic_load(&e->failed) ||
                 (e->stopping && !shutdown_done) ||
@@ -765,5 +798,10 @@ void kf_engine_destroy(kf_engine_t *e) {
     pthread_mutex_destroy(&e->reply_lock);
     free(e->cancels);
     free(e->cancels_taken);
+    while (e->worker_head != NULL) { /* posted, never taken: the engine never ran */
+        kf_worker_event_t *ev = e->worker_head;
+        e->worker_head = ev->next;
+        kf_worker_event_free(ev);
+    }
     free(e);
 }

@@ -62,6 +62,11 @@ kf_status_t kf_engine_submit(kf_engine_t *engine, kf_cmd_t *cmd) KF_MUST_USE;
  * take work. Harmless when the command already finished. Any thread; the
  * engine never touches `cmd` unless it is still one of its parked commands. */
 void kf_engine_cancel(kf_engine_t *engine, kf_cmd_t *cmd);
+/* Hands a worker event to the engine (engine/engine.h, "remote handler
+ * workers"); on KF_OK the engine owns `ev` and frees it
+ * (kf_worker_event_free). KF_E_UNAVAILABLE once the engine is stopping:
+ * `ev` is still the caller's. Any thread. */
+kf_status_t kf_engine_worker_post(kf_engine_t *engine, kf_worker_event_t *ev) KF_MUST_USE;
 /* Stops accepting, finishes every accepted command (parked polls answer
  * empty), syncs the last group and joins the threads. Idempotent. */
 void kf_engine_stop(kf_engine_t *engine);

@@ -39,6 +39,7 @@ from keyflow.v1 import coordinators_pb2 as C  # noqa: E402
 from keyflow.v1 import functions_pb2 as F  # noqa: E402
 from keyflow.v1 import keys_pb2 as K  # noqa: E402
 from keyflow.v1 import runs_pb2 as R  # noqa: E402
+from keyflow.v1 import workers_pb2 as W  # noqa: E402
 
 HANDLERS = os.path.join(harness.BUILD, "handlers")
 DUMP = os.path.join(harness.BUILD, "tests", "unit", "proto", "rpc_table_dump")
@@ -189,6 +190,12 @@ RULES = {
     "/keyflow.v1.Functions/TailOutput": dict(
         request=lambda c: F.TailOutputRequest(function_id=FN), snapshot=None, prefix=DENIED,
         http=lambda c: []),
+    # A worker's hello for FN (NATIVE: the right key would be refused
+    # FAILED_PRECONDITION, after the key checks this suite is about).
+    "/keyflow.v1.Workers/Serve": dict(
+        request=lambda c: W.WorkerMessage(hello=W.WorkerHello(
+            function_id=FN, implementation_digest="ab" * 32)),
+        snapshot=snap_functions, prefix=DENIED, http=lambda c: []),
     "/keyflow.v1.Keys/CreateKey": dict(
         request=lambda c: K.CreateKeyRequest(name="mallory", grants=[
             K.Grant(scope="keys:admin")]),
@@ -237,6 +244,14 @@ class Client:
             stream = self.channel.unary_stream(path, request_serializer=lambda m: m.SerializeToString(),
                                                response_deserializer=resp.FromString)(
                 request, metadata=self.metadata, timeout=TIMEOUT_S)
+            try:
+                return next(stream)
+            finally:
+                stream.cancel()
+        if self.rows[path]["shape"] == "bidi_stream":
+            stream = self.channel.stream_stream(path, request_serializer=lambda m: m.SerializeToString(),
+                                                response_deserializer=resp.FromString)(
+                iter([request]), metadata=self.metadata, timeout=TIMEOUT_S)
             try:
                 return next(stream)
             finally:

@@ -16,7 +16,10 @@ keyflow_build.py (the CMake build and `pip install` run it); see README.md.
 from ._connection import KeyflowError
 from ._convert import Record
 from .client import Client, OutputTail, Producer, batch, debounce
+from .handler import (Activation, FunctionWorker, HandlerError, implementation_digest,
+                      remote_descriptor)
 from .worker import RunContext, Worker
 
-__all__ = ["Client", "KeyflowError", "OutputTail", "Producer", "Record", "RunContext", "Worker",
-           "batch", "debounce"]
+__all__ = ["Activation", "Client", "FunctionWorker", "HandlerError", "KeyflowError",
+           "OutputTail", "Producer", "Record", "RunContext", "Worker", "batch", "debounce",
+           "implementation_digest", "remote_descriptor"]

@@ -1,0 +1,151 @@
+"""keyflow.FunctionWorker against a real keyflowd: the Python port of
+handlers/running_sum.c (clients/python/examples/running_sum.py) gives byte
+for byte the native handler's output on the same rows; timers, a refusal,
+and a worker restart."""
+
+import os
+import sys
+import unittest
+
+import keyflow
+from keyflow.v1 import functions_pb2 as fpb
+from sdk_harness import running_sum_descriptor, start_server, unique, wait_for
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+sys.path.insert(0, EXAMPLES)
+import running_sum  # noqa: E402  (the example, as users run it)
+
+T0_US = 1700000000000000
+
+
+def rows_for(n, keys, seed=7):
+    """Deterministic rows over `keys` keys: amounts, nulls, repeated keys."""
+    out = []
+    x = seed
+    for i in range(n):
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        amount = None if x % 17 == 0 else (x % 2001) - 1000
+        out.append({"user": "u%04d" % (x % keys), "ts": T0_US + i, "amount": amount})
+    return out
+
+
+class RemoteHandlerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = start_server()
+        cls.client = keyflow.Client(cls.server.grpc_target)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.stop()
+        cls.server.cleanup()
+
+    def serve(self, function_id, handler, **kw):
+        w = keyflow.FunctionWorker(function_id, handler, self.client, **kw).start()
+        self.addCleanup(w.stop)
+        self.assertTrue(w.wait_welcomed(30), "the worker was not welcomed")
+        return w
+
+    def register_remote(self, handler=running_sum.running_sum, **kw):
+        fid = unique("rs-py")
+        digest = keyflow.FunctionWorker(fid, handler, self.client).digest
+        base = running_sum_descriptor(fid)
+        self.client.register_function(keyflow.remote_descriptor(base, digest, **kw))
+        return fid
+
+    def read_all(self, fid):
+        """Every output row as the ReadOutput pages' columnar bytes."""
+        stub = self.client._fns
+        out, after = [], 0
+        while True:
+            resp = stub.ReadOutput(fpb.ReadOutputRequest(function_id=fid, after_seq=after,
+                                                         limit=1000))
+            if resp.first_seq == 0:
+                return out
+            out.append(resp.batch.SerializeToString())
+            after = resp.last_seq
+
+    def test_python_port_matches_native_byte_for_byte(self):
+        native = unique("rs-native")
+        self.client.register_function(running_sum_descriptor(native))
+        remote = self.register_remote()
+        w = self.serve(remote, running_sum.running_sum, concurrency=4)
+        rows = rows_for(3000, 200)
+        pn = self.client.producer(native, "p", next_sequence=1)
+        pr = self.client.producer(remote, "p", next_sequence=1)
+        for start in range(0, len(rows), 1000):
+            chunk = rows[start:start + 1000]
+            a = pn.push(chunk, watermark_us=T0_US + start)
+            b = pr.push(chunk, watermark_us=T0_US + start)
+            self.assertEqual((a.rows_accepted, a.activations, a.first_output_seq, a.last_output_seq),
+                             (b.rows_accepted, b.activations, b.first_output_seq, b.last_output_seq))
+        # A reset column is not in this schema; a null amount and repeats are.
+        self.assertEqual(self.read_all(native), self.read_all(remote))
+        self.assertGreater(w.calls, 0)
+        for key in ("u0001", "u0150"):
+            self.assertEqual(self.client.key_state(native, key), self.client.key_state(remote, key))
+        info = self.client.get_function(remote)
+        self.assertTrue(info.available)
+
+    def test_overflow_refuses_the_batch_like_native(self):
+        native = unique("rs-native")
+        self.client.register_function(running_sum_descriptor(native))
+        remote = self.register_remote()
+        self.serve(remote, running_sum.running_sum)
+        rows = [{"user": "big", "ts": T0_US, "amount": (1 << 63) - 1},
+                {"user": "big", "ts": T0_US + 1, "amount": 1}]
+        errors = []
+        for fid in (native, remote):
+            with self.assertRaises(keyflow.KeyflowError) as cm:
+                self.client.push_batch(fid, "p", 1, rows)
+            errors.append(cm.exception)
+            self.assertEqual(self.client.key_state(fid, "big").state, "absent")
+        self.assertEqual([e.code_name for e in errors], ["FAILED_PRECONDITION"] * 2)
+        self.assertIn("int64 overflow adding amount 1", errors[1].message)
+        self.assertEqual(errors[0].message, errors[1].message)
+
+    def test_no_worker_is_unavailable_then_served(self):
+        remote = self.register_remote()
+        info = self.client.get_function(remote)
+        self.assertFalse(info.available)
+        self.assertIn("no worker serves", info.unavailable_reason)
+        with self.assertRaises(keyflow.KeyflowError) as cm:
+            self.client.push_batch(remote, "p", 1, [{"user": "a", "ts": T0_US, "amount": 1}],
+                                   attempts=1)
+        self.assertEqual(cm.exception.code_name, "UNAVAILABLE")
+        self.serve(remote, running_sum.running_sum)
+        ack = self.client.push_batch(remote, "p", 1, [{"user": "a", "ts": T0_US, "amount": 1}])
+        self.assertEqual(ack.rows_accepted, 1)
+
+    def test_handler_exception_refuses_the_call(self):
+        def broken(act):
+            raise RuntimeError("boom on %s" % act.key_text)
+        remote = self.register_remote(broken)
+        self.serve(remote, broken)
+        with self.assertRaises(keyflow.KeyflowError) as cm:
+            self.client.push_batch(remote, "p", 1, [{"user": "k", "ts": T0_US, "amount": 1}])
+        self.assertEqual(cm.exception.code_name, "FAILED_PRECONDITION")
+        self.assertIn("RuntimeError: boom on k", cm.exception.message)
+
+    def test_wrong_digest_is_refused_for_good(self):
+        remote = self.register_remote()
+        w = keyflow.FunctionWorker(remote, running_sum.running_sum, self.client, digest="0" * 64)
+        with self.assertRaises(keyflow.KeyflowError) as cm:
+            w.run(install_signal_handlers=False)
+        self.assertEqual(cm.exception.code_name, "FAILED_PRECONDITION")
+        self.assertIn("implementation_digest", cm.exception.message)
+
+    def test_digest_is_sha256_of_the_sources(self):
+        import hashlib
+        path = running_sum.__file__
+        with open(path, "rb") as f:
+            want = hashlib.sha256(f.read()).hexdigest()
+        w = keyflow.FunctionWorker("x", running_sum.running_sum, self.client)
+        self.assertEqual(w.digest, want)
+        self.assertEqual(keyflow.implementation_digest(path, path),
+                         hashlib.sha256(open(path, "rb").read() * 2).hexdigest())
+
+
+if __name__ == "__main__":
+    unittest.main()
