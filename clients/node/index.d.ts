@@ -254,3 +254,86 @@ export class Worker {
   run(): Promise<void>;
   stop(options?: { graceMs?: number }): Promise<void>;
 }
+
+// --- remote process-function handlers (lib/handler.js) ---------------------
+
+/** One activation as a handler sees it. Reused for the next activation of
+ * the call: read what you need during the handler call, keep nothing. */
+export class Activation {
+  /** per-function activation sequence */
+  readonly id: Int64;
+  /** canonical key: (u32 big-endian length, UTF-8 bytes) per key column */
+  readonly key: Buffer;
+  /** the key's value, or a JSON array of them for several key columns */
+  readonly keyText: string;
+  /** the row's event time, or the timer's time (UTC microseconds) */
+  readonly eventTimeUs: Int64;
+  readonly isTimer: boolean;
+  /** the timer that fired, or null for a row */
+  readonly timerName: string | null;
+  /** the key's value before this activation (null when absent or null) */
+  readonly state: Int64 | null;
+  readonly stateKind: 'absent' | 'null' | 'value';
+  /** the watermark before the call, or null before the first */
+  readonly watermarkUs: Int64 | null;
+  /** the input row (null for a timer) */
+  readonly row: { [field: string]: unknown } | null;
+  /** whether the input schema has the field */
+  has(name: string): boolean;
+  /** one input value (undefined for a timer); throws for an unknown field */
+  get(name: string): unknown;
+  /** SET the value (null: SET_NULL); one state mutation per activation */
+  setState(value: Int64 | null): void;
+  setStateNull(): void;
+  clearState(): void;
+  /** sets (or moves) a declared timer of this key; atUs after the watermark */
+  setTimer(name: string, atUs: Int64): void;
+  cancelTimer(name: string): void;
+  /** an output row for this activation by field name; fields left out are null */
+  emit(row: { [field: string]: unknown }): void;
+  /** refuses the whole call: nothing of it is applied */
+  fail(message: string): never;
+}
+
+export class HandlerError extends Error {}
+
+export type ProcessHandler = (act: Activation) => void;
+
+export interface FunctionWorkerOptions extends ConnectionOptions {
+  functionId: string;
+  handler: ProcessHandler;
+  client?: Client;
+  /** calls keyflowd may have out on the stream: 1..64, default 8 */
+  concurrency?: number;
+  /** the files whose bytes (concatenated in order) make the digest */
+  sources?: string[];
+  /** the implementation digest itself, instead of sources */
+  digest?: string;
+  /** shown in keyflowd's logs */
+  name?: string;
+}
+
+export class FunctionWorker {
+  constructor(options: FunctionWorkerOptions);
+  readonly client: Client;
+  readonly digest: string;
+  calls: number;
+  activations: number;
+  refused: number;
+  connects: number;
+  /** the canonical descriptor from keyflowd's welcome */
+  descriptor: object | null;
+  workerId: string | null;
+  descriptorFor(base: object | string, options?: { callTimeoutMs?: number }): object;
+  /** resolves once keyflowd welcomed a stream */
+  welcomed(): Promise<void>;
+  /** serves until stop() (or SIGTERM/SIGINT); rejects with a refusal retrying cannot fix */
+  run(options?: { signals?: boolean }): Promise<void>;
+  stop(): Promise<void>;
+}
+
+/** Lowercase hex SHA-256 of the files' bytes concatenated in order. */
+export function implementationDigest(...paths: string[]): string;
+/** A copy of a descriptor (object or path) as a REMOTE function with this digest. */
+export function remoteDescriptor(descriptor: object | string, digest: string,
+  options?: { callTimeoutMs?: number }): object;

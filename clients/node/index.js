@@ -1,6 +1,12 @@
 'use strict';
-// keyflow for Node: a client and a run worker for keyflowd (README.md).
+// keyflow for Node: a client, a run worker and remote process-function
+// handlers for keyflowd (README.md).
 const { Client, KeyflowError, Producer, OutputTail, debounce, batch } = require('./lib/client');
 const { Worker, RunContext } = require('./lib/worker');
+const { FunctionWorker, Activation, HandlerError, implementationDigest, remoteDescriptor } =
+  require('./lib/handler');
 
-module.exports = { Client, KeyflowError, Producer, OutputTail, Worker, RunContext, debounce, batch };
+module.exports = {
+  Client, KeyflowError, Producer, OutputTail, Worker, RunContext, debounce, batch,
+  FunctionWorker, Activation, HandlerError, implementationDigest, remoteDescriptor,
+};

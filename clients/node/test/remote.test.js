@@ -1,0 +1,151 @@
+'use strict';
+// keyflow.FunctionWorker against a real keyflowd: the Node port of
+// handlers/running_sum.c (examples/running_sum.js) gives byte for byte the
+// native handler's output on the same rows; a refusal, a wrong digest, and
+// no worker at all.
+const crypto = require('crypto');
+const fs = require('fs');
+const test = require('node:test');
+const assert = require('node:assert');
+const grpc = require('@grpc/grpc-js');
+const kf = require('..');
+const { runningSum } = require('../examples/running_sum');
+const { Keyflowd, unique, runningSumDescriptor, built } = require('./harness');
+
+const T0 = 1700000000000000;
+const PORT_FILE = require.resolve('../examples/running_sum');
+
+// Deterministic rows over `keys` keys: amounts, nulls, repeated keys (the
+// same generator as clients/python/tests/test_remote.py).
+function rowsFor(n, keys, seed = 7) {
+  const out = [];
+  let x = seed;
+  for (let i = 0; i < n; i++) {
+    x = (x * 1103515245 + 12345) % 2 ** 31;
+    const amount = x % 17 === 0 ? null : (x % 2001) - 1000;
+    out.push({ user: `u${String(x % keys).padStart(4, '0')}`, ts: T0 + i, amount });
+  }
+  return out;
+}
+
+// Every ReadOutput page of a function, as the bytes keyflowd sent.
+async function readAllRaw(client, raw, functionId) {
+  const { reflection } = require('../lib/protos').load();
+  const Req = reflection.lookupType('keyflow.v1.ReadOutputRequest');
+  const Resp = reflection.lookupType('keyflow.v1.ReadOutputResponse');
+  const pages = [];
+  let after = 0;
+  for (;;) {
+    const buf = await new Promise((resolve, reject) => raw.makeUnaryRequest(
+      '/keyflow.v1.Functions/ReadOutput', (b) => b, (b) => b,
+      Buffer.from(Req.encode({ function_id: functionId, after_seq: after, limit: 1000 }).finish()),
+      client.metadata, {}, (err, b) => (err ? reject(err) : resolve(b))));
+    const resp = Resp.decode(buf);
+    if (Number(resp.first_seq) === 0) {
+      return pages;
+    }
+    pages.push(buf);
+    after = Number(resp.last_seq);
+  }
+}
+
+test('remote handler', { skip: !built && 'keyflowd is not built' }, async (t) => {
+  const server = await new Keyflowd().start();
+  const client = new kf.Client({ addr: server.target });
+  const raw = new grpc.Client(server.target, null, { channelOverride: client._coord.getChannel() });
+  const workers = [];
+  t.after(async () => {
+    for (const w of workers) {
+      await w.stop();
+    }
+    client.close();
+    await server.cleanup();
+  });
+
+  async function serve(functionId, handler, options = {}) {
+    const w = new kf.FunctionWorker({ client, functionId, handler, sources: [PORT_FILE],
+      ...options });
+    workers.push(w);
+    w.run({ signals: false }).catch(() => {});
+    await w.welcomed();
+    return w;
+  }
+
+  async function registerRemote(digest, options) {
+    const fid = unique('rs-js');
+    await client.registerFunction(kf.remoteDescriptor(runningSumDescriptor(fid), digest, options));
+    return fid;
+  }
+
+  const digest = kf.implementationDigest(PORT_FILE);
+
+  await t.test('the digest is the SHA-256 of the source files', () => {
+    const bytes = fs.readFileSync(PORT_FILE);
+    assert.strictEqual(digest, crypto.createHash('sha256').update(bytes).digest('hex'));
+    assert.strictEqual(kf.implementationDigest(PORT_FILE, PORT_FILE),
+      crypto.createHash('sha256').update(Buffer.concat([bytes, bytes])).digest('hex'));
+    assert.throws(() => new kf.FunctionWorker({ client, functionId: 'x', handler: runningSum }),
+      /sources/);
+  });
+
+  await t.test('the Node port matches native running_sum byte for byte', async () => {
+    const native = unique('rs-native');
+    await client.registerFunction(runningSumDescriptor(native));
+    const remote = await registerRemote(digest);
+    const w = await serve(remote, runningSum, { concurrency: 4 });
+    const rows = rowsFor(3000, 200);
+    const pn = client.producer(native, { producerId: 'p', nextSequence: 1 });
+    const pr = client.producer(remote, { producerId: 'p', nextSequence: 1 });
+    for (let start = 0; start < rows.length; start += 1000) {
+      const chunk = rows.slice(start, start + 1000);
+      const a = await pn.push(chunk, { watermarkUs: T0 + start });
+      const b = await pr.push(chunk, { watermarkUs: T0 + start });
+      assert.deepStrictEqual([a.rowsAccepted, a.activations, a.firstOutputSeq, a.lastOutputSeq],
+        [b.rowsAccepted, b.activations, b.firstOutputSeq, b.lastOutputSeq]);
+    }
+    const [nativePages, remotePages] = [await readAllRaw(client, raw, native),
+      await readAllRaw(client, raw, remote)];
+    assert.ok(nativePages.length > 0);
+    assert.deepStrictEqual(remotePages, nativePages);
+    assert.ok(w.calls > 0);
+    assert.deepStrictEqual(await client.keyState(remote, 'u0001'), await client.keyState(native, 'u0001'));
+  });
+
+  await t.test('int64 overflow refuses the batch like native', async () => {
+    const native = unique('rs-native');
+    await client.registerFunction(runningSumDescriptor(native));
+    const remote = await registerRemote(digest);
+    await serve(remote, runningSum);
+    const rows = [{ user: 'big', ts: T0, amount: 2n ** 63n - 1n }, { user: 'big', ts: T0 + 1, amount: 1 }];
+    const errors = [];
+    for (const fid of [native, remote]) {
+      await assert.rejects(client.pushBatch(fid, 'p', 1, { rows }), (e) => {
+        errors.push(e);
+        return e.codeName === 'FAILED_PRECONDITION';
+      });
+      assert.strictEqual((await client.keyState(fid, 'big')).state, 'absent');
+    }
+    assert.match(errors[1].message, /int64 overflow adding amount 1 to sum 9223372036854775807/);
+    assert.strictEqual(errors[1].details, errors[0].details);
+  });
+
+  await t.test('a throw refuses the call; no worker is UNAVAILABLE', async () => {
+    const broken = (act) => {
+      throw new RangeError(`boom on ${act.keyText}`);
+    };
+    const remote = await registerRemote(digest);
+    await assert.rejects(client.pushBatch(remote, 'p', 1, { rows: [{ user: 'k', ts: T0, amount: 1 }],
+      attempts: 1 }), (e) => e.codeName === 'UNAVAILABLE');
+    await serve(remote, broken);
+    await assert.rejects(client.pushBatch(remote, 'p', 1, { rows: [{ user: 'k', ts: T0, amount: 1 }] }),
+      (e) => e.codeName === 'FAILED_PRECONDITION' && /RangeError: boom on k/.test(e.message));
+  });
+
+  await t.test('a wrong digest is refused for good', async () => {
+    const remote = await registerRemote(digest);
+    const w = new kf.FunctionWorker({ client, functionId: remote, handler: runningSum,
+      digest: '0'.repeat(64) });
+    await assert.rejects(w.run({ signals: false }),
+      (e) => e.codeName === 'FAILED_PRECONDITION' && /implementation_digest/.test(e.message));
+  });
+});
