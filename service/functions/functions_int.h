@@ -170,7 +170,8 @@ typedef struct pending_durable {
 struct kf_functions {
     kf_map_t by_id;
     kf_plugins_t *plugins;
-    uint32_t next_index;
+    uint32_t next_index;      /* the index the next registration takes */
+    bool index_counter_found; /* recovery: next_index came from the store */
     uint32_t step_counter;
     uint32_t call_counter;
     pending_durable_t *pending; /* output written in groups not yet durable */

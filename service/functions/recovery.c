@@ -179,6 +179,28 @@ static kf_status_t load_checkpoint(kf_ctx_t *ctx, function_t *fn, kf_error_t *er
     return st;
 }
 
+/* A function's index prefixes every record of its state: two functions
+ * under one index would read and write each other's keys, and an index at
+ * or past the stored counter would be handed to a new function again. */
+static kf_status_t check_index(const kf_functions_t *fns, const char *id, uint32_t index,
+                               kf_error_t *err) {
+    if (fns->index_counter_found ? index >= fns->next_index : index == UINT32_MAX) {
+        return kf_error_set(err, KF_E_CORRUPT,
+                            "functions: %s has index %u, not below the stored counter %u", id,
+                            index, fns->next_index);
+    }
+    size_t b;
+    for (kf_map_node_t *n = kf_map_first(&fns->by_id, &b); n != NULL;
+         n = kf_map_next(&fns->by_id, &b, n)) {
+        const function_t *other = KF_CONTAINER_OF(n, function_t, node);
+        if (other->index == index) {
+            return kf_error_set(err, KF_E_CORRUPT, "functions: %s and %s have the same index %u",
+                                other->id, id, index);
+        }
+    }
+    return KF_OK;
+}
+
 static kf_status_t recover_function(kf_functions_t *fns, kf_ctx_t *ctx, const void *v, size_t vlen,
                                     kf_error_t *err) {
     Keyflow__Records__FunctionRec *rec = keyflow__records__function_rec__unpack(NULL, vlen, v);
@@ -205,6 +227,9 @@ static kf_status_t recover_function(kf_functions_t *fns, kf_ctx_t *ctx, const vo
         kf_map_get(&fns->by_id, canonical->function_id, strlen(canonical->function_id)) != NULL) {
         st = kf_error_set(err, KF_E_CORRUPT, "functions: %s is stored twice",
                           canonical->function_id);
+    }
+    if (st == KF_OK) {
+        st = check_index(fns, canonical->function_id, rec->index, err);
     }
     if (st == KF_OK) {
         function_t *fn = kf__fn_new(fns, canonical, sha, rec->index, rec->created_ms);
@@ -236,6 +261,7 @@ kf_status_t kf_functions_recover(kf_functions_t *fns, kf_ctx_t *ctx, kf_error_t 
     if (found) {
         bool well_formed = v.len == 4;
         fns->next_index = well_formed ? kf_get_be32(v.data) : 0;
+        fns->index_counter_found = well_formed;
         kf_store_value_free(&v);
         if (!well_formed) {
             /* Guessing would hand a new function an index in use. */

@@ -13,6 +13,7 @@
 #include "../engine/sim.h"
 #include "base/crypto.h"
 #include "keyflow/v1/functions.pb-c.h"
+#include "records/records.pb-c.h"
 
 static sim_t sim;
 static char digest[KF_SHA256_HEX_BYTES + 1];
@@ -580,4 +581,42 @@ Test(functions, calls_answered_later_keep_order_and_atomicity) {
     json_t *rows = output(0, 100, NULL);
     cr_assert_eq(json_array_size(rows), 2);
     json_decref(rows);
+}
+
+/* Rewrites the stored index of function `id` (its key prefix in every
+ * state family), as a corrupt store or a buggy build could. */
+static void set_stored_index(const char *id, uint32_t index) {
+    kf_value_t v;
+    bool found = false;
+    kf_error_t err;
+    cr_assert_eq(kf_store_get(sim.store, KF_CF_FUNCTIONS, id, strlen(id), &v, &found, &err), KF_OK);
+    cr_assert(found);
+    Keyflow__Records__FunctionRec *rec =
+        keyflow__records__function_rec__unpack(NULL, v.len, v.data);
+    kf_store_value_free(&v);
+    cr_assert_not_null(rec);
+    rec->index = index;
+    uint8_t buf[8192];
+    size_t len = keyflow__records__function_rec__pack(rec, buf);
+    keyflow__records__function_rec__free_unpacked(rec, NULL);
+    sim_put_raw(&sim, KF_CF_FUNCTIONS, id, strlen(id), buf, len);
+}
+
+/* Two functions under one index would read and write each other's state;
+ * an index at or past the stored counter would be handed out again. */
+Test(functions, recovery_refuses_a_function_index_in_use_or_past_the_counter) {
+    register_ok();
+    kf_cmd_t *g = register_fn(descriptor("g", "g.v1"));
+    cr_assert_eq(g->error.status, KF_OK, "%s", g->error.message);
+    push_ok(1, "[" ROW("a", 10, "ok", 5) "]", INT64_MIN);
+    uint32_t indexes[] = {0, 2, UINT32_MAX};
+    for (size_t i = 0; i < sizeof indexes / sizeof indexes[0]; i++) {
+        set_stored_index("g", indexes[i]);
+        kf_error_t err;
+        cr_assert_eq(sim_restart_status(&sim, &err), KF_E_CORRUPT, "index %u", indexes[i]);
+        cr_assert(strstr(err.message, "index") != NULL, "%s", err.message);
+        set_stored_index("g", 1);
+        cr_assert_eq(sim_restart_status(&sim, &err), KF_OK, "%s", err.message);
+    }
+    cr_assert_eq(state_of("a")->value, 5);
 }
