@@ -43,7 +43,7 @@ void kf_hmac_sha256(const kf_hmac_key_t *key, const void *data, size_t len,
                     uint8_t out[KF_SHA256_BYTES]);
 
 /* Whether a and b (len bytes each) are equal, in time that depends on len
- * only (mbedtls_ct_memcmp): for comparing secrets and their hashes. */
+ * only: for comparing secrets and their hashes. */
 bool kf_ct_equal(const void *a, const void *b, size_t len);
 
 typedef struct kf_rng kf_rng_t;
