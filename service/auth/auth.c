@@ -266,7 +266,7 @@ static bool all_hex(const char *p, size_t n) {
     return true;
 }
 
-/* Splits "kf_<id>_<secret hex>" (exactly KF_API_KEY_TEXT_BYTES long). */
+/* Splits "kf_<id>_<secret hex>" in place: *id points into text. */
 static bool parse_key(const char *text, size_t len, const char **id,
                       uint8_t secret[KF_API_KEY_SECRET_BYTES]) {
     if (len != KF_API_KEY_TEXT_BYTES || memcmp(text, "kf_", 3) != 0 ||
@@ -282,6 +282,17 @@ static bool parse_key(const char *text, size_t len, const char **id,
         secret[i] = (uint8_t)(hi << 4 | lo);
     }
     *id = text + 3;
+    return true;
+}
+
+bool kf_api_key_parse(const char *text, size_t len, char id[KF_API_KEY_ID_CHARS + 1],
+                      uint8_t secret[KF_API_KEY_SECRET_BYTES]) {
+    const char *at;
+    if (!parse_key(text, len, &at, secret)) {
+        return false;
+    }
+    memcpy(id, at, KF_API_KEY_ID_CHARS);
+    id[KF_API_KEY_ID_CHARS] = '\0';
     return true;
 }
 

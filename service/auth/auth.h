@@ -118,6 +118,10 @@ void kf_auth_put(kf_auth_t *auth, kf_principal_t *p);
 bool kf_auth_remove(kf_auth_t *auth, const char *key_id);
 size_t kf_auth_count(kf_auth_t *auth);
 
+/* Splits a key's text (len bytes, exactly KF_API_KEY_TEXT_BYTES) into its
+ * id (NUL-terminated) and secret; false when it is not one. */
+bool kf_api_key_parse(const char *text, size_t len, char id[KF_API_KEY_ID_CHARS + 1],
+                      uint8_t secret[KF_API_KEY_SECRET_BYTES]);
 /* The text of a key: out has KF_API_KEY_TEXT_BYTES + 1 bytes. */
 void kf_api_key_format(const char *key_id, const uint8_t secret[KF_API_KEY_SECRET_BYTES],
                        char *out);

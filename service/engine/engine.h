@@ -116,6 +116,7 @@ typedef struct kf_engine_config {
                                        (borrowed); NULL: a disabled one of its own */
     const char *bootstrap_key_path; /* where a new admin key is written (auth on) */
     bool new_admin_key;             /* make an admin key even if one was made before */
+    const char *admin_key_path;     /* the admin key to adopt instead of making one, or NULL */
     bool defer_handler_calls;       /* tests only: handler calls answer on
                                        kf_core_pump(), like remote ones */
     /* Free bytes kept on the store's filesystem (--disk-reserve); 0 =

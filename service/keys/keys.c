@@ -146,22 +146,33 @@ static void ensure_secret(kf_keys_t *keys, kf_ctx_t *ctx) {
 }
 
 /* A fresh key: random id (unique among the live keys) and secret. */
+/* A key: the given id and secret (an operator's --admin-key-file), or a
+ * random id (unique among the live keys) and secret, whose text goes to
+ * `text` (NULL: not wanted). */
 static kf_principal_t *make_key(kf_keys_t *keys, kf_ctx_t *ctx, const char *name,
                                 const kf_grant_t *grants, size_t n, const char *created_by,
-                                char text[KF_API_KEY_TEXT_BYTES + 1]) {
+                                const char *given_id, const uint8_t *given_secret, char *text) {
     ensure_secret(keys, ctx);
     char id[KF_API_KEY_ID_CHARS + 1];
-    size_t ignored;
-    do {
-        uint8_t raw[KF_API_KEY_ID_CHARS / 2];
-        kf_rng_bytes(ctx->rng, raw, sizeof raw);
-        kf_hex_encode(raw, sizeof raw, id);
-    } while (find(keys, id, &ignored) != NULL);
     uint8_t secret[KF_API_KEY_SECRET_BYTES];
-    kf_rng_bytes(ctx->rng, secret, sizeof secret);
+    size_t ignored;
+    if (given_id != NULL) {
+        memcpy(id, given_id, sizeof id);
+        memcpy(secret, given_secret, sizeof secret);
+    } else {
+        do {
+            uint8_t raw[KF_API_KEY_ID_CHARS / 2];
+            kf_rng_bytes(ctx->rng, raw, sizeof raw);
+            kf_hex_encode(raw, sizeof raw, id);
+        } while (find(keys, id, &ignored) != NULL);
+        kf_rng_bytes(ctx->rng, secret, sizeof secret);
+    }
+    KF_ASSERT(find(keys, id, &ignored) == NULL);
     uint8_t hash[KF_SHA256_BYTES];
     kf_auth_hash_secret(keys->auth, secret, hash);
-    kf_api_key_format(id, secret, text);
+    if (text != NULL) {
+        kf_api_key_format(id, secret, text);
+    }
     memset(secret, 0, sizeof secret);
     kf_principal_spec_t spec = {
         .key_id = id,
@@ -259,6 +270,70 @@ static size_t admin_grants(kf_grant_t grants[KF_GRANTS_MAX]) {
 }
 _Static_assert(KF_SCOPE_COUNT - 1 <= KF_GRANTS_MAX, "an admin key holds every scope");
 
+/* The operator's admin key (--admin-key-file): "kf_<id>_<secret>" and an
+ * optional newline. */
+static kf_status_t read_admin_key(const char *path, char id[KF_API_KEY_ID_CHARS + 1],
+                                  uint8_t secret[KF_API_KEY_SECRET_BYTES], kf_error_t *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return kf_error_set(err, KF_E_IO, "admin key file %s: %s", path, strerror(errno));
+    }
+    char text[KF_API_KEY_TEXT_BYTES + 4];
+    ssize_t n = read(fd, text, sizeof text);
+    close(fd);
+    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r')) {
+        n--;
+    }
+    bool ok = n > 0 && kf_api_key_parse(text, (size_t)n, id, secret);
+    memset(text, 0, sizeof text);
+    if (!ok) {
+        return kf_error_set(err, KF_E_INVALID,
+                            "admin key file %s: expected one line kf_<16 hex digits>_<64 hex "
+                            "digits> (docs/security.md says how to make one)",
+                            path);
+    }
+    return KF_OK;
+}
+
+/* Bootstrap from the operator's key instead of writing a new one: it
+ * becomes the admin key once, at the store's first start with keys on (or
+ * with --new-admin-key). A key the store knows already is simply there. */
+static kf_status_t adopt_admin_key(kf_keys_t *keys, kf_ctx_t *ctx, const kf_key_t *marker,
+                                   bool bootstrapped, kf_error_t *err) {
+    const kf_engine_config_t *config = ctx->config;
+    char id[KF_API_KEY_ID_CHARS + 1];
+    uint8_t secret[KF_API_KEY_SECRET_BYTES];
+    kf_status_t st = read_admin_key(config->admin_key_path, id, secret, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    size_t ignored;
+    if (find(keys, id, &ignored) != NULL) {
+        memset(secret, 0, sizeof secret);
+        return KF_OK;
+    }
+    if (bootstrapped && !config->new_admin_key) {
+        memset(secret, 0, sizeof secret);
+        kf_log(KF_LOG_WARN, "keys",
+               "admin key file %s holds key %s, which this store does not have (it was revoked, "
+               "or the store was bootstrapped before): ignored; --new-admin-key adopts it",
+               config->admin_key_path, id);
+        return KF_OK;
+    }
+    if (keys->count >= KF_API_KEYS_MAX) {
+        memset(secret, 0, sizeof secret);
+        return kf_error_set(err, KF_E_LIMIT, "api_keys: KF_API_KEYS_MAX keys; revoke one first");
+    }
+    kf_grant_t grants[KF_GRANTS_MAX];
+    size_t n = admin_grants(grants);
+    make_key(keys, ctx, "admin (--admin-key-file)", grants, n, "", id, secret, NULL);
+    memset(secret, 0, sizeof secret);
+    int64_t now = ctx->now_ms;
+    kf_ctx_put(ctx, KF_CF_API_KEYS, marker, &now, sizeof now);
+    kf_log(KF_LOG_INFO, "keys", "adopted admin API key %s from %s", id, config->admin_key_path);
+    return KF_OK;
+}
+
 kf_status_t kf_keys_recover(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) {
     kf_status_t st = load_secret(keys, ctx, err);
     if (st == KF_OK) {
@@ -277,6 +352,9 @@ kf_status_t kf_keys_recover(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) {
         return st;
     }
     const kf_engine_config_t *config = ctx->config;
+    if (config->admin_key_path != NULL) {
+        return adopt_admin_key(keys, ctx, &marker, bootstrapped, err);
+    }
     if (bootstrapped && !config->new_admin_key) {
         return KF_OK;
     }
@@ -295,7 +373,7 @@ kf_status_t kf_keys_recover(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) {
     size_t n = admin_grants(grants);
     kf_principal_t *p =
         make_key(keys, ctx, bootstrapped ? "admin (--new-admin-key)" : "bootstrap admin", grants, n,
-                 "", keys->bootstrap_text);
+                 "", NULL, NULL, keys->bootstrap_text);
     int64_t now = ctx->now_ms;
     kf_ctx_put(ctx, KF_CF_API_KEYS, &marker, &now, sizeof now);
     keys->bootstrap_path = config->bootstrap_key_path;
@@ -420,7 +498,7 @@ void kf_keys_create_key(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     keyflow__v1__create_key_response__init(resp);
     resp->api_key = kf_arena_alloc(cmd->arena, KF_API_KEY_TEXT_BYTES + 1);
     kf_principal_t *p = make_key(keys, ctx, req->name, grants, req->n_grants,
-                                 kf_principal_id(cmd->principal), resp->api_key);
+                                 kf_principal_id(cmd->principal), NULL, NULL, resp->api_key);
     resp->key = key_to_pb(cmd->arena, p);
     detach(cmd->arena, resp->key);
     kf_log(KF_LOG_INFO, "keys", "created API key %s \"%s\" by %s", kf_principal_id(p), req->name,

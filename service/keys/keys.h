@@ -35,13 +35,14 @@ kf_keys_t *kf_keys_create(kf_auth_t *auth);
 void kf_keys_destroy(kf_keys_t *keys);
 
 /*
- * Loads (or makes) the store secret and every key into the registry. When
- * the registry is enabled and the store never had a bootstrap key, or
+ * Loads the store secret and every key into the registry. When the
+ * registry is enabled and the store never had a bootstrap key, or
  * config->new_admin_key asks for one, makes an admin key (every scope, no
- * prefix) whose text kf_keys_finish_recovery writes to
- * config->bootstrap_key_path. Errors: KF_E_CORRUPT (a malformed record),
- * KF_E_IO, KF_E_EXISTS (the bootstrap file already exists: it would be
- * another store's key).
+ * prefix): the operator's, from config->admin_key_path, or a new one whose
+ * text kf_keys_finish_recovery writes to config->bootstrap_key_path.
+ * Errors: KF_E_CORRUPT (a malformed record), KF_E_IO, KF_E_INVALID (the
+ * admin key file holds no key), KF_E_EXISTS (the bootstrap file already
+ * exists: it would be another store's key).
  */
 kf_status_t kf_keys_recover(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) KF_MUST_USE;
 /* After recovery's write is durable: writes the bootstrap key file (mode

@@ -56,6 +56,7 @@ typedef struct options {
     bool no_auth;       /* --insecure-no-auth */
     bool new_admin_key; /* --new-admin-key */
     const char *bootstrap_key_file;
+    const char *admin_key_file; /* --admin-key-file: the operator's admin key */
     int64_t retention_ms;
     int64_t attempts_max;
     int64_t queue_depth;
@@ -101,6 +102,8 @@ static void usage(FILE *out) {
         "  --bootstrap-key-file FILE  where the first admin API key is written\n"
         "                        (default DATA/bootstrap-admin.key, mode 0600)\n"
         "  --new-admin-key       write a new admin key to the bootstrap file at start\n"
+        "  --admin-key-file FILE the first admin key, made by the operator, instead of a new\n"
+        "                        one in the bootstrap file (a Kubernetes or compose secret)\n"
         "API keys are required whenever a listener is not loopback (docs/security.md).\n"
         "SIGHUP re-reads the TLS files (new connections get the new certificate).\n"
         "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_GRPC_ADDRESS,\n"
@@ -108,7 +111,7 @@ static void usage(FILE *out) {
         "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_DISK_RESERVE,\n"
         "KEYFLOW_LOG_LEVEL, KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
         "KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1,\n"
-        "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE.\n",
+        "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE, KEYFLOW_ADMIN_KEY_FILE.\n",
         (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
         KF_QUEUE_DEPTH_MAX, (long long)KF_DRAIN_GRACE_MS_MAX);
 }
@@ -198,6 +201,7 @@ static bool parse_env(options_t *o) {
     o->auth_required = env_switch("KEYFLOW_AUTH");
     o->no_auth = env_switch("KEYFLOW_INSECURE_NO_AUTH");
     o->bootstrap_key_file = env_or("KEYFLOW_BOOTSTRAP_KEY_FILE", NULL);
+    o->admin_key_file = env_or("KEYFLOW_ADMIN_KEY_FILE", NULL);
     o->log_level = KF_LOG_INFO;
     o->log_format = KF_LOG_FORMAT_TEXT;
     o->grpc_threads = 1;
@@ -239,7 +243,7 @@ static bool known_flag(const char *a) {
         "--log-format",    "--drain-grace-ms",
         "--tls-cert",      "--tls-key",
         "--tls-client-ca", "--bootstrap-key-file",
-        "--disk-reserve",
+        "--disk-reserve",  "--admin-key-file",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         if (strcmp(a, flags[i]) == 0) {
@@ -352,6 +356,8 @@ static bool parse_args(int argc, char **argv, options_t *o) {
                 return false;
         } else if (strcmp(a, "--bootstrap-key-file") == 0) {
             o->bootstrap_key_file = v;
+        } else if (strcmp(a, "--admin-key-file") == 0) {
+            o->admin_key_file = v;
         } else {
             KF_UNREACHABLE(); /* known_flag() lists every flag above */
         }
@@ -598,6 +604,7 @@ int main(int argc, char **argv) {
         .auth = auth,
         .bootstrap_key_path = o.bootstrap_key_file != NULL ? o.bootstrap_key_file : bootstrap_path,
         .new_admin_key = o.new_admin_key,
+        .admin_key_path = o.admin_key_file,
         .on_fatal = on_engine_fatal,
     };
     kf_engine_t *engine;

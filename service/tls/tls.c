@@ -176,13 +176,12 @@ static void tls_free(kf_tls_t *tls) {
     free(tls);
 }
 
-/* A private key others can read is worth a line in the log, not a refusal:
- * a secret mounted by Kubernetes or systemd may be group-readable by
- * design. */
+/* A private key anyone can read is worth a line in the log, not a refusal
+ * (a group-readable one is normal: a Kubernetes secret with fsGroup). */
 static void warn_key_mode(const char *path) {
     struct stat st;
-    if (stat(path, &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
-        kf_log(KF_LOG_WARN, "tls", "key file %s is accessible to group or others (mode %03o)", path,
+    if (stat(path, &st) == 0 && (st.st_mode & S_IRWXO) != 0) {
+        kf_log(KF_LOG_WARN, "tls", "key file %s is accessible to every user (mode %03o)", path,
                (unsigned)(st.st_mode & 0777));
     }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Rewrite a compose file for a machine where containers may only use the host network.
 
-    compose_hostnet.py deploy/docker-compose.yml [--image IMAGE] [--env KEY=VALUE ...] > out.yml
+    compose_hostnet.py deploy/docker-compose.yml [--image IMAGE] [--env KEY=VALUE ...]
+                       [--secret-dir DIR] > out.yml
 
 Every service joins the host network (network_mode: host) and loses what host
 networking forbids or makes meaningless: published ports (docker-compose 1.29
@@ -11,7 +12,9 @@ resolve to 127.0.0.1 through extra_hosts. Builds use the host network and an
 absolute context, so the output may be written anywhere. --image replaces each
 service's image (use with `up --no-build`); --env sets or overrides environment
 variables of every service (e.g. loopback addresses on free ports, since all
-services now share the host's ports). The result goes to stdout.
+services now share the host's ports). File secrets get absolute paths (their
+relative ones are resolved against the compose file's folder, or against
+--secret-dir in place of its "secrets" folder). The result goes to stdout.
 """
 import argparse
 import os
@@ -25,6 +28,7 @@ def main():
     ap.add_argument("compose_file")
     ap.add_argument("--image", help="image for every service")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--secret-dir", help="use this folder for the file secrets' ./secrets/")
     args = ap.parse_args()
 
     with open(args.compose_file) as f:
@@ -53,6 +57,14 @@ def main():
                 build = svc["build"] = {"context": build}
             build["context"] = os.path.normpath(os.path.join(base, build.get("context", ".")))
             build["network"] = "host"
+    for secret in (doc.get("secrets") or {}).values():
+        path = secret.get("file")
+        if path is None:
+            continue
+        if args.secret_dir and path.startswith("./secrets/"):
+            secret["file"] = os.path.join(os.path.abspath(args.secret_dir), path[len("./secrets/"):])
+        else:
+            secret["file"] = os.path.normpath(os.path.join(base, path))
     doc.pop("networks", None)
     yaml.safe_dump(doc, sys.stdout, sort_keys=False)
 

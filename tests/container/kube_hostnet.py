@@ -2,7 +2,7 @@
 """Rewrite Kubernetes manifests for `podman kube play` (podman 4.3) on a host-network-only machine.
 
     kube_hostnet.py deploy/kubernetes/keyflow.yaml [--image IMAGE] [--env KEY=VALUE ...]
-                    [--port NAME=NUMBER ...] > out.yaml
+                    [--port NAME=NUMBER ...] [--secret-dir DIR] > out.yaml
 
 podman 4.3 plays only Pod, Deployment, PersistentVolumeClaim, ConfigMap and
 Secret objects and silently skips the rest, and it publishes every
@@ -16,7 +16,12 @@ containerPort, which host networking forbids. So:
     ports are resolved to numbers (--port NAME=NUMBER overrides a named port's
     number first, for pods moved to free ports with --env);
   - imagePullPolicy: Never (there is no registry); --image replaces every
-    container's image; --env sets or overrides container environment variables.
+    container's image; --env sets or overrides container environment variables;
+  - with --secret-dir, a volume from Secret NAME becomes a hostPath volume of
+    DIR/NAME (the files deploy/make-secrets.sh writes), since there is no
+    API server to hold Secrets;
+  - an HTTPS httpGet probe becomes an exec probe running curl -k against
+    127.0.0.1 (podman 4.3 turns httpGet probes into plain-http healthchecks).
 The result goes to stdout.
 """
 import argparse
@@ -57,6 +62,7 @@ def main():
     ap.add_argument("--image", help="image for every container")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--port", action="append", default=[], metavar="NAME=NUMBER")
+    ap.add_argument("--secret-dir", help="directory with one folder per Secret name")
     args = ap.parse_args()
     extra_env = dict(kv.split("=", 1) for kv in args.env)
     port_override = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.port)}
@@ -84,6 +90,12 @@ def main():
         else:
             continue
         pod["hostNetwork"] = True
+        if args.secret_dir:
+            for v in pod.get("volumes", []):
+                secret = v.pop("secret", None)
+                if secret is not None:
+                    v["hostPath"] = {"path": f"{args.secret_dir}/{secret['secretName']}",
+                                     "type": "Directory"}
         for c in pod.get("containers", []) + pod.get("initContainers", []):
             named = {p["name"]: port_override.get(p["name"], p["containerPort"])
                      for p in c.get("ports", []) if p.get("name")}
@@ -104,6 +116,12 @@ def main():
                     h = (c.get(probe) or {}).get(handler)
                     if h and isinstance(h.get("port"), str):
                         h["port"] = named[h["port"]]
+                spec = c.get(probe) or {}
+                h = spec.get("httpGet")
+                if h and h.get("scheme") == "HTTPS":
+                    del spec["httpGet"]
+                    spec["exec"] = {"command": ["curl", "-fsSk", "-o", "/dev/null", "--max-time", "2",
+                                                f"https://127.0.0.1:{h['port']}{h['path']}"]}
     yaml.safe_dump_all(docs, sys.stdout, sort_keys=False)
 
 

@@ -8,9 +8,11 @@
 # Steps: packages (apt, only if missing) -> private podman config and storage
 # -> debian:bookworm-slim base image from debootstrap -> image build ->
 # image run (probes, healthcheck, an event and its receipt, CLI, a native
-# handler, clean stop with exit 0, restart on the same volume) -> compose via
-# docker-compose 1.29 against `podman system service` -> the StatefulSet via
-# `podman kube play`. Every step is timed; any failure exits non-zero; the
+# handler, clean stop with exit 0, restart on the same volume) -> secrets
+# (deploy/make-secrets.sh) -> compose via docker-compose 1.29 against
+# `podman system service` and the StatefulSet via `podman kube play`, both
+# over TLS with API keys (plaintext and keyless calls refused, keyed calls
+# over HTTPS and gRPC answered). Every step is timed; any failure exits non-zero; the
 # whole run is bounded by KEYFLOW_SMOKE_TIMEOUT; everything it created is
 # removed on exit.
 #
@@ -88,10 +90,12 @@ check() {
 }
 
 # ---------------------------------------------------------------- helpers
+# TLS=(--cacert FILE) while a deployment serves TLS: every curl below adds it.
+TLS=()
 wait_http() { # wait_http URL [TRIES]: 200 within TRIES x 0.2 s
   local i
   for ((i = 0; i < ${2:-150}; i++)); do
-    curl -fsS -o /dev/null --max-time 2 "$1" 2>/dev/null && return 0
+    curl -fsS "${TLS[@]}" -o /dev/null --max-time 2 "$1" 2>/dev/null && return 0
     sleep 0.2
   done
   echo "no 200 from $1 after $(( ${2:-150} / 5 )) s" >&2
@@ -107,12 +111,16 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
 exit_code() { podman inspect -f '{{.State.ExitCode}}' "$1"; }
-# send_event HTTP_PORT KEY ID: POST a batch event, print the response.
+# send_event BASE_URL KEY ID [CURL ARGS...]: POST a batch event, print the response.
 send_event() {
-  curl -fsS --max-time 10 -XPOST "http://127.0.0.1:$1/v1/workflows/smoke/keys/$2/events" \
+  local base=$1 key=$2 id=$3
+  shift 3
+  curl -fsS "${TLS[@]}" "$@" --max-time 10 -XPOST "$base/v1/workflows/smoke/keys/$key/events" \
     -H 'content-type: application/json' \
-    -d "{\"id\": \"$3\", \"rule\": {\"kind\": \"batch\", \"maxEvents\": 10, \"maxWaitMs\": 600000}, \"input\": {\"n\": 1}}"
+    -d "{\"id\": \"$id\", \"rule\": {\"kind\": \"batch\", \"maxEvents\": 10, \"maxWaitMs\": 600000}, \"input\": {\"n\": 1}}"
 }
+# http_code CURL ARGS...: the status of one request (000: no HTTP answer).
+http_code() { curl -sS -o /dev/null --max-time 10 -w '%{http_code}' "$@" 2>/dev/null || true; }
 has_receipt() { # has_receipt JSON KEY: a receipt whose runId is KEY@...
   python3 -c 'import json,sys; r=json.loads(sys.argv[1])["receipt"]; assert r["runId"].startswith(sys.argv[2]+"@"), r' "$1" "$2"
 }
@@ -122,12 +130,42 @@ probe_service() {
   local name=$1 http=$2 grpc=$3 ctr=$4 out
   check "$name: GET /healthz" wait_http "http://127.0.0.1:$http/healthz"
   check "$name: GET /readyz" wait_http "http://127.0.0.1:$http/readyz"
-  out=$(send_event "$http" "$name-key" e-1) || fail "$name: POST event"
+  out=$(send_event "http://127.0.0.1:$http" "$name-key" e-1) || fail "$name: POST event"
   echo "      receipt: $out"
   check "$name: event receipt" has_receipt "$out" "$name-key"
-  out=$(send_event "$http" "$name-key" e-1) || fail "$name: POST event again"
+  out=$(send_event "http://127.0.0.1:$http" "$name-key" e-1) || fail "$name: POST event again"
   check "$name: same event id again is a duplicate" is_duplicate "$out"
   check "$name: grpc.health.v1 SERVING (the image's keyflow CLI)" cli_health "$ctr" "$grpc"
+}
+# probe_secure NAME HTTP GRPC CONTAINER: a deployment of deploy/ as shipped:
+# TLS on both ports (the CA of $SECRETS), API keys (its admin key).
+probe_secure() {
+  local name=$1 http=$2 grpc=$3 ctr=$4 out key
+  local base="https://127.0.0.1:$http"
+  key=$(cat "$SECRETS/keyflow-admin-key/admin.key")
+  TLS=(--cacert "$SECRETS/keyflow-tls/ca.crt")
+  check "$name: GET /readyz over TLS (no key needed)" wait_http "$base/readyz"
+  check "$name: plaintext HTTP on the TLS port is refused" \
+    test "$(http_code "http://127.0.0.1:$http/healthz")" = 000
+  check "$name: an unknown CA is refused" test "$(http_code "$base/healthz")" = 000
+  check "$name: POST event without a key -> 401" \
+    test "$(http_code "${TLS[@]}" -XPOST "$base/v1/workflows/smoke/keys/k/events" -d '{}')" = 401
+  check "$name: GET /metrics without a key -> 401" test "$(http_code "${TLS[@]}" "$base/metrics")" = 401
+  out=$(send_event "$base" "$name-key" e-1 -H "Authorization: Bearer $key") \
+    || fail "$name: POST event over TLS with the admin key"
+  echo "      receipt: $out"
+  check "$name: event receipt (TLS + key)" has_receipt "$out" "$name-key"
+  out=$(send_event "$base" "$name-key" e-1 -H "Authorization: Bearer $key") || fail "$name: POST event again"
+  check "$name: same event id again is a duplicate" is_duplicate "$out"
+  # The CLI in the container reads KEYFLOW_TLS_CA and KEYFLOW_API_KEY_FILE from the deployment.
+  check "$name: grpc.health.v1 SERVING over TLS (the image's keyflow CLI)" cli_health "$ctr" "$grpc"
+  out=$(podman exec "$ctr" keyflow --addr "127.0.0.1:$grpc" --timeout-ms 5000 send --workflow smoke \
+    --key "$name-cli" --batch --max-events 5 --input '{"n": 3}') || fail "$name: keyflow send over TLS with the key"
+  check "$name: keyflow send over gRPC + TLS + key returns a receipt" has_receipt "$out" "$name-cli"
+  out=$(podman exec -e KEYFLOW_API_KEY_FILE= "$ctr" keyflow --addr "127.0.0.1:$grpc" --timeout-ms 5000 \
+    send --workflow smoke --key k --input 1 2>&1) && fail "$name: keyflow send without a key succeeded"
+  check "$name: keyflow send without a key is UNAUTHENTICATED" grep -q UNAUTHENTICATED <<<"$out"
+  TLS=()
 }
 cli_health() { # cli_health CONTAINER GRPC_PORT
   local out
@@ -293,6 +331,11 @@ check "every shared library resolves in the runtime image" \
 check "keyflowd --help runs" podman run --rm --no-healthcheck --network=host "$IMAGE" --help >/dev/null
 
 read -r G1 H1 G2 H2 G3 H3 < <(free_ports 6)
+# The deployments' secrets: a CA, a certificate for 127.0.0.1, an admin key.
+SECRETS=$WORK/secrets
+"$ROOT/deploy/make-secrets.sh" "$SECRETS" >"$WORK/secrets.log" 2>&1 \
+  || { cat "$WORK/secrets.log"; fail "deploy/make-secrets.sh"; }
+ok "deploy/make-secrets.sh: CA, server certificate and admin key in $SECRETS"
 
 # ================================================================ 5. image
 step "5. podman run the image (127.0.0.1:$G1 gRPC, :$H1 HTTP), read-only rootfs, named volume"
@@ -327,7 +370,7 @@ check "image: podman stop -> exit code 0 in $(fmt_s "$(ms_since "$t")") s" stopp
 podman rm "$RUN_CTR" >/dev/null 2>>"$WORK/podman.log"
 check "image: podman run -d again, same volume" run_image
 check "image: restarted on the same volume" wait_http "http://127.0.0.1:$H1/readyz"
-out=$(send_event "$H1" image-key e-1) || fail "image: POST event after restart"
+out=$(send_event "http://127.0.0.1:$H1" image-key e-1) || fail "image: POST event after restart"
 check "image: the event survived the restart (duplicate)" is_duplicate "$out"
 out=$(curl -fsS --max-time 10 "http://127.0.0.1:$H1/v1/functions/running_sum/keys/ann") \
   || fail "image: reading running_sum's state after the restart"
@@ -349,12 +392,13 @@ for _ in $(seq 1 100); do
 done
 check "podman API socket answers" curl -fsS --max-time 2 --unix-socket "$WORK/podman.sock" -o /dev/null http://d/_ping
 python3 "$HERE/compose_hostnet.py" "$ROOT/deploy/docker-compose.yml" --image "$IMAGE" \
-  --env KEYFLOW_GRPC_ADDRESS="127.0.0.1:$G2" --env KEYFLOW_HTTP_ADDRESS="127.0.0.1:$H2" >"$WORK/compose.yml"
+  --env KEYFLOW_GRPC_ADDRESS="127.0.0.1:$G2" --env KEYFLOW_HTTP_ADDRESS="127.0.0.1:$H2" \
+  --secret-dir "$SECRETS" >"$WORK/compose.yml"
 DC=(timeout 300 docker-compose -p "$COMPOSE_PROJECT" -f "$WORK/compose.yml")
 "${DC[@]}" up -d --no-build >"$WORK/compose.log" 2>&1 || { cat "$WORK/compose.log"; fail "docker-compose up"; }
 ok "docker-compose up -d"
 CCTR=${COMPOSE_PROJECT}_keyflowd_1
-probe_service compose "$H2" "$G2" "$CCTR"
+probe_secure compose "$H2" "$G2" "$CCTR"
 check "compose: healthcheck passes (podman healthcheck run)" podman_healthcheck "$CCTR"
 check "compose: data on the named volume" \
   test "$(podman volume inspect -f '{{.Name}}' "${COMPOSE_PROJECT}_keyflow-data")" = "${COMPOSE_PROJECT}_keyflow-data"
@@ -370,11 +414,11 @@ unset DOCKER_HOST
 step "7. deploy/kubernetes/keyflow.yaml via podman kube play (hostNetwork, :$H3)"
 python3 "$HERE/kube_hostnet.py" "$ROOT/deploy/kubernetes/keyflow.yaml" --image "$IMAGE" \
   --env KEYFLOW_GRPC_ADDRESS="127.0.0.1:$G3" --env KEYFLOW_HTTP_ADDRESS="127.0.0.1:$H3" \
-  --port grpc="$G3" --port http="$H3" >"$WORK/kube.yaml" 2>"$WORK/kube-rewrite.log"
+  --port grpc="$G3" --port http="$H3" --secret-dir "$SECRETS" >"$WORK/kube.yaml" 2>"$WORK/kube-rewrite.log"
 timeout 300 podman kube play "$WORK/kube.yaml" >"$WORK/kube.log" 2>&1 \
   || { cat "$WORK/kube.log"; fail "podman kube play"; }
 ok "podman kube play (StatefulSet -> pod $KUBE_POD + PVC $KUBE_VOL)"
-probe_service kube "$H3" "$G3" "$KUBE_CTR"
+probe_secure kube "$H3" "$G3" "$KUBE_CTR"
 check "kube: runs as uid 10001" test "$(podman exec "$KUBE_CTR" id -u)" = 10001
 check "kube: livenessProbe (as podman healthcheck) passes" podman_healthcheck "$KUBE_CTR"
 podman pod stop -t 30 "$KUBE_POD" >/dev/null 2>>"$WORK/podman.log"

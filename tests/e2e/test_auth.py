@@ -525,6 +525,57 @@ class AuthTest(unittest.TestCase):
                          grpc.StatusCode.UNAUTHENTICATED)
 
 
+class AdminKeyFileTest(unittest.TestCase):
+    """--admin-key-file: the operator's key (a Kubernetes or compose secret)
+    becomes the admin key at the store's first start; no file is written."""
+
+    def test_the_operators_key_is_adopted_once(self):
+        d = tempfile.mkdtemp(prefix="kf-admin-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
+        key = "kf_%s_%s" % (secrets.token_hex(8), secrets.token_hex(32))
+        path = os.path.join(d, "admin.key")
+        with open(path, "w") as f:
+            f.write(key + "\n")
+        server = harness.Keyflowd(args=["--auth", "--admin-key-file", path]).start()
+        self.addCleanup(server.cleanup)
+        rows = {r["path"]: r for r in table()["methods"]}
+        admin = Client(server.grpc_target, rows, key)
+        self.addCleanup(admin.close)
+        listed = admin.call("/keyflow.v1.Keys/ListKeys", K.ListKeysRequest()).keys
+        self.assertEqual([k.key_id for k in listed], [key[3:19]])
+        self.assertFalse(os.path.exists(os.path.join(server.data_dir, "db", "bootstrap-admin.key")))
+        self.assertNotIn(key[20:], server.read_log())
+        # Revoked (after a second admin exists), it stays revoked: the file is
+        # read again at every start, but the store was bootstrapped already.
+        second = admin.call("/keyflow.v1.Keys/CreateKey", K.CreateKeyRequest(
+            name="second", grants=[K.Grant(scope="keys:admin")])).api_key
+        b = Client(server.grpc_target, rows, second)
+        self.addCleanup(b.close)
+        b.call("/keyflow.v1.Keys/RevokeKey", K.RevokeKeyRequest(key_id=key[3:19]))
+        self.assertEqual(server.stop(), 0)
+        server.start()
+        admin2 = Client(server.grpc_target, rows, key)
+        self.addCleanup(admin2.close)
+        self.assertEqual(admin2.code("/keyflow.v1.Keys/ListKeys", K.ListKeysRequest()),
+                         grpc.StatusCode.UNAUTHENTICATED)
+        self.assertIn("ignored", server.read_log())
+        self.assertEqual(server.stop(), 0)
+
+    def test_a_malformed_key_file_stops_the_start(self):
+        d = tempfile.mkdtemp(prefix="kf-admin-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
+        path = os.path.join(d, "admin.key")
+        with open(path, "w") as f:
+            f.write("not-a-key\n")
+        out = subprocess.run([harness.KEYFLOWD, "--data", os.path.join(d, "db"), "--grpc",
+                              "127.0.0.1:0", "--http", "127.0.0.1:0", "--auth",
+                              "--admin-key-file", path],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn(path, out.stderr)
+        self.assertIn("kf_<16 hex digits>", out.stderr)
+
+
 class AuthDefaultsTest(unittest.TestCase):
     def test_loopback_without_auth_needs_no_key(self):
         server = harness.Keyflowd().start()
