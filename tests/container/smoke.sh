@@ -163,8 +163,8 @@ probe_secure() {
     --key "$name-cli" --batch --max-events 5 --input '{"n": 3}') || fail "$name: keyflow send over TLS with the key"
   check "$name: keyflow send over gRPC + TLS + key returns a receipt" has_receipt "$out" "$name-cli"
   out=$(podman exec -e KEYFLOW_API_KEY_FILE= "$ctr" keyflow --addr "127.0.0.1:$grpc" --timeout-ms 5000 \
-    send --workflow smoke --key k --input 1 2>&1) && fail "$name: keyflow send without a key succeeded"
-  check "$name: keyflow send without a key is UNAUTHENTICATED" grep -q UNAUTHENTICATED <<<"$out"
+    describe --kind batch --workflow smoke --key k 2>&1) && fail "$name: a call without a key succeeded"
+  check "$name: keyflow describe without a key is UNAUTHENTICATED" grep -q UNAUTHENTICATED <<<"$out"
   TLS=()
 }
 cli_health() { # cli_health CONTAINER GRPC_PORT
