@@ -531,6 +531,7 @@ typedef struct options {
     long limit; /* read: rows per page */
     double duration_s;
     double warmup_s;
+    double wait_available_s; /* push: wait this long for a REMOTE function's worker */
     long channels;
     long deadline_ms;
     long step_deadline_ms; /* timers: the watermark step */
@@ -577,6 +578,8 @@ static void usage(FILE *out) {
         "  --keys N              key space, drawn uniformly (default 10000)\n"
         "  --duration-s S        push: measurement window (default 10)\n"
         "  --warmup-s S          push: load before the window, not counted (default 2)\n"
+        "  --wait-available-s S  wait up to S s for the function to be available (a REMOTE\n"
+        "                        function's worker to connect) before loading (default 0)\n"
         "  --rows-total N        fill: rows to push (default 10000000)\n"
         "  --timers N            timers: distinct keys, one timer each (default 1000000)\n"
         "  --idle-us N           timers: idle_us of every row (default 60000000)\n"
@@ -667,6 +670,8 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             ok = kf_bench_parse_long("kf_fnload", a, v, 1, 65536, &o->limit);
         } else if (strcmp(a, "--duration-s") == 0) {
             ok = kf_bench_parse_seconds("kf_fnload", a, v, DURATION_S_MAX, &o->duration_s);
+        } else if (strcmp(a, "--wait-available-s") == 0) {
+            o->wait_available_s = atof(v);
         } else if (strcmp(a, "--warmup-s") == 0) {
             ok = kf_bench_parse_seconds("kf_fnload", a, v, DURATION_S_MAX, &o->warmup_s);
         } else if (strcmp(a, "--channels") == 0) {
@@ -864,15 +869,29 @@ static bool register_function(grpc_channel *ch, const options_t *o, registered_t
 
     grpc_slice resp;
     char details[512];
-    int st =
-        unary_call(ch, METHOD_REGISTER, packed, SETUP_DEADLINE_MS, &resp, details, sizeof details);
-    grpc_slice_unref(packed);
-    Keyflow__V1__RegisterFunctionResponse *r = NULL;
-    if (st == GRPC_STATUS_OK) {
-        r = keyflow__v1__register_function_response__unpack(NULL, GRPC_SLICE_LENGTH(resp),
-                                                            GRPC_SLICE_START_PTR(resp));
+    /* Registering again is idempotent: a REMOTE function is polled this way
+     * until a worker serves it (--wait-available-s). */
+    int64_t wait_until = kf_bench_mono_ns() + (int64_t)(o->wait_available_s * 1e9);
+    int st;
+    Keyflow__V1__RegisterFunctionResponse *r;
+    for (;;) {
+        st = unary_call(ch, METHOD_REGISTER, packed, SETUP_DEADLINE_MS, &resp, details,
+                        sizeof details);
+        r = NULL;
+        if (st == GRPC_STATUS_OK) {
+            r = keyflow__v1__register_function_response__unpack(NULL, GRPC_SLICE_LENGTH(resp),
+                                                                GRPC_SLICE_START_PTR(resp));
+        }
+        grpc_slice_unref(resp);
+        if (r == NULL || r->function == NULL || r->function->available ||
+            kf_bench_mono_ns() > wait_until) {
+            break;
+        }
+        keyflow__v1__register_function_response__free_unpacked(r, NULL);
+        struct timespec pause = {0, 100 * 1000 * 1000};
+        nanosleep(&pause, NULL);
     }
-    grpc_slice_unref(resp);
+    grpc_slice_unref(packed);
     if (r == NULL || r->function == NULL) {
         fprintf(stderr, "kf_fnload: RegisterFunction %s: %s: %s\n", o->function_id, status_name(st),
                 st == GRPC_STATUS_OK ? "no response" : details);

@@ -30,6 +30,7 @@
     X(KF_G_PARKED_READS, "keyflow_parked_reads", "ReadOutput/TailOutput reads waiting for rows")   \
     X(KF_G_TIMERS, "keyflow_timers", "Processing-time timers armed")                               \
     X(KF_G_FUNCTIONS, "keyflow_functions", "Registered process functions")                         \
+    X(KF_G_FUNCTION_WORKERS, "keyflow_function_workers", "Remote handler workers serving")         \
     X(KF_G_READY, "keyflow_ready", "1 when the service is ready to serve")                         \
     X(KF_G_DISK_FREE_BYTES, "keyflow_disk_free_bytes",                                             \
       "Free bytes on the data directory's filesystem, last measured")                              \

@@ -184,6 +184,7 @@ struct kf_functions {
     kf_map_t workers; /* remote.c: every worker stream, by its link */
     uint64_t next_call_id;
     uint64_t next_worker_id;
+    uint32_t serving_workers; /* over every function (a gauge) */
 };
 
 /* ---- a step: one PushBatch, with its undo log -------------------------- */

@@ -39,6 +39,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "engine/ctx.h"
 #include "functions/functions_int.h"
 #include "keyflow/v1/workers.pb-c.h"
@@ -385,6 +386,8 @@ static void worker_close(kf_functions_t *fns, kf_ctx_t *ctx, worker_t *w, kf_sta
     }
     w->next = w->prev = NULL;
     fn->nworkers--;
+    fns->serving_workers--;
+    kf_gauge_set(KF_G_FUNCTION_WORKERS, (int64_t)fns->serving_workers);
     if (fn->nworkers == 0) {
         snprintf(fn->unavailable, sizeof fn->unavailable,
                  "no worker serves %s (the last one: %.400s)", fn->id, reason);
@@ -492,6 +495,8 @@ static void worker_hello(kf_functions_t *fns, kf_ctx_t *ctx, kf_worker_event_t *
     }
     fn->workers = w;
     fn->nworkers++;
+    fns->serving_workers++;
+    kf_gauge_set(KF_G_FUNCTION_WORKERS, (int64_t)fns->serving_workers);
     Keyflow__V1__Welcome welcome = KEYFLOW__V1__WELCOME__INIT;
     welcome.descriptor = fn->desc;
     welcome.max_concurrent_calls = (int32_t)w->concurrency;

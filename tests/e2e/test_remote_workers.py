@@ -282,6 +282,12 @@ class RemoteWorkersTest(unittest.TestCase):
         self.assertIsNone(err)
         self.assertEqual((ack.rows_accepted, ack.activations, ack.handler_calls), (2, 2, 1))
         self.assertEqual(self.state(fid, "bob").value, 7)
+        status, metrics = self.server.http("GET", "/metrics")
+        self.assertEqual(status, 200)
+        workers = [line for line in metrics.splitlines()
+                   if line.startswith("keyflow_function_workers ")]
+        self.assertEqual(len(workers), 1)
+        self.assertGreaterEqual(float(workers[0].split()[1]), 1)
 
     def test_calls_are_pipelined_and_spread_over_workers(self):
         """Distinct keys: a step sends every call at once, across both

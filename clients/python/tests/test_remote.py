@@ -9,7 +9,8 @@ import unittest
 
 import keyflow
 from keyflow.v1 import functions_pb2 as fpb
-from sdk_harness import running_sum_descriptor, start_server, unique, wait_for
+from sdk_harness import (restart_same_port, running_sum_descriptor, start_server, unique,
+                         wait_for)
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 sys.path.insert(0, EXAMPLES)
@@ -140,11 +141,31 @@ class RemoteHandlerTest(unittest.TestCase):
         import hashlib
         path = running_sum.__file__
         with open(path, "rb") as f:
-            want = hashlib.sha256(f.read()).hexdigest()
+            data = f.read()
         w = keyflow.FunctionWorker("x", running_sum.running_sum, self.client)
-        self.assertEqual(w.digest, want)
+        self.assertEqual(w.digest, hashlib.sha256(data).hexdigest())
         self.assertEqual(keyflow.implementation_digest(path, path),
-                         hashlib.sha256(open(path, "rb").read() * 2).hexdigest())
+                         hashlib.sha256(data * 2).hexdigest())
+
+
+class RemoteReconnectTest(unittest.TestCase):
+    def test_worker_reconnects_after_a_keyflowd_restart(self):
+        server = start_server()
+        self.addCleanup(server.cleanup)
+        client = keyflow.Client(server.grpc_target)
+        self.addCleanup(client.close)
+        fid = unique("rs-py")
+        w = keyflow.FunctionWorker(fid, running_sum.running_sum, client)
+        client.register_function(keyflow.remote_descriptor(running_sum_descriptor(fid), w.digest))
+        w.start()
+        self.addCleanup(w.stop)
+        self.assertTrue(w.wait_welcomed(30))
+        client.push_batch(fid, "p", 1, [{"user": "a", "ts": T0_US, "amount": 1}])
+        restart_same_port(server)
+        wait_for(lambda: w.connects >= 2, "the worker to reconnect")
+        ack = client.push_batch(fid, "p", 2, [{"user": "a", "ts": T0_US + 1, "amount": 2}])
+        self.assertEqual(ack.rows_accepted, 1)
+        self.assertEqual(client.key_state(fid, "a").value, 3)
 
 
 if __name__ == "__main__":
