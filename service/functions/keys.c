@@ -226,6 +226,21 @@ bool kf__key_text_of(const function_t *fn, const uint8_t *key, size_t len, char 
 
 /* ---- key state --------------------------------------------------------- */
 
+/* The key as it was before the active step, when that step touched it;
+ * NULL when the key's memory is its committed state. */
+static const undo_t *step_snapshot(const function_t *fn, const fn_key_t *k) {
+    const step_t *s = fn->active;
+    if (s == NULL || k->step_mark != s->mark) {
+        return NULL;
+    }
+    for (size_t i = 0; i < s->nundo; i++) {
+        if (s->undo[i].key == k) {
+            return &s->undo[i];
+        }
+    }
+    return NULL;
+}
+
 void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__GetKeyStateRequest *req =
         (const Keyflow__V1__GetKeyStateRequest *)cmd->request;
@@ -282,18 +297,24 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     resp->state = KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT;
     fn_key_t *k = kf__key_find(fn, key, klen);
     if (k != NULL) {
-        resp->state = (Keyflow__V1__StateKind)k->state; /* KF_STATE_* match StateKind */
-        resp->value = k->value;
+        /* A key the step under way touched answers from its snapshot: the
+         * step may still be rolled back (see fn_info). */
+        const undo_t *before = step_snapshot(fn, k);
+        resp->state = (Keyflow__V1__StateKind)(before ? before->state : k->state);
+        resp->value = before ? before->value : k->value;
         resp->timers =
             kf_arena_new(cmd->arena, (fn->desc->n_timer_names + 1) * sizeof *resp->timers);
-        for (size_t i = 0; k->timers != NULL && i < fn->desc->n_timer_names; i++) {
-            if (k->timers[i] == NULL) {
+        for (size_t i = 0; i < fn->desc->n_timer_names; i++) {
+            int64_t at = before                              ? before->at[i]
+                         : k->timers != NULL && k->timers[i] ? k->timers[i]->at_us
+                                                             : KF__NO_TIME;
+            if (at == KF__NO_TIME) {
                 continue;
             }
             Keyflow__V1__TimerState *t = kf_arena_new(cmd->arena, sizeof *t);
             keyflow__v1__timer_state__init(t);
             t->name = fn->desc->timer_names[i];
-            t->at_us = k->timers[i]->at_us;
+            t->at_us = at;
             resp->timers[resp->n_timers++] = t;
         }
     }

@@ -71,6 +71,12 @@ function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescripto
 }
 
 static void fn_free(function_t *fn) {
+    if (fn->active != NULL) {
+        /* A step still waiting for a handler call (the engine stops, or a
+         * test drops the core): all of it is in its command's arena but the
+         * undo log. */
+        free(fn->active->undo);
+    }
     kf_pq_deinit(&fn->timers); /* first: its nodes live in the keys' timers */
     size_t b;
     kf_map_node_t *n = kf_map_first(&fn->keys, &b);
@@ -107,9 +113,13 @@ static Keyflow__V1__FunctionInfo *fn_info(kf_arena_t *a, const function_t *fn) {
     info->unavailable_reason = info->available ? "" : kf_arena_strdup(a, fn->unavailable);
     info->watermark_us = fn->has_watermark ? fn->watermark_us : 0;
     info->output_seq = (int64_t)fn->output_seq;
-    info->keys = (int64_t)fn->live_keys;
-    info->timers = (int64_t)fn->timer_count;
-    info->state_bytes = (int64_t)fn->state_bytes;
+    /* While a step waits for a handler call, its applied calls are in the
+     * counters already; report them as they were before it: the step may
+     * still be rolled back, and a reply must not show what never commits. */
+    const step_t *s = fn->active;
+    info->keys = (int64_t)(s ? s->live_keys0 : fn->live_keys);
+    info->timers = (int64_t)(s ? s->timer_count0 : fn->timer_count);
+    info->state_bytes = (int64_t)(s ? s->state_bytes0 : fn->state_bytes);
     return info;
 }
 

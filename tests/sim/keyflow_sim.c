@@ -49,6 +49,7 @@
 
 #include <jansson.h>
 
+#include "base/alloc.h"
 #include "base/arena.h"
 #include "base/crypto.h"
 #include "base/log.h"
@@ -58,14 +59,15 @@
 #include "keyflow/v1/runs.pb-c.h"
 #include "model.h"
 
-#define DEFAULT_STEPS 400
-#define START_MS      INT64_C(1700000000000)
-#define START_US      (START_MS * 1000)
-#define EVENTS_MAX    4096 /* client event log */
-#define PUSHES_MAX    2048 /* client push log */
-#define LEASES_MAX    4096 /* client lease log */
-#define NOTES_MAX     4096
-#define PUSH_ROWS_MAX 8
+#define DEFAULT_STEPS   400
+#define START_MS        INT64_C(1700000000000)
+#define START_US        (START_MS * 1000)
+#define EVENTS_MAX      4096 /* client event log */
+#define PUSHES_MAX      2048 /* client push log */
+#define LEASES_MAX      4096 /* client lease log */
+#define NOTES_MAX       4096
+#define PUSH_ROWS_MAX   8
+#define OUTSTANDING_MAX 64 /* pushes waiting for their handler at once */
 
 /* ---- the client's memory -------------------------------------------------- */
 
@@ -126,6 +128,7 @@ typedef struct world {
     int64_t now_ms;
     uint64_t group;
     kf_arena_t arena; /* requests and replies of the open group */
+    kf_arena_t *cur;  /* where requests are built: `arena`, or an outstanding push's own */
     /* The reference model and the client. */
     model_t m;
     c_event_t events[EVENTS_MAX];
@@ -138,6 +141,18 @@ typedef struct world {
     int64_t client_watermark_us[M_FNS];
     note_t notes[NOTES_MAX];
     int nnotes;
+    /* Pushes whose step waits for its handler (config.defer_handler_calls),
+     * oldest first; each owns the arena its request and reply live in. */
+    struct outstanding {
+        kf_cmd_t *cmd;
+        int push; /* index into pushes */
+        kf_arena_t *arena;
+    } outstanding[OUTSTANDING_MAX];
+    int noutstanding;
+    /* Arenas of answered pushes: their commands are on the core's ready
+     * list until the group is released, so they are freed only then. */
+    kf_arena_t *spent[OUTSTANDING_MAX * 4];
+    int nspent;
     /* Counters for the summary. */
     uint64_t crashes, faults, commits, runs_done;
     /* Nothing is pending: reads of stored data see every effect so far. A
@@ -262,10 +277,10 @@ static void tick(world_t *w) {
 }
 
 static kf_cmd_t *exec(world_t *w, kf_op_t op, const ProtobufCMessage *request) {
-    kf_cmd_t *cmd = kf_arena_zalloc(&w->arena, sizeof *cmd);
+    kf_cmd_t *cmd = kf_arena_zalloc(w->cur, sizeof *cmd);
     cmd->op = op;
     cmd->request = request;
-    cmd->arena = &w->arena;
+    cmd->arena = w->cur;
     engine_begin(w);
     kf_core_execute(w->core, cmd);
     CHECK(w, cmd->parked == NULL, "%s: parked", kf_op_name(op));
@@ -341,9 +356,16 @@ static void lose_group(world_t *w) {
     w->nnotes = 0;
 }
 
+static void drop_outstanding(world_t *w, int k);
+static void free_spent(world_t *w);
+
 static void restart(world_t *w) {
     w->last_check_ms = 0; /* recovery rebuilt every run: check them all */
     drop_engine(w);
+    while (w->noutstanding > 0) {
+        drop_outstanding(w, w->noutstanding - 1); /* never answered */
+    }
+    free_spent(w);
     kf_arena_reset(&w->arena);
     recover(w);
 }
@@ -383,6 +405,7 @@ static bool commit(world_t *w) {
     w->at_durable_point = false;
     (void)kf_core_take_ready(w->core); /* the checks' replies live in the arena */
     kf_arena_reset(&w->arena);
+    free_spent(w);
     return true;
 }
 
@@ -410,13 +433,13 @@ static void crash(world_t *w) {
 
 #define NEW(T, init)                                                                               \
     ({                                                                                             \
-        T *p_ = kf_arena_zalloc(&w->arena, sizeof(T));                                             \
+        T *p_ = kf_arena_zalloc(w->cur, sizeof(T));                                                \
         init(p_);                                                                                  \
         p_;                                                                                        \
     })
 
 static char *dup_text(world_t *w, const char *s) {
-    return kf_arena_strdup(&w->arena, s);
+    return kf_arena_strdup(w->cur, s);
 }
 
 static Keyflow__V1__Rule *rule_message(world_t *w, const m_rule_t *r) {
@@ -513,7 +536,7 @@ static void op_send_event(world_t *w) {
     req->event = NEW(Keyflow__V1__Event, keyflow__v1__event__init);
     req->event->id = ev->id;
     req->event->rule = rule_message(w, &ev->rule);
-    req->event->input_json = kf_arena_printf(&w->arena, " {\"n\":%d}\n", e); /* trimmed */
+    req->event->input_json = kf_arena_printf(w->cur, " {\"n\":%d}\n", e); /* trimmed */
     bool invalid = !retry && chance(w, 3);
     if (invalid) {
         if (ev->rule.kind == M_DEBOUNCE) {
@@ -599,7 +622,7 @@ static void op_poll(world_t *w) {
     Keyflow__V1__PollRunsRequest *req =
         NEW(Keyflow__V1__PollRunsRequest, keyflow__v1__poll_runs_request__init);
     req->n_workflows = (size_t)nworkflows;
-    req->workflows = kf_arena_zalloc(&w->arena, (M_WORKFLOWS + 1) * sizeof(char *));
+    req->workflows = kf_arena_zalloc(w->cur, (M_WORKFLOWS + 1) * sizeof(char *));
     for (int i = 0; i < nworkflows; i++) {
         req->workflows[i] = (char *)m_workflow_names[workflows[i]];
     }
@@ -797,7 +820,7 @@ static Keyflow__V1__Field *field(world_t *w, const char *name, Keyflow__V1__Fiel
 static Keyflow__V1__Schema *schema(world_t *w, size_t n, Keyflow__V1__Field **fields) {
     Keyflow__V1__Schema *s = NEW(Keyflow__V1__Schema, keyflow__v1__schema__init);
     s->n_fields = n;
-    s->fields = kf_arena_memdup(&w->arena, fields, n * sizeof *fields);
+    s->fields = kf_arena_memdup(w->cur, fields, n * sizeof *fields);
     return s;
 }
 
@@ -811,7 +834,7 @@ static Keyflow__V1__FunctionDescriptor *descriptor(world_t *w, int f) {
     const Keyflow__V1__FieldType I64 = KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64;
     d->version = 1;
     d->function_id = (char *)m_fn_ids[f];
-    d->pipeline_state_id = kf_arena_printf(&w->arena, "%s.v1", m_fn_ids[f]);
+    d->pipeline_state_id = kf_arena_printf(w->cur, "%s.v1", m_fn_ids[f]);
     d->runtime = KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE;
     d->implementation_digest = w->digests[f];
     d->determinism = KEYFLOW__V1__DETERMINISM__DETERMINISM_REPLAY_SAFE;
@@ -902,7 +925,7 @@ static Keyflow__V1__RowBatch *rows_batch(world_t *w, const c_push_t *p) {
     size_t n = (size_t)p->nrows;
     b->row_count = p->nrows;
     b->n_columns = 3;
-    b->columns = kf_arena_zalloc(&w->arena, 3 * sizeof *b->columns);
+    b->columns = kf_arena_zalloc(w->cur, 3 * sizeof *b->columns);
     for (int c = 0; c < 3; c++) {
         b->columns[c] = NEW(Keyflow__V1__Column, keyflow__v1__column__init);
     }
@@ -911,10 +934,10 @@ static Keyflow__V1__RowBatch *rows_batch(world_t *w, const c_push_t *p) {
     Keyflow__V1__Int64Values *ts = NEW(Keyflow__V1__Int64Values, keyflow__v1__int64_values__init);
     Keyflow__V1__Int64Values *arg = NEW(Keyflow__V1__Int64Values, keyflow__v1__int64_values__init);
     users->n_values = ts->n_values = arg->n_values = n;
-    users->values = kf_arena_zalloc(&w->arena, (n + 1) * sizeof(char *));
-    ts->values = kf_arena_zalloc(&w->arena, (n + 1) * sizeof(int64_t));
-    arg->values = kf_arena_zalloc(&w->arena, (n + 1) * sizeof(int64_t));
-    protobuf_c_boolean *nulls = kf_arena_zalloc(&w->arena, (n + 1) * sizeof *nulls);
+    users->values = kf_arena_zalloc(w->cur, (n + 1) * sizeof(char *));
+    ts->values = kf_arena_zalloc(w->cur, (n + 1) * sizeof(int64_t));
+    arg->values = kf_arena_zalloc(w->cur, (n + 1) * sizeof(int64_t));
+    protobuf_c_boolean *nulls = kf_arena_zalloc(w->cur, (n + 1) * sizeof *nulls);
     bool any_null = false;
     for (size_t i = 0; i < n; i++) {
         users->values[i] = (char *)m_fn_key_names[p->rows[i].key];
@@ -969,6 +992,52 @@ static void new_push(world_t *w, c_push_t *p) {
     }
 }
 
+static void push_replied(world_t *w, int i, const kf_cmd_t *cmd);
+
+static bool push_done(const kf_cmd_t *cmd) {
+    return cmd->response != NULL || cmd->error.status != KF_OK;
+}
+
+static void free_spent(world_t *w) {
+    for (int i = 0; i < w->nspent; i++) {
+        kf_arena_deinit(w->spent[i]);
+        free(w->spent[i]);
+    }
+    w->nspent = 0;
+}
+
+static void drop_outstanding(world_t *w, int k) {
+    CHECK(w, w->nspent < (int)(sizeof w->spent / sizeof w->spent[0]), "too many spent arenas");
+    w->spent[w->nspent++] = w->outstanding[k].arena;
+    memmove(&w->outstanding[k], &w->outstanding[k + 1],
+            (size_t)(w->noutstanding - k - 1) * sizeof w->outstanding[0]);
+    w->noutstanding--;
+}
+
+/* Takes the replies of outstanding pushes that came back, oldest first:
+ * one of a function is taken only after every earlier one of it. */
+static void settle_pushes(world_t *w) {
+    bool blocked[M_FNS] = {false};
+    for (int k = 0; k < w->noutstanding;) {
+        int fn = w->pushes[w->outstanding[k].push].fn;
+        if (blocked[fn] || !push_done(w->outstanding[k].cmd)) {
+            blocked[fn] = true;
+            k++;
+            continue;
+        }
+        push_replied(w, w->outstanding[k].push, w->outstanding[k].cmd);
+        drop_outstanding(w, k);
+    }
+}
+
+/* Answers the handler calls that are out; their steps go on. */
+static void op_pump(world_t *w) {
+    say(w, "pump (%d pushes outstanding)", w->noutstanding);
+    engine_begin(w);
+    kf_core_pump(w->core);
+    settle_pushes(w);
+}
+
 static void op_push(world_t *w) {
     int i;
     if (w->npushes > 0 && chance(w, 20)) {
@@ -979,6 +1048,10 @@ static void op_push(world_t *w) {
         new_push(w, &w->pushes[i]);
     }
     c_push_t *p = &w->pushes[i];
+    if (w->config.defer_handler_calls && w->m.fns[p->fn].registered) {
+        w->cur = kf_xcalloc(1, sizeof *w->cur); /* lives until the reply */
+        kf_arena_init(w->cur, 0);
+    }
     Keyflow__V1__PushBatchRequest *req =
         NEW(Keyflow__V1__PushBatchRequest, keyflow__v1__push_batch_request__init);
     req->function_id = (char *)m_fn_ids[p->fn];
@@ -998,10 +1071,36 @@ static void op_push(world_t *w) {
             KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
         req->watermark_us = p->watermark_us;
     }
-    kf_cmd_t *cmd = exec(w, KF_OP_PUSH_BATCH, &req->base);
+    kf_cmd_t *cmd = kf_arena_zalloc(w->cur, sizeof *cmd);
+    cmd->op = KF_OP_PUSH_BATCH;
+    cmd->request = &req->base;
+    cmd->arena = w->cur;
+    engine_begin(w);
+    kf_core_execute(w->core, cmd);
+    if (w->cur != &w->arena) {
+        /* Its handler calls answer on op_pump: the reply comes later. */
+        CHECK(w, w->noutstanding < OUTSTANDING_MAX, "too many pushes outstanding");
+        w->outstanding[w->noutstanding++] = (struct outstanding){cmd, i, w->cur};
+        w->cur = &w->arena;
+        say(w, "push %s %s seq %" PRId64 " rows %d%s (handler calls deferred)", m_fn_ids[p->fn],
+            m_producer_names[p->producer], p->sequence, p->nrows, p->has_watermark ? " +wm" : "");
+        settle_pushes(w);
+        return;
+    }
+    push_replied(w, i, cmd);
+}
+
+/* A push's reply is here: compare it with the model, which applies the
+ * push now (pushes of one function run one at a time, in arrival order, so
+ * replies come in that order). */
+static void push_replied(world_t *w, int i, const kf_cmd_t *cmd) {
+    c_push_t *p = &w->pushes[i];
     say(w, "push %s %s seq %" PRId64 " rows %d%s -> %s %s", m_fn_ids[p->fn],
         m_producer_names[p->producer], p->sequence, p->nrows, p->has_watermark ? " +wm" : "",
         kf_status_name(cmd->error.status), cmd->error.status ? cmd->error.message : "");
+    CHECK(w, (cmd->error.status == KF_OK) == (cmd->response != NULL),
+          "PushBatch: status %s with%s a response", kf_status_name(cmd->error.status),
+          cmd->response ? "" : "out");
     if (!w->m.fns[p->fn].registered) {
         expect_status(w, cmd, KF_E_NOT_FOUND, "PushBatch to an unregistered function");
         return;
@@ -1433,13 +1532,19 @@ static void world_open(world_t *w, uint64_t seed, long steps, bool verbose,
     w->config.run_retention_ms = retention;
     w->config.run_attempts_max = attempts;
     w->config.plugin_dir = plugin_dir;
+    /* Half the worlds answer handler calls only on op_pump, as a remote
+     * worker would: steps wait, later pushes queue behind them, and crashes
+     * and reads meet steps half done. */
+    w->config.defer_handler_calls = chance(w, 50);
     kf_arena_init(&w->arena, 0);
+    w->cur = &w->arena;
     w->disk = kf_memdisk_create();
     recover(w);
 }
 
 static void world_close(world_t *w) {
     drop_engine(w);
+    free_spent(w);
     kf_memdisk_destroy(w->disk);
     kf_arena_deinit(&w->arena);
     model_deinit(&w->m);
@@ -1466,8 +1571,10 @@ static void run_seed(world_t *w, uint64_t seed, long steps, bool verbose, const 
             op_get_run(w);
         } else if (op < 56) {
             op_register(w);
-        } else if (op < 72) {
+        } else if (op < 68) {
             op_push(w);
+        } else if (op < 72) {
+            op_pump(w);
         } else if (op < 92) {
             op_advance(w);
         } else if (op < 97) {
@@ -1483,6 +1590,10 @@ static void run_seed(world_t *w, uint64_t seed, long steps, bool verbose, const 
             commit(w);
         }
     }
+    for (int i = 0; i < 64 && w->noutstanding > 0; i++) {
+        op_pump(w); /* let every step finish */
+    }
+    CHECK(w, w->noutstanding == 0, "%d pushes never answered", w->noutstanding);
     commit(w);
     g_world = NULL;
     world_close(w);

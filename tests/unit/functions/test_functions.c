@@ -583,6 +583,62 @@ Test(functions, calls_answered_later_keep_order_and_atomicity) {
     json_decref(rows);
 }
 
+static Keyflow__V1__FunctionInfo *function_info(void) {
+    Keyflow__V1__GetFunctionRequest *req = A(Keyflow__V1__GetFunctionRequest);
+    keyflow__v1__get_function_request__init(req);
+    req->function_id = "f";
+    kf_cmd_t *c = sim_exec(&sim, KF_OP_GET_FUNCTION, &req->base);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    return (Keyflow__V1__FunctionInfo *)c->response;
+}
+
+/* Found by the seeded simulation (tests/sim): while a step waited for a
+ * handler call, GetKeyState and GetFunction showed the calls it had
+ * already applied - state the step could still roll back, and here does. */
+Test(functions, reads_during_a_step_show_the_state_before_it) {
+    sim.config.defer_handler_calls = true;
+    sim_crash(&sim);
+    register_ok();
+    push("p", 1, "[" ROW("a", 10, "ok", 5) "]", INT64_MIN);
+    sim_pump(&sim);
+    cr_assert_eq(state_of("a")->value, 5);
+    Keyflow__V1__FunctionInfo before = *function_info();
+    kf_cmd_t *c = push("p", 2,
+                       "[" ROW("a", 12, "ok", 9) "," ROW("a", 13, "timer", 100) "," ROW(
+                           "b", 14, "ok", 1) "," ROW("a", 15, "fail", 0) "]",
+                       INT64_MIN);
+    for (int call = 1; call <= 2; call++) {
+        sim_pump(&sim); /* one more call answered and applied; the next goes out */
+        cr_assert_null(c->response, "call %d", call);
+        Keyflow__V1__GetKeyStateResponse *a = state_of("a");
+        cr_assert_eq(a->value, 5, "call %d: a shows %lld", call, (long long)a->value);
+        cr_assert_eq(a->n_timers, 0, "call %d", call);
+        cr_assert_eq(state_of("b")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+        Keyflow__V1__FunctionInfo *now = function_info();
+        cr_assert_eq(now->keys, before.keys, "call %d", call);
+        cr_assert_eq(now->timers, before.timers, "call %d", call);
+        cr_assert_eq(now->state_bytes, before.state_bytes, "call %d", call);
+    }
+    cr_assert_eq(c->error.status, KF_OK, "the third call is still out");
+    sim_pump(&sim); /* the third call is refused: the whole step rolls back */
+    cr_assert_eq(c->error.status, KF_E_PRECONDITION, "%s", c->error.message);
+    cr_assert_eq(state_of("a")->value, 5);
+    cr_assert_eq(function_info()->keys, before.keys);
+}
+
+/* A core dropped while a step waits for its handler frees the step (the
+ * ASan run's leak check fails otherwise; found by the seeded simulation). */
+Test(functions, dropping_the_core_with_a_step_out_is_clean) {
+    sim.config.defer_handler_calls = true;
+    sim_crash(&sim);
+    register_ok();
+    kf_cmd_t *c = push("p", 1, "[" ROW("a", 10, "ok", 5) "," ROW("a", 11, "ok", 6) "]", INT64_MIN);
+    sim_pump(&sim); /* the first call applied, the second out */
+    cr_assert_null(c->response);
+    sim_crash(&sim);
+    cr_assert_eq(state_of("a")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+}
+
 /* Rewrites the stored index of function `id` (its key prefix in every
  * state family), as a corrupt store or a buggy build could. */
 static void set_stored_index(const char *id, uint32_t index) {
