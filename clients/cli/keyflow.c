@@ -94,10 +94,33 @@ static const kf__cli_flag_t send_flags[] = {
     {"--max-wait-ms", KF__CLI_VALUE, "N",
      "longest a window stays open (debounce default 0 = unbounded, batch 1000)"},
     {"--max-events", KF__CLI_VALUE, "N", "batch: events that fill a window (default 100)"},
+    {"--max-bytes", KF__CLI_VALUE, "N",
+     "batch: bytes of the run's input array that fill a window (default and at most 4194304)"},
+    {"--edge", KF__CLI_VALUE, "trailing|leading|both",
+     "debounce: which edge of the window starts a run (default trailing)"},
     {"--dedup-ms", KF__CLI_VALUE, "N", "how long the event ID is remembered (default 600000)"},
+    {"--flush", KF__CLI_SWITCH, NULL, "close the window with this event in it"},
     {"--input", KF__CLI_VALUE, "JSON", "the event's input, any JSON value"},
     {"--input-file", KF__CLI_VALUE, "F", "read the input from file F ('-' for stdin)"},
 };
+
+static int parse_edge(const kf__cli_args_t *args, Keyflow__V1__Edge *out) {
+    const char *text = kf__cli_value(args, "--edge");
+    if (text == NULL) {
+        return KF__CLI_EXIT_OK;
+    }
+    if (strcasecmp(text, "trailing") == 0) {
+        *out = KEYFLOW__V1__EDGE__EDGE_TRAILING;
+    } else if (strcasecmp(text, "leading") == 0) {
+        *out = KEYFLOW__V1__EDGE__EDGE_LEADING;
+    } else if (strcasecmp(text, "both") == 0) {
+        *out = KEYFLOW__V1__EDGE__EDGE_BOTH;
+    } else {
+        return kf__cli_usage_error(args->command,
+                                   "--edge: expected trailing, leading or both, got \"%s\"", text);
+    }
+    return KF__CLI_EXIT_OK;
+}
 
 static int cmd_send(kf__cli_t *cli, const kf__cli_args_t *args) {
     const char *workflow = NULL;
@@ -148,6 +171,16 @@ static int cmd_send(kf__cli_t *cli, const kf__cli_args_t *args) {
         rule.dedup_ms_present_case = KEYFLOW__V1__RULE__DEDUP_MS_PRESENT_DEDUP_MS;
         rule.dedup_ms = v;
     }
+    if ((rc = kf__cli_int64(args, "--max-bytes", INT64_MIN, INT64_MAX, &present, &v)) != 0) {
+        return rc;
+    }
+    if (present) {
+        rule.max_bytes_present_case = KEYFLOW__V1__RULE__MAX_BYTES_PRESENT_MAX_BYTES;
+        rule.max_bytes = v;
+    }
+    if ((rc = parse_edge(args, &rule.edge)) != KF__CLI_EXIT_OK) {
+        return rc;
+    }
 
     const char *input = kf__cli_value(args, "--input");
     const char *input_file = kf__cli_value(args, "--input-file");
@@ -171,6 +204,7 @@ static int cmd_send(kf__cli_t *cli, const kf__cli_args_t *args) {
         event.id = (char *)id;
     }
     event.rule = &rule;
+    event.flush = kf__cli_has(args, "--flush");
     if (input != NULL) {
         event.input_json = (char *)input;
     }
@@ -540,22 +574,29 @@ static int cmd_completion(kf__cli_t *cli, const kf__cli_args_t *args);
 
 static const command_t commands[] = {
     {"send",
-     "--workflow W --key K [--id ID] (--debounce --window-ms N [--max-wait-ms N] | --batch "
-     "[--max-events N] [--max-wait-ms N]) [--dedup-ms N] [--input JSON | --input-file F]",
+     "--workflow W --key K [--id ID] (--debounce --window-ms N [--max-wait-ms N] [--edge E] | "
+     "--batch [--max-events N] [--max-wait-ms N] [--max-bytes N]) [--dedup-ms N] [--flush] "
+     "[--input JSON | --input-file F]",
      "send an event to a debounce or batch coordinator",
-     "Prints the receipt: {\"receipt\": {\"runId\": \"<key>@<uuid>\", \"dueMs\": ...}} plus\n"
-     "\"duplicate\" (a retry of a known --id) and \"runStarted\" (the event filled a batch).\n"
+     "Prints the receipt and what the event did: {\"receipt\": {\"runId\": \"<key>@<uuid>\",\n"
+     "\"dueMs\": ..., \"commitSeq\": ...}, \"disposition\": \"DISPOSITION_OPENED\"} (OPENED,\n"
+     "JOINED, DUPLICATE: a retry of a known --id, CLOSED: its run started). A known --id\n"
+     "with another rule or input is refused (ALREADY_EXISTS).\n"
      "Only the rule flags given are sent; the server applies its defaults to the rest.",
      FLAGS(send_flags), 0, 0, false, cmd_send},
     {"describe", "--kind debounce|batch --workflow W --key K",
      "show a coordinator: its open window, remembered IDs and journal", NULL,
      FLAGS(coordinator_flags), 0, 0, false, cmd_coordinator},
     {"flush", "--kind debounce|batch --workflow W --key K",
-     "close a coordinator's open window now, starting its run", NULL, FLAGS(coordinator_flags), 0,
-     0, false, cmd_coordinator},
+     "close a coordinator's open window now, starting its run",
+     "Prints {\"flushed\": true, \"runId\": ..., \"disposition\": \"DISPOSITION_CLOSED\"}, or\n"
+     "{\"disposition\": \"DISPOSITION_NO_WINDOW\"} when no window was open.",
+     FLAGS(coordinator_flags), 0, 0, false, cmd_coordinator},
     {"cancel", "--kind debounce|batch --workflow W --key K",
-     "drop a coordinator's open window; its run will never exist", NULL, FLAGS(coordinator_flags),
-     0, 0, false, cmd_coordinator},
+     "drop a coordinator's open window; its run will never exist",
+     "Prints {\"cancelled\": true, \"runId\": ..., \"eventsDropped\": ..., \"disposition\":\n"
+     "\"DISPOSITION_CANCELLED\"}, or {\"disposition\": \"DISPOSITION_NO_WINDOW\"}.",
+     FLAGS(coordinator_flags), 0, 0, false, cmd_coordinator},
     {"poll", "--worker ID [--workflow W ...] [--lease-ms N] [--max-runs N] [--wait-ms N]",
      "lease pending runs (long poll with --wait-ms)",
      "Prints {\"runs\": [...]}, each run with its \"lease\" token for heartbeat and complete\n"

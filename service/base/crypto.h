@@ -19,6 +19,9 @@
 #define KF_SHA256_HEX_BYTES 64
 
 void kf_sha256(const void *data, size_t len, uint8_t out[KF_SHA256_BYTES]);
+/* SHA-256 of the concatenation a | b, without copying them together. */
+void kf_sha256_pair(const void *a, size_t a_len, const void *b, size_t b_len,
+                    uint8_t out[KF_SHA256_BYTES]);
 /* KF_E_IO (message names the path) when the file cannot be read. */
 kf_status_t kf_sha256_file(const char *path, uint8_t out[KF_SHA256_BYTES],
                            kf_error_t *err) KF_MUST_USE;

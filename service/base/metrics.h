@@ -40,6 +40,8 @@
 #define KF_COUNTER_TABLE(X)                                                                        \
     X(KF_C_EVENTS_ACCEPTED, "keyflow_events_accepted_total", "Events accepted into a window")      \
     X(KF_C_EVENTS_DUPLICATE, "keyflow_events_duplicate_total", "Retries answered by dedup")        \
+    X(KF_C_EVENTS_CONFLICT, "keyflow_events_conflict_total",                                       \
+      "Remembered event IDs sent again with another payload (refused)")                            \
     X(KF_C_RUNS_CREATED, "keyflow_runs_created_total", "Runs started by closing windows")          \
     X(KF_C_RUNS_COMPLETED, "keyflow_runs_completed_total", "Runs completed by workers")            \
     X(KF_C_RUNS_FAILED, "keyflow_runs_failed_total", "Runs that ended FAILED")                     \

@@ -28,9 +28,22 @@
 typedef struct remembered {
     char *id; /* owned */
     char run_uuid[KF_UUID_TEXT_BYTES + 1];
+    bool digest_known; /* false: remembered by an older build (no digest) */
+    uint8_t digest[KF_EVENT_DIGEST_BYTES];
     int64_t due_ms;
     int64_t expires_ms;
+    int64_t commit_seq; /* 0: unknown (older build) */
 } remembered_t;
+
+/* What a remembered ID answers a retry with. */
+typedef struct remembered_spec {
+    const char *id;
+    const char *run_uuid;
+    const uint8_t *digest; /* KF_EVENT_DIGEST_BYTES, or NULL: unknown */
+    int64_t due_ms;
+    int64_t expires_ms;
+    int64_t commit_seq;
+} remembered_spec_t;
 
 typedef struct coord {
     kf_map_node_t node; /* keyed by ckey */
@@ -49,6 +62,7 @@ typedef struct coord {
     uint32_t recent_count;
     /* The open window. */
     bool open;
+    bool run_started; /* run_uuid's run started at the leading edge */
     char run_uuid[KF_UUID_TEXT_BYTES + 1];
     int64_t opened_ms;
     int64_t last_ms;
@@ -57,7 +71,8 @@ typedef struct coord {
     char *input;    /* debounce: latest input; batch: "[a,b" */
     size_t input_len;
     size_t input_cap;
-    int64_t event_count;
+    int64_t event_count;     /* events in run_uuid's run */
+    int64_t events_absorbed; /* events covered by a run started at the leading edge */
     /* Remembered event IDs, a ring buffer, oldest first. */
     remembered_t *ids;
     uint32_t ids_head;
@@ -77,7 +92,6 @@ static void publish_gauges(const kf_coords_t *cs) {
     kf_gauge_set(KF_G_OPEN_WINDOWS, (int64_t)cs->open_windows);
 }
 
-/* Checks that text is one JSON value; an empty text means null. */
 /* ---- coordinator objects ----------------------------------------------- */
 
 static coord_t *coord_find(const kf_coords_t *cs, const kf_key_t *ckey) {
@@ -106,16 +120,23 @@ static coord_t *coord_new(kf_coords_t *cs, const kf_key_t *ckey) {
     return c;
 }
 
-static void window_drop(kf_coords_t *cs, coord_t *c) {
-    if (c->open) {
-        cs->open_windows--;
-        cs->window_bytes -= (int64_t)c->input_cap;
-    }
+/* Frees the window's input buffer (its run took the input). */
+static void input_release(kf_coords_t *cs, coord_t *c) {
+    cs->window_bytes -= (int64_t)c->input_cap;
     free(c->input);
     c->input = NULL;
     c->input_len = c->input_cap = 0;
+}
+
+static void window_drop(kf_coords_t *cs, coord_t *c) {
+    if (c->open) {
+        cs->open_windows--;
+    }
+    input_release(cs, c);
     c->open = false;
+    c->run_started = false;
     c->event_count = 0;
+    c->events_absorbed = 0;
 }
 
 static void coord_free(kf_coords_t *cs, coord_t *c) {
@@ -181,8 +202,7 @@ static void ids_prune(coord_t *c, int64_t at_ms) {
     c->ids_count = kept;
 }
 
-static void id_push(coord_t *c, const char *id, const char *run_uuid, int64_t due_ms,
-                    int64_t expires_ms) {
+static void id_push(coord_t *c, const remembered_spec_t *spec) {
     if (c->ids_count == KF_REMEMBERED_IDS_MAX) {
         id_pop_oldest(c); /* DESIGN.md: at most 1024 per key, oldest forgotten first */
     }
@@ -201,10 +221,15 @@ static void id_push(coord_t *c, const char *id, const char *run_uuid, int64_t du
         c->ids_cap = cap;
     }
     remembered_t *r = &c->ids[(c->ids_head + c->ids_count) % c->ids_cap];
-    r->id = kf_xstrdup(id);
-    memcpy(r->run_uuid, run_uuid, KF_UUID_TEXT_BYTES + 1);
-    r->due_ms = due_ms;
-    r->expires_ms = expires_ms;
+    r->id = kf_xstrdup(spec->id);
+    memcpy(r->run_uuid, spec->run_uuid, KF_UUID_TEXT_BYTES + 1);
+    r->digest_known = spec->digest != NULL;
+    if (spec->digest != NULL) {
+        memcpy(r->digest, spec->digest, KF_EVENT_DIGEST_BYTES);
+    }
+    r->due_ms = spec->due_ms;
+    r->expires_ms = spec->expires_ms;
+    r->commit_seq = spec->commit_seq;
     c->ids_count++;
 }
 
@@ -235,6 +260,8 @@ static void rule_to_rec(const kf_rule_t *rule, Keyflow__Records__RuleRec *rec) {
     rec->max_wait_ms = rule->max_wait_ms;
     rec->max_events = rule->max_events;
     rec->dedup_ms = rule->dedup_ms;
+    rec->edge = (int32_t)rule->edge;
+    rec->max_bytes = rule->max_bytes;
 }
 
 static bool in_range(int64_t v, int64_t lo, int64_t hi) {
@@ -265,6 +292,22 @@ static bool rule_from_rec(const Keyflow__Records__RuleRec *rec, kf_rule_t *rule)
     rule->max_wait_ms = rec->max_wait_ms;
     rule->max_events = rec->max_events;
     rule->dedup_ms = rec->dedup_ms;
+    /* Records of older builds carry neither field: TRAILING, 4 MiB. */
+    switch (rec->edge) {
+    case 0:
+    case KF_EDGE_TRAILING: rule->edge = KF_EDGE_TRAILING; break;
+    case KF_EDGE_LEADING: rule->edge = KF_EDGE_LEADING; break;
+    case KF_EDGE_BOTH: rule->edge = KF_EDGE_BOTH; break;
+    default: return false;
+    }
+    rule->max_bytes = 0;
+    if (rule->kind == KF_RULE_BATCH) {
+        rule->max_bytes = rec->max_bytes == 0 ? KF_WINDOW_INPUT_BYTES_MAX : rec->max_bytes;
+        if (!in_range(rule->max_bytes, 1, KF_WINDOW_INPUT_BYTES_MAX) ||
+            rule->edge != KF_EDGE_TRAILING) {
+            return false;
+        }
+    }
     return true;
 }
 
@@ -274,12 +317,32 @@ static bool uuid_ok(const char *s) {
 
 /* ---- apply: the one place state changes (live and replay) --------------- */
 
+static bool window_runs(const coord_t *c, const char *run_uuid) {
+    return c->open && uuid_ok(run_uuid) && strcmp(c->run_uuid, run_uuid) == 0;
+}
+
+/* Opens the window, or moves an open window whose run started to its next
+ * run (the bookkeeping both share). */
+static void window_begin_run(kf_coords_t *cs, coord_t *c, const char *run_uuid,
+                             const kf_rule_t *rule) {
+    memcpy(c->run_uuid, run_uuid, KF_UUID_TEXT_BYTES + 1);
+    c->run_started = false;
+    c->event_count = 0;
+    c->input_len = 0;
+    if (rule->kind == KF_RULE_BATCH) {
+        input_reserve(cs, c, 1);
+        c->input[c->input_len++] = '[';
+    }
+}
+
 static kf_status_t apply_accepted(kf_coords_t *cs, coord_t *c, int64_t at_ms,
                                   const Keyflow__Records__EventAcceptedRec *e, kf_error_t *err) {
     kf_rule_t rule;
     if (!rule_from_rec(e->rule, &rule) || !uuid_ok(e->run_uuid) || rule.kind != c->kind ||
         strlen(e->event_id) > KF_EVENT_ID_BYTES_MAX ||
-        strlen(e->input_json) > KF_EVENT_INPUT_BYTES_MAX) {
+        strlen(e->input_json) > KF_EVENT_INPUT_BYTES_MAX ||
+        (e->digest.len != 0 && e->digest.len != KF_EVENT_DIGEST_BYTES) ||
+        (int)e->opened + (int)e->absorbed + (int)e->next_run > 1) {
         return kf_error_set(err, KF_E_CORRUPT, "journal: malformed event_accepted entry");
     }
     if (e->opened) {
@@ -288,56 +351,75 @@ static kf_status_t apply_accepted(kf_coords_t *cs, coord_t *c, int64_t at_ms,
         }
         c->open = true;
         cs->open_windows++;
-        memcpy(c->run_uuid, e->run_uuid, KF_UUID_TEXT_BYTES + 1);
         c->opened_ms = at_ms;
-        c->event_count = 0;
-        c->input_len = 0;
-        if (rule.kind == KF_RULE_BATCH) {
-            input_reserve(cs, c, 1);
-            c->input[c->input_len++] = '[';
+        c->events_absorbed = 0;
+        window_begin_run(cs, c, e->run_uuid, &rule);
+    } else if (e->next_run) {
+        if (!c->open || !c->run_started || rule.kind != KF_RULE_DEBOUNCE) {
+            return kf_error_set(err, KF_E_CORRUPT,
+                                "journal: a next run in a window whose run has not started");
         }
-    } else if (!c->open || strcmp(c->run_uuid, e->run_uuid) != 0) {
+        window_begin_run(cs, c, e->run_uuid, &rule);
+    } else if (!window_runs(c, e->run_uuid) || e->absorbed != c->run_started) {
         return kf_error_set(err, KF_E_CORRUPT, "journal: event joined a window that is not open");
     }
     if (rule.kind == KF_RULE_BATCH &&
         c->input_len + 1 + strlen(e->input_json) + 1 > KF_WINDOW_INPUT_BYTES_MAX) {
         /* The live path closes a batch window before an event would take it
-         * past this (kf_coords_send_event, the same sum). */
+         * past this (send_one, the same sum against the rule's max_bytes). */
         return kf_error_set(err, KF_E_CORRUPT, "journal: a batch window larger than %d bytes",
                             KF_WINDOW_INPUT_BYTES_MAX);
     }
-    const char *in = e->input_json[0] ? e->input_json : "null";
-    size_t in_len = strlen(in);
-    if (rule.kind == KF_RULE_DEBOUNCE) {
-        input_reserve(cs, c, in_len);
-        memcpy(c->input, in, in_len);
-        c->input_len = in_len;
+    if (e->absorbed) {
+        c->events_absorbed++;
     } else {
-        input_reserve(cs, c, c->input_len + 1 + in_len + 1);
-        if (c->event_count > 0) {
-            c->input[c->input_len++] = ',';
+        const char *in = e->input_json[0] ? e->input_json : "null";
+        size_t in_len = strlen(in);
+        if (rule.kind == KF_RULE_DEBOUNCE) {
+            input_reserve(cs, c, in_len);
+            memcpy(c->input, in, in_len);
+            c->input_len = in_len;
+        } else {
+            input_reserve(cs, c, c->input_len + 1 + in_len + 1);
+            if (c->event_count > 0) {
+                c->input[c->input_len++] = ',';
+            }
+            memcpy(c->input + c->input_len, in, in_len);
+            c->input_len += in_len;
         }
-        memcpy(c->input + c->input_len, in, in_len);
-        c->input_len += in_len;
+        c->event_count++;
     }
     c->last_ms = at_ms;
     c->rule = rule;
-    c->event_count++;
     c->due_ms = e->due_ms;
     ids_prune(c, at_ms);
     if (e->event_id[0] != '\0') {
-        id_push(c, e->event_id, c->run_uuid, e->due_ms, kf_dedup_expires_ms(&rule, at_ms));
+        remembered_spec_t spec = {
+            .id = e->event_id,
+            .run_uuid = e->run_uuid,
+            .digest = e->digest.len == KF_EVENT_DIGEST_BYTES ? e->digest.data : NULL,
+            .due_ms = e->due_ms,
+            .expires_ms = kf_dedup_expires_ms(&rule, at_ms),
+            .commit_seq = e->commit_seq,
+        };
+        id_push(c, &spec);
     }
     return KF_OK;
 }
 
 static kf_status_t apply_started(kf_coords_t *cs, coord_t *c,
                                  const Keyflow__Records__RunStartedRec *e, kf_error_t *err) {
-    if (!c->open || !uuid_ok(e->run_uuid) || strcmp(c->run_uuid, e->run_uuid) != 0) {
+    if (!window_runs(c, e->run_uuid) || c->run_started) {
         return kf_error_set(err, KF_E_CORRUPT,
                             "journal: run started for a window that is not open");
     }
-    window_drop(cs, c);
+    if (e->leading) {
+        /* The window stays open to absorb events until its due time. */
+        c->run_started = true;
+        input_release(cs, c);
+    } else {
+        window_drop(cs, c);
+    }
     c->runs_started++;
     recent_push(c, e->run_uuid);
     return KF_OK;
@@ -345,8 +427,17 @@ static kf_status_t apply_started(kf_coords_t *cs, coord_t *c,
 
 static kf_status_t apply_cancelled(kf_coords_t *cs, coord_t *c,
                                    const Keyflow__Records__WindowCancelledRec *e, kf_error_t *err) {
-    if (!c->open || !uuid_ok(e->run_uuid) || strcmp(c->run_uuid, e->run_uuid) != 0) {
+    if (!window_runs(c, e->run_uuid) || c->run_started) {
         return kf_error_set(err, KF_E_CORRUPT, "journal: cancelled a window that is not open");
+    }
+    window_drop(cs, c);
+    return KF_OK;
+}
+
+static kf_status_t apply_closed(kf_coords_t *cs, coord_t *c,
+                                const Keyflow__Records__WindowClosedRec *e, kf_error_t *err) {
+    if (!window_runs(c, e->run_uuid) || !c->run_started) {
+        return kf_error_set(err, KF_E_CORRUPT, "journal: closed a window without a started run");
     }
     window_drop(cs, c);
     return KF_OK;
@@ -361,10 +452,12 @@ static kf_status_t apply_entry(kf_coords_t *cs, coord_t *c,
         return apply_started(cs, c, e->started, err);
     case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED:
         return apply_cancelled(cs, c, e->cancelled, err);
-    default:
-        return kf_error_set(err, KF_E_CORRUPT, "journal: unknown entry kind %d",
-                            (int)e->entry_case);
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CLOSED:
+        return apply_closed(cs, c, e->closed, err);
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY__NOT_SET:
+    case _KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY__CASE_IS_INT_SIZE: break;
     }
+    return kf_error_set(err, KF_E_CORRUPT, "journal: unknown entry kind %d", (int)e->entry_case);
 }
 
 /* Journals `e` (seq and time filled in here) and applies it. */
@@ -401,9 +494,11 @@ static void write_snapshot(kf_ctx_t *ctx, coord_t *c) {
         win.last_ms = c->last_ms;
         win.due_ms = c->due_ms;
         win.rule = &rule;
-        input = kf_xstrndup(c->input, c->input_len);
-        win.input = input;
+        input = c->input_len > 0 ? kf_xstrndup(c->input, c->input_len) : NULL;
+        win.input = input != NULL ? input : "";
         win.event_count = c->event_count;
+        win.run_started = c->run_started;
+        win.events_absorbed = c->events_absorbed;
         snap.window = &win;
     }
     Keyflow__Records__RememberedIdRec *ids = kf_xcalloc(c->ids_count + 1, sizeof *ids);
@@ -415,6 +510,11 @@ static void write_snapshot(kf_ctx_t *ctx, coord_t *c) {
         ids[i].run_uuid = r->run_uuid;
         ids[i].due_ms = r->due_ms;
         ids[i].expires_ms = r->expires_ms;
+        ids[i].commit_seq = r->commit_seq;
+        if (r->digest_known) {
+            ids[i].digest.data = r->digest;
+            ids[i].digest.len = KF_EVENT_DIGEST_BYTES;
+        }
         id_ptrs[i] = &ids[i];
     }
     snap.n_ids = c->ids_count;
@@ -495,8 +595,11 @@ static void coord_settle(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c) {
 
 /* ---- closing windows --------------------------------------------------- */
 
-static void close_window(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char *reason) {
-    KF_ASSERT(c->open);
+/* Starts the window's run (run_uuid) with its input: the window closes, or
+ * with `leading` stays open to absorb events until its due time. */
+static void start_run(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char *reason,
+                      bool leading) {
+    KF_ASSERT(c->open && !c->run_started);
     char run_id[KF_RUN_ID_BYTES_MAX + 1];
     snprintf(run_id, sizeof run_id, "%s@%s", c->key, c->run_uuid);
     if (c->kind == KF_RULE_BATCH) {
@@ -518,6 +621,7 @@ static void close_window(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char 
     started.run_uuid = c->run_uuid;
     started.reason = (char *)reason;
     started.run_seq = run_seq;
+    started.leading = leading;
     e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED;
     e.started = &started;
     append_entry(cs, ctx, c, &e);
@@ -528,6 +632,30 @@ static void close_window(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char 
               KF_LOG_INT("events", spec.event_count));
 }
 
+/* Closes the open window: its run starts, or, when it already started at
+ * the leading edge, the window just ends ("due", "flush", "cancel"). */
+static void end_window(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char *reason) {
+    KF_ASSERT(c->open);
+    if (!c->run_started) {
+        start_run(cs, ctx, c, reason, false);
+        return;
+    }
+    Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
+    Keyflow__Records__WindowClosedRec closed = KEYFLOW__RECORDS__WINDOW_CLOSED_REC__INIT;
+    closed.run_uuid = c->run_uuid;
+    closed.reason = (char *)reason;
+    closed.events_absorbed = c->events_absorbed;
+    e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CLOSED;
+    e.closed = &closed;
+    append_entry(cs, ctx, c, &e);
+}
+
+/* Whether closing the open window now would start a run, and there is no
+ * room for one more live run. */
+static bool end_blocked(const kf_coords_t *cs, const coord_t *c) {
+    return !c->run_started && kf_runs_full(cs->runs);
+}
+
 /* ---- requests ---------------------------------------------------------- */
 
 /* Closes the window of `c` if its due time has passed, as its timer would
@@ -536,10 +664,10 @@ static void close_window(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char 
  * is over: it must not join, cancel, flush or describe it as open. Returns
  * the coordinator as it is afterwards (NULL when settling deleted it). */
 static coord_t *close_if_overdue(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const kf_key_t *ckey) {
-    if (c == NULL || !c->open || c->due_ms > ctx->now_ms || kf_runs_full(cs->runs)) {
+    if (c == NULL || !c->open || c->due_ms > ctx->now_ms || end_blocked(cs, c)) {
         return c;
     }
-    close_window(cs, ctx, c, "due");
+    end_window(cs, ctx, c, "due");
     coord_settle(cs, ctx, c);
     return coord_find(cs, ckey);
 }
@@ -575,42 +703,100 @@ static kf_status_t ref_key(const Keyflow__V1__CoordinatorRef *ref, const char *f
     return KF_OK;
 }
 
-void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    const Keyflow__V1__SendEventRequest *req = (const Keyflow__V1__SendEventRequest *)cmd->request;
-    kf_error_t *err = &cmd->error;
+/* Trims JSON whitespace around text (the input is stored as sent otherwise). */
+static void trim_json_space(const char **text, size_t *len) {
+    const char *p = *text;
+    size_t n = *len;
+    while (n > 0 && (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r')) {
+        p++;
+        n--;
+    }
+    while (n > 0 && (p[n - 1] == ' ' || p[n - 1] == '\n' || p[n - 1] == '\t' || p[n - 1] == '\r')) {
+        n--;
+    }
+    *text = p;
+    *len = n;
+}
+
+/* A live remembered ID answers a retry: with its first receipt when the
+ * payload is the same (or unknown: remembered by an older build), else the
+ * retry is refused. */
+static kf_status_t answer_duplicate(const coord_t *c, const remembered_t *r, const uint8_t *digest,
+                                    kf_arena_t *arena, Keyflow__V1__SendEventResponse *resp,
+                                    kf_error_t *err) {
+    if (r->digest_known && memcmp(r->digest, digest, KF_EVENT_DIGEST_BYTES) != 0) {
+        kf_counter_add(KF_C_EVENTS_CONFLICT, 1);
+        return kf_error_set(err, KF_E_EXISTS,
+                            "event.id: \"%s\" was already used with another payload (rule, flush "
+                            "or input) on this coordinator; a retry must repeat the event exactly, "
+                            "another event needs another ID",
+                            r->id);
+    }
+    resp->receipt->run_id = run_id_in(arena, c->key, r->run_uuid);
+    resp->receipt->due_ms = r->due_ms;
+    resp->receipt->commit_seq = r->commit_seq;
+    resp->duplicate = true;
+    resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_DUPLICATE;
+    kf_counter_add(KF_C_EVENTS_DUPLICATE, 1);
+    return KF_OK;
+}
+
+/* Refuses an event that cannot be taken now, before anything changes. */
+static kf_status_t admit(const kf_coords_t *cs, const coord_t *c, size_t input_len,
+                         kf_error_t *err) {
+    if (c == NULL && cs->map.count >= KF_COORDINATORS_MAX) {
+        return kf_error_set(err, KF_E_LIMIT,
+                            "coordinators: at most %d held at once (KF_COORDINATORS_MAX)",
+                            KF_COORDINATORS_MAX);
+    }
+    /* One event starts at most two runs: the window it does not fit (batch
+     * bytes) and its own (full, flush or leading edge). */
+    if (!kf_runs_room(cs->runs, 2)) {
+        return kf_error_set(
+            err, KF_E_LIMIT,
+            "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX); complete some first",
+            KF_LIVE_RUNS_MAX);
+    }
+    if (cs->window_bytes + (int64_t)input_len + 64 > KF_OPEN_WINDOW_BYTES_MAX) {
+        return kf_error_set(err, KF_E_LIMIT,
+                            "windows: open windows hold %lld bytes (KF_OPEN_WINDOW_BYTES_MAX)",
+                            (long long)cs->window_bytes);
+    }
+    return KF_OK;
+}
+
+/* One SendEvent: the response (in `arena`) or an error, in which case
+ * nothing changed but an overdue window closing, as its timer would have. */
+static kf_status_t send_one(kf_coords_t *cs, kf_ctx_t *ctx,
+                            const Keyflow__V1__SendEventRequest *req, kf_arena_t *arena,
+                            Keyflow__V1__SendEventResponse **out, kf_error_t *err) {
     kf_rule_t rule;
+    const Keyflow__V1__Event *ev = req->event;
     if (kf_check_identifier("workflow", req->workflow, KF_WORKFLOW_BYTES_MAX, true, err) != KF_OK ||
         kf_check_identifier("key", req->key, KF_KEY_BYTES_MAX, true, err) != KF_OK) {
-        {
-            kf_ctx_fail(ctx, cmd);
-            return;
-        }
+        return err->status;
     }
-    const Keyflow__V1__Event *ev = req->event;
     if (ev == NULL) {
-        kf_error_set(err, KF_E_INVALID, "event: required");
-        {
-            kf_ctx_fail(ctx, cmd);
-            return;
-        }
+        return kf_error_set(err, KF_E_INVALID, "event: required");
     }
     const char *input = ev->input_json;
     size_t input_len = strlen(input);
-    while (input_len > 0 && (*input == ' ' || *input == '\n' || *input == '\t' || *input == '\r')) {
-        input++;
-        input_len--;
-    }
-    while (input_len > 0 && (input[input_len - 1] == ' ' || input[input_len - 1] == '\n' ||
-                             input[input_len - 1] == '\t' || input[input_len - 1] == '\r')) {
-        input_len--;
-    }
+    trim_json_space(&input, &input_len);
     if (kf_check_identifier("event.id", ev->id, KF_EVENT_ID_BYTES_MAX, false, err) != KF_OK ||
         kf_rule_resolve(ev->rule, "event.rule", &rule, err) != KF_OK ||
         kf_json_check("event.input", input, input_len, KF_EVENT_INPUT_BYTES_MAX, err) != KF_OK) {
-        {
-            kf_ctx_fail(ctx, cmd);
-            return;
-        }
+        return err->status;
+    }
+    if (rule.kind == KF_RULE_BATCH && kf_batch_bytes_with(0, 0, input_len) > rule.max_bytes) {
+        return kf_error_set(err, KF_E_INVALID,
+                            "event.input: %zu bytes do not fit event.rule.max_bytes %lld (a batch "
+                            "run's input is the array [input, ...])",
+                            input_len, (long long)rule.max_bytes);
+    }
+    uint8_t digest[KF_EVENT_DIGEST_BYTES];
+    bool has_id = ev->id[0] != '\0';
+    if (has_id) {
+        kf_event_digest(&rule, ev->flush, input, input_len, digest);
     }
     kf_key_t ckey;
     kf_key_coord(&ckey, (uint8_t)rule.kind, req->workflow, strlen(req->workflow), req->key,
@@ -618,79 +804,68 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
     int64_t now = ctx->now_ms;
 
-    Keyflow__V1__SendEventResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
+    Keyflow__V1__SendEventResponse *resp = kf_arena_new(arena, sizeof *resp);
     keyflow__v1__send_event_response__init(resp);
-    resp->receipt = kf_arena_new(cmd->arena, sizeof *resp->receipt);
+    resp->receipt = kf_arena_new(arena, sizeof *resp->receipt);
     keyflow__v1__receipt__init(resp->receipt);
-
-    if (c != NULL && ev->id[0] != '\0') {
-        remembered_t *r = id_find(c, ev->id, now);
-        if (r != NULL) {
-            resp->receipt->run_id = run_id_in(cmd->arena, c->key, r->run_uuid);
-            resp->receipt->due_ms = r->due_ms;
-            resp->duplicate = true;
-            kf_counter_add(KF_C_EVENTS_DUPLICATE, 1);
-            cmd->response = &resp->base;
-            kf_ctx_ready(ctx, cmd);
-            return;
-        }
+    const remembered_t *seen = c != NULL && has_id ? id_find(c, ev->id, now) : NULL;
+    if (seen != NULL) {
+        kf_status_t st = answer_duplicate(c, seen, digest, arena, resp, err);
+        *out = resp;
+        return st;
     }
-    /* Admission: refuse before anything changes. */
-    if (c == NULL && cs->map.count >= KF_COORDINATORS_MAX) {
-        kf_error_set(err, KF_E_LIMIT, "coordinators: at most %d held at once (KF_COORDINATORS_MAX)",
-                     KF_COORDINATORS_MAX);
-        {
-            kf_ctx_fail(ctx, cmd);
-            return;
-        }
-    }
-    if (kf_runs_full(cs->runs)) {
-        kf_error_set(err, KF_E_LIMIT,
-                     "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX); complete some first",
-                     KF_LIVE_RUNS_MAX);
-        {
-            kf_ctx_fail(ctx, cmd);
-            return;
-        }
-    }
-    if (cs->window_bytes + (int64_t)input_len + 64 > KF_OPEN_WINDOW_BYTES_MAX) {
-        kf_error_set(err, KF_E_LIMIT,
-                     "windows: open windows hold %lld bytes (KF_OPEN_WINDOW_BYTES_MAX)",
-                     (long long)cs->window_bytes);
-        {
-            kf_ctx_fail(ctx, cmd);
-            return;
-        }
+    kf_status_t st = admit(cs, c, input_len, err);
+    if (st != KF_OK) {
+        return st;
     }
     if (c == NULL) {
         c = coord_new(cs, &ckey);
     }
     if (c->open && rule.kind == KF_RULE_BATCH &&
-        c->input_len + 1 + input_len + 1 > KF_WINDOW_INPUT_BYTES_MAX) {
-        close_window(cs, ctx, c, "size"); /* the window is full by bytes: start it */
+        kf_batch_bytes_with((int64_t)c->input_len + 1, c->event_count, input_len) >
+            rule.max_bytes) {
+        start_run(cs, ctx, c, "size", false); /* the window is full by bytes: start it */
     }
-    bool opening = !c->open;
+    kf_join_t join = kf_window_join(&rule, c->open, c->run_started);
     char uuid[KF_UUID_TEXT_BYTES + 1];
-    if (opening) {
+    int64_t opened_ms = c->opened_ms;
+    int64_t count = 1;
+    switch (join) {
+    case KF_JOIN_OPEN:
+        opened_ms = now;
         kf_uuid7(ctx->rng, now, uuid);
-    } else {
+        break;
+    case KF_JOIN_NEXT_RUN: kf_uuid7(ctx->rng, now, uuid); break;
+    case KF_JOIN_RUN:
         memcpy(uuid, c->run_uuid, sizeof uuid);
+        count = c->event_count + 1;
+        break;
+    case KF_JOIN_ABSORB:
+        memcpy(uuid, c->run_uuid, sizeof uuid);
+        count = c->event_count;
+        break;
     }
-    int64_t opened_ms = opening ? now : c->opened_ms;
-    int64_t count = opening ? 1 : c->event_count + 1;
-    int64_t due_ms = kf_window_due_ms(&rule, opened_ms, now, count);
+    /* A flushing event closes its window at once. */
+    int64_t due_ms = ev->flush ? now : kf_window_due_ms(&rule, opened_ms, now, count);
 
-    char *input_copy = kf_arena_strndup(cmd->arena, input, input_len);
-    KF_ASSERT(input_copy != NULL);
     Keyflow__Records__RuleRec rule_rec;
     rule_to_rec(&rule, &rule_rec);
     Keyflow__Records__EventAcceptedRec acc = KEYFLOW__RECORDS__EVENT_ACCEPTED_REC__INIT;
     acc.event_id = ev->id;
     acc.rule = &rule_rec;
-    acc.input_json = input_copy;
+    /* An absorbed input is in no run: it is not kept. */
+    acc.input_json = join == KF_JOIN_ABSORB ? "" : kf_arena_strndup(arena, input, input_len);
+    KF_ASSERT(acc.input_json != NULL);
     acc.run_uuid = uuid;
-    acc.opened = opening;
+    acc.opened = join == KF_JOIN_OPEN;
+    acc.absorbed = join == KF_JOIN_ABSORB;
+    acc.next_run = join == KF_JOIN_NEXT_RUN;
     acc.due_ms = due_ms;
+    acc.commit_seq = (int64_t)ctx->group_id;
+    if (has_id) {
+        acc.digest.data = digest;
+        acc.digest.len = sizeof digest;
+    }
     Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
     e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED;
     e.accepted = &acc;
@@ -698,13 +873,42 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     KF_ASSERT(c->due_ms == due_ms && c->event_count == count);
     kf_counter_add(KF_C_EVENTS_ACCEPTED, 1);
 
-    resp->receipt->run_id = run_id_in(cmd->arena, c->key, uuid);
-    resp->receipt->due_ms = due_ms;
+    bool closed = false;
+    if (join == KF_JOIN_OPEN && kf_edge_leading(&rule)) {
+        start_run(cs, ctx, c, "leading", true);
+        closed = true;
+    }
     if (rule.kind == KF_RULE_BATCH && c->event_count >= rule.max_events) {
-        close_window(cs, ctx, c, "full"); /* fires at once, inside this request */
-        resp->run_started = true;
+        start_run(cs, ctx, c, "full", false); /* fires at once, inside this request */
+        closed = true;
+    }
+    if (ev->flush && c->open) {
+        end_window(cs, ctx, c, "flush");
+        closed = true;
+    }
+    resp->receipt->run_id = run_id_in(arena, c->key, uuid);
+    resp->receipt->due_ms = due_ms;
+    resp->receipt->commit_seq = acc.commit_seq;
+    resp->run_started = closed;
+    if (closed) {
+        resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_CLOSED;
+    } else if (join == KF_JOIN_OPEN || join == KF_JOIN_NEXT_RUN) {
+        resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_OPENED;
+    } else {
+        resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_JOINED;
     }
     coord_settle(cs, ctx, c);
+    *out = resp;
+    return KF_OK;
+}
+
+void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__SendEventRequest *req = (const Keyflow__V1__SendEventRequest *)cmd->request;
+    Keyflow__V1__SendEventResponse *resp = NULL;
+    if (send_one(cs, ctx, req, cmd->arena, &resp, &cmd->error) != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);
 }
@@ -720,9 +924,12 @@ static Keyflow__V1__Rule *rule_out(kf_arena_t *arena, const kf_rule_t *rule) {
     if (rule->kind == KF_RULE_DEBOUNCE) {
         r->window_ms_present_case = KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS;
         r->window_ms = rule->window_ms;
+        r->edge = (Keyflow__V1__Edge)rule->edge;
     } else {
         r->max_events_present_case = KEYFLOW__V1__RULE__MAX_EVENTS_PRESENT_MAX_EVENTS;
         r->max_events = rule->max_events;
+        r->max_bytes_present_case = KEYFLOW__V1__RULE__MAX_BYTES_PRESENT_MAX_BYTES;
+        r->max_bytes = rule->max_bytes;
     }
     return r;
 }
@@ -732,6 +939,7 @@ static const char *entry_name(int entry_case) {
     case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED: return "event_accepted";
     case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED: return "run_started";
     case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED: return "window_cancelled";
+    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CLOSED: return "window_closed";
     default: return "unknown";
     }
 }
@@ -770,15 +978,23 @@ static void describe_journal(kf_ctx_t *ctx, coord_t *c,
         if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED) {
             jr->run_id = run_id_in(arena, c->key, e->accepted->run_uuid);
             jr->event_id = e->accepted->event_id;
-            jr->detail =
-                kf_arena_printf(arena, "%sdue_ms=%lld", e->accepted->opened ? "opened " : "",
-                                (long long)e->accepted->due_ms);
+            const Keyflow__Records__EventAcceptedRec *a = e->accepted;
+            jr->detail = kf_arena_printf(arena, "%sdue_ms=%lld commit_seq=%lld",
+                                         a->opened     ? "opened "
+                                         : a->absorbed ? "absorbed "
+                                         : a->next_run ? "next_run "
+                                                       : "",
+                                         (long long)a->due_ms, (long long)a->commit_seq);
         } else if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED) {
             jr->run_id = run_id_in(arena, c->key, e->started->run_uuid);
             jr->detail = kf_arena_printf(arena, "reason=%s", e->started->reason);
         } else if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED) {
             jr->run_id = run_id_in(arena, c->key, e->cancelled->run_uuid);
             jr->detail = kf_arena_printf(arena, "events=%lld", (long long)e->cancelled->events);
+        } else if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CLOSED) {
+            jr->run_id = run_id_in(arena, c->key, e->closed->run_uuid);
+            jr->detail = kf_arena_printf(arena, "reason=%s events_absorbed=%lld", e->closed->reason,
+                                         (long long)e->closed->events_absorbed);
         }
         resp->journal[resp->n_journal++] = jr;
     }
@@ -790,10 +1006,8 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         (const Keyflow__V1__DescribeCoordinatorRequest *)cmd->request;
     kf_key_t ckey;
     if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
-        {
-            kf_ctx_fail(ctx, cmd);
-            return;
-        }
+        kf_ctx_fail(ctx, cmd);
+        return;
     }
     kf_arena_t *arena = cmd->arena;
     Keyflow__V1__DescribeCoordinatorResponse *resp = kf_arena_new(arena, sizeof *resp);
@@ -817,6 +1031,8 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             w->due_ms = c->due_ms;
             w->input_bytes = (int64_t)c->input_len + (c->kind == KF_RULE_BATCH ? 1 : 0);
             w->rule = rule_out(arena, &c->rule);
+            w->run_started = c->run_started;
+            w->events_absorbed = c->events_absorbed;
             resp->window = w;
         }
         resp->runs_started = c->runs_started;
@@ -838,6 +1054,7 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             keyflow__v1__receipt__init(ri->receipt);
             ri->receipt->run_id = run_id_in(arena, c->key, r->run_uuid);
             ri->receipt->due_ms = r->due_ms;
+            ri->receipt->commit_seq = r->commit_seq;
             ri->expires_ms = r->expires_ms;
             resp->remembered_ids[resp->n_remembered_ids++] = ri;
         }
@@ -855,26 +1072,25 @@ void kf_coords_flush(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         (const Keyflow__V1__FlushWindowRequest *)cmd->request;
     kf_key_t ckey;
     if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
-        {
-            kf_ctx_fail(ctx, cmd);
-            return;
-        }
+        kf_ctx_fail(ctx, cmd);
+        return;
     }
     Keyflow__V1__FlushWindowResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__flush_window_response__init(resp);
+    resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_NO_WINDOW;
     coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
     if (c != NULL && c->open) {
-        if (kf_runs_full(cs->runs)) {
+        if (end_blocked(cs, c)) {
             kf_error_set(&cmd->error, KF_E_LIMIT,
                          "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX)", KF_LIVE_RUNS_MAX);
-            {
-                kf_ctx_fail(ctx, cmd);
-                return;
-            }
+            kf_ctx_fail(ctx, cmd);
+            return;
         }
+        /* A window whose run started at its leading edge just ends. */
         resp->run_id = run_id_in(cmd->arena, c->key, c->run_uuid);
-        close_window(cs, ctx, c, "flush");
+        end_window(cs, ctx, c, "flush");
         resp->flushed = true;
+        resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_CLOSED;
         coord_settle(cs, ctx, c);
     }
     cmd->response = &resp->base;
@@ -886,25 +1102,31 @@ void kf_coords_cancel(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         (const Keyflow__V1__CancelWindowRequest *)cmd->request;
     kf_key_t ckey;
     if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
-        {
-            kf_ctx_fail(ctx, cmd);
-            return;
-        }
+        kf_ctx_fail(ctx, cmd);
+        return;
     }
     Keyflow__V1__CancelWindowResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__cancel_window_response__init(resp);
+    resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_NO_WINDOW;
     coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
     if (c != NULL && c->open) {
-        resp->run_id = run_id_in(cmd->arena, c->key, c->run_uuid);
-        resp->events_dropped = c->event_count;
-        Keyflow__Records__WindowCancelledRec can = KEYFLOW__RECORDS__WINDOW_CANCELLED_REC__INIT;
-        can.run_uuid = c->run_uuid;
-        can.events = c->event_count;
-        Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
-        e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED;
-        e.cancelled = &can;
-        append_entry(cs, ctx, c, &e);
+        if (c->run_started) {
+            /* Its run started at the leading edge: no run to drop, the
+             * window (and its absorbing) just ends. */
+            end_window(cs, ctx, c, "cancel");
+        } else {
+            resp->run_id = run_id_in(cmd->arena, c->key, c->run_uuid);
+            resp->events_dropped = c->event_count;
+            Keyflow__Records__WindowCancelledRec can = KEYFLOW__RECORDS__WINDOW_CANCELLED_REC__INIT;
+            can.run_uuid = c->run_uuid;
+            can.events = c->event_count;
+            Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
+            e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED;
+            e.cancelled = &can;
+            append_entry(cs, ctx, c, &e);
+        }
         resp->cancelled = true;
+        resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_CANCELLED;
         coord_settle(cs, ctx, c);
     }
     cmd->response = &resp->base;
@@ -914,14 +1136,14 @@ void kf_coords_cancel(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
 void kf_coords_fire(kf_coords_t *cs, kf_ctx_t *ctx, kf_timer_t *timer) {
     coord_t *c = KF_CONTAINER_OF(timer, coord_t, timer);
     if (c->open && c->due_ms <= ctx->now_ms) {
-        if (kf_runs_full(cs->runs)) {
+        if (end_blocked(cs, c)) {
             /* No room for another live run: keep the window open and look
              * again shortly; SendEvent meanwhile refuses new events. */
             kf_ctx_wakeup_move(ctx, &c->timer, KF_WAKEUP_COORDINATOR, c->ckey, c->ckey_len,
                                &c->wakeup_due_ms, ctx->now_ms + 1000);
             return;
         }
-        close_window(cs, ctx, c, "due");
+        end_window(cs, ctx, c, "due");
     }
     coord_settle(cs, ctx, c);
 }
@@ -941,10 +1163,19 @@ static kf_status_t load_snapshot(kf_coords_t *cs, coord_t *c,
     }
     for (size_t i = 0; i < s->n_ids; i++) {
         const Keyflow__Records__RememberedIdRec *r = s->ids[i];
-        if (!uuid_ok(r->run_uuid) || r->id[0] == '\0' || strlen(r->id) > KF_EVENT_ID_BYTES_MAX) {
+        if (!uuid_ok(r->run_uuid) || r->id[0] == '\0' || strlen(r->id) > KF_EVENT_ID_BYTES_MAX ||
+            (r->digest.len != 0 && r->digest.len != KF_EVENT_DIGEST_BYTES)) {
             return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed remembered id");
         }
-        id_push(c, r->id, r->run_uuid, r->due_ms, r->expires_ms);
+        remembered_spec_t spec = {
+            .id = r->id,
+            .run_uuid = r->run_uuid,
+            .digest = r->digest.len == KF_EVENT_DIGEST_BYTES ? r->digest.data : NULL,
+            .due_ms = r->due_ms,
+            .expires_ms = r->expires_ms,
+            .commit_seq = r->commit_seq,
+        };
+        id_push(c, &spec);
     }
     if (s->window != NULL) {
         const Keyflow__Records__WindowRec *w = s->window;
@@ -959,10 +1190,14 @@ static kf_status_t load_snapshot(kf_coords_t *cs, coord_t *c,
         c->last_ms = w->last_ms;
         c->due_ms = w->due_ms;
         c->event_count = w->event_count;
+        c->run_started = w->run_started;
+        c->events_absorbed = w->events_absorbed;
         size_t len = strlen(w->input);
-        input_reserve(cs, c, len + 1);
-        memcpy(c->input, w->input, len);
-        c->input_len = len;
+        if (len > 0) {
+            input_reserve(cs, c, len + 1);
+            memcpy(c->input, w->input, len);
+            c->input_len = len;
+        }
     }
     return KF_OK;
 }
@@ -1057,7 +1292,8 @@ static kf_status_t recover_journal(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *e
 }
 
 /* An open window's run does not exist yet (it starts when the window
- * closes); a live run under that ID means the store is not what this engine
+ * closes, unless it started at the leading edge); a live run under that ID
+ * means the store is not what this engine
  * wrote, and closing the window would have nowhere to go. */
 static kf_status_t check_open_runs(kf_coords_t *cs, kf_error_t *err) {
     size_t b;
@@ -1066,7 +1302,7 @@ static kf_status_t check_open_runs(kf_coords_t *cs, kf_error_t *err) {
         const coord_t *c = KF_CONTAINER_OF(n, coord_t, node);
         char run_id[KF_RUN_ID_BYTES_MAX + 1];
         snprintf(run_id, sizeof run_id, "%s@%s", c->key, c->run_uuid);
-        if (c->open && kf_runs_live(cs->runs, run_id)) {
+        if (c->open && !c->run_started && kf_runs_live(cs->runs, run_id)) {
             return kf_error_set(err, KF_E_CORRUPT,
                                 "coord: the open window of %s/%s names run %s, which exists",
                                 c->workflow, c->key, run_id);

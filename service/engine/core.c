@@ -22,6 +22,7 @@
 
 struct kf_core {
     kf_ctx_t ctx;
+    uint64_t last_commit_seq; /* as stored when the core was created */
     kf_runs_t *runs;
     kf_coords_t *coords;
     kf_functions_t *functions;
@@ -109,6 +110,36 @@ static kf_status_t attach_wakeups(kf_core_t *core, kf_error_t *err) {
     return st;
 }
 
+/* The meta record holding the last written group's id (8 bytes, big-endian). */
+static const char commit_seq_key[] = "commit_seq";
+
+static kf_status_t load_commit_seq(kf_core_t *core, kf_error_t *err) {
+    kf_value_t v;
+    bool found = false;
+    kf_status_t st = kf_store_get(core->ctx.store, KF_CF_META, commit_seq_key,
+                                  sizeof commit_seq_key - 1, &v, &found, err);
+    if (st != KF_OK || !found) {
+        return st;
+    }
+    if (v.len != 8) {
+        st = kf_error_set(err, KF_E_CORRUPT, "meta: commit_seq record of %zu bytes", v.len);
+    } else {
+        core->last_commit_seq = kf_get_be64(v.data);
+    }
+    kf_store_value_free(&v);
+    return st;
+}
+
+uint64_t kf_core_last_commit_seq(const kf_core_t *core) {
+    return core->last_commit_seq;
+}
+
+void kf_core_seal_group(kf_batch_t *batch, uint64_t group_id) {
+    uint8_t v[8];
+    kf_put_be64(v, group_id);
+    kf_batch_put(batch, KF_CF_META, commit_seq_key, sizeof commit_seq_key - 1, v, sizeof v);
+}
+
 kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, kf_core_t **out,
                            kf_error_t *err) {
     kf_core_t *core = calloc(1, sizeof *core);
@@ -136,7 +167,10 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
     }
     kf_core_begin(core, batch, 0, kf_clock_now_ms(&config->clock));
     int64_t t0 = kf_mono_us();
-    kf_status_t st = kf_keys_recover(core->keys, ctx, err);
+    kf_status_t st = load_commit_seq(core, err);
+    if (st == KF_OK) {
+        st = kf_keys_recover(core->keys, ctx, err);
+    }
     if (st == KF_OK) {
         st = kf_runs_recover(core->runs, ctx, err);
     }

@@ -27,6 +27,15 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
                            kf_error_t *err) KF_MUST_USE;
 void kf_core_destroy(kf_core_t *core);
 
+/* The commit sequence of the last group written before this start (0 for a
+ * new store). Number groups from the next one: a group's id is its commit
+ * sequence (receipts carry it), so it must keep increasing across restarts. */
+uint64_t kf_core_last_commit_seq(const kf_core_t *core);
+/* Records `group_id` as the store's last commit sequence in `batch`: call
+ * for every group just before it is written (a group that writes nothing
+ * needs none). Touches only the batch: any thread that owns it. */
+void kf_core_seal_group(kf_batch_t *batch, uint64_t group_id);
+
 /* Starts a step: effects go to `batch`, which belongs to group `group_id`. */
 void kf_core_begin(kf_core_t *core, kf_batch_t *batch, uint64_t group_id, int64_t now_ms);
 /* Executes one command. Its reply lands on the ready list now, or later

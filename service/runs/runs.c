@@ -517,7 +517,11 @@ void kf_runs_release_polls(kf_runs_t *rs, kf_ctx_t *ctx) {
 /* ---- operations -------------------------------------------------------- */
 
 bool kf_runs_full(const kf_runs_t *rs) {
-    return rs->pending + rs->leased >= KF_LIVE_RUNS_MAX;
+    return !kf_runs_room(rs, 1);
+}
+
+bool kf_runs_room(const kf_runs_t *rs, uint32_t count) {
+    return rs->pending + rs->leased + count <= KF_LIVE_RUNS_MAX;
 }
 
 uint64_t kf_runs_start(kf_runs_t *rs, kf_ctx_t *ctx, const kf_run_spec_t *spec) {

@@ -57,6 +57,8 @@ typedef struct kf_run_spec {
 
 /* True when one more live run would pass KF_LIVE_RUNS_MAX. */
 bool kf_runs_full(const kf_runs_t *runs);
+/* True when `count` more live runs fit under KF_LIVE_RUNS_MAX. */
+bool kf_runs_room(const kf_runs_t *runs, uint32_t count);
 /* Whether a pending or leased run has this ID (recovery's consistency check). */
 bool kf_runs_live(const kf_runs_t *runs, const char *run_id);
 /* Creates a PENDING run and returns its sequence number (journalled by the

@@ -212,14 +212,15 @@ kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store
         e->groups[i].batch = kf_batch_create(store);
         KF_ASSERT(e->groups[i].batch != NULL);
     }
-    e->next_id = 1;
-    e->open = &e->groups[0];
-    e->open->id = e->next_id++;
     kf_status_t st = kf_core_create(&e->config, store, &e->core, err);
     if (st != KF_OK) {
         kf_engine_destroy(e);
         return st;
     }
+    /* Group ids are commit sequences: they continue from the last written. */
+    e->next_id = kf_core_last_commit_seq(e->core) + 1;
+    e->open = &e->groups[0];
+    e->open->id = e->next_id++;
     disk_refresh(e, true); /* a start below the reserve refuses writes at once */
     *out = e;
     return KF_OK;
@@ -589,6 +590,7 @@ static kf_status_t check_space(kf_engine_t *e, size_t bytes, kf_error_t *err) {
 static bool commit_group(kf_engine_t *e, group_t *g, bool reply_here) {
     if (kf_batch_count(g->batch) > 0) {
         kf_error_t err;
+        kf_core_seal_group(g->batch, g->id);
         kf_status_t st = check_space(e, kf_batch_bytes(g->batch), &err);
         if (st == KF_OK) {
             int64_t t0 = kf_mono_us();

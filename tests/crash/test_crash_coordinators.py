@@ -113,6 +113,7 @@ class CrashTest(unittest.TestCase):
         cluster = Cluster(self.server)
         lock = threading.Lock()
         receipts = {}                 # event id -> SendEventResponse (acknowledged)
+        acked_gen = {}                # event id -> server generation that acknowledged it
         sent = {}                     # event id -> (key index, counter)
         acked_order = collections.defaultdict(list)  # key index -> counters in ack order
         sent_counters = collections.defaultdict(set)  # key index -> counters ever sent
@@ -175,6 +176,7 @@ class CrashTest(unittest.TestCase):
                                 time.sleep(0.05)  # transient: back off briefly, bounded by deadline
                     with lock:
                         receipts[eid] = resp
+                        acked_gen[eid] = gen
                         acked_order[i].append(c)
                         total_acked[0] += 1
                         if attempt > 1:
@@ -214,6 +216,19 @@ class CrashTest(unittest.TestCase):
         sys.stderr.write("\n[crash] %d events acknowledged, %d of them after a retry across the crash "
                          "(%d of those had been durable: duplicate=true)\n"
                          % (len(receipts), len(retried), sum(1 for e in retried if receipts[e].duplicate)))
+
+        # ---- commit sequences: every event the restarted server wrote is
+        # after everything the first one acknowledged; a duplicate answers
+        # with its first write's, which the first server made durable.
+        before = [receipts[e].receipt.commit_seq for e in receipts if acked_gen[e] == 0]
+        after_new = [receipts[e].receipt.commit_seq for e in receipts
+                     if acked_gen[e] == 1 and not receipts[e].duplicate]
+        self.assertTrue(all(s > 0 for s in before + after_new), "every receipt names its write")
+        self.assertGreater(min(after_new), max(before), "commit_seq went back across the restart")
+        for e in receipts:
+            if acked_gen[e] == 1 and receipts[e].duplicate:
+                self.assertLess(receipts[e].receipt.commit_seq, min(after_new),
+                                "%s: a retry's first write was made before the crash" % e)
 
         channel = grpc.insecure_channel(self.server.grpc_target)
         self.addCleanup(channel.close)

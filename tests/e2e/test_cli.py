@@ -228,6 +228,33 @@ class TestCoordinators(CliTestCase):
         desc = self.describe("batch", wf, key)
         self.assertEqual(desc["window"]["eventCount"], "2")
         self.assertEqual(sorted(r["id"] for r in desc["rememberedIds"]), ["e-1", "e-2"])
+        self.assertEqual(first["disposition"], "DISPOSITION_OPENED")
+        self.assertEqual(retry["disposition"], "DISPOSITION_DUPLICATE")
+        self.assertEqual(other["disposition"], "DISPOSITION_JOINED")
+        # The ID with another input is refused, naming the ID.
+        self.rpc_error("send", "--workflow", wf, "--key", key, "--batch", "--max-events", 10,
+                       "--max-wait-ms", 60000, "--input", '{"n": 9}', "--id", "e-1",
+                       code="ALREADY_EXISTS", field="event.id")
+
+    def test_edge_flush_and_max_bytes_flags(self):
+        wf = unique("edges")
+        lead = self.send(wf, "l", "--debounce", "--window-ms", 60000, "--edge", "leading", input=1)
+        self.assertEqual(lead["disposition"], "DISPOSITION_CLOSED")
+        self.assertEqual(self.poll_one(wf)["runId"], lead["receipt"]["runId"])
+        absorbed = self.send(wf, "l", "--debounce", "--window-ms", 60000, "--edge", "LEADING", input=2)
+        self.assertEqual(absorbed["disposition"], "DISPOSITION_JOINED")
+        self.assertEqual(self.describe("debounce", wf, "l")["window"]["rule"]["edge"], "EDGE_LEADING")
+        self.usage_error("send", "--workflow", wf, "--key", "l", "--debounce", "--window-ms", 5,
+                         "--edge", "middle", flag="--edge")
+        self.send(wf, "b", "--batch", "--max-events", 10, "--max-bytes", 10, input=1234)
+        flushed = self.send(wf, "b", "--batch", "--max-events", 10, "--max-bytes", 10, "--flush",
+                            input=567)
+        self.assertEqual(flushed["disposition"], "DISPOSITION_CLOSED")
+        self.assertEqual(self.poll_one(wf)["input"], [1234, 567])
+        self.rpc_error("send", "--workflow", wf, "--key", "b", "--batch", "--max-bytes", 10,
+                       "--input", "123456789", code="INVALID_ARGUMENT", field="event.rule.max_bytes")
+        flush = self.json_cli("flush", "--kind", "batch", "--workflow", wf, "--key", "b")
+        self.assertEqual(flush, {"disposition": "DISPOSITION_NO_WINDOW"})
 
     def test_batch_fires_on_the_third_event_and_the_run_completes(self):
         wf, key = unique("batch"), "acct-3"

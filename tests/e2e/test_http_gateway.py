@@ -164,7 +164,10 @@ class GatewayTest(unittest.TestCase):
                                         "dedupMs": 600000}, "input": {"order": 17, "items": ["a", "b"]}}
         t0 = now_ms()
         r = self.send("cust-1", event)
-        self.assertEqual(set(r), {"receipt"}, "defaults (duplicate/runStarted false) are omitted: %r" % r)
+        self.assertEqual(set(r), {"receipt", "disposition"},
+                         "defaults (duplicate/runStarted false) are omitted: %r" % r)
+        self.assertEqual(r["disposition"], "DISPOSITION_OPENED")
+        self.assertIsInstance(r["receipt"]["commitSeq"], str, "int64 is emitted as a string")
         self.assertRegex(r["receipt"]["runId"], "^cust-1@" + UUID_RE + "$")
         self.assertIsInstance(r["receipt"]["dueMs"], str, "int64 is emitted as a string")
         due = int(r["receipt"]["dueMs"])
@@ -179,13 +182,14 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual(w["dueMs"], r["receipt"]["dueMs"])
         self.assertEqual(int(w["dueMs"]), int(w["openedMs"]) + 1000)
         self.assertEqual(w["rule"], {"kind": "RULE_KIND_BATCH", "maxEvents": "10", "maxWaitMs": "1000",
-                                     "dedupMs": "600000"})
+                                     "dedupMs": "600000", "maxBytes": "4194304"})
         self.assertEqual([m["id"] for m in d["rememberedIds"]], ["e-1"])
         self.assertEqual(d["journal"][0]["what"], "event_accepted")
         self.assertEqual(d["journal"][0]["eventId"], "e-1")
         # A retry of e-1 is a duplicate with the first receipt.
-        dup = self.send("cust-1", dict(event, input={"changed": True}))
-        self.assertEqual(dup, {"receipt": r["receipt"], "duplicate": True})
+        dup = self.send("cust-1", event)
+        self.assertEqual(dup, {"receipt": r["receipt"], "duplicate": True,
+                               "disposition": "DISPOSITION_DUPLICATE"})
         e2 = self.send("cust-1", {"id": "e-2", "rule": event["rule"], "input": [1, None, "x"]})
         self.assertEqual(e2["receipt"]["runId"], r["receipt"]["runId"])
         # The window closes after maxWaitMs; a long poll gets the run with the
@@ -235,12 +239,14 @@ class GatewayTest(unittest.TestCase):
         d = self.describe("debounce", "k")
         self.assertEqual(d["window"]["eventCount"], "5")
         self.assertEqual(d["window"]["rule"], {"kind": "RULE_KIND_DEBOUNCE", "windowMs": "60000",
-                                               "maxWaitMs": "0", "dedupMs": "600000"})
+                                               "maxWaitMs": "0", "dedupMs": "600000",
+                                               "edge": "EDGE_TRAILING"})
         self.assertEqual(int(d["window"]["dueMs"]), int(d["window"]["lastMs"]) + 60000)
         # Snake-case names and the inputJson string form are accepted too.
         self.send("k", {"rule": {"kind": "debounce", "window_ms": 60000}, "inputJson": '{"n": "last"}'})
         f = self.ok("POST", self.coord_path("debounce", "k", ":flush"))
-        self.assertEqual(f, {"flushed": True, "runId": first["receipt"]["runId"]})
+        self.assertEqual(f, {"flushed": True, "runId": first["receipt"]["runId"],
+                             "disposition": "DISPOSITION_CLOSED"})
         run = self.ok("GET", self.run_path(f["runId"]))
         self.assertEqual(run["input"], {"n": "last"}, "a debounce run gets the latest input")
         self.assertEqual(run["eventCount"], "6")
@@ -313,9 +319,12 @@ class GatewayTest(unittest.TestCase):
         r = self.send("k", {"id": "1", "rule": {"kind": "batch", "maxEvents": 10, "maxWaitMs": 60000}, "input": 1})
         self.send("k", {"id": "2", "rule": {"kind": "batch", "maxEvents": 10, "maxWaitMs": 60000}, "input": 2})
         c = self.ok("POST", self.coord_path("batch", "k", ":cancel"), {})
-        self.assertEqual(c, {"cancelled": True, "runId": r["receipt"]["runId"], "eventsDropped": "2"})
-        self.assertEqual(self.ok("POST", self.coord_path("batch", "k", ":cancel")), {})
-        self.assertEqual(self.ok("POST", self.coord_path("batch", "k", ":flush")), {})
+        self.assertEqual(c, {"cancelled": True, "runId": r["receipt"]["runId"], "eventsDropped": "2",
+                             "disposition": "DISPOSITION_CANCELLED"})
+        self.assertEqual(self.ok("POST", self.coord_path("batch", "k", ":cancel")),
+                         {"disposition": "DISPOSITION_NO_WINDOW"})
+        self.assertEqual(self.ok("POST", self.coord_path("batch", "k", ":flush")),
+                         {"disposition": "DISPOSITION_NO_WINDOW"})
         resp = self.curl("GET", self.run_path(r["receipt"]["runId"]))
         self.assert_error(resp, 404, 5, "NOT_FOUND", "run_id")
         d = self.describe("batch", "k")
@@ -324,7 +333,8 @@ class GatewayTest(unittest.TestCase):
         r2 = self.send("k", {"rule": {"kind": "batch", "maxEvents": 10, "maxWaitMs": 60000}, "input": 3})
         self.assertNotEqual(r2["receipt"]["runId"], r["receipt"]["runId"])
         f = self.ok("POST", self.coord_path("batch", "k", ":flush"))
-        self.assertEqual(f, {"flushed": True, "runId": r2["receipt"]["runId"]})
+        self.assertEqual(f, {"flushed": True, "runId": r2["receipt"]["runId"],
+                             "disposition": "DISPOSITION_CLOSED"})
         self.assertEqual([x["input"] for x in self.poll(max_runs=10)], [[3]])
 
     def test_runs_heartbeat_complete_get_list(self):

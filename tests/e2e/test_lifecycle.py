@@ -325,10 +325,17 @@ class LifecycleTest(unittest.TestCase):
         self.assertEqual(after_bat.window, before_bat.window)
         self.assertEqual(after_bat.window.run_id, b[0].receipt.run_id)
         self.assertEqual(after_bat.window.event_count, 3)
-        # Dedup survives: a retry gets its first receipt.
-        retry = self.send("bat", bat, "99", event_id="b1")
+        # Dedup survives: a retry gets its first receipt, and another payload
+        # under the ID is still refused.
+        retry = self.send("bat", bat, "1", event_id="b1")
         self.assertTrue(retry.duplicate)
         self.assertEqual(retry.receipt, b[1].receipt)
+        with self.assertRaises(grpc.RpcError) as conflict:
+            self.send("bat", bat, "99", event_id="b1")
+        self.assertEqual(conflict.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
+        # Commit sequences keep increasing across the restart.
+        after = self.send("bat", bat, "4", event_id="b4")
+        self.assertGreater(after.receipt.commit_seq, max(x.receipt.commit_seq for x in b))
         # Runs: PENDING stays PENDING, LEASED stays LEASED with its lease,
         # COMPLETED keeps its result.
         q = self.get_run(still_pending.receipt.run_id)
@@ -352,7 +359,7 @@ class LifecycleTest(unittest.TestCase):
         f = self.coords.FlushWindow(C.FlushWindowRequest(coordinator=C.CoordinatorRef(
             kind=BATCH, workflow=self.wf, key="bat")), timeout=10)
         self.assertEqual(f.run_id, b[0].receipt.run_id)
-        self.assertEqual(json.loads(self.get_run(f.run_id).input_json), [0, 1, 2, 3])
+        self.assertEqual(json.loads(self.get_run(f.run_id).input_json), [0, 1, 2, 4, 3])
 
     def test_restart_keeps_open_windows_and_runs(self):
         self.check_restart_keeps_state(crash=False)
@@ -462,7 +469,7 @@ class LifecycleTest(unittest.TestCase):
         self.assertEqual([m.id for m in d.remembered_ids], ["long"])
         wait_until(lambda: not self.describe(BATCH, "only-short").exists, 10,
                    "the coordinator whose only remembered ID expired to be deleted after the restart")
-        again_long = self.send("both", long_, '"l2"', event_id="long")
+        again_long = self.send("both", long_, '"l"', event_id="long")
         self.assertTrue(again_long.duplicate)
         self.assertEqual(again_long.receipt, l1.receipt)
         again_short = self.send("both", short, '"s2"', event_id="short")

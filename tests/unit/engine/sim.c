@@ -16,6 +16,7 @@ static void recover(sim_t *sim) {
     cr_assert_eq(kf_core_create(&sim->config, sim->store, &sim->core, &err), KF_OK, "%s",
                  err.message);
     sim->batch = kf_batch_create(sim->store);
+    sim->group = kf_core_last_commit_seq(sim->core); /* as the engine numbers groups */
     kf_core_begin(sim->core, sim->batch, ++sim->group, sim->now_ms);
 }
 
@@ -28,6 +29,7 @@ kf_status_t sim_restart_status(sim_t *sim, kf_error_t *err) {
         return st;
     }
     sim->batch = kf_batch_create(sim->store);
+    sim->group = kf_core_last_commit_seq(sim->core);
     kf_core_begin(sim->core, sim->batch, ++sim->group, sim->now_ms);
     return KF_OK;
 }
@@ -76,6 +78,7 @@ void sim_close(sim_t *sim) {
 void sim_step(sim_t *sim) {
     if (kf_batch_count(sim->batch) > 0) {
         kf_error_t err;
+        kf_core_seal_group(sim->batch, sim->group);
         cr_assert_eq(kf_store_write(sim->store, sim->batch, &err), KF_OK, "%s", err.message);
         kf_batch_clear(sim->batch);
     }
@@ -148,21 +151,37 @@ Keyflow__V1__Rule *sim_batch(sim_t *sim, int64_t max_events, int64_t max_wait_ms
     return r;
 }
 
-kf_cmd_t *sim_send(sim_t *sim, const char *workflow, const char *key, const char *id,
-                   Keyflow__V1__Rule *rule, const char *input_json) {
+Keyflow__V1__Event *sim_event(sim_t *sim, const char *id, Keyflow__V1__Rule *rule,
+                              const char *input_json) {
+    Keyflow__V1__Event *ev = NEW(Keyflow__V1__Event, keyflow__v1__event__init);
+    if (id != NULL) {
+        ev->id = kf_arena_strdup(&sim->arena, id);
+    }
+    ev->rule = rule;
+    if (input_json != NULL) {
+        ev->input_json = kf_arena_strdup(&sim->arena, input_json);
+    }
+    return ev;
+}
+
+Keyflow__V1__SendEventRequest *sim_send_request(sim_t *sim, const char *workflow, const char *key,
+                                                Keyflow__V1__Event *event) {
     Keyflow__V1__SendEventRequest *req =
         NEW(Keyflow__V1__SendEventRequest, keyflow__v1__send_event_request__init);
     req->workflow = kf_arena_strdup(&sim->arena, workflow);
     req->key = kf_arena_strdup(&sim->arena, key);
-    req->event = NEW(Keyflow__V1__Event, keyflow__v1__event__init);
-    if (id != NULL) {
-        req->event->id = kf_arena_strdup(&sim->arena, id);
-    }
-    req->event->rule = rule;
-    if (input_json != NULL) {
-        req->event->input_json = kf_arena_strdup(&sim->arena, input_json);
-    }
-    return sim_exec(sim, KF_OP_SEND_EVENT, &req->base);
+    req->event = event;
+    return req;
+}
+
+kf_cmd_t *sim_send_event(sim_t *sim, const char *workflow, const char *key,
+                         Keyflow__V1__Event *event) {
+    return sim_exec(sim, KF_OP_SEND_EVENT, &sim_send_request(sim, workflow, key, event)->base);
+}
+
+kf_cmd_t *sim_send(sim_t *sim, const char *workflow, const char *key, const char *id,
+                   Keyflow__V1__Rule *rule, const char *input_json) {
+    return sim_send_event(sim, workflow, key, sim_event(sim, id, rule, input_json));
 }
 
 static Keyflow__V1__CoordinatorRef *ref(sim_t *sim, int kind, const char *workflow,
@@ -174,6 +193,20 @@ static Keyflow__V1__CoordinatorRef *ref(sim_t *sim, int kind, const char *workfl
     r->workflow = kf_arena_strdup(&sim->arena, workflow);
     r->key = kf_arena_strdup(&sim->arena, key);
     return r;
+}
+
+kf_cmd_t *sim_flush(sim_t *sim, int kind, const char *workflow, const char *key) {
+    Keyflow__V1__FlushWindowRequest *req =
+        NEW(Keyflow__V1__FlushWindowRequest, keyflow__v1__flush_window_request__init);
+    req->coordinator = ref(sim, kind, workflow, key);
+    return sim_exec(sim, KF_OP_FLUSH_WINDOW, &req->base);
+}
+
+kf_cmd_t *sim_cancel(sim_t *sim, int kind, const char *workflow, const char *key) {
+    Keyflow__V1__CancelWindowRequest *req =
+        NEW(Keyflow__V1__CancelWindowRequest, keyflow__v1__cancel_window_request__init);
+    req->coordinator = ref(sim, kind, workflow, key);
+    return sim_exec(sim, KF_OP_CANCEL_WINDOW, &req->base);
 }
 
 kf_cmd_t *sim_describe(sim_t *sim, int kind, const char *workflow, const char *key) {

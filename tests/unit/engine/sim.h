@@ -57,7 +57,16 @@ Keyflow__V1__Rule *sim_debounce(sim_t *sim, int64_t window_ms, int64_t max_wait_
 Keyflow__V1__Rule *sim_batch(sim_t *sim, int64_t max_events, int64_t max_wait_ms);
 kf_cmd_t *sim_send(sim_t *sim, const char *workflow, const char *key, const char *id,
                    Keyflow__V1__Rule *rule, const char *input_json);
+/* An event to adjust (flush) before sending it with sim_send_event. */
+Keyflow__V1__Event *sim_event(sim_t *sim, const char *id, Keyflow__V1__Rule *rule,
+                              const char *input_json);
+Keyflow__V1__SendEventRequest *sim_send_request(sim_t *sim, const char *workflow, const char *key,
+                                                Keyflow__V1__Event *event);
+kf_cmd_t *sim_send_event(sim_t *sim, const char *workflow, const char *key,
+                         Keyflow__V1__Event *event);
 kf_cmd_t *sim_describe(sim_t *sim, int kind, const char *workflow, const char *key);
+kf_cmd_t *sim_flush(sim_t *sim, int kind, const char *workflow, const char *key);
+kf_cmd_t *sim_cancel(sim_t *sim, int kind, const char *workflow, const char *key);
 kf_cmd_t *sim_poll(sim_t *sim, const char *workflow, int64_t lease_ms, int64_t max_runs,
                    int64_t wait_ms);
 kf_cmd_t *sim_complete(sim_t *sim, const char *run_id, const char *lease, const char *result,
@@ -69,5 +78,7 @@ kf_cmd_t *sim_get(sim_t *sim, const char *run_id);
 #define DESCRIBE_RESP(cmd) ((Keyflow__V1__DescribeCoordinatorResponse *)(cmd)->response)
 #define POLL_RESP(cmd)     ((Keyflow__V1__PollRunsResponse *)(cmd)->response)
 #define RUN_RESP(cmd)      ((Keyflow__V1__Run *)(cmd)->response)
+#define FLUSH_RESP(cmd)    ((Keyflow__V1__FlushWindowResponse *)(cmd)->response)
+#define CANCEL_RESP(cmd)   ((Keyflow__V1__CancelWindowResponse *)(cmd)->response)
 
 #endif

