@@ -775,6 +775,9 @@ kf_status_t kf_client_tail_output_next(kf_client_stream_t *stream, kf_arena_t *a
 KF_CLIENT_WRAPPER(kf_client_send_event, KF_CLIENT_PATH_SEND_EVENT, Keyflow__V1__SendEventRequest,
                   keyflow__v1__send_event_request__descriptor, Keyflow__V1__SendEventResponse,
                   keyflow__v1__send_event_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_send_events, KF_CLIENT_PATH_SEND_EVENTS, Keyflow__V1__SendEventsRequest,
+                  keyflow__v1__send_events_request__descriptor, Keyflow__V1__SendEventsResponse,
+                  keyflow__v1__send_events_response__descriptor)
 KF_CLIENT_WRAPPER(kf_client_describe_coordinator, KF_CLIENT_PATH_DESCRIBE_COORDINATOR,
                   Keyflow__V1__DescribeCoordinatorRequest,
                   keyflow__v1__describe_coordinator_request__descriptor,

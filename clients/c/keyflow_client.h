@@ -56,6 +56,7 @@
 
 /* gRPC method paths, as in the RPC table (service/proto/rpcs.h). */
 #define KF_CLIENT_PATH_SEND_EVENT           "/keyflow.v1.Coordinators/SendEvent"
+#define KF_CLIENT_PATH_SEND_EVENTS          "/keyflow.v1.Coordinators/SendEvents"
 #define KF_CLIENT_PATH_DESCRIBE_COORDINATOR "/keyflow.v1.Coordinators/DescribeCoordinator"
 #define KF_CLIENT_PATH_FLUSH_WINDOW         "/keyflow.v1.Coordinators/FlushWindow"
 #define KF_CLIENT_PATH_CANCEL_WINDOW        "/keyflow.v1.Coordinators/CancelWindow"
@@ -154,6 +155,12 @@ kf_status_t kf_client_send_event(kf_client_t *client, const Keyflow__V1__SendEve
                                  kf_arena_t *arena, int64_t timeout_ms,
                                  Keyflow__V1__SendEventResponse **response,
                                  kf_error_t *err) KF_MUST_USE;
+/* Up to 1000 events; a refused event is an error entry of the response,
+ * only a refused call is an error status. */
+kf_status_t kf_client_send_events(kf_client_t *client,
+                                  const Keyflow__V1__SendEventsRequest *request, kf_arena_t *arena,
+                                  int64_t timeout_ms, Keyflow__V1__SendEventsResponse **response,
+                                  kf_error_t *err) KF_MUST_USE;
 kf_status_t kf_client_describe_coordinator(kf_client_t *client,
                                            const Keyflow__V1__DescribeCoordinatorRequest *request,
                                            kf_arena_t *arena, int64_t timeout_ms,

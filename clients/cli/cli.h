@@ -31,6 +31,9 @@
  * sent: four batches at the largest max_input_bytes, split by --batch-rows.
  * More than that belongs in a producer program, not on a command line. */
 #define KF__CLI_PUSH_INPUT_BYTES_MAX (64 * 1024 * 1024)
+/* `keyflow send-many` input (JSON lines), all read and checked before
+ * anything is sent, for the same reason and with the same bound. */
+#define KF__CLI_SEND_MANY_INPUT_BYTES_MAX (64 * 1024 * 1024)
 /* Flag occurrences on one command line; a repeatable flag such as
  * --workflow may appear KF_POLL_WORKFLOWS_MAX times, plus the others. */
 #define KF__CLI_OCCURRENCES_MAX 64
@@ -167,6 +170,9 @@ int64_t kf__cli_timeout_ms(const kf__cli_t *cli, int64_t wait_ms);
 /* `keyflow work`: the worker loop (cli_work.c); its flags are declared
  * with the other commands' in keyflow.c. */
 int kf__cli_work(kf__cli_t *cli, const kf__cli_args_t *args);
+/* `keyflow send-many`: JSON lines of events through SendEvents
+ * (cli_events.c); its flags are declared in keyflow.c. */
+int kf__cli_send_many(kf__cli_t *cli, const kf__cli_args_t *args);
 
 /* ---- the command table -------------------------------------------------- */
 

@@ -223,6 +223,12 @@ static int cmd_send(kf__cli_t *cli, const kf__cli_args_t *args) {
     return kf__cli_print(cli, &resp->base);
 }
 
+static const kf__cli_flag_t send_many_flags[] = {
+    {"--file", KF__CLI_VALUE, "F", "JSON lines to read ('-' or absent: stdin)"},
+    {"--workflow", KF__CLI_VALUE, "W", "workflow of the lines that name none"},
+    {"--batch-events", KF__CLI_VALUE, "N", "events per SendEvents call (1..1000, default 1000)"},
+};
+
 /* ---- describe / flush / cancel ----------------------------------------- */
 
 static const kf__cli_flag_t coordinator_flags[] = {
@@ -584,6 +590,16 @@ static const command_t commands[] = {
      "with another rule or input is refused (ALREADY_EXISTS).\n"
      "Only the rule flags given are sent; the server applies its defaults to the rest.",
      FLAGS(send_flags), 0, 0, false, cmd_send},
+    {"send-many", "[--file F] [--workflow W] [--batch-events N]",
+     "send many events from JSON lines (SendEvents)",
+     "Each non-blank line is one event in the SendEvent request's JSON form, as the HTTP\n"
+     "gateway takes it: {\"workflow\": \"w\", \"key\": \"k\", \"event\": {\"id\": \"e-1\",\n"
+     "\"rule\": {\"kind\": \"batch\", \"maxEvents\": 10}, \"input\": {...}}}. Every line is\n"
+     "checked before anything is sent. Events go in input order, --batch-events per call,\n"
+     "each call one durable write. Prints one JSON line per event, in order:\n"
+     "{\"response\": {\"receipt\": ..., \"disposition\": ...}} or {\"error\": {\"code\",\n"
+     "\"status\", \"message\"}}. Exits 1 when any event was refused.",
+     FLAGS(send_many_flags), 0, 0, false, kf__cli_send_many},
     {"describe", "--kind debounce|batch --workflow W --key K",
      "show a coordinator: its open window, remembered IDs and journal", NULL,
      FLAGS(coordinator_flags), 0, 0, false, cmd_coordinator},

@@ -854,8 +854,14 @@ static kf_status_t send_one(kf_coords_t *cs, kf_ctx_t *ctx,
     acc.event_id = ev->id;
     acc.rule = &rule_rec;
     /* An absorbed input is in no run: it is not kept. */
-    acc.input_json = join == KF_JOIN_ABSORB ? "" : kf_arena_strndup(arena, input, input_len);
-    KF_ASSERT(acc.input_json != NULL);
+    if (join == KF_JOIN_ABSORB) {
+        acc.input_json = "";
+    } else if (input[input_len] == '\0') {
+        acc.input_json = (char *)input; /* no trailing blank was trimmed: use it in place */
+    } else {
+        acc.input_json = kf_arena_strndup(arena, input, input_len);
+        KF_ASSERT(acc.input_json != NULL);
+    }
     acc.run_uuid = uuid;
     acc.opened = join == KF_JOIN_OPEN;
     acc.absorbed = join == KF_JOIN_ABSORB;
@@ -908,6 +914,45 @@ void kf_coords_send_event(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     if (send_one(cs, ctx, req, cmd->arena, &resp, &cmd->error) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
+    }
+    cmd->response = &resp->base;
+    kf_ctx_ready(ctx, cmd);
+}
+
+void kf_coords_send_events(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    const Keyflow__V1__SendEventsRequest *req =
+        (const Keyflow__V1__SendEventsRequest *)cmd->request;
+    if (req->n_events > KF_SEND_EVENTS_MAX) {
+        kf_error_set(&cmd->error, KF_E_INVALID,
+                     "events: at most %d per call (KF_SEND_EVENTS_MAX), got %zu",
+                     KF_SEND_EVENTS_MAX, req->n_events);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    kf_arena_t *arena = cmd->arena;
+    Keyflow__V1__SendEventsResponse *resp = kf_arena_new(arena, sizeof *resp);
+    keyflow__v1__send_events_response__init(resp);
+    resp->results = kf_arena_new(arena, (req->n_events + 1) * sizeof *resp->results);
+    for (size_t i = 0; i < req->n_events; i++) {
+        Keyflow__V1__SendEventsResult *r = kf_arena_new(arena, sizeof *r);
+        keyflow__v1__send_events_result__init(r);
+        kf_error_t err;
+        kf_error_clear(&err);
+        Keyflow__V1__SendEventResponse *one = NULL;
+        if (send_one(cs, ctx, req->events[i], arena, &one, &err) == KF_OK) {
+            r->outcome_case = KEYFLOW__V1__SEND_EVENTS_RESULT__OUTCOME_RESPONSE;
+            r->response = one;
+        } else {
+            Keyflow__V1__EventError *e = kf_arena_new(arena, sizeof *e);
+            keyflow__v1__event_error__init(e);
+            e->code = kf_status_grpc_code(err.status);
+            e->status = (char *)kf_status_grpc_name(err.status);
+            e->message = kf_arena_strdup(arena, err.message);
+            KF_ASSERT(e->message != NULL);
+            r->outcome_case = KEYFLOW__V1__SEND_EVENTS_RESULT__OUTCOME_ERROR;
+            r->error = e;
+        }
+        resp->results[resp->n_results++] = r;
     }
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);

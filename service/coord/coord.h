@@ -55,6 +55,10 @@ bool kf_coords_attach_wakeup(kf_coords_t *coords, kf_ctx_t *ctx, const void *cke
 void kf_coords_finish_recovery(kf_coords_t *coords, kf_ctx_t *ctx);
 
 void kf_coords_send_event(kf_coords_t *coords, kf_ctx_t *ctx, kf_cmd_t *cmd);
+/* Up to KF_SEND_EVENTS_MAX events, each executed as kf_coords_send_event
+ * would, in order, into this step's batch (so all in one write); a refused
+ * event is an error entry of the response and changes nothing. */
+void kf_coords_send_events(kf_coords_t *coords, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_coords_describe(kf_coords_t *coords, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_coords_flush(kf_coords_t *coords, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_coords_cancel(kf_coords_t *coords, kf_ctx_t *ctx, kf_cmd_t *cmd);

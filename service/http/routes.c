@@ -17,6 +17,7 @@ typedef kf_http_route_def_t route_t;
 static const route_t routes[] = {
     {"POST", "/v1/workflows/{workflow}/keys/{key}/events", NULL,
      "/keyflow.v1.Coordinators/SendEvent", "event"},
+    {"POST", "/v1/events", "batch", "/keyflow.v1.Coordinators/SendEvents", "events"},
     {"GET", "/v1/coordinators/{coordinator.kind}/{coordinator.workflow}/{coordinator.key}", NULL,
      "/keyflow.v1.Coordinators/DescribeCoordinator", NULL},
     {"POST", "/v1/coordinators/{coordinator.kind}/{coordinator.workflow}/{coordinator.key}",
@@ -189,9 +190,17 @@ static kf_status_t merge_body(const kf_http_request_t *req, const char *body_fie
                             "body: cannot be read as JSON: %s (line %d, column %d)", jerr.text,
                             jerr.line, jerr.column);
     }
-    if (!json_is_object(doc)) {
+    /* A body is a JSON object, except for a repeated field (SendEvents'
+     * "events"), which takes the JSON array itself. */
+    const ProtobufCFieldDescriptor *fd =
+        strcmp(body_field, "*") == 0
+            ? NULL
+            : protobuf_c_message_descriptor_get_field_by_name(msg->descriptor, body_field);
+    bool array = fd != NULL && fd->label == PROTOBUF_C_LABEL_REPEATED;
+    if (array ? !json_is_array(doc) : !json_is_object(doc)) {
         json_decref(doc);
-        return kf_error_set(err, KF_E_INVALID, "body: must be a JSON object");
+        return kf_error_set(err, KF_E_INVALID, "body: must be a JSON %s",
+                            array ? "array" : "object");
     }
     json_t *root = doc;
     if (strcmp(body_field, "*") != 0) {

@@ -5,9 +5,12 @@
  * layer; tests/unit/proto/test_rpc_table.py checks that each names an RPC
  * the gateway serves and fields its request has.
  * Path parameters and query parameters set request fields by name; the body
- * is merged into the whole request ("*") or into one field ("event").
+ * is merged into the whole request ("*", a JSON object) or into one field
+ * ("event"; "events" takes a JSON array).
  *
  *   POST /v1/workflows/{workflow}/keys/{key}/events     SendEvent (body: event)
+ *   POST /v1/events:batch                               SendEvents (body: events, a JSON
+ *                                                       array of SendEvent requests)
  *   GET  /v1/coordinators/{kind}/{workflow}/{key}       DescribeCoordinator
  *   POST /v1/coordinators/{kind}/{workflow}/{key}:flush FlushWindow
  *   POST /v1/coordinators/{kind}/{workflow}/{key}:cancel CancelWindow

@@ -36,13 +36,17 @@
  *   scope     the API-key scope a caller needs (KF_SCOPE_TABLE below)
  *   resource  the request field naming the resource a key's prefix limit
  *             applies to ("workflow", "function_id", or a path through
- *             singular messages such as "coordinator.workflow"), or NULL
+ *             messages such as "coordinator.workflow"; through a repeated
+ *             message, "events.workflow", it names that field of every
+ *             element), or NULL
  *
  * scope and resource are enforced by auth/auth.h (kf_auth_authorize):
  *   - scope: the caller's key holds the row's scope; KF_SCOPE_NONE needs no
  *     key (health).
  *   - resource names a string field or a repeated string field (PollRuns'
- *     "workflows"): every value must start with the key's prefix. An empty
+ *     "workflows"), possibly in every element of a repeated message
+ *     (SendEvents' "events.workflow"): every value must start with the
+ *     key's prefix. An empty
  *     value means "all" in the optional filters (ListRuns' workflow,
  *     PollRuns' workflows), so it matches only a key without a prefix: a
  *     prefix-limited key must narrow the filter to its prefix.
@@ -60,6 +64,9 @@
     ENGINE(SEND_EVENT, "keyflow.v1.Coordinators", "SendEvent", "SendEvent",                        \
            keyflow__v1__send_event_request, keyflow__v1__send_event_response, UNARY, EVENTS_SEND,  \
            "workflow", coords, kf_coords_send_event)                                               \
+    ENGINE(SEND_EVENTS, "keyflow.v1.Coordinators", "SendEvents", "SendEvents",                     \
+           keyflow__v1__send_events_request, keyflow__v1__send_events_response, UNARY,             \
+           EVENTS_SEND, "events.workflow", coords, kf_coords_send_events)                          \
     ENGINE(DESCRIBE_COORDINATOR, "keyflow.v1.Coordinators", "DescribeCoordinator",                 \
            "DescribeCoordinator", keyflow__v1__describe_coordinator_request,                       \
            keyflow__v1__describe_coordinator_response, UNARY, COORDINATORS_READ,                   \

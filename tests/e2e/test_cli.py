@@ -80,8 +80,8 @@ class CliTestCase(unittest.TestCase):
         self.assertIn(field, message)
         return message
 
-    def usage_error(self, *args, flag):
-        proc = self.run_cli(*args, expect=2)
+    def usage_error(self, *args, flag, stdin=None):
+        proc = self.run_cli(*args, expect=2, stdin=stdin)
         self.assertEqual(proc.stdout, "")
         self.assertIn(flag, proc.stderr)
         return proc.stderr
@@ -235,6 +235,34 @@ class TestCoordinators(CliTestCase):
         self.rpc_error("send", "--workflow", wf, "--key", key, "--batch", "--max-events", 10,
                        "--max-wait-ms", 60000, "--input", '{"n": 9}', "--id", "e-1",
                        code="ALREADY_EXISTS", field="event.id")
+
+    def test_send_many_sends_json_lines_in_calls_of_batch_events(self):
+        wf = unique("many")
+        rule = {"kind": "batch", "maxEvents": 100, "maxWaitMs": 60000}
+        lines = [json.dumps({"key": "k%d" % (i % 2), "event": {"id": "e-%d" % i, "rule": rule, "input": i}})
+                 for i in range(5)]
+        text = "\n".join(lines[:3]) + "\n\n" + "\n".join(lines[3:]) + "\n"
+        out = self.run_cli("send-many", "--workflow", wf, "--batch-events", 2, stdin=text).stdout
+        results = [json.loads(line) for line in out.splitlines()]
+        self.assertEqual([r["response"]["disposition"] for r in results],
+                         ["DISPOSITION_OPENED", "DISPOSITION_OPENED"] + ["DISPOSITION_JOINED"] * 3)
+        seqs = [int(r["response"]["receipt"]["commitSeq"]) for r in results]
+        self.assertEqual(seqs[0], seqs[1], "one call, one write")
+        self.assertLess(seqs[1], seqs[2])
+        self.assertEqual(self.describe("batch", wf, "k0")["window"]["eventCount"], "3")
+        # A refused event is a result line of its own; the exit code says so.
+        again = "\n".join([lines[0], json.dumps({"key": "k0", "event": {"id": "e-0", "rule": rule,
+                                                                         "input": "other"}})])
+        proc = self.run_cli("send-many", "--workflow", wf, stdin=again, expect=1)
+        results = [json.loads(line) for line in proc.stdout.splitlines()]
+        self.assertEqual(results[0]["response"]["disposition"], "DISPOSITION_DUPLICATE")
+        self.assertEqual(results[1]["error"]["status"], "ALREADY_EXISTS")
+        self.assertIn("1 of 2 events were refused", proc.stderr)
+        # A line that is not an event: nothing is sent.
+        bad = lines[0] + "\n" + '{"key": "k9", "event": {"rule": {"maxEvents": "x"}}}\n'
+        err = self.usage_error("send-many", "--workflow", wf, stdin=bad, flag="line 2")
+        self.assertIn("maxEvents", err)
+        self.assertFalse(self.describe("batch", wf, "k9").get("exists", False))
 
     def test_edge_flush_and_max_bytes_flags(self):
         wf = unique("edges")

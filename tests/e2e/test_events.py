@@ -90,9 +90,16 @@ class GrpcTransport:
         return json_format.MessageToDict(resp)
 
     def send(self, wf, key, ev):
+        return self.call(self.coords.SendEvent, self.request(wf, key, ev))
+
+    def request(self, wf, key, ev):
         msg = C.Event(id=ev.get("id", ""), input_json=json.dumps(ev["input"]), flush=ev.get("flush", False))
         json_format.ParseDict(ev["rule"], msg.rule)
-        return self.call(self.coords.SendEvent, C.SendEventRequest(workflow=wf, key=key, event=msg))
+        return C.SendEventRequest(workflow=wf, key=key, event=msg)
+
+    def send_many(self, items):
+        req = C.SendEventsRequest(events=[self.request(wf, key, ev) for wf, key, ev in items])
+        return self.call(self.coords.SendEvents, req).get("results", [])
 
     def ref(self, kind, wf, key):
         return C.CoordinatorRef(kind=C.RuleKind.Value("RULE_KIND_" + kind.upper()), workflow=wf, key=key)
@@ -134,6 +141,10 @@ class HttpTransport:
 
     def send(self, wf, key, ev):
         return self.call("POST", "/v1/workflows/%s/keys/%s/events" % (wf, key), ev)
+
+    def send_many(self, items):
+        body = [{"workflow": wf, "key": key, "event": ev} for wf, key, ev in items]
+        return self.call("POST", "/v1/events:batch", body).get("results", [])
 
     def flush(self, kind, wf, key):
         return self.call("POST", "/v1/coordinators/%s/%s/%s:flush" % (kind, wf, key))
@@ -316,12 +327,57 @@ class EventsTest:
         self.assertIn("event.rule.edge", err.message)
 
 
+    def test_send_events_answers_each_event_from_one_write(self):
+        pair = batch(max_events=2)
+        self.send("k3", event(pair, 1, "e-1"))
+        items = [(self.wf, "k1", event(pair, "a")),
+                 (self.wf, "k2", event(debounce(60000), "b")),
+                 (self.wf, "k1", event(pair, "c")),
+                 (self.wf, "", event(pair, 1)),
+                 (self.wf, "k3", event(pair, 2, "e-1")),
+                 (self.wf, "k3", event(pair, 1, "e-1")),
+                 (self.wf, "k4", event(debounce(60000, edge="leading"), "d"))]
+        results = self.t.send_many(items)
+        self.assertEqual(len(results), len(items))
+        got = [r["response"]["disposition"] if "response" in r else r["error"]["status"] for r in results]
+        self.assertEqual(got, [OPENED, OPENED, CLOSED, "INVALID_ARGUMENT", "ALREADY_EXISTS", DUPLICATE, CLOSED])
+        self.assertEqual(results[3]["error"]["code"], 3)
+        self.assertIn("key", results[3]["error"]["message"])
+        seqs = {r["response"]["receipt"]["commitSeq"] for i, r in enumerate(results) if i in (0, 1, 2, 6)}
+        self.assertEqual(len(seqs), 1, "every accepted event in one write")
+        self.assertEqual(results[2]["response"]["receipt"]["runId"], results[0]["response"]["receipt"]["runId"])
+        # Durable through a SIGKILL.
+        self.restart_after_sigkill()
+        self.assertEqual(self.t.describe("debounce", self.wf, "k2")["window"]["eventCount"], "1")
+        self.assertTrue(self.t.describe("debounce", self.wf, "k4")["window"]["runStarted"])
+        self.assertEqual(sorted(json.dumps(r["input"]) for r in self.runs()), ['"d"', '["a", "c"]'])
+        # More than the bound is refused whole.
+        too_many = [(self.wf, "k5", event(pair, i)) for i in range(1001)]
+        with self.assertRaises(Failed) as cm:
+            self.t.send_many(too_many)
+        self.assertEqual(cm.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("at most 1000", cm.exception.message)
+        self.assertFalse(self.t.describe("batch", self.wf, "k5").get("exists", False))
+        self.assertEqual(len(self.t.send_many(too_many[:1000])), 1000)
+
+
 class GrpcEventsTest(EventsTest, unittest.TestCase):
     transport_class = GrpcTransport
 
 
 class HttpEventsTest(EventsTest, unittest.TestCase):
     transport_class = HttpTransport
+
+    def test_events_batch_takes_a_json_array(self):
+        status, body = self.server.http("POST", "/v1/events:batch", {"events": []})
+        self.assertEqual(status, 400)
+        self.assertEqual(body["message"], "body: must be a JSON array")
+        # The generic route takes the request object.
+        status, body = self.server.http("POST", "/v1/keyflow.v1.Coordinators/SendEvents", {"events": [
+            {"workflow": self.wf, "key": "k", "event": event(batch(), 1)}]})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["results"][0]["response"]["disposition"], OPENED)
+        self.assertEqual(self.server.http("POST", "/v1/events:batch", [])[1], {})
 
 
 if __name__ == "__main__":

@@ -470,3 +470,95 @@ Test(events, an_input_that_cannot_fit_max_bytes_is_refused) {
     /* Exactly at the bound fits: "[12345678]" is 10 bytes. */
     ok(sim_send(&sim, "wf", "k", NULL, bytes_rule(10), "12345678"));
 }
+
+/* ---- SendEvents -------------------------------------------------------- */
+
+static Keyflow__V1__SendEventsRequest *many(size_t n) {
+    Keyflow__V1__SendEventsRequest *req = kf_arena_zalloc(&sim.arena, sizeof *req);
+    keyflow__v1__send_events_request__init(req);
+    req->events = kf_arena_zalloc(&sim.arena, (n + 1) * sizeof *req->events);
+    return req;
+}
+
+static void add(Keyflow__V1__SendEventsRequest *req, const char *key, const char *id,
+                Keyflow__V1__Rule *rule, const char *input) {
+    req->events[req->n_events++] =
+        sim_send_request(&sim, "wf", key, sim_event(&sim, id, rule, input));
+}
+
+#define RESULT(cmd, i) (((Keyflow__V1__SendEventsResponse *)(cmd)->response)->results[i])
+
+Test(events, send_events_answers_every_event_in_order_from_one_write) {
+    Keyflow__V1__Rule *pair = sim_batch(&sim, 2, 60000);
+    Keyflow__V1__SendEventResponse *known = ok(sim_send(&sim, "wf", "k3", "e-1", pair, "1"));
+    Keyflow__V1__SendEventsRequest *req = many(7);
+    add(req, "k1", NULL, pair, "\"a\"");
+    add(req, "k2", NULL, sim_debounce(&sim, 1000, -1), "\"b\"");
+    add(req, "k1", NULL, pair, "\"c\""); /* the same key again: it fills k1's window */
+    add(req, "", NULL, pair, "1");       /* refused: no key */
+    add(req, "k3", "e-1", pair, "2");    /* refused: another payload */
+    add(req, "k3", "e-1", pair, "1");    /* a duplicate */
+    add(req, "k4", NULL, leading(1000, -1), "\"d\"");
+    uint64_t writes = kf_memdisk_writes(sim.disk);
+    kf_cmd_t *cmd = sim_exec(&sim, KF_OP_SEND_EVENTS, &req->base);
+    cr_assert_eq(cmd->error.status, KF_OK, "%s", cmd->error.message);
+    cr_assert_eq(kf_memdisk_writes(sim.disk), writes + 1, "every event in one write");
+    Keyflow__V1__SendEventsResponse *resp = (Keyflow__V1__SendEventsResponse *)cmd->response;
+    cr_assert_eq(resp->n_results, 7);
+    const int want[] = {D(OPENED), D(OPENED), D(CLOSED), -1, -1, D(DUPLICATE), D(CLOSED)};
+    int64_t seq = 0;
+    for (size_t i = 0; i < 7; i++) {
+        Keyflow__V1__SendEventsResult *r = resp->results[i];
+        if (want[i] < 0) {
+            cr_assert_eq(r->outcome_case, KEYFLOW__V1__SEND_EVENTS_RESULT__OUTCOME_ERROR, "%zu", i);
+            continue;
+        }
+        cr_assert_eq(r->outcome_case, KEYFLOW__V1__SEND_EVENTS_RESULT__OUTCOME_RESPONSE, "%zu", i);
+        cr_assert_eq((int)r->response->disposition, want[i], "event %zu", i);
+        if (want[i] != D(DUPLICATE)) {
+            seq = seq ? seq : r->response->receipt->commit_seq;
+            cr_assert_eq(r->response->receipt->commit_seq, seq, "one write, one sequence");
+        }
+    }
+    cr_assert_gt(seq, known->receipt->commit_seq);
+    cr_assert_str_eq(RESULT(cmd, 2)->response->receipt->run_id,
+                     RESULT(cmd, 0)->response->receipt->run_id);
+    Keyflow__V1__EventError *e = RESULT(cmd, 3)->error;
+    cr_assert_eq(e->code, 3);
+    cr_assert_str_eq(e->status, "INVALID_ARGUMENT");
+    cr_assert(strstr(e->message, "key") != NULL, "%s", e->message);
+    e = RESULT(cmd, 4)->error;
+    cr_assert_eq(e->code, 6);
+    cr_assert_str_eq(e->status, "ALREADY_EXISTS");
+    cr_assert_str_eq(RESULT(cmd, 5)->response->receipt->run_id, known->receipt->run_id);
+    /* Durable: after a crash every accepted event is there. */
+    sim_crash(&sim);
+    cr_assert_eq(describe('d', "k2")->window->event_count, 1);
+    cr_assert(describe('d', "k4")->window->run_started);
+    Keyflow__V1__PollRunsResponse *runs = take_runs();
+    cr_assert_eq(runs->n_runs, 2, "k1's filled batch and k4's leading run");
+    cr_assert_eq(describe('b', "k3")->window->event_count, 1,
+                 "the refused and duplicate added none");
+}
+
+Test(events, send_events_takes_at_most_the_bound) {
+    Keyflow__V1__SendEventsRequest *req = many(KF_SEND_EVENTS_MAX + 1);
+    Keyflow__V1__Rule *rule = sim_batch(&sim, 100, 60000);
+    for (int i = 0; i <= KF_SEND_EVENTS_MAX; i++) {
+        add(req, "k", NULL, rule, "1");
+    }
+    uint64_t writes = kf_memdisk_writes(sim.disk);
+    kf_cmd_t *cmd = sim_exec(&sim, KF_OP_SEND_EVENTS, &req->base);
+    cr_assert_eq(cmd->error.status, KF_E_INVALID);
+    cr_assert(strstr(cmd->error.message, "events: at most 1000") != NULL, "%s", cmd->error.message);
+    cr_assert_eq(kf_memdisk_writes(sim.disk), writes);
+    req->n_events = KF_SEND_EVENTS_MAX;
+    cmd = sim_exec(&sim, KF_OP_SEND_EVENTS, &req->base);
+    cr_assert_eq(cmd->error.status, KF_OK, "%s", cmd->error.message);
+    cr_assert_null(describe('b', "k")->window, "ten full batches of 100");
+    cr_assert_eq(take_runs()->n_runs, 10);
+    /* An empty call is answered with no results. */
+    cmd = sim_exec(&sim, KF_OP_SEND_EVENTS, &many(0)->base);
+    cr_assert_eq(cmd->error.status, KF_OK);
+    cr_assert_eq(((Keyflow__V1__SendEventsResponse *)cmd->response)->n_results, 0);
+}

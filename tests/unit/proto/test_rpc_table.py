@@ -54,7 +54,9 @@ def load_protos(protoc, api_dir):
 
 
 def field(messages, message_name, dotted):
-    """The field a dotted path names, or an error text."""
+    """The field a dotted path names, or an error text. A path may pass
+    through repeated messages (SendEvents' "events.workflow": the field of
+    every element)."""
     msg = messages[message_name]
     parts = dotted.split(".")
     for i, part in enumerate(parts):
@@ -63,8 +65,8 @@ def field(messages, message_name, dotted):
             return None, f"{message_name} has no field {'.'.join(parts[:i + 1])}"
         f = found[0]
         if i < len(parts) - 1:
-            if f.type != FDP.TYPE_MESSAGE or f.label == FDP.LABEL_REPEATED:
-                return None, f"{'.'.join(parts[:i + 1])} is not a singular message"
+            if f.type != FDP.TYPE_MESSAGE:
+                return None, f"{'.'.join(parts[:i + 1])} is not a message"
             message_name = f.type_name.lstrip(".")
             msg = messages[message_name]
     return f, None
