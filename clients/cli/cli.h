@@ -128,6 +128,12 @@ kf_status_t kf__cli_read_fd(int fd, size_t max_bytes, char **out, size_t *len,
 kf_status_t kf__cli_read_path(const char *path, size_t max_bytes, char **out, size_t *len,
                               kf_error_t *err) KF_MUST_USE;
 
+/* Reads all of the --file flag's file (absent or "-": stdin) like
+ * kf__cli_read_path; *shown names it in messages ("stdin" or the path).
+ * Returns KF__CLI_EXIT_OK or a usage error naming --file. */
+int kf__cli_read_file_flag(const kf__cli_args_t *args, size_t max_bytes, char **text, size_t *len,
+                           const char **shown);
+
 /* How responses are printed (--output; cli_output.c). */
 typedef enum kf__cli_output {
     KF__CLI_OUTPUT_JSON,  /* one JSON document per line (not a terminal) */

@@ -302,3 +302,17 @@ kf_status_t kf__cli_read_path(const char *path, size_t max_bytes, char **out, si
     }
     return st;
 }
+
+int kf__cli_read_file_flag(const kf__cli_args_t *args, size_t max_bytes, char **text, size_t *len,
+                           const char **shown) {
+    const char *path = kf__cli_value(args, "--file");
+    if (path == NULL) {
+        path = "-";
+    }
+    *shown = strcmp(path, "-") == 0 ? "stdin" : path;
+    kf_error_t err;
+    if (kf__cli_read_path(path, max_bytes, text, len, &err) != KF_OK) {
+        return kf__cli_usage_error(args->command, "--file: %s", err.message);
+    }
+    return KF__CLI_EXIT_OK;
+}

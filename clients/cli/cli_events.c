@@ -127,17 +127,14 @@ int kf__cli_send_many(kf__cli_t *cli, const kf__cli_args_t *args) {
     if (rc != KF__CLI_EXIT_OK) {
         return rc;
     }
-    const char *path = kf__cli_value(args, "--file");
-    if (path == NULL) {
-        path = "-";
-    }
-    const char *shown = strcmp(path, "-") == 0 ? "stdin" : path;
+    const char *shown = NULL;
     char *text = NULL;
     size_t len = 0;
-    kf_error_t err;
-    if (kf__cli_read_path(path, KF__CLI_SEND_MANY_INPUT_BYTES_MAX, &text, &len, &err) != KF_OK) {
-        return kf__cli_usage_error(args->command, "--file: %s", err.message);
+    if ((rc = kf__cli_read_file_flag(args, KF__CLI_SEND_MANY_INPUT_BYTES_MAX, &text, &len,
+                                     &shown)) != KF__CLI_EXIT_OK) {
+        return rc;
     }
+    kf_error_t err;
     /* Requests live here until the last call; responses in cli->arena,
      * reset per call. */
     kf_arena_t lines_arena;

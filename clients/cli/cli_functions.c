@@ -260,18 +260,14 @@ static int cmd_push(kf__cli_t *cli, const kf__cli_args_t *args) {
         return rc;
     }
     bool json_rows = kf__cli_has(args, "--json-rows");
-    const char *path = kf__cli_value(args, "--file");
-    if (path == NULL) {
-        path = "-";
-    }
-    const char *shown = strcmp(path, "-") == 0 ? "stdin" : path;
-
+    const char *shown = NULL;
     char *text = NULL;
     size_t len = 0;
-    kf_error_t err;
-    if (kf__cli_read_path(path, KF__CLI_PUSH_INPUT_BYTES_MAX, &text, &len, &err) != KF_OK) {
-        return kf__cli_usage_error(args->command, "--file: %s", err.message);
+    if ((rc = kf__cli_read_file_flag(args, KF__CLI_PUSH_INPUT_BYTES_MAX, &text, &len, &shown)) !=
+        KF__CLI_EXIT_OK) {
+        return rc;
     }
+    kf_error_t err;
     /* Batches, and the function they were converted for, live here until
      * the last one was sent; responses live in cli->arena, reset per batch. */
     kf_arena_t rows_arena;
