@@ -20,7 +20,7 @@
 
 #include "base/limits.h"
 #include "cli.h"
-#include "http/json_map.h"
+#include "proto/json_map.h"
 
 /* One parsed input line. */
 typedef struct line_event {
