@@ -366,31 +366,27 @@ static kf_status_t check_name(const kf_principal_t *p, const kf_method_t *m, con
                         m->resource, KF_GRANT_PREFIX_BYTES_MAX, name, kf_scope_name(m->scope));
 }
 
-kf_status_t kf_auth_authorize(const kf_principal_t *p, const kf_method_t *m,
-                              const ProtobufCMessage *request, kf_error_t *err) {
-    if (p == NULL || m->scope == KF_SCOPE_NONE) {
-        return KF_OK;
-    }
-    if (!has_scope(p, m->scope)) {
-        return kf_error_set(err, KF_E_PERMISSION, "%s needs the %s scope, which this API key lacks",
-                            m->name, kf_scope_name(m->scope));
-    }
-    if (request == NULL || m->resource == NULL) {
-        return KF_OK; /* NULL resource: the engine checks what the request resolves to */
-    }
-    /* Walk the dotted path through singular messages to the field. */
-    const ProtobufCMessage *msg = request;
-    const char *path = m->resource;
+/* The field of `msg` named by `path` up to `end` (NULL: all of it). */
+static const ProtobufCFieldDescriptor *field_named(const ProtobufCMessage *msg, const char *path,
+                                                   const char *end) {
+    size_t len = end != NULL ? (size_t)(end - path) : strlen(path);
+    char part[64];
+    KF_ASSERT(len < sizeof part);
+    memcpy(part, path, len);
+    part[len] = '\0';
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field_by_name(msg->descriptor, part);
+    KF_ASSERT(f != NULL); /* tests/unit/proto checks every row's path */
+    return f;
+}
+
+/* Checks the names at the dotted `path` of `msg`, through singular messages
+ * to a string or repeated string field. */
+static kf_status_t authorize_path(const kf_principal_t *p, const kf_method_t *m,
+                                  const ProtobufCMessage *msg, const char *path, kf_error_t *err) {
     for (;;) {
         const char *dot = strchr(path, '.');
-        size_t len = dot != NULL ? (size_t)(dot - path) : strlen(path);
-        char part[64];
-        KF_ASSERT(len < sizeof part);
-        memcpy(part, path, len);
-        part[len] = '\0';
-        const ProtobufCFieldDescriptor *f =
-            protobuf_c_message_descriptor_get_field_by_name(msg->descriptor, part);
-        KF_ASSERT(f != NULL); /* tests/unit/proto checks every row's path */
+        const ProtobufCFieldDescriptor *f = field_named(msg, path, dot);
         const char *base = (const char *)msg + f->offset;
         if (dot != NULL) {
             KF_ASSERT(f->type == PROTOBUF_C_TYPE_MESSAGE && f->label != PROTOBUF_C_LABEL_REPEATED);
@@ -418,6 +414,38 @@ kf_status_t kf_auth_authorize(const kf_principal_t *p, const kf_method_t *m,
         }
         return KF_OK;
     }
+}
+
+kf_status_t kf_auth_authorize(const kf_principal_t *p, const kf_method_t *m,
+                              const ProtobufCMessage *request, kf_error_t *err) {
+    if (p == NULL || m->scope == KF_SCOPE_NONE) {
+        return KF_OK;
+    }
+    if (!has_scope(p, m->scope)) {
+        return kf_error_set(err, KF_E_PERMISSION, "%s needs the %s scope, which this API key lacks",
+                            m->name, kf_scope_name(m->scope));
+    }
+    if (request == NULL || m->resource == NULL) {
+        return KF_OK; /* NULL resource: the engine checks what the request resolves to */
+    }
+    /* A repeated message on the path (SendEvents' "events.workflow") names
+     * the rest of the path in every element. */
+    const char *dot = strchr(m->resource, '.');
+    const ProtobufCFieldDescriptor *f = field_named(request, m->resource, dot);
+    if (dot != NULL && f->label == PROTOBUF_C_LABEL_REPEATED) {
+        KF_ASSERT(f->type == PROTOBUF_C_TYPE_MESSAGE);
+        size_t n = *(const size_t *)((const char *)request + f->quantifier_offset);
+        const ProtobufCMessage *const *elements =
+            *(const ProtobufCMessage *const *const *)((const char *)request + f->offset);
+        for (size_t i = 0; i < n; i++) {
+            kf_status_t st = authorize_path(p, m, elements[i], dot + 1, err);
+            if (st != KF_OK) {
+                return st;
+            }
+        }
+        return KF_OK; /* no elements: the call names nothing and does nothing */
+    }
+    return authorize_path(p, m, request, m->resource, err);
 }
 
 bool kf_address_is_loopback(const char *address) {

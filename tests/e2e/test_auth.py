@@ -130,6 +130,16 @@ RULES = {
         snapshot=snap_coord(C.RULE_KIND_BATCH, "k-neg"), prefix=DENIED,
         http=lambda c: [("POST", "/v1/workflows/%s/keys/k-neg/events" % WF,
                          {"rule": {"kind": "batch"}, "input": 1})]),
+    "/keyflow.v1.Coordinators/SendEvents": dict(
+        request=lambda c: C.SendEventsRequest(events=[
+            C.SendEventRequest(workflow=WF, key="k-neg", event=C.Event(
+                input_json="1", rule=C.Rule(kind=C.RULE_KIND_BATCH))),
+            C.SendEventRequest(workflow=WF, key="k-neg", event=C.Event(
+                input_json="2", rule=C.Rule(kind=C.RULE_KIND_BATCH)))]),
+        snapshot=snap_coord(C.RULE_KIND_BATCH, "k-neg"), prefix=DENIED,
+        http=lambda c: [("POST", "/v1/events:batch",
+                         [{"workflow": WF, "key": "k-neg",
+                           "event": {"rule": {"kind": "batch"}, "input": 1}}])]),
     "/keyflow.v1.Coordinators/DescribeCoordinator": dict(
         request=lambda c: C.DescribeCoordinatorRequest(coordinator=C.CoordinatorRef(
             kind=C.RULE_KIND_DEBOUNCE, workflow=WF, key="k-open")),

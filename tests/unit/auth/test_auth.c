@@ -144,6 +144,24 @@ Test(auth, grants_and_name_prefixes) {
     cr_assert(strstr(err.message, "workflow \"shipping\"") != NULL, "%s", err.message);
     req.workflow = "";
     cr_assert_eq(kf_auth_authorize(p, send, &req.base, &err), KF_E_PERMISSION);
+    /* A resource in every element of a repeated message: SendEvents' events
+     * must all be under the key's prefixes. */
+    const kf_method_t *send_many = method("/keyflow.v1.Coordinators/SendEvents");
+    Keyflow__V1__SendEventRequest items[2] = {KEYFLOW__V1__SEND_EVENT_REQUEST__INIT,
+                                              KEYFLOW__V1__SEND_EVENT_REQUEST__INIT};
+    Keyflow__V1__SendEventRequest *item_ptrs[2] = {&items[0], &items[1]};
+    items[0].workflow = "orders-eu";
+    items[1].workflow = "billing-7";
+    Keyflow__V1__SendEventsRequest many = KEYFLOW__V1__SEND_EVENTS_REQUEST__INIT;
+    many.events = item_ptrs;
+    many.n_events = 2;
+    cr_assert_eq(kf_auth_authorize(p, send_many, &many.base, &err), KF_OK, "%s", err.message);
+    items[1].workflow = "shipping";
+    cr_assert_eq(kf_auth_authorize(p, send_many, &many.base, &err), KF_E_PERMISSION);
+    cr_assert(strstr(err.message, "events.workflow \"shipping\"") != NULL, "%s", err.message);
+    many.n_events = 0;
+    cr_assert_eq(kf_auth_authorize(p, send_many, &many.base, &err), KF_OK,
+                 "an empty call names nothing");
     /* No grant of the scope at all: refused before the request is read. */
     cr_assert_eq(kf_auth_authorize(p, method("/keyflow.v1.Runs/GetRun"), NULL, &err),
                  KF_E_PERMISSION);
