@@ -106,7 +106,7 @@ static int send_calls(kf__cli_t *cli, const line_event_t *events, size_t count, 
         for (size_t i = 0; i < n; i++) {
             Keyflow__V1__SendEventsResult *r = resp->results[i];
             refused += r->outcome_case == KEYFLOW__V1__SEND_EVENTS_RESULT__OUTCOME_ERROR;
-            int rc = kf__cli_print_json(cli, &r->base);
+            int rc = kf__cli_print(cli, &r->base);
             if (rc != KF__CLI_EXIT_OK) {
                 return rc;
             }
