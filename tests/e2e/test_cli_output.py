@@ -182,12 +182,12 @@ class CliOutputTest(unittest.TestCase):
         # Lists of objects become tables of their own, titled.
         self.assertIn("\nremembered ids:\nID ", text)
         self.assertIn("\njournal:\n", text)
-        # An empty list is said to be empty, and an all-default answer too.
+        # An empty list is said to be empty; an enum drops its type's prefix.
         p = self.cli("--output", "table", "list", "--workflow", unique("none"))
         self.assertEqual(p.stdout, "runs  (none)\n")
         p = self.cli("--output", "table", "cancel", "--kind", "batch", "--workflow", wf,
                      "--key", "nothing-open")
-        self.assertEqual(p.stdout, "(empty)\n")
+        self.assertEqual(p.stdout, "disposition  NO_WINDOW\n")
 
     def test_table_of_output_rows_uses_the_rows_fields(self):
         fid = "running_sum"
