@@ -42,6 +42,7 @@ struct kf_core {
 static bool grows_store(kf_op_t op) {
     switch (op) {
     case KF_OP_SEND_EVENT:
+    case KF_OP_SEND_EVENTS:
     case KF_OP_REGISTER_FUNCTION:
     case KF_OP_PUSH_BATCH: return true;
     case KF_OP_DESCRIBE_COORDINATOR:
