@@ -223,6 +223,38 @@
 #define KF_GRPC_PENDING_PER_METHOD 64
 /* HTTP connections the gateway serves at once. */
 #define KF_HTTP_CONNECTIONS_MAX 4096
+/* Connections from one client address (--http-connections-per-address):
+ * one client cannot take the whole gateway (a slowloris from one host holds
+ * at most this many), while a proxy in front may be given more. */
+#define KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT 64
+/* A connection must deliver a complete request head (request line and
+ * headers) within this long of being accepted or of its last request's
+ * answer (--http-header-timeout-ms), and the whole request, body included,
+ * within the body timeout (--http-body-timeout-ms: a 20 MiB body at about
+ * 1 MB/s), and take its answer as fast. Past them it is closed. A slowloris
+ * client therefore holds a connection for at most a few seconds. */
+#define KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT 5000
+#define KF_HTTP_HEADER_TIMEOUT_MS_MAX     60000
+#define KF_HTTP_BODY_TIMEOUT_MS_DEFAULT   30000
+#define KF_HTTP_BODY_TIMEOUT_MS_MAX       300000
+#define KF_HTTP_TIMEOUT_MS_MIN            100
+/* The probe listener (--probe-address: /healthz, /readyz, /metrics only) has
+ * its own thread and its own small connection budget, so that probes are
+ * answered whatever the gateway's clients do. Probes are small and quick. */
+#define KF_PROBE_CONNECTIONS_MAX             64
+#define KF_PROBE_CONNECTIONS_PER_ADDRESS_MAX 16
+#define KF_PROBE_TIMEOUT_MS                  2000
+#define KF_PROBE_REQUEST_BYTES_MAX           4096
+/* Request bodies larger than this are decoded (JSON to the request message)
+ * by the gateway's worker threads instead of its event loop, and responses
+ * whose message is larger are rendered there: decoding JSON runs at about
+ * 10 MB/s here, so one 16 MB body used to hold the loop (and every other
+ * client, /healthz included) for about two seconds. 64 KiB takes well under
+ * a millisecond. */
+#define KF_HTTP_INLINE_BODY_BYTES_MAX (64 * 1024)
+#define KF_HTTP_WORKERS               2
+/* Bodies waiting for a worker; one more is refused (429, retry). */
+#define KF_HTTP_WORK_QUEUE_MAX 64
 /* Parameters in one HTTP query string (repeated ones each count): enough for
  * PollRuns' 32 workflows and the rest, and it bounds the work a query costs. */
 #define KF_HTTP_QUERY_PARAMS_MAX 64
@@ -252,6 +284,14 @@ _Static_assert(KF_WINDOW_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX,
                "a run's input fits in one response");
 _Static_assert(KF_EVENT_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX, "an event fits in a request");
 _Static_assert(KF_GROUP_COMMANDS_MAX <= KF_QUEUE_DEPTH_MAX, "a group drains at most a queue");
+_Static_assert(KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT <= KF_HTTP_CONNECTIONS_MAX,
+               "default within bound");
+_Static_assert(KF_HTTP_TIMEOUT_MS_MIN <= KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT &&
+                   KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT <= KF_HTTP_HEADER_TIMEOUT_MS_MAX &&
+                   KF_HTTP_BODY_TIMEOUT_MS_DEFAULT <= KF_HTTP_BODY_TIMEOUT_MS_MAX,
+               "default timeouts within bounds");
+_Static_assert(KF_PROBE_CONNECTIONS_PER_ADDRESS_MAX <= KF_PROBE_CONNECTIONS_MAX,
+               "per-address within the listener's bound");
 _Static_assert(KF_LEASE_MS_DEFAULT >= KF_LEASE_MS_MIN && KF_LEASE_MS_DEFAULT <= KF_LEASE_MS_MAX,
                "default lease within bounds");
 _Static_assert(KF_DEDUP_MS_DEFAULT <= KF_DEDUP_MS_MAX, "default dedup within bound");

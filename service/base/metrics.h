@@ -35,7 +35,9 @@
     X(KF_G_DISK_FREE_BYTES, "keyflow_disk_free_bytes",                                             \
       "Free bytes on the data directory's filesystem, last measured")                              \
     X(KF_G_DISK_RESERVE_REACHED, "keyflow_disk_reserve_reached",                                   \
-      "1 while free space is below --disk-reserve (new writes refused)")
+      "1 while free space is below --disk-reserve (new writes refused)")                           \
+    X(KF_G_HTTP_OFFLOADING, "keyflow_http_offloading",                                             \
+      "HTTP bodies and responses being decoded or rendered off the event loop")
 
 #define KF_COUNTER_TABLE(X)                                                                        \
     X(KF_C_EVENTS_ACCEPTED, "keyflow_events_accepted_total", "Events accepted into a window")      \
@@ -57,7 +59,13 @@
     X(KF_C_REJECTED_QUEUE_FULL, "keyflow_rejected_queue_full_total",                               \
       "Commands refused: queue full")                                                              \
     X(KF_C_REJECTED_DISK_RESERVE, "keyflow_rejected_disk_reserve_total",                           \
-      "Commands refused: disk reserve reached")
+      "Commands refused: disk reserve reached")                                                    \
+    X(KF_C_HTTP_CONNECTIONS_REFUSED, "keyflow_http_connections_refused_total",                     \
+      "HTTP connections closed at accept: too many from one client address")                       \
+    X(KF_C_HTTP_CONNECTIONS_TIMED_OUT, "keyflow_http_connections_timed_out_total",                 \
+      "HTTP connections closed: no complete request head or request in time")                      \
+    X(KF_C_HTTP_OFFLOADED, "keyflow_http_offloaded_total",                                         \
+      "HTTP bodies decoded and responses rendered by the gateway's worker threads")
 
 #define KF_HISTOGRAM_TABLE(X)                                                                      \
     X(KF_H_GROUP_COMMANDS, "keyflow_commit_group_commands", "Commands per synced group",           \

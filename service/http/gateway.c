@@ -1,13 +1,31 @@
 /*
- * gateway.c - h2o event loop, request dispatch and asynchronous replies.
+ * gateway.c - h2o event loops, request dispatch and asynchronous replies.
+ *
+ * Two servers, each an h2o context on its own loop thread: the gateway
+ * (every route, plus the probes) and, with --probe-address, the probe
+ * listener (GET /healthz, /readyz and /metrics only), whose own thread and
+ * connection budget keep probes answered however the gateway's clients
+ * behave. Who may connect, and for how long, is conns.h's.
+ *
+ * No request holds the gateway's loop for long: a body larger than
+ * KF_HTTP_INLINE_BODY_BYTES_MAX is decoded by a worker thread (base/
+ * workers.h), which submits the command to the engine itself, and a
+ * response larger than that is rendered there; the loop only routes,
+ * authenticates and sends. Bodies larger than KF_REQUEST_BYTES_MAX are
+ * refused by h2o from their Content-Length, before they are read, with the
+ * gateway's JSON error (json_errors below).
  *
  * Request lifetime: h2o may dispose a request before the engine answers
  * (an HTTP/2 client resets its stream). Each in-flight request therefore has
  * a heap http_call_t owned by the gateway, and a small hook in the request's
  * pool whose destructor clears call->req. When the engine's reply arrives on
  * the loop thread, it is sent only if call->req is still set; the call is
- * freed either way. The hook is only touched while call->req is set (then
- * the pool, and so the hook, is alive).
+ * freed either way (or, when its rendered body is sent from its arena
+ * without a copy, when h2o disposes the request). The hook is only touched
+ * while call->req is set (then the pool, and so the hook, is alive). A body
+ * a worker decodes is the request's own memory for HTTP/1 (h2o neither
+ * reads nor disposes a connection's request while the handler holds it) and
+ * a copy for HTTP/2 (a reset stream frees its body at once).
  */
 #define _GNU_SOURCE /* pthread_setname_np */
 #include "http/gateway.h"
@@ -34,68 +52,79 @@
 #include "base/health.h"
 #include "base/log.h"
 #include "base/metrics.h"
-#include "proto/json_map.h"
+#include "base/workers.h"
+#include "http/conns.h"
 #include "http/routes.h"
+#include "proto/json_map.h"
 
 typedef struct http_call http_call_t;
 
 typedef struct req_hook {
     http_call_t *call; /* cleared when the reply was sent */
+    http_call_t *keep; /* freed with the request: its body was sent from it */
     kf_engine_t *engine;
 } req_hook_t;
 
 struct http_call {
-    h2o_multithread_message_t msg;
+    h2o_multithread_message_t msg; /* to the gateway's loop, once */
+    kf_work_t work;                /* to a worker: decode, or render */
     kf_gateway_t *gw;
     h2o_req_t *req; /* NULL once h2o disposed the request */
     req_hook_t *hook;
+    kf_http_conn_t *conn; /* the connection, held while the call lives (or NULL) */
     const kf_method_t *method;
     int metrics_id;
     int64_t start_us;
     kf_arena_t arena;
     kf_cmd_t cmd;
     kf_principal_t *principal; /* the caller's key (a reference), or NULL */
-    int watch_fd;              /* HTTP/1 long poll: its socket, or -1 */
-    http_call_t *watch_prev;   /* on gw->watched while watch_fd >= 0 */
+    kf_http_request_t hreq;    /* what a worker decodes */
+    char *copy;                /* HTTP/2: hreq's bytes, copied (malloc) */
+    bool offloaded;            /* counted in KF_G_HTTP_OFFLOADING */
+    bool rendered;             /* a worker rendered the response: */
+    char *json;                /*   the text (in the arena), or NULL (too large) */
+    size_t json_len;
+    int watch_fd;            /* HTTP/1 long poll: its socket, or -1 */
+    http_call_t *watch_prev; /* on gw->watched while watch_fd >= 0 */
     http_call_t *watch_next;
 };
 
-struct kf_gateway {
+/* One listener and its loop thread. */
+typedef struct http_server {
+    kf_gateway_t *gw;
+    const char *name; /* "http", "probe" */
     h2o_globalconf_t config;
     h2o_context_t ctx;
     h2o_accept_ctx_t accept_ctx;
     h2o_evloop_t *loop;
-    h2o_socket_t *listener;
     int listen_fd;
+    kf_http_conns_t *conns;
     h2o_multithread_queue_t *queue;
-    h2o_multithread_receiver_t replies; /* engine -> loop: finished calls */
-    h2o_multithread_receiver_t control; /* any thread -> loop: stop */
+    h2o_multithread_receiver_t control; /* any thread -> loop: stop, TLS */
     pthread_t thread;
+    bool created;
     bool started;
+    bool exit_loop; /* loop thread only */
+} http_server_t;
+
+struct kf_gateway {
+    http_server_t main;
+    http_server_t probe; /* probe.created: --probe-address */
+    int probe_port;
+    h2o_multithread_receiver_t replies; /* engine, workers -> main loop: finished calls */
+    kf_workers_t *workers;              /* decode and render large JSON */
     kf_engine_t *engine;
     kf_auth_t *auth; /* NULL: requests are not checked */
     atomic_bool stopping;
     atomic_int in_flight;
-    bool exit_loop; /* loop thread only */
     int metrics_ids[KF_METRICS_METHODS_MAX];
     /* HTTP/1 long polls: h2o does not read a connection while its request is
      * being handled, so a client that leaves is noticed only by peeking at
-     * the socket now and then (loop thread only). */
+     * the socket now and then (main loop thread only). */
     http_call_t *watched;
     h2o_timeout_t watch_timeout;
     h2o_timeout_entry_t watch_entry;
-    /* Accepted connections (loop thread only), at most
-     * KF_HTTP_CONNECTIONS_MAX: at the bound, or when accept() runs out of
-     * descriptors, the listener stops reading (else its level-triggered
-     * readiness would spin the loop) until a connection closes or the retry
-     * timer fires. */
-    int connections;
-    bool accept_paused;
-    h2o_timeout_t accept_timeout;
-    h2o_timeout_entry_t accept_entry;
 };
-
-#define ACCEPT_RETRY_MS 100
 
 #define WATCH_INTERVAL_MS 200
 
@@ -104,15 +133,6 @@ typedef struct control_msg {
     int what;         /* 1: close the listener, 2: exit the loop, 3: new TLS */
     SSL_CTX *ssl_ctx; /* what == 3: the context new connections get */
 } control_msg_t;
-
-/* One accepted connection. With TLS it holds a reference to the context it
- * was accepted under: h2o keeps a bare pointer to it until the handshake
- * has created its SSL object, and a reload may replace the gateway's
- * context before that. */
-typedef struct connection {
-    kf_gateway_t *gw;
-    SSL_CTX *ssl_ctx; /* NULL for plaintext */
-} connection_t;
 
 static const char *reason(int status) {
     switch (status) {
@@ -194,7 +214,7 @@ static void on_watch_tick(h2o_timeout_entry_t *entry) {
         c = next;
     }
     if (gw->watched != NULL) {
-        h2o_timeout_link(gw->loop, &gw->watch_timeout, &gw->watch_entry);
+        h2o_timeout_link(gw->main.loop, &gw->watch_timeout, &gw->watch_entry);
     }
 }
 
@@ -207,7 +227,7 @@ static void watch_add(kf_gateway_t *gw, http_call_t *call, int fd) {
     }
     gw->watched = call;
     if (!h2o_timeout_is_linked(&gw->watch_entry)) {
-        h2o_timeout_link(gw->loop, &gw->watch_timeout, &gw->watch_entry);
+        h2o_timeout_link(gw->main.loop, &gw->watch_timeout, &gw->watch_entry);
     }
 }
 
@@ -226,36 +246,89 @@ static void record_request(http_call_t *call, int metrics_id, int grpc_code, int
     kf_log_request("http", call->method->name, grpc_code, http_status, duration_us, request);
 }
 
-static void call_free(http_call_t *call) {
-    watch_unlink(call->gw, call);
+/* Frees the call's memory (the loop's, or a worker's: nothing else refers
+ * to it then). */
+static void call_memory_free(http_call_t *call) {
     kf_arena_deinit(&call->arena);
     kf_principal_unref(call->principal);
-    atomic_fetch_sub(&call->gw->in_flight, 1);
+    free(call->copy);
     free(call);
+}
+
+/* The call is over for the gateway (answered, or dropped): it leaves the
+ * watch list and the in-flight count, and its connection is idle again.
+ * Loop thread. */
+static void call_end(http_call_t *call) {
+    watch_unlink(call->gw, call);
+    kf_http_conn_release(call->conn);
+    call->conn = NULL;
+    if (call->offloaded) {
+        kf_gauge_add(KF_G_HTTP_OFFLOADING, -1);
+        call->offloaded = false;
+    }
+    atomic_fetch_sub(&call->gw->in_flight, 1);
+}
+
+static void call_free(http_call_t *call) {
+    call_end(call);
+    call_memory_free(call);
 }
 
 /* h2o disposes the request (the client went away, or the reply was sent).
  * If the command still waits in the engine (a long poll), cancel it so that
- * it takes no run; the reply, when it comes, is dropped. Loop thread. */
+ * it takes no run; the reply, when it comes, is dropped. A call whose body
+ * was sent from its arena is freed now. Loop thread. */
 static void on_req_dispose(void *p) {
     req_hook_t *hook = p;
     if (hook->call != NULL) {
         hook->call->req = NULL;
         kf_engine_cancel(hook->engine, &hook->call->cmd);
     }
+    if (hook->keep != NULL) {
+        call_memory_free(hook->keep);
+    }
 }
 
-/* Loop thread: the engine answered. */
+/* Sends the call's rendered body without copying it: the call, with its
+ * arena, lives until h2o disposes the request. Loop thread; the call must
+ * not be touched after this. */
+static void send_rendered(http_call_t *call) {
+    h2o_req_t *req = call->req;
+    static h2o_generator_t generator = {NULL, NULL};
+    req->res.status = 200;
+    req->res.reason = reason(200);
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
+                   H2O_STRLIT("application/json"));
+    req->res.content_length = call->json_len;
+    call->hook->keep = call;
+    h2o_start_response(req, &generator);
+    if (h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("HEAD"))) {
+        h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL);
+    } else {
+        h2o_iovec_t body = h2o_iovec_init(call->json, call->json_len);
+        h2o_send(req, &body, 1, H2O_SEND_STATE_FINAL);
+    }
+}
+
+/* Loop thread: the engine answered (or a worker could not decode the
+ * request, or rendered the answer). */
 static void finish_call(http_call_t *call) {
     kf_cmd_t *cmd = &call->cmd;
     int code = kf_status_grpc_code(cmd->error.status);
     int http_status = 0; /* 0: the client left, nothing was sent */
+    bool kept = false;
     if (call->req != NULL) {
         h2o_req_t *req = call->req;
         call->hook->call = NULL;
-        if (cmd->error.status == KF_OK) {
+        if (cmd->error.status != KF_OK) {
+            http_status = send_error(req, cmd->error.status, cmd->error.message, 0);
+        } else if (call->rendered && call->json != NULL) {
+            http_status = 200;
+            kept = true;
+        } else {
             size_t len;
-            char *json = kf_message_to_json(cmd->response, &call->arena, &len);
+            char *json =
+                call->rendered ? NULL : kf_message_to_json(cmd->response, &call->arena, &len);
             if (json != NULL) {
                 http_status = 200;
                 send_body(req, 200, "application/json", json, len);
@@ -263,12 +336,15 @@ static void finish_call(http_call_t *call) {
                 code = kf_status_grpc_code(KF_E_TOO_LARGE);
                 http_status = send_error(req, KF_E_TOO_LARGE, "response: too large to render", 0);
             }
-        } else {
-            http_status = send_error(req, cmd->error.status, cmd->error.message, 0);
         }
     }
     record_request(call, call->metrics_id, code, http_status, cmd->request);
-    call_free(call);
+    if (kept) {
+        call_end(call);
+        send_rendered(call); /* frees the call when h2o is done with it */
+    } else {
+        call_free(call);
+    }
 }
 
 static void on_replies(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages) {
@@ -282,30 +358,50 @@ static void on_replies(h2o_multithread_receiver_t *receiver, h2o_linklist_t *mes
 }
 
 static void on_control(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages) {
-    kf_gateway_t *gw = H2O_STRUCT_FROM_MEMBER(kf_gateway_t, control, receiver);
+    http_server_t *srv = H2O_STRUCT_FROM_MEMBER(http_server_t, control, receiver);
     while (!h2o_linklist_is_empty(messages)) {
         h2o_multithread_message_t *m =
             H2O_STRUCT_FROM_MEMBER(h2o_multithread_message_t, link, messages->next);
         h2o_linklist_unlink(&m->link);
         control_msg_t *c = H2O_STRUCT_FROM_MEMBER(control_msg_t, msg, m);
-        if (c->what == 1 && gw->listener != NULL) {
-            h2o_socket_read_stop(gw->listener);
-            h2o_socket_close(gw->listener);
-            gw->listener = NULL;
+        if (c->what == 1) {
+            kf_http_conns_close_listener(srv->conns);
         } else if (c->what == 2) {
-            gw->exit_loop = true;
+            srv->exit_loop = true;
         } else if (c->what == 3) {
-            SSL_CTX_free(gw->accept_ctx.ssl_ctx); /* connections hold their own */
-            gw->accept_ctx.ssl_ctx = c->ssl_ctx;
+            SSL_CTX_free(srv->accept_ctx.ssl_ctx); /* connections hold their own */
+            srv->accept_ctx.ssl_ctx = c->ssl_ctx;
         }
         free(c);
     }
 }
 
-/* Replier thread: hand the finished call to the loop. */
+/* Hands a finished call to the gateway's loop. Any thread. */
+static void to_loop(http_call_t *call) {
+    h2o_multithread_send_message(&call->gw->replies, &call->msg);
+}
+
+/* Worker thread: renders a large response, then hands the call over. */
+static void render_work(kf_work_t *work) {
+    http_call_t *call = H2O_STRUCT_FROM_MEMBER(http_call_t, work, work);
+    call->json = kf_message_to_json(call->cmd.response, &call->arena, &call->json_len);
+    call->rendered = true;
+    to_loop(call);
+}
+
+/* Replier thread: the engine answered. A large response is rendered by a
+ * worker (when one is free; else by the loop, as any other). */
 static void engine_done(kf_cmd_t *cmd) {
     http_call_t *call = cmd->owner;
-    h2o_multithread_send_message(&call->gw->replies, &call->msg);
+    if (cmd->error.status == KF_OK &&
+        protobuf_c_message_get_packed_size(cmd->response) > KF_HTTP_INLINE_BODY_BYTES_MAX) {
+        call->work.run = render_work;
+        if (kf_workers_submit(call->gw->workers, &call->work) == KF_OK) {
+            kf_counter_add(KF_C_HTTP_OFFLOADED, 1);
+            return;
+        }
+    }
+    to_loop(call);
 }
 
 /* Authentication of a request for an RPC needing `scope`: the
@@ -358,9 +454,9 @@ static bool path_is(h2o_req_t *req, size_t path_len, const char *want) {
     return path_len == strlen(want) && memcmp(req->path.base, want, path_len) == 0;
 }
 
-static int on_req(h2o_handler_t *self, h2o_req_t *req) {
-    kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
-    size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+/* GET /healthz, /readyz and /metrics, on either listener. False (nothing
+ * sent) for any other path. */
+static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
     bool is_get = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) ||
                   h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
     static const char *const probes[] = {"/healthz", "/readyz", "/metrics"};
@@ -369,13 +465,13 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
             char message[64];
             snprintf(message, sizeof message, "method: use GET for %s", probes[i]);
             send_error(req, KF_E_UNIMPLEMENTED, message, 405);
-            return 0;
+            return true;
         }
     }
     if (path_is(req, path_len, "/healthz")) {
         static const char ok[] = "{\"status\":\"ok\"}";
         send_body(req, 200, "application/json", ok, sizeof ok - 1);
-        return 0;
+        return true;
     }
     if (path_is(req, path_len, "/readyz")) {
         /* The same answer as gRPC Health/Check (base/health.h), with the
@@ -393,10 +489,96 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
             }
             send_error(req, KF_E_UNAVAILABLE, why, 0);
         }
-        return 0;
+        return true;
     }
     if (path_is(req, path_len, "/metrics")) {
         serve_metrics(gw, req);
+        return true;
+    }
+    return false;
+}
+
+static size_t path_length(const h2o_req_t *req) {
+    return req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+}
+
+static int on_probe_req(h2o_handler_t *self, h2o_req_t *req) {
+    kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
+    kf_http_conn_request(req);
+    if (!serve_probe(gw, req, path_length(req))) {
+        send_error(req, KF_E_NOT_FOUND,
+                   "path: the probe listener serves /healthz, /readyz and /metrics only", 0);
+    }
+    return 0;
+}
+
+/* Hands the call's command to the engine; false (cmd->error set) when the
+ * engine refused it. Any thread. */
+static bool submit(http_call_t *call, ProtobufCMessage *msg) {
+    kf_cmd_t *cmd = &call->cmd;
+    KF_ASSERT(call->method->executor == KF_RPC_ENGINE); /* routes name no others */
+    cmd->op = call->method->op;
+    cmd->request = msg;
+    cmd->principal = call->principal;
+    cmd->arena = &call->arena;
+    cmd->done = engine_done;
+    cmd->owner = call;
+    return kf_engine_submit(call->gw->engine, cmd) == KF_OK;
+}
+
+/* Worker thread: decodes a large body into the request message (what the
+ * loop would have done), checks the key's name prefixes against it and
+ * submits it; a refusal goes back to the loop as the call's error. */
+static void decode_work(kf_work_t *work) {
+    http_call_t *call = H2O_STRUCT_FROM_MEMBER(http_call_t, work, work);
+    const kf_method_t *method;
+    ProtobufCMessage *msg = NULL;
+    kf_error_t err;
+    kf_status_t st = kf_http_route(&call->hreq, &call->arena, &method, &msg, &err);
+    if (st == KF_OK) {
+        KF_ASSERT(method == call->method);
+        st = kf_auth_authorize(call->principal, method, msg, &err);
+    }
+    if (st == KF_OK) {
+        if (submit(call, msg)) {
+            return; /* engine_done takes it from here */
+        }
+        err = call->cmd.error;
+    }
+    call->cmd.error = err;
+    call->cmd.response = NULL;
+    call->cmd.request = NULL;
+    to_loop(call);
+}
+
+/* Copies what a worker reads of an HTTP/2 request (h2o frees a reset
+ * stream's memory at once). */
+static void copy_request(http_call_t *call) {
+    kf_http_request_t *h = &call->hreq;
+    char *p = kf_xmalloc(h->method_len + h->path_len + h->query_len + h->body_len + 1);
+    call->copy = p;
+    memcpy(p, h->method, h->method_len);
+    h->method = p;
+    p += h->method_len;
+    memcpy(p, h->path, h->path_len);
+    h->path = p;
+    p += h->path_len;
+    if (h->query != NULL) {
+        memcpy(p, h->query, h->query_len);
+        h->query = p;
+        p += h->query_len;
+    }
+    if (h->body != NULL) {
+        memcpy(p, h->body, h->body_len);
+        h->body = p;
+    }
+}
+
+static int on_req(h2o_handler_t *self, h2o_req_t *req) {
+    kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
+    kf_http_conn_t *conn = kf_http_conn_request(req);
+    size_t path_len = path_length(req);
+    if (serve_probe(gw, req, path_len)) {
         return 0;
     }
     if (atomic_load(&gw->stopping)) {
@@ -411,9 +593,11 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     call->gw = gw;
     call->watch_fd = -1;
     call->start_us = kf_mono_us();
+    call->conn = conn;
+    kf_http_conn_hold(conn);
     kf_arena_init(&call->arena, 0);
     atomic_fetch_add(&gw->in_flight, 1);
-    kf_http_request_t hreq = {
+    call->hreq = (kf_http_request_t){
         .method = req->method.base,
         .method_len = req->method.len,
         .path = req->path.base,
@@ -423,9 +607,15 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         .body = req->entity.base,
         .body_len = req->entity.base ? req->entity.len : 0,
     };
-    ProtobufCMessage *msg;
+    /* A large body is decoded by a worker: the loop only finds the route
+     * (which needs no body), so that the caller is authenticated before
+     * anything is spent on it. Unknown paths take the quick way below. */
+    bool offload = call->hreq.body_len > KF_HTTP_INLINE_BODY_BYTES_MAX &&
+                   (call->method = kf_http_route_method(&call->hreq)) != NULL;
+    ProtobufCMessage *msg = NULL;
     kf_error_t err;
-    kf_status_t st = kf_http_route(&hreq, &call->arena, &call->method, &msg, &err);
+    kf_status_t st =
+        offload ? KF_OK : kf_http_route(&call->hreq, &call->arena, &call->method, &msg, &err);
     /* Once the route names an RPC, who is calling comes first, then whether
      * the key holds the RPC's scope: a caller without either learns nothing
      * about its request. Then the key's name prefixes, against the request
@@ -441,7 +631,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         if (kf_auth_authorize(call->principal, call->method, NULL, &scope_err) != KF_OK) {
             st = scope_err.status;
             err = scope_err;
-        } else if (st == KF_OK) {
+        } else if (st == KF_OK && !offload) {
             st = kf_auth_authorize(call->principal, call->method, msg, &err);
         }
     }
@@ -455,106 +645,57 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         return 0;
     }
     call->metrics_id = gw->metrics_ids[call->method - kf_methods];
-    kf_cmd_t *cmd = &call->cmd;
-    KF_ASSERT(call->method->executor == KF_RPC_ENGINE); /* routes name no others */
-    cmd->op = call->method->op;
-    cmd->request = msg;
-    cmd->principal = call->principal;
-    cmd->arena = &call->arena;
-    cmd->done = engine_done;
-    cmd->owner = call;
     call->req = req;
     call->hook = h2o_mem_alloc_shared(&req->pool, sizeof *call->hook, on_req_dispose);
     call->hook->call = call;
+    call->hook->keep = NULL;
     call->hook->engine = gw->engine;
+    if (offload) {
+        /* A worker owns the call until it hands it back (to_loop) or to the
+         * engine. */
+        call->work.run = decode_work;
+        if (req->version >= 0x200) {
+            copy_request(call);
+        }
+        call->offloaded = true;
+        kf_gauge_add(KF_G_HTTP_OFFLOADING, 1);
+        if (kf_workers_submit(gw->workers, &call->work) != KF_OK) {
+            call->hook->call = NULL;
+            kf_error_set(&err, KF_E_LIMIT,
+                         "request: %d large bodies are waiting to be decoded; retry later",
+                         KF_HTTP_WORK_QUEUE_MAX);
+            int sent = send_error(req, KF_E_LIMIT, err.message, 0);
+            record_request(call, call->metrics_id, kf_status_grpc_code(KF_E_LIMIT), sent, NULL);
+            call_free(call);
+            return 0;
+        }
+        kf_counter_add(KF_C_HTTP_OFFLOADED, 1);
+        return 0;
+    }
     if (req->version < 0x200 && is_long_poll(call->method, msg)) {
         h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
         if (sock != NULL) {
             watch_add(gw, call, h2o_socket_get_fd(sock));
         }
     }
-    if (kf_engine_submit(gw->engine, cmd) != KF_OK) {
+    if (!submit(call, msg)) {
         call->hook->call = NULL;
-        int sent = send_error(req, cmd->error.status, cmd->error.message, 0);
-        record_request(call, call->metrics_id, kf_status_grpc_code(cmd->error.status), sent, msg);
+        int sent = send_error(req, call->cmd.error.status, call->cmd.error.message, 0);
+        record_request(call, call->metrics_id, kf_status_grpc_code(call->cmd.error.status), sent,
+                       msg);
         call_free(call);
     }
     return 0;
 }
 
-static void on_accept(h2o_socket_t *listener, const char *err);
-
-static void accept_resume(kf_gateway_t *gw) {
-    if (gw->accept_paused && gw->listener != NULL && !atomic_load(&gw->stopping) &&
-        gw->connections < KF_HTTP_CONNECTIONS_MAX) {
-        gw->accept_paused = false;
-        h2o_socket_read_start(gw->listener, on_accept);
-    }
-}
-
-static void accept_pause(kf_gateway_t *gw, bool retry_later) {
-    if (!gw->accept_paused) {
-        gw->accept_paused = true;
-        h2o_socket_read_stop(gw->listener);
-    }
-    if (retry_later && !h2o_timeout_is_linked(&gw->accept_entry)) {
-        h2o_timeout_link(gw->loop, &gw->accept_timeout, &gw->accept_entry);
-    }
-}
-
-static void on_accept_retry(h2o_timeout_entry_t *entry) {
-    accept_resume(H2O_STRUCT_FROM_MEMBER(kf_gateway_t, accept_entry, entry));
-}
-
-static void on_connection_closed(void *data) {
-    connection_t *conn = data;
-    kf_gateway_t *gw = conn->gw;
-    SSL_CTX_free(conn->ssl_ctx);
-    free(conn);
-    gw->connections--;
-    accept_resume(gw);
-}
-
-static void on_accept(h2o_socket_t *listener, const char *err) {
-    if (err != NULL) {
-        return;
-    }
-    kf_gateway_t *gw = listener->data;
-    if (gw->connections >= KF_HTTP_CONNECTIONS_MAX) {
-        accept_pause(gw, false); /* resumed when a connection closes */
-        return;
-    }
-    h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
-    if (sock == NULL) {
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            kf_log(KF_LOG_WARN, "http", "accept: %s; pausing new connections for %d ms",
-                   strerror(errno), ACCEPT_RETRY_MS);
-            accept_pause(gw, true);
-        }
-        return;
-    }
-    connection_t *conn = malloc(sizeof *conn);
-    if (conn == NULL) {
-        h2o_socket_close(sock);
-        return;
-    }
-    conn->gw = gw;
-    conn->ssl_ctx = gw->accept_ctx.ssl_ctx;
-    if (conn->ssl_ctx != NULL) {
-        SSL_CTX_up_ref(conn->ssl_ctx);
-    }
-    gw->connections++;
-    sock->on_close.cb = on_connection_closed;
-    sock->on_close.data = conn;
-    h2o_accept(&gw->accept_ctx, sock);
-}
-
-static kf_status_t bind_listener(const char *address, int *fd_out, int *port, kf_error_t *err) {
+static kf_status_t bind_listener(const char *what, const char *address, int *fd_out, int *port,
+                                 kf_error_t *err) {
     /* "host:port", "[v6]:port"; the host may be a name (resolved once). */
     char host[256], service[16];
     const char *colon = strrchr(address, ':');
     if (colon == NULL || strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof service) {
-        return kf_error_set(err, KF_E_INVALID, "http address: expected host:port, got %s", address);
+        return kf_error_set(err, KF_E_INVALID, "%s address: expected host:port, got %s", what,
+                            address);
     }
     const char *h = address;
     size_t hl = (size_t)(colon - address);
@@ -563,7 +704,8 @@ static kf_status_t bind_listener(const char *address, int *fd_out, int *port, kf
         hl -= 2;
     }
     if (hl == 0 || hl >= sizeof host) {
-        return kf_error_set(err, KF_E_INVALID, "http address: expected host:port, got %s", address);
+        return kf_error_set(err, KF_E_INVALID, "%s address: expected host:port, got %s", what,
+                            address);
     }
     memcpy(host, h, hl);
     host[hl] = '\0';
@@ -575,7 +717,7 @@ static kf_status_t bind_listener(const char *address, int *fd_out, int *port, kf
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     int rc = getaddrinfo(host, service, &hints, &res);
     if (rc != 0 || res == NULL) {
-        return kf_error_set(err, KF_E_INVALID, "http address: cannot resolve %s: %s", address,
+        return kf_error_set(err, KF_E_INVALID, "%s address: cannot resolve %s: %s", what, address,
                             gai_strerror(rc));
     }
     int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -587,7 +729,8 @@ static kf_status_t bind_listener(const char *address, int *fd_out, int *port, kf
             close(fd);
         }
         freeaddrinfo(res);
-        return kf_error_set(err, KF_E_IO, "http: cannot listen on %s: %s", address, strerror(e));
+        return kf_error_set(err, KF_E_IO, "%s: cannot listen on %s: %s", what, address,
+                            strerror(e));
     }
     freeaddrinfo(res);
     struct sockaddr_storage ss;
@@ -608,106 +751,137 @@ static kf_status_t make_ssl_ctx(const kf_tls_t *tls, SSL_CTX **out, kf_error_t *
     return st;
 }
 
-kf_status_t kf_gateway_set_tls(kf_gateway_t *gw, const kf_tls_t *tls, kf_error_t *err) {
-    KF_ASSERT(gw->accept_ctx.ssl_ctx != NULL);
-    SSL_CTX *ctx;
-    kf_status_t st = make_ssl_ctx(tls, &ctx, err);
-    if (st != KF_OK) {
-        return st;
-    }
-    control_msg_t *c = calloc(1, sizeof *c);
-    if (c == NULL) {
-        SSL_CTX_free(ctx);
-        return kf_error_set(err, KF_E_NOMEM, "out of memory");
-    }
-    c->what = 3;
-    c->ssl_ctx = ctx;
-    h2o_multithread_send_message(&gw->control, &c->msg);
-    return KF_OK;
+/* ---- h2o's own error answers, in the gateway's JSON ---------------------- */
+
+/* h2o answers some requests itself, before any handler sees them: a body
+ * over max_request_entity_size (413, refused from its Content-Length before
+ * a byte of it is read), a request that is not valid HTTP (400), an
+ * unknown Expect (417). Those answers are bound to the host's fallback
+ * path; this filter there replaces h2o's text body with the gateway's JSON
+ * error, so that every error a client sees has the same shape. */
+typedef struct json_error_ostream {
+    h2o_ostream_t super;
+    h2o_iovec_t body;
+} json_error_ostream_t;
+
+static void json_error_send(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *bufs, size_t bufcnt,
+                            h2o_send_state_t state) {
+    (void)bufs;
+    (void)bufcnt;
+    json_error_ostream_t *o = (json_error_ostream_t *)self;
+    bool head = h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("HEAD"));
+    bool last = !h2o_send_state_is_in_progress(state);
+    h2o_ostream_send_next(self, req, &o->body, last && !head ? 1 : 0, state);
 }
 
-kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *engine,
-                              kf_gateway_t **out, int *port, kf_error_t *err) {
-    kf_gateway_t *gw = calloc(1, sizeof *gw);
-    if (gw == NULL) {
-        return kf_error_set(err, KF_E_NOMEM, "cannot allocate the gateway");
-    }
-    SSL_CTX *ssl_ctx = NULL;
-    if (options->tls != NULL) {
-        kf_status_t st = make_ssl_ctx(options->tls, &ssl_ctx, err);
-        if (st != KF_OK) {
-            free(gw);
-            return st;
+static void json_errors_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot) {
+    (void)self;
+    if (req->res.status >= 400) {
+        kf_status_t status = KF_E_INVALID;
+        char message[160];
+        if (req->res.status == 413) {
+            status = KF_E_TOO_LARGE;
+            snprintf(message, sizeof message,
+                     "request body: larger than the limit of %zu bytes (refused unread)",
+                     req->conn->ctx->globalconf->max_request_entity_size);
+        } else if (req->res.status == 417) {
+            snprintf(message, sizeof message, "expect: only 100-continue is understood");
+        } else {
+            snprintf(message, sizeof message, "request: not valid HTTP (%s)",
+                     req->res.reason != NULL ? req->res.reason : "refused");
+        }
+        json_t *doc = json_pack("{s:i, s:s, s:s}", "code", kf_status_grpc_code(status), "status",
+                                kf_status_grpc_name(status), "message", message);
+        char *text = doc != NULL ? json_dumps(doc, JSON_COMPACT) : NULL;
+        json_decref(doc);
+        if (text != NULL) {
+            json_error_ostream_t *o = (json_error_ostream_t *)h2o_add_ostream(req, sizeof *o, slot);
+            o->super.do_send = json_error_send;
+            o->body = h2o_strdup(&req->pool, text, SIZE_MAX);
+            free(text);
+            h2o_set_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE,
+                           H2O_STRLIT("application/json"), 1);
+            req->res.content_length = o->body.len;
+            slot = &o->super.next;
         }
     }
-    kf_status_t st = bind_listener(options->address, &gw->listen_fd, port, err);
+    h2o_setup_next_ostream(req, slot);
+}
+
+/* ---- servers ------------------------------------------------------------- */
+
+static kf_status_t server_init(http_server_t *srv, kf_gateway_t *gw, const char *name,
+                               const char *address, SSL_CTX *ssl_ctx,
+                               int (*on_request)(h2o_handler_t *, h2o_req_t *),
+                               const kf_http_conn_limits_t *limits, size_t body_bytes_max,
+                               int *port, kf_error_t *err) {
+    kf_status_t st = bind_listener(name, address, &srv->listen_fd, port, err);
     if (st != KF_OK) {
-        SSL_CTX_free(ssl_ctx);
-        free(gw);
         return st;
     }
-    gw->engine = engine;
-    gw->auth = options->auth;
-    for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
-        gw->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name);
-    }
-    h2o_config_init(&gw->config);
+    srv->gw = gw;
+    srv->name = name;
+    h2o_config_init(&srv->config);
     /* Bodies past the request bound are refused by h2o itself (413). */
-    gw->config.max_request_entity_size = KF_REQUEST_BYTES_MAX;
+    srv->config.max_request_entity_size = body_bytes_max;
+    /* h2o's own deadline for reading a whole HTTP/1 request, and for an idle
+     * HTTP/2 connection: the body deadline; conns.h enforces the shorter
+     * one for the request head. */
+    srv->config.http1.req_timeout = (uint64_t)limits->body_timeout_ms;
+    srv->config.http2.idle_timeout = (uint64_t)limits->body_timeout_ms;
     h2o_hostconf_t *host =
-        h2o_config_register_host(&gw->config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+        h2o_config_register_host(&srv->config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_filter_t *filter = h2o_create_filter(&host->fallback_path, sizeof *filter);
+    filter->on_setup_ostream = json_errors_setup;
     h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
     h2o_handler_t *handler = h2o_create_handler(path, sizeof *handler + sizeof(kf_gateway_t *));
-    handler->on_req = on_req;
+    handler->on_req = on_request;
     *(kf_gateway_t **)(handler + 1) = gw;
-    gw->loop = h2o_evloop_create();
-    h2o_context_init(&gw->ctx, gw->loop, &gw->config);
-    gw->accept_ctx.ctx = &gw->ctx;
-    gw->accept_ctx.hosts = gw->config.hosts;
-    gw->accept_ctx.ssl_ctx = ssl_ctx; /* the gateway's reference */
-    gw->queue = h2o_multithread_create_queue(gw->loop);
-    h2o_multithread_register_receiver(gw->queue, &gw->replies, on_replies);
-    h2o_multithread_register_receiver(gw->queue, &gw->control, on_control);
-    h2o_timeout_init(gw->loop, &gw->watch_timeout, WATCH_INTERVAL_MS);
-    gw->watch_entry.cb = on_watch_tick;
-    h2o_timeout_init(gw->loop, &gw->accept_timeout, ACCEPT_RETRY_MS);
-    gw->accept_entry.cb = on_accept_retry;
-    gw->listener = h2o_evloop_socket_create(gw->loop, gw->listen_fd, H2O_SOCKET_FLAG_DONT_READ);
-    gw->listener->data = gw;
-    *out = gw;
+    srv->loop = h2o_evloop_create();
+    h2o_context_init(&srv->ctx, srv->loop, &srv->config);
+    srv->accept_ctx.ctx = &srv->ctx;
+    srv->accept_ctx.hosts = srv->config.hosts;
+    srv->accept_ctx.ssl_ctx = ssl_ctx; /* the server's reference */
+    srv->queue = h2o_multithread_create_queue(srv->loop);
+    h2o_multithread_register_receiver(srv->queue, &srv->control, on_control);
+    h2o_socket_t *listener =
+        h2o_evloop_socket_create(srv->loop, srv->listen_fd, H2O_SOCKET_FLAG_DONT_READ);
+    srv->conns = kf_http_conns_create(srv->loop, listener, &srv->accept_ctx, limits, name);
+    srv->created = true;
     return KF_OK;
 }
 
 static void *loop_main(void *arg) {
-    kf_gateway_t *gw = arg;
-    pthread_setname_np(pthread_self(), "kf-http");
-    while (!gw->exit_loop) {
-        h2o_evloop_run(gw->loop, INT32_MAX);
+    http_server_t *srv = arg;
+    char name[16];
+    snprintf(name, sizeof name, "kf-%s", srv->name);
+    pthread_setname_np(pthread_self(), name);
+    while (!srv->exit_loop) {
+        h2o_evloop_run(srv->loop, INT32_MAX);
     }
     return NULL;
 }
 
-kf_status_t kf_gateway_start(kf_gateway_t *gw, kf_error_t *err) {
-    h2o_socket_read_start(gw->listener, on_accept);
-    if (pthread_create(&gw->thread, NULL, loop_main, gw) != 0) {
-        return kf_error_set(err, KF_E_INTERNAL, "cannot start the HTTP thread");
+static kf_status_t server_start(http_server_t *srv, kf_error_t *err) {
+    kf_http_conns_start(srv->conns);
+    if (pthread_create(&srv->thread, NULL, loop_main, srv) != 0) {
+        return kf_error_set(err, KF_E_INTERNAL, "cannot start the %s thread", srv->name);
     }
-    gw->started = true;
+    srv->started = true;
     return KF_OK;
 }
 
-static void send_control(kf_gateway_t *gw, int what) {
+static void send_control(http_server_t *srv, int what) {
     control_msg_t *c = kf_xcalloc(1, sizeof *c);
     c->what = what;
-    h2o_multithread_send_message(&gw->control, &c->msg);
+    h2o_multithread_send_message(&srv->control, &c->msg);
 }
 
-void kf_gateway_shutdown(kf_gateway_t *gw) {
-    if (atomic_exchange(&gw->stopping, true)) {
-        return;
-    }
-    if (gw->started) {
-        send_control(gw, 1);
+static void server_stop(http_server_t *srv) {
+    if (srv->started) {
+        send_control(srv, 2);
+        pthread_join(srv->thread, NULL);
+        srv->started = false;
     }
 }
 
@@ -717,15 +891,148 @@ void kf_gateway_shutdown(kf_gateway_t *gw) {
  * timeouts due now and turn the loop until they fired: each connection is
  * then closed by h2o's own timeout path, as if it had idled out. Every reply
  * was already sent (or given up on) by then. */
-static void close_connections(kf_gateway_t *gw) {
-    gw->ctx.http1.req_timeout.timeout = 0;
-    gw->ctx.http2.idle_timeout.timeout = 0;
-    gw->ctx.http2.graceful_shutdown_timeout.timeout = 0;
+static void close_connections(http_server_t *srv) {
+    srv->ctx.http1.req_timeout.timeout = 0;
+    srv->ctx.http2.idle_timeout.timeout = 0;
+    srv->ctx.http2.graceful_shutdown_timeout.timeout = 0;
     int64_t deadline = kf_mono_us() + 2 * 1000 * 1000;
-    while ((!h2o_linklist_is_empty(&gw->ctx.http1._conns) ||
-            !h2o_linklist_is_empty(&gw->ctx.http2._conns)) &&
+    while ((!h2o_linklist_is_empty(&srv->ctx.http1._conns) ||
+            !h2o_linklist_is_empty(&srv->ctx.http2._conns)) &&
            kf_mono_us() < deadline) {
-        h2o_evloop_run(gw->loop, 10);
+        h2o_evloop_run(srv->loop, 10);
+    }
+}
+
+/* After server_stop: frees what server_init made. */
+static void server_dispose(http_server_t *srv) {
+    if (!srv->created) {
+        return;
+    }
+    kf_http_conns_close_listener(srv->conns);
+    close_connections(srv);
+    h2o_multithread_unregister_receiver(srv->queue, &srv->control);
+    h2o_multithread_destroy_queue(srv->queue);
+    /* Closing an evloop socket is finished by the loop's next turn: run it
+     * once so the queue's and listener's sockets are really freed. */
+    h2o_evloop_run(srv->loop, 0);
+    kf_http_conns_destroy(srv->conns);
+    h2o_context_dispose(&srv->ctx);
+    h2o_evloop_destroy(srv->loop);
+    h2o_config_dispose(&srv->config);
+    SSL_CTX_free(srv->accept_ctx.ssl_ctx);
+    srv->created = false;
+}
+
+/* ---- the gateway ----------------------------------------------------------- */
+
+kf_status_t kf_gateway_set_tls(kf_gateway_t *gw, const kf_tls_t *tls, kf_error_t *err) {
+    KF_ASSERT(gw->main.accept_ctx.ssl_ctx != NULL);
+    SSL_CTX *ctx;
+    kf_status_t st = make_ssl_ctx(tls, &ctx, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    http_server_t *servers[] = {&gw->main, &gw->probe};
+    for (size_t i = 0; i < 2; i++) {
+        if (servers[i]->created && servers[i]->accept_ctx.ssl_ctx != NULL) {
+            control_msg_t *c = kf_xcalloc(1, sizeof *c);
+            c->what = 3;
+            c->ssl_ctx = ctx;
+            SSL_CTX_up_ref(ctx); /* each server holds its own */
+            h2o_multithread_send_message(&servers[i]->control, &c->msg);
+        }
+    }
+    SSL_CTX_free(ctx);
+    return KF_OK;
+}
+
+static int64_t or_default(int64_t value, int64_t fallback) {
+    return value > 0 ? value : fallback;
+}
+
+kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *engine,
+                              kf_gateway_t **out, int *port, kf_error_t *err) {
+    kf_gateway_t *gw = kf_xcalloc(1, sizeof *gw);
+    gw->engine = engine;
+    gw->auth = options->auth;
+    SSL_CTX *ssl_ctx = NULL;
+    kf_status_t st = KF_OK;
+    if (options->tls != NULL) {
+        st = make_ssl_ctx(options->tls, &ssl_ctx, err);
+        if (st != KF_OK) {
+            free(gw);
+            return st;
+        }
+    }
+    kf_http_conn_limits_t limits = {
+        .connections_max = KF_HTTP_CONNECTIONS_MAX,
+        .per_address_max = (int)or_default(options->connections_per_address,
+                                           KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT),
+        .header_timeout_ms =
+            or_default(options->header_timeout_ms, KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT),
+        .body_timeout_ms = or_default(options->body_timeout_ms, KF_HTTP_BODY_TIMEOUT_MS_DEFAULT),
+    };
+    if (limits.body_timeout_ms < limits.header_timeout_ms) {
+        limits.body_timeout_ms = limits.header_timeout_ms;
+    }
+    st = server_init(&gw->main, gw, "http", options->address, ssl_ctx, on_req, &limits,
+                     KF_REQUEST_BYTES_MAX, port, err);
+    if (st != KF_OK) {
+        SSL_CTX_free(ssl_ctx);
+        free(gw);
+        return st;
+    }
+    for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
+        gw->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name);
+    }
+    h2o_multithread_register_receiver(gw->main.queue, &gw->replies, on_replies);
+    h2o_timeout_init(gw->main.loop, &gw->watch_timeout, WATCH_INTERVAL_MS);
+    gw->watch_entry.cb = on_watch_tick;
+    st = kf_workers_create("kf-http-w", KF_HTTP_WORKERS, KF_HTTP_WORK_QUEUE_MAX, &gw->workers, err);
+    if (st == KF_OK && options->probe_address != NULL) {
+        kf_http_conn_limits_t probe = {
+            .connections_max = KF_PROBE_CONNECTIONS_MAX,
+            .per_address_max = KF_PROBE_CONNECTIONS_PER_ADDRESS_MAX,
+            .header_timeout_ms = KF_PROBE_TIMEOUT_MS,
+            .body_timeout_ms = KF_PROBE_TIMEOUT_MS,
+        };
+        if (ssl_ctx != NULL) {
+            SSL_CTX_up_ref(ssl_ctx); /* the probe server's reference */
+        }
+        st = server_init(&gw->probe, gw, "probe", options->probe_address, ssl_ctx, on_probe_req,
+                         &probe, KF_PROBE_REQUEST_BYTES_MAX, &gw->probe_port, err);
+        if (st != KF_OK) {
+            SSL_CTX_free(ssl_ctx);
+        }
+    }
+    if (st != KF_OK) {
+        kf_gateway_destroy(gw);
+        return st;
+    }
+    *out = gw;
+    return KF_OK;
+}
+
+int kf_gateway_probe_port(const kf_gateway_t *gw) {
+    return gw->probe.created ? gw->probe_port : 0;
+}
+
+kf_status_t kf_gateway_start(kf_gateway_t *gw, kf_error_t *err) {
+    kf_status_t st = server_start(&gw->main, err);
+    if (st == KF_OK && gw->probe.created) {
+        st = server_start(&gw->probe, err);
+    }
+    return st;
+}
+
+void kf_gateway_shutdown(kf_gateway_t *gw) {
+    if (atomic_exchange(&gw->stopping, true)) {
+        return;
+    }
+    /* The probe listener goes on answering (a drain's 503 is worth seeing)
+     * until the gateway is destroyed. */
+    if (gw->main.started) {
+        send_control(&gw->main, 1);
     }
 }
 
@@ -734,7 +1041,7 @@ void kf_gateway_destroy(kf_gateway_t *gw) {
         return;
     }
     kf_gateway_shutdown(gw);
-    if (gw->started) {
+    if (gw->main.started) {
         /* The engine has stopped, so every reply is queued or delivered
          * (unless a failed sync stopped it: then give up after a while). */
         int64_t deadline = kf_mono_us() + 5 * 1000 * 1000;
@@ -742,30 +1049,20 @@ void kf_gateway_destroy(kf_gateway_t *gw) {
             struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
         }
-        send_control(gw, 2);
-        pthread_join(gw->thread, NULL);
-    } else if (gw->listener != NULL) {
-        h2o_socket_close(gw->listener);
-        gw->listener = NULL;
     }
-    close_connections(gw);
-    if (h2o_timeout_is_linked(&gw->watch_entry)) {
-        h2o_timeout_unlink(&gw->watch_entry);
+    /* Workers first, while the loop still runs: what they still hold goes
+     * back to it. */
+    kf_workers_destroy(gw->workers);
+    server_stop(&gw->main);
+    server_stop(&gw->probe);
+    if (gw->main.created) {
+        if (h2o_timeout_is_linked(&gw->watch_entry)) {
+            h2o_timeout_unlink(&gw->watch_entry);
+        }
+        h2o_timeout_dispose(gw->main.loop, &gw->watch_timeout);
+        h2o_multithread_unregister_receiver(gw->main.queue, &gw->replies);
     }
-    h2o_timeout_dispose(gw->loop, &gw->watch_timeout);
-    if (h2o_timeout_is_linked(&gw->accept_entry)) {
-        h2o_timeout_unlink(&gw->accept_entry);
-    }
-    h2o_timeout_dispose(gw->loop, &gw->accept_timeout);
-    h2o_multithread_unregister_receiver(gw->queue, &gw->replies);
-    h2o_multithread_unregister_receiver(gw->queue, &gw->control);
-    h2o_multithread_destroy_queue(gw->queue);
-    /* Closing an evloop socket is finished by the loop's next turn: run it
-     * once so the queue's and listener's sockets are really freed. */
-    h2o_evloop_run(gw->loop, 0);
-    h2o_context_dispose(&gw->ctx);
-    h2o_evloop_destroy(gw->loop);
-    h2o_config_dispose(&gw->config);
-    SSL_CTX_free(gw->accept_ctx.ssl_ctx);
+    server_dispose(&gw->main);
+    server_dispose(&gw->probe);
     free(gw);
 }

@@ -3,6 +3,7 @@
  */
 #include "http/routes.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -282,14 +283,48 @@ bool kf_http_serves(const kf_method_t *m) {
 }
 
 /* POST /v1/{package.Service}/{Method}: every RPC by its gRPC name. */
-static const kf_method_t *generic_method(const span_t *segs, size_t n, kf_arena_t *arena) {
+static const kf_method_t *generic_method(const span_t *segs, size_t n) {
     if (n != 3 || segs[0].len != 2 || memcmp(segs[0].p, "v1", 2) != 0) {
         return NULL;
     }
-    char *path = kf_arena_printf(arena, "/%.*s/%.*s", (int)segs[1].len, segs[1].p, (int)segs[2].len,
-                                 segs[2].p);
-    const kf_method_t *m = path ? kf_method_by_path(path) : NULL;
+    char path[256]; /* longer than any RPC's path: such a path names none */
+    int len = snprintf(path, sizeof path, "/%.*s/%.*s", (int)segs[1].len, segs[1].p,
+                       (int)segs[2].len, segs[2].p);
+    const kf_method_t *m = len > 0 && (size_t)len < sizeof path ? kf_method_by_path(path) : NULL;
     return m != NULL && kf_http_serves(m) ? m : NULL;
+}
+
+/* The route matching the path and method (its captures in caps), else
+ * NULL with *path_known saying whether another method would match. */
+static const route_t *find_route(const kf_http_request_t *req, const span_t *segs, size_t n,
+                                 capture_t *caps, size_t *ncaps, bool *path_known) {
+    *path_known = false;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (match(&routes[i], segs, n, caps, ncaps)) {
+            *path_known = true;
+            if (method_is(req, routes[i].http_method)) {
+                return &routes[i];
+            }
+        }
+    }
+    return NULL;
+}
+
+const kf_method_t *kf_http_route_method(const kf_http_request_t *req) {
+    span_t segs[SEGMENTS_MAX];
+    size_t n;
+    if (!split(req->path, req->path_len, segs, &n)) {
+        return NULL;
+    }
+    capture_t caps[SEGMENTS_MAX];
+    size_t ncaps = 0;
+    bool path_known;
+    const route_t *found = find_route(req, segs, n, caps, &ncaps, &path_known);
+    if (found != NULL) {
+        return kf_method_by_path(found->rpc);
+    }
+    const kf_method_t *m = generic_method(segs, n);
+    return m != NULL && method_is(req, "POST") ? m : NULL;
 }
 
 kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
@@ -303,17 +338,8 @@ kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
     }
     capture_t caps[SEGMENTS_MAX];
     size_t ncaps = 0;
-    const route_t *found = NULL;
-    bool path_known = false;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        if (match(&routes[i], segs, n, caps, &ncaps)) {
-            path_known = true;
-            if (method_is(req, routes[i].http_method)) {
-                found = &routes[i];
-                break;
-            }
-        }
-    }
+    bool path_known;
+    const route_t *found = find_route(req, segs, n, caps, &ncaps, &path_known);
     const kf_method_t *m;
     const char *body_field;
     const char *defaults = NULL, *aliases = NULL;
@@ -323,7 +349,7 @@ kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
         body_field = found->body;
         defaults = found->defaults;
         aliases = found->aliases;
-    } else if ((m = generic_method(segs, n, arena)) != NULL) {
+    } else if ((m = generic_method(segs, n)) != NULL) {
         if (!method_is(req, "POST")) {
             return kf_error_set(err, KF_E_UNIMPLEMENTED, "method: use POST for %s", m->path);
         }

@@ -81,6 +81,12 @@ typedef struct kf_http_route_def {
  * them against the RPC table. */
 const kf_http_route_def_t *kf_http_routes(size_t *count);
 
+/* The RPC a request's method and path name, without looking at its query
+ * or body (cheap: the gateway authenticates with it before a worker decodes
+ * a large body), or NULL when kf_http_route would refuse the path or
+ * method. */
+const kf_method_t *kf_http_route_method(const kf_http_request_t *request);
+
 kf_status_t kf_http_route(const kf_http_request_t *request, kf_arena_t *arena,
                           const kf_method_t **method, ProtobufCMessage **message,
                           kf_error_t *err) KF_MUST_USE;

@@ -49,6 +49,10 @@ typedef struct options {
     const char *data_dir;
     const char *grpc_address;
     const char *http_address;
+    const char *probe_address; /* NULL: no probe listener */
+    int64_t http_connections_per_address;
+    int64_t http_header_timeout_ms;
+    int64_t http_body_timeout_ms;
     const char *port_file;
     const char *plugin_dir;
     kf_tls_files_t tls; /* cert_path NULL: plaintext */
@@ -77,7 +81,17 @@ static void usage(FILE *out) {
         ", env KEYFLOW_GRPC_ADDRESS; port 0 = any)\n"
         "  --http HOST:PORT      HTTP gateway address (default " DEFAULT_HTTP_ADDRESS
         ", env KEYFLOW_HTTP_ADDRESS)\n"
-        "  --port-file FILE      write \"grpc=PORT\\nhttp=PORT\\n\" once listening\n"
+        "  --probe-address HOST:PORT  a listener of its own for GET /healthz, /readyz and\n"
+        "                        /metrics only (its own thread and connections), for\n"
+        "                        probes that must be answered whatever clients do\n"
+        "  --port-file FILE      write \"grpc=PORT\\nhttp=PORT\\n\" (and \"probe=PORT\\n\") once\n"
+        "                        listening\n"
+        "  --http-connections-per-address N  HTTP connections one client address may hold\n"
+        "                        (default %d, max %d; raise it behind a proxy)\n"
+        "  --http-header-timeout-ms N  close an HTTP connection that sends no complete\n"
+        "                        request head for N ms (default %d, %d..%d)\n"
+        "  --http-body-timeout-ms N  ... no complete request, body included (default %d,\n"
+        "                        at most %d)\n"
         "  --plugin-dir DIR      directory of native handler .so files (env KEYFLOW_PLUGIN_DIR)\n"
         "  --run-retention-ms N  keep finished runs this long (default %lld)\n"
         "  --run-attempts N      leases per run before it FAILS (default %d, max %d)\n"
@@ -107,11 +121,16 @@ static void usage(FILE *out) {
         "API keys are required whenever a listener is not loopback (docs/security.md).\n"
         "SIGHUP re-reads the TLS files (new connections get the new certificate).\n"
         "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_GRPC_ADDRESS,\n"
-        "KEYFLOW_HTTP_ADDRESS, KEYFLOW_PORT_FILE, KEYFLOW_PLUGIN_DIR, KEYFLOW_RUN_RETENTION_MS,\n"
+        "KEYFLOW_HTTP_ADDRESS, KEYFLOW_PROBE_ADDRESS, KEYFLOW_PORT_FILE, KEYFLOW_PLUGIN_DIR,\n"
+        "KEYFLOW_HTTP_CONNECTIONS_PER_ADDRESS, KEYFLOW_HTTP_HEADER_TIMEOUT_MS,\n"
+        "KEYFLOW_HTTP_BODY_TIMEOUT_MS, KEYFLOW_RUN_RETENTION_MS,\n"
         "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_DISK_RESERVE,\n"
         "KEYFLOW_LOG_LEVEL, KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
         "KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1,\n"
         "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE, KEYFLOW_ADMIN_KEY_FILE.\n",
+        KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT, KF_HTTP_CONNECTIONS_MAX,
+        KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT, KF_HTTP_TIMEOUT_MS_MIN, KF_HTTP_HEADER_TIMEOUT_MS_MAX,
+        KF_HTTP_BODY_TIMEOUT_MS_DEFAULT, KF_HTTP_BODY_TIMEOUT_MS_MAX,
         (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
         KF_QUEUE_DEPTH_MAX, (long long)KF_DRAIN_GRACE_MS_MAX);
 }
@@ -190,6 +209,7 @@ static bool parse_env(options_t *o) {
     o->data_dir = env_or("KEYFLOW_DATA", DEFAULT_DATA_DIR);
     o->grpc_address = env_or("KEYFLOW_GRPC_ADDRESS", DEFAULT_GRPC_ADDRESS);
     o->http_address = env_or("KEYFLOW_HTTP_ADDRESS", DEFAULT_HTTP_ADDRESS);
+    o->probe_address = env_or("KEYFLOW_PROBE_ADDRESS", NULL);
     o->plugin_dir = env_or("KEYFLOW_PLUGIN_DIR", NULL);
     o->port_file = env_or("KEYFLOW_PORT_FILE", NULL);
     /* KEYFLOW_TLS_* are the clients' variables (their CA, their own
@@ -221,6 +241,18 @@ static bool parse_env(options_t *o) {
     if ((v = env_or("KEYFLOW_QUEUE_DEPTH", NULL)) != NULL &&
         !parse_int("KEYFLOW_QUEUE_DEPTH", v, 1, KF_QUEUE_DEPTH_MAX, &o->queue_depth))
         return false;
+    if ((v = env_or("KEYFLOW_HTTP_CONNECTIONS_PER_ADDRESS", NULL)) != NULL &&
+        !parse_int("KEYFLOW_HTTP_CONNECTIONS_PER_ADDRESS", v, 1, KF_HTTP_CONNECTIONS_MAX,
+                   &o->http_connections_per_address))
+        return false;
+    if ((v = env_or("KEYFLOW_HTTP_HEADER_TIMEOUT_MS", NULL)) != NULL &&
+        !parse_int("KEYFLOW_HTTP_HEADER_TIMEOUT_MS", v, KF_HTTP_TIMEOUT_MS_MIN,
+                   KF_HTTP_HEADER_TIMEOUT_MS_MAX, &o->http_header_timeout_ms))
+        return false;
+    if ((v = env_or("KEYFLOW_HTTP_BODY_TIMEOUT_MS", NULL)) != NULL &&
+        !parse_int("KEYFLOW_HTTP_BODY_TIMEOUT_MS", v, KF_HTTP_TIMEOUT_MS_MIN,
+                   KF_HTTP_BODY_TIMEOUT_MS_MAX, &o->http_body_timeout_ms))
+        return false;
     if ((v = env_or("KEYFLOW_DISK_RESERVE", NULL)) != NULL &&
         !parse_bytes("KEYFLOW_DISK_RESERVE", v, KF_DISK_RESERVE_BYTES_MIN,
                      KF_DISK_RESERVE_BYTES_MAX, &o->disk_reserve_bytes))
@@ -235,15 +267,28 @@ static bool parse_env(options_t *o) {
 
 static bool known_flag(const char *a) {
     static const char *const flags[] = {
-        "--data",          "--grpc",
-        "--http",          "--port-file",
-        "--plugin-dir",    "--run-retention-ms",
-        "--run-attempts",  "--queue-depth",
-        "--grpc-threads",  "--log-level",
-        "--log-format",    "--drain-grace-ms",
-        "--tls-cert",      "--tls-key",
-        "--tls-client-ca", "--bootstrap-key-file",
-        "--disk-reserve",  "--admin-key-file",
+        "--data",
+        "--grpc",
+        "--http",
+        "--port-file",
+        "--plugin-dir",
+        "--run-retention-ms",
+        "--run-attempts",
+        "--queue-depth",
+        "--grpc-threads",
+        "--log-level",
+        "--log-format",
+        "--drain-grace-ms",
+        "--tls-cert",
+        "--tls-key",
+        "--tls-client-ca",
+        "--bootstrap-key-file",
+        "--disk-reserve",
+        "--admin-key-file",
+        "--probe-address",
+        "--http-connections-per-address",
+        "--http-header-timeout-ms",
+        "--http-body-timeout-ms",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         if (strcmp(a, flags[i]) == 0) {
@@ -318,6 +363,19 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             o->grpc_address = v;
         } else if (strcmp(a, "--http") == 0) {
             o->http_address = v;
+        } else if (strcmp(a, "--probe-address") == 0) {
+            o->probe_address = v;
+        } else if (strcmp(a, "--http-connections-per-address") == 0) {
+            if (!parse_int(a, v, 1, KF_HTTP_CONNECTIONS_MAX, &o->http_connections_per_address))
+                return false;
+        } else if (strcmp(a, "--http-header-timeout-ms") == 0) {
+            if (!parse_int(a, v, KF_HTTP_TIMEOUT_MS_MIN, KF_HTTP_HEADER_TIMEOUT_MS_MAX,
+                           &o->http_header_timeout_ms))
+                return false;
+        } else if (strcmp(a, "--http-body-timeout-ms") == 0) {
+            if (!parse_int(a, v, KF_HTTP_TIMEOUT_MS_MIN, KF_HTTP_BODY_TIMEOUT_MS_MAX,
+                           &o->http_body_timeout_ms))
+                return false;
         } else if (strcmp(a, "--port-file") == 0) {
             o->port_file = v;
         } else if (strcmp(a, "--plugin-dir") == 0) {
@@ -376,15 +434,19 @@ static bool parse_args(int argc, char **argv, options_t *o) {
         return false;
     }
     return check_address("gRPC address (--grpc, KEYFLOW_GRPC_ADDRESS)", o->grpc_address) &&
-           check_address("HTTP address (--http, KEYFLOW_HTTP_ADDRESS)", o->http_address);
+           check_address("HTTP address (--http, KEYFLOW_HTTP_ADDRESS)", o->http_address) &&
+           (o->probe_address == NULL ||
+            check_address("probe address (--probe-address, KEYFLOW_PROBE_ADDRESS)",
+                          o->probe_address));
 }
 
 /* API keys are required when anyone but this machine can reach a listener,
  * unless the operator says otherwise in so many words (and the log says
  * so at every start). */
 static bool decide_auth(const options_t *o) {
-    bool loopback =
-        kf_address_is_loopback(o->grpc_address) && kf_address_is_loopback(o->http_address);
+    bool loopback = kf_address_is_loopback(o->grpc_address) &&
+                    kf_address_is_loopback(o->http_address) &&
+                    (o->probe_address == NULL || kf_address_is_loopback(o->probe_address));
     if (o->auth_required) {
         return true;
     }
@@ -432,7 +494,7 @@ static void reload_tls(const kf_tls_files_t *files, kf_grpc_server_t *grpc, kf_g
     kf_log(KF_LOG_INFO, "tls", "SIGHUP: new connections get the reloaded certificate");
 }
 
-static bool write_port_file(const char *path, int grpc_port, int http_port) {
+static bool write_port_file(const char *path, int grpc_port, int http_port, int probe_port) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
@@ -440,6 +502,9 @@ static bool write_port_file(const char *path, int grpc_port, int http_port) {
         return false;
     }
     fprintf(f, "grpc=%d\nhttp=%d\n", grpc_port, http_port);
+    if (probe_port > 0) {
+        fprintf(f, "probe=%d\n", probe_port);
+    }
     bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok = fclose(f) == 0 && ok;
     return ok && rename(tmp, path) == 0; /* readers never see a partial file */
@@ -631,7 +696,15 @@ int main(int argc, char **argv) {
         kf_tls_unref(tls);
         return 1;
     }
-    kf_gateway_options_t ho = {.address = o.http_address, .tls = tls, .auth = auth};
+    kf_gateway_options_t ho = {
+        .address = o.http_address,
+        .tls = tls,
+        .auth = auth,
+        .probe_address = o.probe_address,
+        .connections_per_address = (int)o.http_connections_per_address,
+        .header_timeout_ms = o.http_header_timeout_ms,
+        .body_timeout_ms = o.http_body_timeout_ms,
+    };
     kf_gateway_t *gateway;
     int http_port;
     kf_status_t gateway_st = kf_gateway_create(&ho, engine, &gateway, &http_port, &err);
@@ -650,7 +723,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     kf_health_set(true, "started");
-    if (o.port_file != NULL && !write_port_file(o.port_file, grpc_port, http_port)) {
+    if (o.port_file != NULL &&
+        !write_port_file(o.port_file, grpc_port, http_port, kf_gateway_probe_port(gateway))) {
         kf_log(KF_LOG_ERROR, "main", "cannot write %s", o.port_file);
         return 1;
     }

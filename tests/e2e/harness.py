@@ -28,6 +28,19 @@ CLI = os.path.join(BUILD, "clients", "cli", "keyflow")
 _stubs_dir = None
 
 
+def wait_until(fn, timeout, what, interval=0.02):
+    """Calls fn until it returns something true (returned), for at most
+    timeout seconds; then fails naming `what` and the last value."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError("timed out after %.1fs waiting for %s (last value: %r)" % (timeout, what, last))
+
+
 def stubs():
     """Generates Python stubs for every .proto under api/ (once per process)
     and returns the directory, already on sys.path."""

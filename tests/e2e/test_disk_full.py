@@ -29,6 +29,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import wait_until  # noqa: E402
 
 harness.stubs()
 import grpc  # noqa: E402
@@ -41,17 +42,6 @@ FS_BYTES = 40 * 1024 * 1024
 RESERVE = "8MiB"
 RESERVE_BYTES = 8 * 1024 * 1024
 BIG_INPUT = json.dumps("x" * (200 * 1024))  # under the 256 KiB event input bound
-
-
-def wait_until(fn, timeout, what, interval=0.05):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out after %.1fs waiting for %s (last value: %r)" % (timeout, what, last))
 
 
 def fill(path, leave_bytes):

@@ -269,7 +269,9 @@ class LifecycleTest(unittest.TestCase):
         saved = os.environ.get("KEYFLOW_WRAPPER")
         os.environ["KEYFLOW_WRAPPER"] = "prlimit --nofile=200 --"
         try:
-            server = harness.Keyflowd().start()
+            # Every connection comes from 127.0.0.1: lift the per-address
+            # bound so that the descriptors run out first.
+            server = harness.Keyflowd(args=["--http-connections-per-address", "4096"]).start()
         finally:
             if saved is None:
                 del os.environ["KEYFLOW_WRAPPER"]

@@ -1,0 +1,402 @@
+/*
+ * conns.c - connection admission and read deadlines (see conns.h).
+ *
+ * Each accepted socket gets a kf_http_conn_t through sock->on_close (the
+ * one field of an h2o socket that h2o leaves to its user): h2o calls
+ * on_conn_closed when it closes the socket, whatever the reason. A
+ * connection closed while one of its requests is still held (answered
+ * later by the engine) stays allocated, off the open list, until that last
+ * hold is released.
+ */
+#define _GNU_SOURCE /* memmem */
+#include "http/conns.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "base/alloc.h"
+#include "base/assert.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/metrics.h"
+
+#define ACCEPT_RETRY_MS 100
+/* How often deadlines are checked: a connection lives at most this much
+ * past its deadline. */
+#define TICK_MS         100
+#define ADDRESS_BUCKETS 1024
+
+/* Connections from one client address. */
+typedef struct address {
+    struct address *next; /* in its bucket */
+    uint8_t key[17];      /* family (4 or 6), then the address */
+    int count;
+} address_t;
+
+struct kf_http_conn {
+    kf_http_conns_t *conns;
+    h2o_socket_t *sock; /* NULL once h2o closed it */
+    SSL_CTX *ssl_ctx;   /* the TLS context it was accepted under (a reference), or NULL */
+    address_t *address;
+    int64_t idle_since_ms; /* see conns.h */
+    int held;              /* requests answered later */
+    bool http2;
+    bool shut; /* its deadline passed: shut down, h2o closes it */
+    kf_http_conn_t *prev;
+    kf_http_conn_t *next; /* on conns->open while open, then on conns->closed */
+};
+
+struct kf_http_conns {
+    h2o_evloop_t *loop;
+    h2o_socket_t *listener; /* NULL once closed */
+    h2o_accept_ctx_t *accept_ctx;
+    kf_http_conn_limits_t limits;
+    char name[16];
+    int count; /* open connections */
+    bool accept_paused;
+    h2o_timeout_t accept_timeout;
+    h2o_timeout_entry_t accept_entry;
+    h2o_timeout_t tick_timeout;
+    h2o_timeout_entry_t tick_entry;
+    kf_http_conn_t *open;
+    kf_http_conn_t *closed; /* closed with requests still held */
+    address_t *buckets[ADDRESS_BUCKETS];
+};
+
+static int64_t now_ms(void) {
+    return kf_mono_us() / 1000;
+}
+
+static void list_add(kf_http_conn_t **head, kf_http_conn_t *c) {
+    c->prev = NULL;
+    c->next = *head;
+    if (*head != NULL) {
+        (*head)->prev = c;
+    }
+    *head = c;
+}
+
+static void list_remove(kf_http_conn_t **head, kf_http_conn_t *c) {
+    if (c->prev != NULL) {
+        c->prev->next = c->next;
+    } else {
+        *head = c->next;
+    }
+    if (c->next != NULL) {
+        c->next->prev = c->prev;
+    }
+    c->prev = c->next = NULL;
+}
+
+/* ---- client addresses -------------------------------------------------- */
+
+/* The peer's address as a key; IPv4-mapped IPv6 counts as the IPv4
+ * address. False when the socket has no peer address (then it is not
+ * limited per address). */
+static bool peer_key(h2o_socket_t *sock, uint8_t key[17]) {
+    struct sockaddr_storage ss;
+    if (h2o_socket_getpeername(sock, (struct sockaddr *)&ss) == 0) {
+        return false;
+    }
+    memset(key, 0, 17);
+    if (ss.ss_family == AF_INET) {
+        key[0] = 4;
+        memcpy(key + 1, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+        return true;
+    }
+    if (ss.ss_family == AF_INET6) {
+        const uint8_t *a = ((struct sockaddr_in6 *)&ss)->sin6_addr.s6_addr;
+        static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (memcmp(a, mapped, 12) == 0) {
+            key[0] = 4;
+            memcpy(key + 1, a + 12, 4);
+        } else {
+            key[0] = 6;
+            memcpy(key + 1, a, 16);
+        }
+        return true;
+    }
+    return false;
+}
+
+static size_t bucket_of(const uint8_t key[17]) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (int i = 0; i < 17; i++) {
+        h = (h ^ key[i]) * 16777619u;
+    }
+    return h % ADDRESS_BUCKETS;
+}
+
+static address_t *address_get(kf_http_conns_t *c, const uint8_t key[17]) {
+    address_t **b = &c->buckets[bucket_of(key)];
+    for (address_t *a = *b; a != NULL; a = a->next) {
+        if (memcmp(a->key, key, 17) == 0) {
+            return a;
+        }
+    }
+    address_t *a = kf_xcalloc(1, sizeof *a);
+    memcpy(a->key, key, 17);
+    a->next = *b;
+    *b = a;
+    return a;
+}
+
+static void address_put(kf_http_conns_t *c, address_t *a) {
+    if (a == NULL || --a->count > 0) {
+        return;
+    }
+    for (address_t **p = &c->buckets[bucket_of(a->key)]; *p != NULL; p = &(*p)->next) {
+        if (*p == a) {
+            *p = a->next;
+            free(a);
+            return;
+        }
+    }
+    KF_UNREACHABLE();
+}
+
+/* ---- accepting --------------------------------------------------------- */
+
+static void on_accept(h2o_socket_t *listener, const char *err);
+
+static void accept_resume(kf_http_conns_t *c) {
+    if (c->accept_paused && c->listener != NULL && c->count < c->limits.connections_max) {
+        c->accept_paused = false;
+        h2o_socket_read_start(c->listener, on_accept);
+    }
+}
+
+static void accept_pause(kf_http_conns_t *c, bool retry_later) {
+    if (!c->accept_paused) {
+        c->accept_paused = true;
+        h2o_socket_read_stop(c->listener);
+    }
+    if (retry_later && !h2o_timeout_is_linked(&c->accept_entry)) {
+        h2o_timeout_link(c->loop, &c->accept_timeout, &c->accept_entry);
+    }
+}
+
+static void on_accept_retry(h2o_timeout_entry_t *entry) {
+    accept_resume(H2O_STRUCT_FROM_MEMBER(kf_http_conns_t, accept_entry, entry));
+}
+
+static void conn_free(kf_http_conn_t *conn) {
+    SSL_CTX_free(conn->ssl_ctx);
+    free(conn);
+}
+
+static void on_conn_closed(void *data) {
+    kf_http_conn_t *conn = data;
+    kf_http_conns_t *c = conn->conns;
+    if (c == NULL) { /* closed after the tracker was destroyed */
+        conn_free(conn);
+        return;
+    }
+    list_remove(&c->open, conn);
+    address_put(c, conn->address);
+    conn->address = NULL;
+    conn->sock = NULL;
+    c->count--;
+    if (conn->held > 0) {
+        list_add(&c->closed, conn); /* freed by its last release */
+    } else {
+        conn_free(conn);
+    }
+    accept_resume(c);
+}
+
+static void on_tick(h2o_timeout_entry_t *entry);
+
+static void on_accept(h2o_socket_t *listener, const char *err) {
+    if (err != NULL) {
+        return;
+    }
+    kf_http_conns_t *c = listener->data;
+    if (c->count >= c->limits.connections_max) {
+        accept_pause(c, false); /* resumed when a connection closes */
+        return;
+    }
+    h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
+    if (sock == NULL) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            kf_log(KF_LOG_WARN, c->name, "accept: %s; pausing new connections for %d ms",
+                   strerror(errno), ACCEPT_RETRY_MS);
+            accept_pause(c, true);
+        }
+        return;
+    }
+    uint8_t key[17];
+    address_t *address = NULL;
+    if (peer_key(sock, key)) {
+        address = address_get(c, key);
+        if (address->count >= c->limits.per_address_max) {
+            /* One client holds its share: close this one at once rather
+             * than let it wait in the queue in front of other clients. */
+            kf_counter_add(KF_C_HTTP_CONNECTIONS_REFUSED, 1);
+            h2o_socket_close(sock);
+            return;
+        }
+        address->count++;
+    }
+    kf_http_conn_t *conn = kf_xcalloc(1, sizeof *conn);
+    conn->conns = c;
+    conn->sock = sock;
+    conn->address = address;
+    conn->idle_since_ms = now_ms();
+    conn->ssl_ctx = c->accept_ctx->ssl_ctx;
+    if (conn->ssl_ctx != NULL) {
+        /* h2o keeps a bare pointer to the context until the handshake made
+         * its SSL object, and a reload may replace the listener's context
+         * before that. */
+        SSL_CTX_up_ref(conn->ssl_ctx);
+    }
+    list_add(&c->open, conn);
+    c->count++;
+    sock->on_close.cb = on_conn_closed;
+    sock->on_close.data = conn;
+    if (!h2o_timeout_is_linked(&c->tick_entry)) {
+        h2o_timeout_link(c->loop, &c->tick_timeout, &c->tick_entry);
+    }
+    h2o_accept(c->accept_ctx, sock);
+}
+
+/* ---- deadlines --------------------------------------------------------- */
+
+/* HTTP/1: h2o keeps the request's bytes in the socket's input until it is
+ * answered, so a blank line there means the head arrived. */
+static bool head_complete(h2o_socket_t *sock) {
+    const h2o_buffer_t *in = sock->input;
+    return in != NULL && in->size >= 4 && memmem(in->bytes, in->size, "\r\n\r\n", 4) != NULL;
+}
+
+static void on_tick(h2o_timeout_entry_t *entry) {
+    kf_http_conns_t *c = H2O_STRUCT_FROM_MEMBER(kf_http_conns_t, tick_entry, entry);
+    int64_t now = now_ms();
+    for (kf_http_conn_t *conn = c->open; conn != NULL; conn = conn->next) {
+        if (conn->held > 0 || conn->shut) {
+            continue;
+        }
+        bool body_phase = conn->http2 || head_complete(conn->sock);
+        int64_t limit = body_phase ? c->limits.body_timeout_ms : c->limits.header_timeout_ms;
+        if (now - conn->idle_since_ms > limit) {
+            /* h2o is reading or writing this socket (nothing of it is held):
+             * that read or write now fails and h2o closes the connection. */
+            shutdown(h2o_socket_get_fd(conn->sock), SHUT_RDWR);
+            conn->shut = true;
+            kf_counter_add(KF_C_HTTP_CONNECTIONS_TIMED_OUT, 1);
+            kf_log(KF_LOG_DEBUG, c->name, "closing a connection: no complete %s within %lld ms",
+                   body_phase ? "request" : "request head", (long long)limit);
+        }
+    }
+    if (c->open != NULL) {
+        h2o_timeout_link(c->loop, &c->tick_timeout, &c->tick_entry);
+    }
+}
+
+kf_http_conn_t *kf_http_conn_request(h2o_req_t *req) {
+    h2o_socket_t *sock = req->conn->callbacks->get_socket != NULL
+                             ? req->conn->callbacks->get_socket(req->conn)
+                             : NULL;
+    if (sock == NULL || sock->on_close.cb != on_conn_closed) {
+        return NULL;
+    }
+    kf_http_conn_t *conn = sock->on_close.data;
+    conn->idle_since_ms = now_ms();
+    if (req->version >= 0x200) {
+        conn->http2 = true;
+    }
+    return conn;
+}
+
+void kf_http_conn_hold(kf_http_conn_t *conn) {
+    if (conn != NULL) {
+        conn->held++;
+    }
+}
+
+void kf_http_conn_release(kf_http_conn_t *conn) {
+    if (conn == NULL) {
+        return;
+    }
+    KF_ASSERT(conn->held > 0);
+    conn->held--;
+    conn->idle_since_ms = now_ms();
+    if (conn->sock == NULL && conn->held == 0) {
+        list_remove(&conn->conns->closed, conn);
+        conn_free(conn);
+    }
+}
+
+/* ---- the tracker ------------------------------------------------------- */
+
+kf_http_conns_t *kf_http_conns_create(h2o_evloop_t *loop, h2o_socket_t *listener,
+                                      h2o_accept_ctx_t *accept_ctx,
+                                      const kf_http_conn_limits_t *limits, const char *name) {
+    kf_http_conns_t *c = kf_xcalloc(1, sizeof *c);
+    c->loop = loop;
+    c->listener = listener;
+    c->accept_ctx = accept_ctx;
+    c->limits = *limits;
+    snprintf(c->name, sizeof c->name, "%s", name);
+    listener->data = c;
+    h2o_timeout_init(loop, &c->accept_timeout, ACCEPT_RETRY_MS);
+    c->accept_entry.cb = on_accept_retry;
+    h2o_timeout_init(loop, &c->tick_timeout, TICK_MS);
+    c->tick_entry.cb = on_tick;
+    return c;
+}
+
+void kf_http_conns_start(kf_http_conns_t *c) {
+    h2o_socket_read_start(c->listener, on_accept);
+}
+
+void kf_http_conns_close_listener(kf_http_conns_t *c) {
+    if (c->listener != NULL) {
+        h2o_socket_read_stop(c->listener);
+        h2o_socket_close(c->listener);
+        c->listener = NULL;
+    }
+}
+
+int kf_http_conns_count(const kf_http_conns_t *c) {
+    return c->count;
+}
+
+void kf_http_conns_destroy(kf_http_conns_t *c) {
+    if (c == NULL) {
+        return;
+    }
+    kf_http_conns_close_listener(c);
+    if (h2o_timeout_is_linked(&c->accept_entry)) {
+        h2o_timeout_unlink(&c->accept_entry);
+    }
+    h2o_timeout_dispose(c->loop, &c->accept_timeout);
+    if (h2o_timeout_is_linked(&c->tick_entry)) {
+        h2o_timeout_unlink(&c->tick_entry);
+    }
+    h2o_timeout_dispose(c->loop, &c->tick_timeout);
+    /* Held requests that were never answered (the engine stopped without
+     * answering them): their connections go with the tracker. Open ones
+     * are h2o's to close before this. */
+    while (c->closed != NULL) {
+        kf_http_conn_t *conn = c->closed;
+        list_remove(&c->closed, conn);
+        conn_free(conn);
+    }
+    for (kf_http_conn_t *conn = c->open; conn != NULL; conn = conn->next) {
+        conn->conns = NULL; /* not freed: h2o still owns its socket */
+    }
+    for (size_t i = 0; i < ADDRESS_BUCKETS; i++) {
+        while (c->buckets[i] != NULL) {
+            address_t *a = c->buckets[i];
+            c->buckets[i] = a->next;
+            free(a);
+        }
+    }
+    free(c);
+}
