@@ -12,12 +12,14 @@
  * operation from the seed:
  *
  *   SendEvent (debounce and batch rules, with and without IDs, retries of
- *   earlier IDs, some invalid), FlushWindow, CancelWindow, PollRuns,
- *   HeartbeatRun, CompleteRun (results, errors, retries, stale leases),
- *   GetRun, RegisterFunction, PushBatch (running_sum and session_counter,
- *   JSON and columnar rows, watermarks, retries of a producer sequence,
- *   handler refusals), a move of the manual clock (stopping at every time
- *   the model says something is due), a group commit, or a crash.
+ *   earlier IDs, some invalid), FlushWindow, CancelWindow, PollRuns (some
+ *   long polls that wait, and cancels of them), HeartbeatRun, CompleteRun
+ *   (results, errors, retries, stale leases), GetRun, RegisterFunction,
+ *   PushBatch (running_sum and session_counter, JSON and columnar rows,
+ *   watermarks, retries of a producer sequence, handler refusals), a pump
+ *   of deferred handler calls (half the worlds answer them only then, as a
+ *   remote worker would), a move of the manual clock (stopping at every
+ *   time something is due), a group commit, or a crash.
  *
  * Groups work as in engine.c: commands of a group run, then the group's
  * batch is written and only then are their replies released. The driver
@@ -68,6 +70,7 @@
 #define NOTES_MAX       4096
 #define PUSH_ROWS_MAX   8
 #define OUTSTANDING_MAX 64 /* pushes waiting for their handler at once */
+#define PARKED_MAX      8  /* long polls waiting at once */
 
 /* ---- the client's memory -------------------------------------------------- */
 
@@ -153,6 +156,18 @@ typedef struct world {
      * list until the group is released, so they are freed only then. */
     kf_arena_t *spent[OUTSTANDING_MAX * 4];
     int nspent;
+    /* Long polls waiting for a run, oldest first. */
+    struct parked_poll {
+        kf_cmd_t *cmd;
+        kf_arena_t *arena;
+        int workflows[M_WORKFLOWS];
+        int nworkflows;
+        int64_t max_runs, granted_ms, deadline_ms;
+        char worker[16];
+        bool cancelled;
+    } parked[PARKED_MAX];
+    int nparked;
+    uint64_t next_cmd_id;
     /* Counters for the summary. */
     uint64_t crashes, faults, commits, runs_done;
     /* Nothing is pending: reads of stored data see every effect so far. A
@@ -269,11 +284,14 @@ static void engine_begin(world_t *w) {
 
 /* Fires every due timer, as the engine thread does before each turn; the
  * model does the same. */
+static void settle_polls(world_t *w);
+
 static void tick(world_t *w) {
     engine_begin(w);
     while (kf_core_tick(w->core, KF_TIMERS_PER_TURN_MAX) == KF_TIMERS_PER_TURN_MAX) {
     }
     m_tick(&w->m, w->now_ms);
+    settle_polls(w);
 }
 
 static kf_cmd_t *exec(world_t *w, kf_op_t op, const ProtobufCMessage *request) {
@@ -364,6 +382,9 @@ static void restart(world_t *w) {
     drop_engine(w);
     while (w->noutstanding > 0) {
         drop_outstanding(w, w->noutstanding - 1); /* never answered */
+    }
+    for (; w->nparked > 0; w->nparked--) {
+        w->spent[w->nspent++] = w->parked[w->nparked - 1].arena; /* their clients saw the crash */
     }
     free_spent(w);
     kf_arena_reset(&w->arena);
@@ -608,40 +629,19 @@ static void op_flush_or_cancel(world_t *w, bool flush) {
 
 static void check_run(world_t *w, const Keyflow__V1__Run *got, int r, const char *what);
 
-static void op_poll(world_t *w) {
-    int workflows[M_WORKFLOWS];
-    int nworkflows = (int)rnd(w, M_WORKFLOWS + 1);
-    int first = (int)rnd(w, M_WORKFLOWS);
-    for (int i = 0; i < nworkflows; i++) {
-        workflows[i] = (first + i) % M_WORKFLOWS;
+/* The runs a poll was answered with: each was pending in the model and of
+ * a requested workflow, oldest first; the model leases them now.
+ * `candidates` >= 0: an immediate answer, which must take
+ * min(max_runs, candidates). */
+static void poll_answered(world_t *w, const Keyflow__V1__PollRunsResponse *resp,
+                          const int *workflows, int nworkflows, const char *worker,
+                          int64_t max_runs, int64_t granted_ms, int candidates) {
+    if (candidates >= 0) {
+        CHECK_EQ(w, "PollRuns runs", resp->n_runs, candidates < max_runs ? candidates : max_runs);
+    } else {
+        CHECK(w, resp->n_runs >= 1 && (int64_t)resp->n_runs <= max_runs,
+              "PollRuns (long poll): %zu runs for max_runs %" PRId64, resp->n_runs, max_runs);
     }
-    int64_t max_runs = PICK(w, 0, 1, 1, 2, 3);
-    int64_t lease_ms = PICK(w, 0, 100, 500, 2000, 5000);
-    char worker[16];
-    snprintf(worker, sizeof worker, "w%d", (int)rnd(w, 3));
-    Keyflow__V1__PollRunsRequest *req =
-        NEW(Keyflow__V1__PollRunsRequest, keyflow__v1__poll_runs_request__init);
-    req->n_workflows = (size_t)nworkflows;
-    req->workflows = kf_arena_zalloc(w->cur, (M_WORKFLOWS + 1) * sizeof(char *));
-    for (int i = 0; i < nworkflows; i++) {
-        req->workflows[i] = (char *)m_workflow_names[workflows[i]];
-    }
-    req->worker_id = dup_text(w, worker);
-    req->max_runs = max_runs;
-    req->lease_ms = lease_ms;
-    kf_cmd_t *cmd = exec(w, KF_OP_POLL_RUNS, &req->base);
-    expect_status(w, cmd, KF_OK, "PollRuns");
-    Keyflow__V1__PollRunsResponse *resp = (Keyflow__V1__PollRunsResponse *)cmd->response;
-    int64_t want_max = max_runs ? max_runs : 1;
-    int64_t granted_ms = lease_ms ? lease_ms : 30000;
-    int candidates = 0;
-    for (uint32_t r = 0; r < w->m.nruns; r++) {
-        candidates +=
-            w->m.runs[r].status == M_PENDING && m_run_matches(&w->m, (int)r, workflows, nworkflows);
-    }
-    say(w, "poll %d workflow(s) max %" PRId64 " -> %zu of %d pending", nworkflows, want_max,
-        resp->n_runs, candidates);
-    CHECK_EQ(w, "PollRuns runs", resp->n_runs, candidates < want_max ? candidates : want_max);
     int64_t newest = INT64_MIN;
     for (size_t i = 0; i < resp->n_runs; i++) {
         const Keyflow__V1__Run *got = resp->runs[i];
@@ -673,6 +673,159 @@ static void op_poll(world_t *w) {
                   w->m.runs[r].run_id, w->m.runs[r].created_ms);
         }
     }
+}
+
+static int pending_matching(const world_t *w, const int *workflows, int nworkflows) {
+    int n = 0;
+    for (uint32_t r = 0; r < w->m.nruns; r++) {
+        n +=
+            w->m.runs[r].status == M_PENDING && m_run_matches(&w->m, (int)r, workflows, nworkflows);
+    }
+    return n;
+}
+
+static void spend(world_t *w, kf_arena_t *arena) {
+    CHECK(w, w->nspent < (int)(sizeof w->spent / sizeof w->spent[0]), "too many spent arenas");
+    w->spent[w->nspent++] = arena;
+}
+
+static void op_poll(world_t *w) {
+    int workflows[M_WORKFLOWS];
+    int nworkflows = (int)rnd(w, M_WORKFLOWS + 1);
+    int first = (int)rnd(w, M_WORKFLOWS);
+    for (int i = 0; i < nworkflows; i++) {
+        workflows[i] = (first + i) % M_WORKFLOWS;
+    }
+    int64_t max_runs = PICK(w, 0, 1, 1, 2, 3);
+    int64_t lease_ms = PICK(w, 0, 100, 500, 2000, 5000);
+    /* Mostly wait when nothing is pending: that is when a poll parks. */
+    int wait_percent = pending_matching(w, workflows, nworkflows) == 0 ? 70 : 20;
+    int64_t wait_ms =
+        w->nparked < PARKED_MAX && chance(w, wait_percent) ? PICK(w, 100, 1000, 5000) : 0;
+    char worker[16];
+    snprintf(worker, sizeof worker, "w%d", (int)rnd(w, 3));
+    if (wait_ms > 0) {
+        w->cur = kf_xcalloc(1, sizeof *w->cur); /* it may wait past this group */
+        kf_arena_init(w->cur, 0);
+    }
+    Keyflow__V1__PollRunsRequest *req =
+        NEW(Keyflow__V1__PollRunsRequest, keyflow__v1__poll_runs_request__init);
+    req->n_workflows = (size_t)nworkflows;
+    req->workflows = kf_arena_zalloc(w->cur, (M_WORKFLOWS + 1) * sizeof(char *));
+    for (int i = 0; i < nworkflows; i++) {
+        req->workflows[i] = (char *)m_workflow_names[workflows[i]];
+    }
+    req->worker_id = dup_text(w, worker);
+    req->max_runs = max_runs;
+    req->lease_ms = lease_ms;
+    req->wait_ms = wait_ms;
+    int64_t want_max = max_runs ? max_runs : 1;
+    int64_t granted_ms = lease_ms ? lease_ms : 30000;
+    int candidates = pending_matching(w, workflows, nworkflows);
+    kf_cmd_t *cmd = kf_arena_zalloc(w->cur, sizeof *cmd);
+    cmd->op = KF_OP_POLL_RUNS;
+    cmd->request = &req->base;
+    cmd->arena = w->cur;
+    cmd->id = ++w->next_cmd_id;
+    engine_begin(w);
+    kf_core_execute(w->core, cmd);
+    kf_arena_t *own = w->cur != &w->arena ? w->cur : NULL;
+    w->cur = &w->arena;
+    if (cmd->parked != NULL) {
+        say(w, "poll %d workflow(s) max %" PRId64 " waits %" PRId64 " ms", nworkflows, want_max,
+            wait_ms);
+        CHECK_EQ(w, "PollRuns parked with pending runs", candidates, 0);
+        struct parked_poll *p = &w->parked[w->nparked++];
+        *p = (struct parked_poll){.cmd = cmd,
+                                  .arena = own,
+                                  .nworkflows = nworkflows,
+                                  .max_runs = want_max,
+                                  .granted_ms = granted_ms,
+                                  .deadline_ms = w->now_ms + wait_ms};
+        memcpy(p->workflows, workflows, sizeof workflows);
+        snprintf(p->worker, sizeof p->worker, "%s", worker);
+        return;
+    }
+    expect_status(w, cmd, KF_OK, "PollRuns");
+    Keyflow__V1__PollRunsResponse *resp = (Keyflow__V1__PollRunsResponse *)cmd->response;
+    say(w, "poll %d workflow(s) max %" PRId64 " -> %zu of %d pending", nworkflows, want_max,
+        resp->n_runs, candidates);
+    poll_answered(w, resp, workflows, nworkflows, worker, want_max, granted_ms, candidates);
+    if (own != NULL) {
+        spend(w, own);
+    }
+}
+
+/* Long polls that were answered since the last look: by a run that became
+ * pending (the longest waiting matching poll first), by their deadline
+ * (empty), or by a cancel. Those still waiting must have nothing to take. */
+static void settle_polls(world_t *w) {
+    for (int k = 0; k < w->nparked;) {
+        struct parked_poll *p = &w->parked[k];
+        if (p->cmd->parked != NULL) {
+            k++;
+            continue;
+        }
+        if (p->cancelled) {
+            expect_status(w, p->cmd, KF_E_CANCELLED, "PollRuns cancelled while waiting");
+        } else {
+            expect_status(w, p->cmd, KF_OK, "PollRuns (long poll)");
+            const Keyflow__V1__PollRunsResponse *resp =
+                (const Keyflow__V1__PollRunsResponse *)p->cmd->response;
+            say(w, "long poll answered with %zu run(s)", resp->n_runs);
+            if (resp->n_runs == 0) {
+                CHECK(w, w->now_ms >= p->deadline_ms,
+                      "PollRuns (long poll) answered empty before its deadline %" PRId64,
+                      p->deadline_ms);
+            } else {
+                for (int e = 0; e < k; e++) { /* still waiting, and longer */
+                    for (size_t i = 0; i < resp->n_runs; i++) {
+                        int r = m_run_find(&w->m, resp->runs[i]->run_id);
+                        CHECK(w,
+                              r < 0 || !m_run_matches(&w->m, r, w->parked[e].workflows,
+                                                      w->parked[e].nworkflows),
+                              "PollRuns: run %s went to a later long poll", resp->runs[i]->run_id);
+                    }
+                }
+                poll_answered(w, resp, p->workflows, p->nworkflows, p->worker, p->max_runs,
+                              p->granted_ms, -1);
+            }
+        }
+        spend(w, p->arena);
+        memmove(&w->parked[k], &w->parked[k + 1], (size_t)(w->nparked - k - 1) * sizeof *p);
+        w->nparked--;
+    }
+    for (int k = 0; k < w->nparked; k++) {
+        const struct parked_poll *p = &w->parked[k];
+        CHECK(w, w->now_ms < p->deadline_ms, "PollRuns (long poll) still waits past its deadline");
+        CHECK_EQ(w, "pending runs while a long poll for them waits",
+                 pending_matching(w, p->workflows, p->nworkflows), 0);
+    }
+}
+
+/* The client of a waiting poll goes away. */
+static void op_cancel_poll(world_t *w) {
+    if (w->nparked == 0) {
+        return;
+    }
+    struct parked_poll *p = &w->parked[rnd(w, w->nparked)];
+    say(w, "cancel a waiting poll");
+    p->cancelled = true;
+    engine_begin(w);
+    kf_core_cancel(w->core, p->cmd, p->cmd->id);
+    CHECK(w, p->cmd->parked == NULL, "a cancelled poll still waits");
+}
+
+/* The earliest time the driver must stop the clock at: the model's, or a
+ * long poll's deadline. */
+static int64_t next_due_ms(const world_t *w) {
+    int64_t due = m_next_due_ms(&w->m, w->now_ms);
+    for (int k = 0; k < w->nparked; k++) {
+        if (w->parked[k].deadline_ms > w->now_ms && w->parked[k].deadline_ms < due) {
+            due = w->parked[k].deadline_ms;
+        }
+    }
+    return due;
 }
 
 /* Whether a command about run r should find it. Past its retention the
@@ -1139,7 +1292,7 @@ static void op_advance(world_t *w) {
     int64_t to = w->now_ms + delta;
     say(w, "advance %" PRId64 " ms", delta);
     for (;;) {
-        int64_t due = m_next_due_ms(&w->m, w->now_ms);
+        int64_t due = next_due_ms(w);
         int64_t next = due < to ? due : to;
         w->now_ms = next;
         tick(w);
@@ -1567,8 +1720,10 @@ static void run_seed(world_t *w, uint64_t seed, long steps, bool verbose, const 
             op_heartbeat(w);
         } else if (op < 51) {
             op_complete(w);
-        } else if (op < 53) {
+        } else if (op < 52) {
             op_get_run(w);
+        } else if (op < 53) {
+            op_cancel_poll(w);
         } else if (op < 56) {
             op_register(w);
         } else if (op < 68) {
@@ -1594,6 +1749,10 @@ static void run_seed(world_t *w, uint64_t seed, long steps, bool verbose, const 
         op_pump(w); /* let every step finish */
     }
     CHECK(w, w->noutstanding == 0, "%d pushes never answered", w->noutstanding);
+    while (w->nparked > 0) {
+        w->now_ms = next_due_ms(w); /* the polls' deadlines: they end empty */
+        tick(w);
+    }
     commit(w);
     g_world = NULL;
     world_close(w);
