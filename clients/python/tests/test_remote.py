@@ -9,8 +9,8 @@ import unittest
 
 import keyflow
 from keyflow.v1 import functions_pb2 as fpb
-from sdk_harness import (restart_same_port, running_sum_descriptor, start_server, unique,
-                         wait_for)
+from sdk_harness import (HANDLERS, restart_same_port, running_sum_descriptor, start_server,
+                         unique, wait_for)
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 sys.path.insert(0, EXAMPLES)
@@ -88,6 +88,53 @@ class RemoteHandlerTest(unittest.TestCase):
             self.assertEqual(self.client.key_state(native, key), self.client.key_state(remote, key))
         info = self.client.get_function(remote)
         self.assertTrue(info.available)
+
+    def test_timers_match_native_session_counter(self):
+        """A port of handlers/session_counter.c: rows set an "idle" timer,
+        watermarks fire them (timer activations, state cleared), byte for
+        byte as the native handler."""
+        import json
+
+        def session_counter(act):
+            if act.is_timer:
+                act.emit(key=act.key_text, ts=act.event_time_us,
+                         events=act.state if act.state_kind == "value" else 0)
+                act.clear_state()
+                return
+            previous = act.state if act.state_kind == "value" else 0
+            idle = act.get("idle_us")
+            idle = 60000000 if idle is None else idle
+            at = min(act.event_time_us + idle, (1 << 63) - 1)
+            if act.watermark_us is not None and at <= act.watermark_us:
+                at = act.watermark_us + 1
+            act.set_state(previous + 1)
+            act.set_timer("idle", at)
+
+        with open(os.path.join(HANDLERS, "session_counter.descriptor.json")) as f:
+            base = json.load(f)
+        native, remote = unique("sc-native"), unique("sc-py")
+        self.client.register_function(dict(base, functionId=native, pipelineStateId=native + ".s"))
+        w = keyflow.FunctionWorker(remote, session_counter, self.client, concurrency=4)
+        self.client.register_function(keyflow.remote_descriptor(
+            dict(base, functionId=remote, pipelineStateId=remote + ".s"), w.digest))
+        w.start()
+        self.addCleanup(w.stop)
+        self.assertTrue(w.wait_welcomed(30))
+        x = 11
+        for seq in range(1, 9):
+            rows = []
+            for i in range(400):
+                x = (x * 1103515245 + 12345) % (1 << 31)
+                rows.append({"user": "s%03d" % (x % 300), "ts": T0_US + seq * 1000000 + i,
+                             "idle_us": None if x % 5 == 0 else 500000 + x % 3000000})
+            for fid in (native, remote):
+                self.client.push_batch(fid, "p", seq, rows, watermark_us=T0_US + seq * 1000000)
+        for fid in (native, remote):  # fire everything left
+            self.client.push_batch(fid, "p", 99, [], watermark_us=T0_US + 10 ** 9)
+        out = self.read_all(native)
+        self.assertGreater(len(out), 0)
+        self.assertEqual(self.read_all(remote), out)
+        self.assertGreater(w.calls, 0)
 
     def test_overflow_refuses_the_batch_like_native(self):
         native = unique("rs-native")
