@@ -330,7 +330,7 @@ check "every shared library resolves in the runtime image" \
   sh -c '! printf "%s\n" "$1" | grep "not found" >&2' _ "$libs"
 check "keyflowd --help runs" podman run --rm --no-healthcheck --network=host "$IMAGE" --help >/dev/null
 
-read -r G1 H1 G2 H2 G3 H3 < <(free_ports 6)
+read -r G1 H1 P1 G2 H2 P2 G3 H3 P3 < <(free_ports 9)
 # The deployments' secrets: a CA, a certificate for 127.0.0.1, an admin key.
 SECRETS=$WORK/secrets
 "$ROOT/deploy/make-secrets.sh" "$SECRETS" >"$WORK/secrets.log" 2>&1 \
@@ -343,12 +343,14 @@ podman volume create "$RUN_VOL" >/dev/null
 run_image() {
   podman run -d --name "$RUN_CTR" --network=host --read-only \
     -e KEYFLOW_GRPC_ADDRESS="127.0.0.1:$G1" -e KEYFLOW_HTTP_ADDRESS="127.0.0.1:$H1" \
+    -e KEYFLOW_PROBE_ADDRESS="127.0.0.1:$P1" \
     -v "$RUN_VOL:/var/lib/keyflow" "$IMAGE" >/dev/null 2>"$WORK/run.err" \
     || { cat "$WORK/run.err" >&2; return 1; }
   # (podman prints that it cannot schedule the healthcheck without systemd: harmless)
 }
 check "image: podman run -d" run_image
 probe_service image "$H1" "$G1" "$RUN_CTR"
+check "image: GET /readyz on the probe listener" wait_http "http://127.0.0.1:$P1/readyz"
 check "image: HEALTHCHECK passes (podman healthcheck run)" podman_healthcheck "$RUN_CTR"
 out=$(podman exec "$RUN_CTR" keyflow --addr "127.0.0.1:$G1" send --workflow smoke --key cli-key \
   --id c-1 --batch --max-events 5 --input '{"n": 2}') || fail "image: keyflow send"
@@ -393,12 +395,14 @@ done
 check "podman API socket answers" curl -fsS --max-time 2 --unix-socket "$WORK/podman.sock" -o /dev/null http://d/_ping
 python3 "$HERE/compose_hostnet.py" "$ROOT/deploy/docker-compose.yml" --image "$IMAGE" \
   --env KEYFLOW_GRPC_ADDRESS="127.0.0.1:$G2" --env KEYFLOW_HTTP_ADDRESS="127.0.0.1:$H2" \
-  --secret-dir "$SECRETS" >"$WORK/compose.yml"
+  --env KEYFLOW_PROBE_ADDRESS="127.0.0.1:$P2" --secret-dir "$SECRETS" >"$WORK/compose.yml"
 DC=(timeout 300 docker-compose -p "$COMPOSE_PROJECT" -f "$WORK/compose.yml")
 "${DC[@]}" up -d --no-build >"$WORK/compose.log" 2>&1 || { cat "$WORK/compose.log"; fail "docker-compose up"; }
 ok "docker-compose up -d"
 CCTR=${COMPOSE_PROJECT}_keyflowd_1
 probe_secure compose "$H2" "$G2" "$CCTR"
+check "compose: GET /readyz on the probe listener (TLS)" \
+  curl -fsS --cacert "$SECRETS/keyflow-tls/ca.crt" -o /dev/null --max-time 5 "https://127.0.0.1:$P2/readyz"
 check "compose: healthcheck passes (podman healthcheck run)" podman_healthcheck "$CCTR"
 check "compose: data on the named volume" \
   test "$(podman volume inspect -f '{{.Name}}' "${COMPOSE_PROJECT}_keyflow-data")" = "${COMPOSE_PROJECT}_keyflow-data"
@@ -414,11 +418,14 @@ unset DOCKER_HOST
 step "7. deploy/kubernetes/keyflow.yaml via podman kube play (hostNetwork, :$H3)"
 python3 "$HERE/kube_hostnet.py" "$ROOT/deploy/kubernetes/keyflow.yaml" --image "$IMAGE" \
   --env KEYFLOW_GRPC_ADDRESS="127.0.0.1:$G3" --env KEYFLOW_HTTP_ADDRESS="127.0.0.1:$H3" \
-  --port grpc="$G3" --port http="$H3" --secret-dir "$SECRETS" >"$WORK/kube.yaml" 2>"$WORK/kube-rewrite.log"
+  --env KEYFLOW_PROBE_ADDRESS="127.0.0.1:$P3" \
+  --port grpc="$G3" --port http="$H3" --port probe="$P3" --secret-dir "$SECRETS" >"$WORK/kube.yaml" 2>"$WORK/kube-rewrite.log"
 timeout 300 podman kube play "$WORK/kube.yaml" >"$WORK/kube.log" 2>&1 \
   || { cat "$WORK/kube.log"; fail "podman kube play"; }
 ok "podman kube play (StatefulSet -> pod $KUBE_POD + PVC $KUBE_VOL)"
 probe_secure kube "$H3" "$G3" "$KUBE_CTR"
+check "kube: GET /readyz on the probe listener (TLS)" \
+  curl -fsS --cacert "$SECRETS/keyflow-tls/ca.crt" -o /dev/null --max-time 5 "https://127.0.0.1:$P3/readyz"
 check "kube: runs as uid 10001" test "$(podman exec "$KUBE_CTR" id -u)" = 10001
 check "kube: livenessProbe (as podman healthcheck) passes" podman_healthcheck "$KUBE_CTR"
 podman pod stop -t 30 "$KUBE_POD" >/dev/null 2>>"$WORK/podman.log"
