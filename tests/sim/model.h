@@ -37,7 +37,7 @@
 #define M_INPUT_BYTES      (M_BATCH_EVENTS_MAX * 24 + 8)
 /* Process functions: running_sum (0) and session_counter (1). */
 #define M_FNS            2
-#define M_FN_KEYS        5
+#define M_FN_KEYS        5 /* < max_timer_callbacks_per_step: no follow-on steps */
 #define M_PRODUCERS      3
 #define M_ACKS_KEPT      16   /* KF_PRODUCER_ACKS_KEPT */
 #define M_SWEEP_SLACK_MS 1000 /* core.c SWEEP_INTERVAL_MS: retention is swept this late */
