@@ -461,12 +461,7 @@ Test(functions, calls_answered_later_keep_order_and_atomicity) {
 }
 
 static Keyflow__V1__FunctionInfo *function_info(void) {
-    Keyflow__V1__GetFunctionRequest *req = A(Keyflow__V1__GetFunctionRequest);
-    keyflow__v1__get_function_request__init(req);
-    req->function_id = "f";
-    kf_cmd_t *c = sim_exec(&sim, KF_OP_GET_FUNCTION, &req->base);
-    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
-    return (Keyflow__V1__FunctionInfo *)c->response;
+    return fnh_info("f");
 }
 
 /* Found by the seeded simulation (tests/sim): while a step waited for a
