@@ -19,7 +19,7 @@ JOBS=$(nproc)
 
 PACKAGES=(build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler protobuf-compiler-grpc protobuf-c-compiler libprotobuf-c-dev
-  libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev
+  libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev libsystemd-dev
   python3 python3-grpcio python3-protobuf python3-setuptools curl clang-format git
   nodejs npm openssl)
 # A package that is there as a command is not installed again: another

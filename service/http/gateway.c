@@ -179,6 +179,13 @@ static int send_error(h2o_req_t *req, kf_status_t status, const char *message, i
     return sent;
 }
 
+/* 405 with the Allow header RFC 9110 requires: the methods the path does
+ * accept. Returns 405. */
+static int send_not_allowed(h2o_req_t *req, const char *message, const char *allow) {
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
+    return send_error(req, KF_E_UNIMPLEMENTED, message, 405);
+}
+
 static void watch_unlink(kf_gateway_t *gw, http_call_t *call) {
     if (call->watch_fd < 0) {
         return;
@@ -464,7 +471,7 @@ static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
         if (!is_get && path_is(req, path_len, probes[i])) {
             char message[64];
             snprintf(message, sizeof message, "method: use GET for %s", probes[i]);
-            send_error(req, KF_E_UNIMPLEMENTED, message, 405);
+            send_not_allowed(req, message, "GET, HEAD");
             return true;
         }
     }
@@ -636,7 +643,14 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         }
     }
     if (st != KF_OK) {
-        int sent = send_error(req, st, err.message, st == KF_E_UNIMPLEMENTED ? 405 : 0);
+        int sent;
+        if (st == KF_E_UNIMPLEMENTED) { /* the path is known, the method is not */
+            char allow[KF_HTTP_ALLOW_BYTES_MAX];
+            kf_http_allowed(call->hreq.path, call->hreq.path_len, allow, sizeof allow);
+            sent = send_not_allowed(req, err.message, allow);
+        } else {
+            sent = send_error(req, st, err.message, 0);
+        }
         if (call->method != NULL) { /* a refused request of a known method counts */
             record_request(call, gw->metrics_ids[call->method - kf_methods],
                            kf_status_grpc_code(st), sent, NULL);
