@@ -54,6 +54,7 @@
 #include "base/metrics.h"
 #include "base/workers.h"
 #include "http/conns.h"
+#include "http/openapi.h"
 #include "http/routes.h"
 #include "proto/json_map.h"
 
@@ -117,6 +118,8 @@ struct kf_gateway {
     kf_auth_t *auth; /* NULL: requests are not checked */
     atomic_bool stopping;
     atomic_int in_flight;
+    char *openapi; /* GET /openapi.json, written at create (http/openapi.h) */
+    size_t openapi_len;
     int metrics_ids[KF_METRICS_METHODS_MAX];
     /* HTTP/1 long polls: h2o does not read a connection while its request is
      * being handled, so a client that leaves is noticed only by peeking at
@@ -466,7 +469,7 @@ static bool path_is(h2o_req_t *req, size_t path_len, const char *want) {
 static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
     bool is_get = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) ||
                   h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
-    static const char *const probes[] = {"/healthz", "/readyz", "/metrics"};
+    static const char *const probes[] = {"/healthz", "/readyz", "/metrics", "/openapi.json"};
     for (size_t i = 0; i < sizeof probes / sizeof probes[0]; i++) {
         if (!is_get && path_is(req, path_len, probes[i])) {
             char message[64];
@@ -500,6 +503,10 @@ static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
     }
     if (path_is(req, path_len, "/metrics")) {
         serve_metrics(gw, req);
+        return true;
+    }
+    if (path_is(req, path_len, "/openapi.json")) {
+        send_body(req, 200, "application/json", gw->openapi, gw->openapi_len);
         return true;
     }
     return false;
@@ -1003,6 +1010,9 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *
     h2o_timeout_init(gw->main.loop, &gw->watch_timeout, WATCH_INTERVAL_MS);
     gw->watch_entry.cb = on_watch_tick;
     st = kf_workers_create("kf-http-w", KF_HTTP_WORKERS, KF_HTTP_WORK_QUEUE_MAX, &gw->workers, err);
+    if (st == KF_OK) {
+        st = kf_openapi_render(options->version, &gw->openapi, &gw->openapi_len, err);
+    }
     if (st == KF_OK && options->probe_address != NULL) {
         kf_http_conn_limits_t probe = {
             .connections_max = KF_PROBE_CONNECTIONS_MAX,
@@ -1078,5 +1088,6 @@ void kf_gateway_destroy(kf_gateway_t *gw) {
     }
     server_dispose(&gw->main);
     server_dispose(&gw->probe);
+    free(gw->openapi);
     free(gw);
 }

@@ -707,6 +707,7 @@ int main(int argc, char **argv) {
         .connections_per_address = (int)o.http_connections_per_address,
         .header_timeout_ms = o.http_header_timeout_ms,
         .body_timeout_ms = o.http_body_timeout_ms,
+        .version = kf_version(),
     };
     kf_gateway_t *gateway;
     int http_port;
