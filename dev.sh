@@ -19,8 +19,7 @@ JOBS=$(nproc)
 
 PACKAGES=(build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler protobuf-compiler-grpc protobuf-c-compiler libprotobuf-c-dev
-  libprotobuf-dev
-  libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev libsystemd-dev
+  libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev
   python3 python3-grpcio python3-protobuf python3-setuptools curl clang-format git
   nodejs npm openssl)
 # A package that is there as a command is not installed again: another
@@ -47,17 +46,12 @@ install_deps() {
     --no-install-recommends "${missing[@]}"
 }
 
-# npm packages, exactly as each package-lock.json pins them: the Node SDK's,
-# and the independent clients the end-to-end tests use (tests/e2e/node: a
-# gRPC reflection client and an OpenAPI validator).
+# The Node SDK's packages, exactly as clients/node/package-lock.json pins them.
 node_deps() {
-  local dir
-  for dir in clients/node tests/e2e/node; do
-    if [ ! -d "$ROOT/$dir/node_modules" ]; then
-      log "npm ci ($dir)"
-      (cd "$ROOT/$dir" && npm ci --no-audit --no-fund)
-    fi
-  done
+  if [ ! -d "$ROOT/clients/node/node_modules" ]; then
+    log "npm ci (clients/node)"
+    (cd "$ROOT/clients/node" && npm ci --no-audit --no-fund)
+  fi
 }
 
 build() { # build DIR TYPE [cmake args...]

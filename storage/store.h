@@ -47,10 +47,11 @@
     X(KF_CF_STATE, "state")         /* per-key value state */                                      \
     X(KF_CF_TIMERS_BY_TIME, "timers_by_time")                                                      \
     X(KF_CF_TIMERS_BY_KEY, "timers_by_key")                                                        \
-    X(KF_CF_OUTPUT, "output")           /* output row chunks */                                    \
-    X(KF_CF_PRODUCERS, "producers")     /* producer sequences and acks */                          \
-    X(KF_CF_CHECKPOINTS, "checkpoints") /* per-function checkpoints */                             \
-    X(KF_CF_API_KEYS, "api_keys")       /* store secret, API key hashes */
+    X(KF_CF_OUTPUT, "output")             /* output row chunks */                                  \
+    X(KF_CF_PRODUCERS, "producers")       /* producer sequences and acks */                        \
+    X(KF_CF_CHECKPOINTS, "checkpoints")   /* per-function checkpoints */                           \
+    X(KF_CF_API_KEYS, "api_keys")         /* store secret, API key hashes */                       \
+    X(KF_CF_OUTPUT_MARKS, "output_marks") /* per output chunk: when written, bytes */
 
 typedef enum kf_cf {
 #define KF_CF_ENUM_(id, name) id,

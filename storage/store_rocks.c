@@ -261,8 +261,10 @@ static rocksdb_options_t *family_options(const kf_rocks_options_t *o, kf_cf_t cf
     size_t buffer = o->write_buffer_bytes ? o->write_buffer_bytes : 64u * 1024 * 1024;
     /* The engine keeps live state in memory and reads point records rarely;
      * bigger memtables mean fewer flushes under a write-heavy load. */
+    /* Output marks are written as often as output chunks, but each is
+     * about 30 bytes: a small memtable holds minutes of them. */
     if (cf == KF_CF_META || cf == KF_CF_FUNCTIONS || cf == KF_CF_CHECKPOINTS ||
-        cf == KF_CF_API_KEYS) {
+        cf == KF_CF_API_KEYS || cf == KF_CF_OUTPUT_MARKS) {
         buffer = 4u * 1024 * 1024;
     }
     rocksdb_options_set_write_buffer_size(opt, buffer);

@@ -833,6 +833,9 @@ KF_CLIENT_WRAPPER(kf_client_read_output, KF_CLIENT_PATH_READ_OUTPUT, Keyflow__V1
 KF_CLIENT_WRAPPER(kf_client_get_key_state, KF_CLIENT_PATH_GET_KEY_STATE,
                   Keyflow__V1__GetKeyStateRequest, keyflow__v1__get_key_state_request__descriptor,
                   Keyflow__V1__GetKeyStateResponse, keyflow__v1__get_key_state_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_trim_output, KF_CLIENT_PATH_TRIM_OUTPUT, Keyflow__V1__TrimOutputRequest,
+                  keyflow__v1__trim_output_request__descriptor, Keyflow__V1__TrimOutputResponse,
+                  keyflow__v1__trim_output_response__descriptor)
 KF_CLIENT_WRAPPER(kf_client_create_key, KF_CLIENT_PATH_CREATE_KEY, Keyflow__V1__CreateKeyRequest,
                   keyflow__v1__create_key_request__descriptor, Keyflow__V1__CreateKeyResponse,
                   keyflow__v1__create_key_response__descriptor)

@@ -72,6 +72,7 @@
 #define KF_CLIENT_PATH_READ_OUTPUT          "/keyflow.v1.Functions/ReadOutput"
 #define KF_CLIENT_PATH_TAIL_OUTPUT          "/keyflow.v1.Functions/TailOutput"
 #define KF_CLIENT_PATH_GET_KEY_STATE        "/keyflow.v1.Functions/GetKeyState"
+#define KF_CLIENT_PATH_TRIM_OUTPUT          "/keyflow.v1.Functions/TrimOutput"
 #define KF_CLIENT_PATH_HEALTH_CHECK         "/grpc.health.v1.Health/Check"
 #define KF_CLIENT_PATH_CREATE_KEY           "/keyflow.v1.Keys/CreateKey"
 #define KF_CLIENT_PATH_LIST_KEYS            "/keyflow.v1.Keys/ListKeys"
@@ -236,6 +237,12 @@ kf_status_t kf_client_get_key_state(kf_client_t *client,
                                     kf_arena_t *arena, int64_t timeout_ms,
                                     Keyflow__V1__GetKeyStateResponse **response,
                                     kf_error_t *err) KF_MUST_USE;
+/* Idempotent: trimming again to the same or an earlier position changes
+ * nothing. */
+kf_status_t kf_client_trim_output(kf_client_t *client,
+                                  const Keyflow__V1__TrimOutputRequest *request, kf_arena_t *arena,
+                                  int64_t timeout_ms, Keyflow__V1__TrimOutputResponse **response,
+                                  kf_error_t *err) KF_MUST_USE;
 
 /* The Keys service (every call needs a key with keys:admin). The api_key
  * of a CreateKeyResponse is the only copy of the new key's secret. */

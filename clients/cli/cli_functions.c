@@ -1,6 +1,6 @@
 /*
  * cli_functions.c - `keyflow functions ...`: one subcommand per RPC of the
- * Functions service (register, get, list, push, output, tail, state).
+ * Functions service (register, get, list, push, output, tail, trim, state).
  *
  *   push: flags --> read all input (<= KF__CLI_PUSH_INPUT_BYTES_MAX)
  *     --> GetFunction (input schema, max_input_rows)
@@ -418,6 +418,33 @@ static int cmd_state(kf__cli_t *cli, const kf__cli_args_t *args) {
     return kf__cli_print(cli, &resp->base);
 }
 
+/* ---- trim ---------------------------------------------------------------- */
+
+static const kf__cli_flag_t trim_flags[] = {
+    {"--before", KF__CLI_VALUE, "SEQ",
+     "drop the output rows before SEQ (required; the last row read + 1)"},
+};
+
+static int cmd_trim(kf__cli_t *cli, const kf__cli_args_t *args) {
+    Keyflow__V1__TrimOutputRequest req = KEYFLOW__V1__TRIM_OUTPUT_REQUEST__INIT;
+    req.function_id = (char *)args->positional[0];
+    bool present = false;
+    int rc = kf__cli_int64(args, "--before", INT64_MIN, INT64_MAX, &present, &req.before_seq);
+    if (rc != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    if (!present) {
+        return kf__cli_usage_error(args->command, "--before: required");
+    }
+    Keyflow__V1__TrimOutputResponse *resp = NULL;
+    kf_error_t err;
+    if (kf_client_trim_output(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &resp,
+                              &err) != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print(cli, &resp->base);
+}
+
 /* ---- the subcommand table ------------------------------------------------ */
 
 static const kf__cli_command_t functions_commands[] = {
@@ -461,6 +488,13 @@ static const kf__cli_command_t functions_commands[] = {
      "it follows until interrupted; --count N exits 0 after N pages. The stream has no\n"
      "deadline unless --timeout-ms is given.",
      FLAGS(tail_flags), 1, 1, false, cmd_tail, NULL},
+    {"trim", "ID --before SEQ", "drop a function's output rows before SEQ",
+     "For a consumer that has committed its position: rows before SEQ are gone for\n"
+     "readers at once (reading below the retained range is OUT_OF_RANGE, naming the\n"
+     "first retained sequence) and from disk soon after. SEQ is at most the last output\n"
+     "row + 1. Trimming again to the same or an earlier position changes nothing. Prints\n"
+     "the first retained sequence; \"functions get\" shows the retained range.",
+     FLAGS(trim_flags), 1, 1, false, cmd_trim, NULL},
     {"state", "ID KEY", "show a key's value state (absent, null or a value) and its timers",
      "KEY is the key's text: the value of the one key column, or a JSON array of the\n"
      "values when the function has several key columns.",

@@ -105,10 +105,10 @@ export interface FunctionInfo {
   keys: Int64;
   timers: Int64;
   stateBytes: Int64;
-  /** due timers the server's follow-on steps have yet to fire */
-  dueTimers: Int64;
-  /** why the last follow-on timer step was refused ("" when it was not) */
-  dueTimersError: string;
+  /** Output rows firstRetainedSeq..outputSeq are still stored (retention). */
+  firstRetainedSeq: Int64;
+  retainedRows: Int64;
+  retainedBytes: Int64;
   [field: string]: unknown;
 }
 
@@ -128,8 +128,6 @@ export interface PushAck {
   watermarkUs: Int64;
   duplicate: boolean;
   sequence: Int64;
-  /** due timers left for the server's follow-on steps */
-  dueTimers: Int64;
   [field: string]: unknown;
 }
 
@@ -139,6 +137,12 @@ export interface OutputPage {
   lastSeq: Int64;
   nextAfterSeq: Int64;
   highWaterSeq: Int64;
+  firstRetainedSeq: Int64;
+}
+
+export interface TrimResult {
+  firstRetainedSeq: Int64;
+  outputSeq: Int64;
 }
 
 export interface KeyState {
@@ -187,6 +191,8 @@ export class Client {
   producer(functionId: string, options?: { producerId?: string; nextSequence?: Int64 }): Producer;
   readOutput(functionId: string, options?: { afterSeq?: Int64; limit?: number; waitMs?: number }): Promise<OutputPage>;
   tailOutput(functionId: string, options?: { afterSeq?: Int64; maxRowsPerMessage?: number }): OutputTail;
+  /** Drops the output rows before beforeSeq (idempotent). */
+  trimOutput(functionId: string, beforeSeq: Int64): Promise<TrimResult>;
   /** key: the value, or an array of values for several key columns */
   keyState(functionId: string, key: string | string[]): Promise<KeyState>;
 }

@@ -99,15 +99,6 @@
  * restart cannot starve requests. */
 #define KF_TIMERS_PER_TURN_MAX 1024
 #define KF_TIMERS_MAX          (KF_COORDINATORS_MAX + KF_LIVE_RUNS_MAX)
-/* Work the engine starts by itself (follow-on timer steps of process
- * functions) runs for at most this long per turn before the engine looks at
- * its inbox again: a command waits behind it for about this long plus one
- * step. */
-#define KF_WORK_TURN_US 2000
-/* Follow-on steps stop adding to a group past this many bytes and wait for
- * the committer: it bounds what a timer backlog keeps in memory (two groups)
- * and keeps each synced write short. */
-#define KF_WORK_GROUP_BYTES_MAX (8 * 1024 * 1024)
 
 /* ---- process functions ------------------------------------------------ */
 
@@ -125,9 +116,9 @@
 #define KF_FN_MAX_KEYS_DEFAULT   100000
 #define KF_FN_MAX_KEYS_MAX       2000000
 #define KF_FN_MAX_TIMERS_DEFAULT 100000
-/* Timers live in memory (about 100 bytes each with their key's share);
- * due ones fire in steps of at most max_timer_callbacks_per_step, so a
- * large backlog delays the function, not the engine. */
+/* All due timers fire in one step (one atomic write): 1M due timers is a
+ * ~90 MB write taking ~15 s here, during which the engine serves nothing
+ * else, so a function may not ask for more than 2M. */
 #define KF_FN_MAX_TIMERS_MAX              2000000
 #define KF_FN_MAX_STATE_BYTES_DEFAULT     (64LL * 1024 * 1024)
 #define KF_FN_MAX_STATE_BYTES_MAX         (4LL * 1024 * 1024 * 1024)
@@ -162,6 +153,20 @@
 /* Cancels of parked polls and reads waiting for the engine's next turn:
  * more than can be parked at once, so none is dropped in practice. */
 #define KF_CANCELS_MAX (2 * (KF_PARKED_POLLS_MAX + KF_PARKED_READS_MAX))
+/* Output retention (functions/retention.c). Unless a descriptor or the
+ * server's flags say otherwise, output rows are kept a week, like finished
+ * runs: long enough for any consumer to catch up after an outage, short
+ * enough that a steady load reaches a steady disk size. */
+#define KF_OUTPUT_RETENTION_MS_DEFAULT (7LL * 24 * 3600 * 1000)
+#define KF_OUTPUT_RETENTION_MS_MAX     (10LL * 365 * 24 * 3600 * 1000)
+/* Output chunks retention examines (and deletes) per engine turn, over all
+ * functions: about 1 us each here, so a backlog of millions is trimmed in
+ * slices of a few ms between requests; more than the chunks a saturated
+ * engine writes per turn, so retention keeps up. */
+#define KF_OUTPUT_TRIM_CHUNKS_PER_TURN 4096
+/* How often retention looks for rows to trim when the last slice finished
+ * its backlog: the precision of age bounds. */
+#define KF_RETENTION_SWEEP_INTERVAL_MS 1000
 /* REMOTE functions (workers on the Workers stream, functions/remote.c).
  * A worker's answer to one handler call may take up to the descriptor's
  * limits.call_timeout_ms: long enough by default for a garbage-collection
@@ -301,7 +306,6 @@ _Static_assert(KF_HTTP_TIMEOUT_MS_MIN <= KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT &&
                "default timeouts within bounds");
 _Static_assert(KF_PROBE_CONNECTIONS_PER_ADDRESS_MAX <= KF_PROBE_CONNECTIONS_MAX,
                "per-address within the listener's bound");
-_Static_assert(KF_WORK_GROUP_BYTES_MAX <= KF_GROUP_BYTES_MAX, "follow-on steps stop earlier");
 _Static_assert(KF_LEASE_MS_DEFAULT >= KF_LEASE_MS_MIN && KF_LEASE_MS_DEFAULT <= KF_LEASE_MS_MAX,
                "default lease within bounds");
 _Static_assert(KF_DEDUP_MS_DEFAULT <= KF_DEDUP_MS_MAX, "default dedup within bound");
@@ -318,6 +322,8 @@ _Static_assert(KF_FUNCTION_KEY_BYTES_MAX < KF_LOG_LINE_BYTES_MAX, "a key fits a 
 _Static_assert(KF_GRANT_PREFIX_BYTES_MAX >= KF_WORKFLOW_BYTES_MAX &&
                    KF_GRANT_PREFIX_BYTES_MAX >= KF_FUNCTION_ID_BYTES_MAX,
                "a prefix can be a whole workflow or function name");
+_Static_assert(KF_OUTPUT_RETENTION_MS_DEFAULT <= KF_OUTPUT_RETENTION_MS_MAX,
+               "default retention within bound");
 _Static_assert(KF_DISK_RESERVE_BYTES_MIN <= KF_DISK_RESERVE_BYTES_DEFAULT &&
                    KF_DISK_RESERVE_BYTES_DEFAULT <= KF_DISK_RESERVE_BYTES_MAX,
                "default reserve within bounds");

@@ -29,6 +29,7 @@ struct kf_core {
     kf_keys_t *keys;
     kf_auth_t *own_auth; /* when the config gave none */
     int64_t next_sweep_ms;
+    int64_t next_retention_ms;                 /* the next output retention sweep */
     bool disk_low;                             /* kf_core_set_disk_low */
     char disk_why[KF_ERROR_MESSAGE_BYTES_MAX]; /* while disk_low */
 };
@@ -57,6 +58,7 @@ static bool grows_store(kf_op_t op) {
     case KF_OP_LIST_FUNCTIONS:
     case KF_OP_READ_OUTPUT:
     case KF_OP_GET_KEY_STATE:
+    case KF_OP_TRIM_OUTPUT:
     /* API keys: a handful of small records an operator may need to manage
      * the server, bounded by KF_API_KEYS_MAX. */
     case KF_OP_CREATE_KEY:
@@ -154,7 +156,7 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
     ctx->rng = kf_rng_create(config->rng_seed, config->rng_seed_len);
     core->runs = kf_runs_create();
     core->coords = kf_coords_create(core->runs);
-    core->functions = kf_functions_create(config->plugin_dir, config->defer_handler_calls);
+    core->functions = kf_functions_create(config);
     kf_auth_t *auth = config->auth;
     if (auth == NULL) {
         auth = core->own_auth = kf_auth_create(false);
@@ -283,6 +285,13 @@ uint32_t kf_core_tick(kf_core_t *core, uint32_t limit) {
         core->next_sweep_ms =
             examined >= KF_TIMERS_PER_TURN_MAX ? ctx->now_ms : ctx->now_ms + SWEEP_INTERVAL_MS;
     }
+    if (ctx->now_ms >= core->next_retention_ms) {
+        uint32_t examined =
+            kf_functions_sweep(core->functions, ctx, KF_OUTPUT_TRIM_CHUNKS_PER_TURN);
+        core->next_retention_ms = examined >= KF_OUTPUT_TRIM_CHUNKS_PER_TURN
+                                      ? ctx->now_ms
+                                      : ctx->now_ms + KF_RETENTION_SWEEP_INTERVAL_MS;
+    }
     kf_gauge_set(KF_G_TIMERS, kf_heap_count(&ctx->heap));
     return fired;
 }
@@ -290,7 +299,8 @@ uint32_t kf_core_tick(kf_core_t *core, uint32_t limit) {
 int64_t kf_core_next_due_ms(const kf_core_t *core) {
     const kf_timer_t *t = kf_heap_peek(&core->ctx.heap);
     int64_t due = t ? t->due_ms : INT64_MAX;
-    return due < core->next_sweep_ms ? due : core->next_sweep_ms;
+    due = due < core->next_sweep_ms ? due : core->next_sweep_ms;
+    return due < core->next_retention_ms ? due : core->next_retention_ms;
 }
 
 kf_cmd_t *kf_core_take_ready(kf_core_t *core) {
@@ -304,15 +314,6 @@ void kf_core_durable(kf_core_t *core, uint64_t group_id) {
     core->ctx.durable_group_id = group_id;
     kf_runs_evict(core->runs, &core->ctx);
     kf_functions_durable(core->functions, &core->ctx);
-}
-
-bool kf_core_has_work(const kf_core_t *core) {
-    return kf_functions_has_due(core->functions);
-}
-
-uint32_t kf_core_run_work(kf_core_t *core, uint32_t steps_max) {
-    KF_ASSERT(core->ctx.batch != NULL);
-    return kf_functions_run_due(core->functions, &core->ctx, steps_max);
 }
 
 void kf_core_pump(kf_core_t *core) {

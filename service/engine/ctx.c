@@ -31,7 +31,11 @@ void kf_ctx_delete(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key) {
     kf_batch_delete(ctx->batch, cf, key->bytes, key->len);
 }
 
-void kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const ProtobufCMessage *msg) {
+void kf_ctx_delete_range(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *begin, const kf_key_t *end) {
+    kf_batch_delete_range(ctx->batch, cf, begin->bytes, begin->len, end->bytes, end->len);
+}
+
+size_t kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const ProtobufCMessage *msg) {
     size_t len = protobuf_c_message_get_packed_size(msg);
     if (len > ctx->scratch_cap) {
         size_t cap = ctx->scratch_cap ? ctx->scratch_cap : 4096;
@@ -45,6 +49,7 @@ void kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const Protob
     size_t packed = protobuf_c_message_pack(msg, ctx->scratch);
     KF_ASSERT(packed == len);
     kf_batch_put(ctx->batch, cf, key->bytes, key->len, ctx->scratch, len);
+    return len;
 }
 
 void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,

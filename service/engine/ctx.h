@@ -47,10 +47,14 @@ typedef struct kf_ctx {
 void kf_ctx_ready(kf_ctx_t *ctx, kf_cmd_t *cmd);
 /* The same for a refused command: cmd->error is set; no response. */
 void kf_ctx_fail(kf_ctx_t *ctx, kf_cmd_t *cmd);
-/* Packs msg and puts it under key in cf, in this step's batch. */
-void kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const ProtobufCMessage *msg);
+/* Packs msg and puts it under key in cf, in this step's batch; returns the
+ * packed size. */
+size_t kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const ProtobufCMessage *msg);
 void kf_ctx_put(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const void *value, size_t len);
 void kf_ctx_delete(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key);
+/* Deletes every key in [begin, end) of cf: one range tombstone, whatever
+ * the number of keys. */
+void kf_ctx_delete_range(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *begin, const kf_key_t *end);
 
 /* Moves a stored processing-time wake-up: deletes the record at old_due_ms
  * (if not INT64_MIN) and writes one at new_due_ms (if not INT64_MIN), and

@@ -104,6 +104,14 @@ typedef struct kf_worker_event {
  * Any thread. */
 void kf_worker_event_free(kf_worker_event_t *ev);
 
+/* Output retention bounds of a function (functions/retention.c); 0 = no
+ * bound of that kind. */
+typedef struct kf_retention {
+    int64_t max_age_ms;
+    int64_t max_rows;
+    int64_t max_bytes;
+} kf_retention_t;
+
 typedef struct kf_engine_config {
     kf_clock_t clock;     /* default: system clock */
     const void *rng_seed; /* NULL: system entropy */
@@ -122,6 +130,11 @@ typedef struct kf_engine_config {
     /* Free bytes kept on the store's filesystem (--disk-reserve); 0 =
      * KF_DISK_RESERVE_BYTES_DEFAULT. */
     uint64_t disk_reserve_bytes;
+    /* The server's output retention (--output-retention-*), for the bounds
+     * a descriptor leaves out. Unset: KF_OUTPUT_RETENTION_MS_DEFAULT of
+     * age, no bound on rows or bytes. */
+    bool output_retention_set;
+    kf_retention_t output_retention;
     /* Called on the committer thread (or the engine thread, for a write it
      * made itself) when a sync fails. Default: log and abort(). If it
      * returns, the engine acknowledges nothing more and answers every call

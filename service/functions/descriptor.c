@@ -230,6 +230,65 @@ static kf_status_t check_names(const char *field, char **names, size_t n, size_t
     return KF_OK;
 }
 
+/* The output retention as given, each bound checked; NULL when no bound
+ * is given, so that a descriptor without one encodes (and hashes) as it
+ * did before retention existed. */
+static kf_status_t canonical_retention(const Keyflow__V1__OutputRetention *in, kf_arena_t *a,
+                                       Keyflow__V1__OutputRetention **out, kf_error_t *err) {
+    *out = NULL;
+    if (in == NULL || (in->max_age_ms_present_case == 0 && in->max_rows_present_case == 0 &&
+                       in->max_bytes_present_case == 0)) {
+        return KF_OK;
+    }
+    if (in->max_age_ms_present_case != 0 &&
+        (in->max_age_ms < 0 || in->max_age_ms > KF_OUTPUT_RETENTION_MS_MAX)) {
+        return kf_error_set(err, KF_E_INVALID,
+                            "descriptor.output_retention.max_age_ms: must be in 0..%lld (0: no "
+                            "bound), got %lld",
+                            (long long)KF_OUTPUT_RETENTION_MS_MAX, (long long)in->max_age_ms);
+    }
+    if (in->max_rows_present_case != 0 && in->max_rows < 0) {
+        return kf_error_set(err, KF_E_INVALID,
+                            "descriptor.output_retention.max_rows: must not be negative (0: no "
+                            "bound), got %lld",
+                            (long long)in->max_rows);
+    }
+    if (in->max_bytes_present_case != 0 && in->max_bytes < 0) {
+        return kf_error_set(err, KF_E_INVALID,
+                            "descriptor.output_retention.max_bytes: must not be negative (0: no "
+                            "bound), got %lld",
+                            (long long)in->max_bytes);
+    }
+    Keyflow__V1__OutputRetention *r = kf_arena_new(a, sizeof *r);
+    keyflow__v1__output_retention__init(r);
+    r->max_age_ms_present_case = in->max_age_ms_present_case;
+    r->max_age_ms = in->max_age_ms;
+    r->max_rows_present_case = in->max_rows_present_case;
+    r->max_rows = in->max_rows;
+    r->max_bytes_present_case = in->max_bytes_present_case;
+    r->max_bytes = in->max_bytes;
+    *out = r;
+    return KF_OK;
+}
+
+void kf_descriptor_retention(const Keyflow__V1__FunctionDescriptor *c, const kf_retention_t *server,
+                             kf_retention_t *out) {
+    *out = *server;
+    const Keyflow__V1__OutputRetention *r = c->output_retention;
+    if (r == NULL) {
+        return;
+    }
+    if (r->max_age_ms_present_case != 0) {
+        out->max_age_ms = r->max_age_ms;
+    }
+    if (r->max_rows_present_case != 0) {
+        out->max_rows = r->max_rows;
+    }
+    if (r->max_bytes_present_case != 0) {
+        out->max_bytes = r->max_bytes;
+    }
+}
+
 kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d, kf_arena_t *a,
                                        Keyflow__V1__FunctionDescriptor **out, kf_error_t *err) {
     kf_status_t st;
@@ -351,6 +410,11 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
             timeout_given ? d->limits->call_timeout_ms : KF_FN_CALL_TIMEOUT_MS_DEFAULT;
     }
 
+    Keyflow__V1__OutputRetention *retention;
+    if ((st = canonical_retention(d->output_retention, a, &retention, err)) != KF_OK) {
+        return st;
+    }
+
     Keyflow__V1__FunctionDescriptor *c = kf_arena_new(a, sizeof *c);
     keyflow__v1__function_descriptor__init(c);
     c->version = 1;
@@ -371,6 +435,7 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
     c->n_timer_names = d->n_timer_names;
     c->timer_names = copy_strings(a, d->timer_names, d->n_timer_names);
     c->limits = limits;
+    c->output_retention = retention;
     *out = c;
     return KF_OK;
 }

@@ -16,6 +16,7 @@
 #include "base/arena.h"
 #include "base/crypto.h"
 #include "base/status.h"
+#include "engine/engine.h"
 #include "keyflow/v1/functions.pb-c.h"
 
 typedef struct kf_fn_limits {
@@ -47,6 +48,11 @@ kf_status_t kf_descriptor_encode(const Keyflow__V1__FunctionDescriptor *canonica
 
 /* Limits of a canonical descriptor. */
 void kf_descriptor_limits(const Keyflow__V1__FunctionDescriptor *canonical, kf_fn_limits_t *out);
+
+/* The output retention in force for a canonical descriptor: its own
+ * bounds, the server's for those it leaves out. */
+void kf_descriptor_retention(const Keyflow__V1__FunctionDescriptor *canonical,
+                             const kf_retention_t *server, kf_retention_t *out);
 
 /* Index of a field by name in a schema, or -1. */
 int kf_schema_find(const Keyflow__V1__Schema *schema, const char *name);

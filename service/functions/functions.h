@@ -6,18 +6,13 @@
  *
  *   rows (arrival order) --> handler calls (<= max_batch_rows activations,
  *   at most one per key) --> watermark advance --> due timers in
- *   (at_us, key, name) order, at most max_timer_callbacks_per_step of them
+ *   (at_us, key, name) order, in calls of <= max_timer_callbacks_per_step
  *   --> one atomic write (state, timers, output, checkpoint, producer)
- *
- * and due timers beyond that bound fire in follow-on steps the engine runs
- * by itself (kf_functions_run_due), each its own atomic write, between
- * other commands; the function's later batches wait until they are done.
  *
  * Invariants
  *   1. Every handler response is validated before it is applied; a violation
  *      or a limit anywhere in the step rolls back everything the step did
- *      (undo log), so a refused batch changes nothing. The per-step limits
- *      (output rows and bytes, timer callbacks) count the whole step.
+ *      (undo log), so a refused batch changes nothing.
  *   2. A step is a resumable machine: a call goes out through the
  *      function's handler host (kf__call_send) and its response is taken
  *      later (take_response; the seam is drawn in functions_int.h); native
@@ -39,9 +34,11 @@
 
 typedef struct kf_functions kf_functions_t;
 
-/* defer_calls is a test seam: native handler calls then answer only on
- * kf_functions_pump(), the way a remote handler's would arrive later. */
-kf_functions_t *kf_functions_create(const char *plugin_dir, bool defer_calls);
+/* `config` is borrowed and outlives fns: its plugin_dir, output retention,
+ * and defer_handler_calls, a test seam: native handler calls then answer
+ * only on kf_functions_pump(), the way a remote handler's would arrive
+ * later. */
+kf_functions_t *kf_functions_create(const kf_engine_config_t *config);
 void kf_functions_destroy(kf_functions_t *fns);
 kf_status_t kf_functions_recover(kf_functions_t *fns, kf_ctx_t *ctx, kf_error_t *err) KF_MUST_USE;
 
@@ -51,14 +48,12 @@ void kf_functions_list(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+void kf_functions_trim(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 
-/* Follow-on timer steps: due timers beyond what one step may fire
- * (max_timer_callbacks_per_step) fire in steps the engine starts by itself,
- * each its own atomic set of writes, between other commands. has_due says
- * whether any function has such a step to run; run_due starts up to
- * `steps_max` of them (round robin over functions) and returns how many. */
-bool kf_functions_has_due(const kf_functions_t *fns);
-uint32_t kf_functions_run_due(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t steps_max);
+/* Output retention: trims what the functions' retention and TrimOutput
+ * say may go, examining at most `limit` output chunks. Returns how many it
+ * examined (== limit: more may be left; call again soon). */
+uint32_t kf_functions_sweep(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t limit);
 
 /* Delivers the responses of calls that are out (defer_calls): each waiting
  * step takes its response and goes on. */

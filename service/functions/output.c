@@ -42,8 +42,12 @@ void kf__output_written(kf_functions_t *fns, function_t *fn, uint64_t group) {
 static kf_status_t read_rows(kf_ctx_t *ctx, function_t *fn, int64_t after, int64_t limit,
                              Keyflow__V1__RowFormat format, kf_arena_t *arena,
                              Keyflow__V1__ReadOutputResponse *resp, kf_error_t *err) {
+    if (kf__output_check_range(fn, after, err) != KF_OK) {
+        return err->status;
+    }
     uint64_t high = fn->durable_output_seq;
     resp->high_water_seq = (int64_t)high;
+    resp->first_retained_seq = (int64_t)fn->trimmed_seq + 1;
     resp->next_after_seq = after;
     if ((uint64_t)after >= high) {
         return KF_OK;
@@ -171,6 +175,10 @@ void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
                      : (req->wait_ms < 0 || req->wait_ms > KF_POLL_WAIT_MS_MAX)
                          ? "wait_ms: must be in 0..60000"
                          : "format: must be COLUMNAR or JSON");
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (kf__output_check_range(fn, req->after_seq, err) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }

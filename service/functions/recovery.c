@@ -160,8 +160,14 @@ static kf_status_t load_checkpoint(kf_ctx_t *ctx, function_t *fn, kf_error_t *er
     Keyflow__Records__CheckpointRec *cp =
         keyflow__records__checkpoint_rec__unpack(NULL, v.len, v.data);
     kf_store_value_free(&v);
-    if (cp == NULL || cp->codec_version != KF__STATE_CODEC_VERSION ||
-        strcmp(cp->descriptor_sha256, fn->sha256) != 0) {
+    if (cp != NULL && (cp->purged_seq > cp->trimmed_seq || cp->trimmed_seq > cp->output_seq)) {
+        st = kf_error_set(err, KF_E_CORRUPT,
+                          "checkpoint of %s: output purged to %llu and trimmed to %llu, past the "
+                          "last row %llu",
+                          fn->id, (unsigned long long)cp->purged_seq,
+                          (unsigned long long)cp->trimmed_seq, (unsigned long long)cp->output_seq);
+    } else if (cp == NULL || cp->codec_version != KF__STATE_CODEC_VERSION ||
+               strcmp(cp->descriptor_sha256, fn->sha256) != 0) {
         st = kf_error_set(err, KF_E_CORRUPT,
                           "checkpoint of %s: state codec %d for descriptor %s, expected codec %d "
                           "for %s",
@@ -172,6 +178,9 @@ static kf_status_t load_checkpoint(kf_ctx_t *ctx, function_t *fn, kf_error_t *er
         fn->watermark_us = cp->watermark_us;
         fn->next_activation = cp->next_activation_id;
         fn->output_seq = fn->durable_output_seq = cp->output_seq;
+        fn->trimmed_seq = cp->trimmed_seq;
+        fn->purged_seq = cp->purged_seq;
+        fn->retained_bytes = cp->retained_bytes;
     }
     if (cp) {
         keyflow__records__checkpoint_rec__free_unpacked(cp, NULL);
@@ -243,9 +252,6 @@ static kf_status_t recover_function(kf_functions_t *fns, kf_ctx_t *ctx, const vo
             (st = scan_prefix(ctx, fn, KF_CF_STATE, load_state, err)) == KF_OK &&
             (st = scan_prefix(ctx, fn, KF_CF_TIMERS_BY_KEY, load_timer, err)) == KF_OK) {
             st = scan_prefix(ctx, fn, KF_CF_PRODUCERS, load_producer, err);
-        }
-        if (st == KF_OK) {
-            kf__due_update(fns, fn); /* timers a crash left due fire in follow-on steps */
         }
     }
     kf_arena_deinit(&arena);

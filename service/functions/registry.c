@@ -63,10 +63,7 @@ function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescripto
     fn->next_activation = 1;
     kf_map_init(&fn->keys);
     kf_map_init(&fn->producers);
-    kf_ostree_init(&fn->timers, kf__timer_cmp, fn);
-    for (size_t i = 0; i < fn->desc->n_timer_names; i++) {
-        fn->timer_name_len[i] = (uint32_t)strlen(fn->desc->timer_names[i]);
-    }
+    kf_pq_init(&fn->timers, kf__timer_before, fn);
     kf__host_attach(fns, fn);
     kf_map_insert(&fns->by_id, &fn->node, fn->id, strlen(fn->id));
     kf_gauge_set(KF_G_FUNCTIONS, (int64_t)fns->by_id.count);
@@ -76,16 +73,11 @@ function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescripto
 static void fn_free(function_t *fn) {
     if (fn->active != NULL) {
         /* A step still waiting for a handler call (the engine stops, or a
-         * test drops the core): a PushBatch's is in its command's arena but
-         * the undo log; a follow-on step owns its memory. */
-        step_t *s = fn->active;
-        free(s->undo);
-        if (s->cmd == NULL) {
-            kf_arena_deinit(&s->own_arena);
-            free(s);
-        }
+         * test drops the core): all of it is in its command's arena but the
+         * undo log. */
+        free(fn->active->undo);
     }
-    kf_ostree_deinit(&fn->timers); /* first: its nodes live in the keys' timers */
+    kf_pq_deinit(&fn->timers); /* first: its nodes live in the keys' timers */
     size_t b;
     kf_map_node_t *n = kf_map_first(&fn->keys, &b);
     while (n != NULL) {
@@ -110,7 +102,24 @@ static void fn_free(function_t *fn) {
     free(fn);
 }
 
-static Keyflow__V1__FunctionInfo *fn_info(kf_arena_t *a, const function_t *fn) {
+/* The retention in force, every bound resolved (0: none). */
+static Keyflow__V1__OutputRetention *retention_info(kf_arena_t *a, const kf_functions_t *fns,
+                                                    const function_t *fn) {
+    kf_retention_t r;
+    kf__output_retention(fns, fn, &r);
+    Keyflow__V1__OutputRetention *out = kf_arena_new(a, sizeof *out);
+    keyflow__v1__output_retention__init(out);
+    out->max_age_ms_present_case = KEYFLOW__V1__OUTPUT_RETENTION__MAX_AGE_MS_PRESENT_MAX_AGE_MS;
+    out->max_age_ms = r.max_age_ms;
+    out->max_rows_present_case = KEYFLOW__V1__OUTPUT_RETENTION__MAX_ROWS_PRESENT_MAX_ROWS;
+    out->max_rows = r.max_rows;
+    out->max_bytes_present_case = KEYFLOW__V1__OUTPUT_RETENTION__MAX_BYTES_PRESENT_MAX_BYTES;
+    out->max_bytes = r.max_bytes;
+    return out;
+}
+
+static Keyflow__V1__FunctionInfo *fn_info(kf_arena_t *a, const kf_functions_t *fns,
+                                          const function_t *fn) {
     Keyflow__V1__FunctionInfo *info = kf_arena_new(a, sizeof *info);
     keyflow__v1__function_info__init(info);
     info->descriptor = fn->desc; /* lives in the function's arena, outlives the reply */
@@ -128,8 +137,10 @@ static Keyflow__V1__FunctionInfo *fn_info(kf_arena_t *a, const function_t *fn) {
     info->keys = (int64_t)(s ? s->live_keys0 : fn->live_keys);
     info->timers = (int64_t)(s ? s->timer_count0 : fn->timer_count);
     info->state_bytes = (int64_t)(s ? s->state_bytes0 : fn->state_bytes);
-    info->due_timers = (int64_t)(s ? s->due_timers0 : kf__due_timers(fn));
-    info->due_timers_error = fn->due_error[0] ? kf_arena_strdup(a, fn->due_error) : "";
+    info->first_retained_seq = (int64_t)fn->trimmed_seq + 1;
+    info->retained_rows = (int64_t)(fn->durable_output_seq - fn->trimmed_seq);
+    info->retained_bytes = (int64_t)fn->retained_bytes;
+    info->output_retention = retention_info(a, fns, fn);
     return info;
 }
 
@@ -160,7 +171,7 @@ void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             kf_ctx_fail(ctx, cmd);
             return;
         }
-        resp->function = fn_info(cmd->arena, existing);
+        resp->function = fn_info(cmd->arena, fns, existing);
         resp->already_registered = true;
         cmd->response = &resp->base;
         kf_ctx_ready(ctx, cmd);
@@ -209,7 +220,7 @@ void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
               KF_LOG_STR("runtime", canonical->runtime == KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE
                                         ? "NATIVE"
                                         : "REMOTE"));
-    resp->function = fn_info(cmd->arena, fn);
+    resp->function = fn_info(cmd->arena, fns, fn);
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);
 }
@@ -234,7 +245,7 @@ void kf_functions_get(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    cmd->response = &fn_info(cmd->arena, fn)->base;
+    cmd->response = &fn_info(cmd->arena, fns, fn)->base;
     kf_ctx_ready(ctx, cmd);
 }
 
@@ -273,7 +284,7 @@ void kf_functions_list(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             resp->next_page_token = resp->functions[resp->n_functions - 1]->descriptor->function_id;
             break;
         }
-        resp->functions[resp->n_functions++] = fn_info(cmd->arena, all[i]);
+        resp->functions[resp->n_functions++] = fn_info(cmd->arena, fns, all[i]);
     }
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);
@@ -281,11 +292,12 @@ void kf_functions_list(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
 
 /* ---- lifecycle --------------------------------------------------------- */
 
-kf_functions_t *kf_functions_create(const char *plugin_dir, bool defer_calls) {
+kf_functions_t *kf_functions_create(const kf_engine_config_t *config) {
     kf_functions_t *fns = kf_xcalloc(1, sizeof *fns);
-    fns->defer_calls = defer_calls;
+    fns->config = config;
+    fns->defer_calls = config->defer_handler_calls;
     kf_map_init(&fns->by_id);
-    fns->plugins = kf_plugins_create(plugin_dir);
+    fns->plugins = kf_plugins_create(config->plugin_dir);
     kf__remote_init(fns);
     return fns;
 }

@@ -25,6 +25,7 @@
  *   POST /v1/functions/{function_id}/batches            PushBatch (body: *, "rows": [{...}])
  *   GET  /v1/functions/{function_id}/output             ReadOutput (?after=&limit=&wait=;
  *                                                       rows as JSON objects by default)
+ *   POST /v1/functions/{function_id}/output:trim        TrimOutput (body: *)
  *   GET  /v1/functions/{function_id}/keys/{key}         GetKeyState
  *   POST /v1/keys                                       CreateKey (body: *)
  *   GET  /v1/keys                                       ListKeys
@@ -86,13 +87,6 @@ const kf_http_route_def_t *kf_http_routes(size_t *count);
  * a large body), or NULL when kf_http_route would refuse the path or
  * method. */
 const kf_method_t *kf_http_route_method(const kf_http_request_t *request);
-
-/* The methods the route table accepts on `path` (without the query), as an
- * HTTP Allow header value ("GET, HEAD", "POST"): HEAD wherever GET is.
- * Written into out (cap bytes, always NUL-terminated; empty when no route
- * has that path). What a 405 answer carries. */
-#define KF_HTTP_ALLOW_BYTES_MAX 64
-void kf_http_allowed(const char *path, size_t path_len, char *out, size_t cap);
 
 kf_status_t kf_http_route(const kf_http_request_t *request, kf_arena_t *arena,
                           const kf_method_t **method, ProtobufCMessage **message,

@@ -34,7 +34,6 @@
 #include "base/version.h"
 #include "runtime/engine.h"
 #include "http/gateway.h"
-#include "main/notify.h"
 #include "rpc/grpc_server.h"
 #include "auth/auth.h"
 #include "storage/store.h"
@@ -70,7 +69,34 @@ typedef struct options {
     kf_log_level_t log_level;
     kf_log_format_t log_format;
     int64_t drain_grace_ms;
+    int64_t output_retention_ms; /* --output-retention-*: 0 = no bound */
+    int64_t output_retention_rows;
+    int64_t output_retention_bytes;
 } options_t;
+
+/* Numeric flags of the engine's retention: each is also read from its
+ * environment variable, and checked against its range either way. */
+typedef struct number_flag {
+    const char *flag;
+    const char *env;
+    bool bytes; /* a byte count: digits, optionally followed by KiB, MiB or GiB */
+    int64_t lo;
+    int64_t hi;
+    int64_t *value;
+} number_flag_t;
+
+#define NUMBER_FLAGS 3
+
+static void number_flags(options_t *o, number_flag_t out[NUMBER_FLAGS]) {
+    out[0] = (number_flag_t){"--output-retention-ms",    "KEYFLOW_OUTPUT_RETENTION_MS", false, 0,
+                             KF_OUTPUT_RETENTION_MS_MAX, &o->output_retention_ms};
+    out[1] = (number_flag_t){
+        "--output-retention-rows", "KEYFLOW_OUTPUT_RETENTION_ROWS", false, 0, INT64_MAX,
+        &o->output_retention_rows};
+    out[2] = (number_flag_t){
+        "--output-retention-bytes", "KEYFLOW_OUTPUT_RETENTION_BYTES", true, 0, INT64_MAX,
+        &o->output_retention_bytes};
+}
 
 static void usage(FILE *out) {
     fprintf(
@@ -102,6 +128,13 @@ static void usage(FILE *out) {
         "                        it new events, batches and functions are refused (HTTP 507)\n"
         "                        while reads, completions and deletions go on (default\n"
         "                        256MiB; suffixes KiB, MiB, GiB; at least 1MiB)\n"
+        "  --output-retention-ms N  keep function output rows this long (default %lld,\n"
+        "                        a week; 0 = no age bound); a descriptor's output_retention\n"
+        "                        overrides each bound it sets\n"
+        "  --output-retention-rows N  keep at most the newest N output rows per function\n"
+        "                        (default 0 = no bound)\n"
+        "  --output-retention-bytes BYTES  keep at most this many stored bytes of output per\n"
+        "                        function (default 0 = no bound; suffixes KiB, MiB, GiB)\n"
         "  --log-level LEVEL     debug (adds a line per request), info (lifecycle events),\n"
         "                        warn, error (default info)\n"
         "  --log-format FORMAT   text or json (one object per line: ts, level, module, msg,\n"
@@ -126,6 +159,8 @@ static void usage(FILE *out) {
         "KEYFLOW_HTTP_CONNECTIONS_PER_ADDRESS, KEYFLOW_HTTP_HEADER_TIMEOUT_MS,\n"
         "KEYFLOW_HTTP_BODY_TIMEOUT_MS, KEYFLOW_RUN_RETENTION_MS,\n"
         "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_DISK_RESERVE,\n"
+        "KEYFLOW_OUTPUT_RETENTION_MS, KEYFLOW_OUTPUT_RETENTION_ROWS,\n"
+        "KEYFLOW_OUTPUT_RETENTION_BYTES,\n"
         "KEYFLOW_LOG_LEVEL, KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
         "KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1,\n"
         "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE, KEYFLOW_ADMIN_KEY_FILE.\n",
@@ -133,7 +168,8 @@ static void usage(FILE *out) {
         KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT, KF_HTTP_TIMEOUT_MS_MIN, KF_HTTP_HEADER_TIMEOUT_MS_MAX,
         KF_HTTP_BODY_TIMEOUT_MS_DEFAULT, KF_HTTP_BODY_TIMEOUT_MS_MAX,
         (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
-        KF_QUEUE_DEPTH_MAX, (long long)KF_DRAIN_GRACE_MS_MAX);
+        KF_QUEUE_DEPTH_MAX, (long long)KF_OUTPUT_RETENTION_MS_DEFAULT,
+        (long long)KF_DRAIN_GRACE_MS_MAX);
 }
 
 static const char *env_or(const char *name, const char *fallback) {
@@ -194,6 +230,23 @@ static bool parse_format(const char *v, kf_log_format_t *out) {
         return false;
     }
     return true;
+}
+
+static bool parse_number(const number_flag_t *f, const char *name, const char *text) {
+    return f->bytes ? parse_bytes(name, text, f->lo, f->hi, f->value)
+                    : parse_int(name, text, f->lo, f->hi, f->value);
+}
+
+/* The number flag named `a`, or NULL. */
+static const number_flag_t *find_number_flag(options_t *o, const char *a,
+                                             number_flag_t numbers[NUMBER_FLAGS]) {
+    number_flags(o, numbers);
+    for (size_t i = 0; i < NUMBER_FLAGS; i++) {
+        if (strcmp(a, numbers[i].flag) == 0) {
+            return &numbers[i];
+        }
+    }
+    return NULL;
 }
 
 /* A switch's variable: set to anything but "" or "0". */
@@ -262,6 +315,14 @@ static bool parse_env(options_t *o) {
         if (!parse_int("KEYFLOW_GRPC_THREADS", v, 1, 8, &n))
             return false;
         o->grpc_threads = (int)n;
+    }
+    o->output_retention_ms = KF_OUTPUT_RETENTION_MS_DEFAULT;
+    number_flag_t numbers[NUMBER_FLAGS];
+    number_flags(o, numbers);
+    for (size_t i = 0; i < NUMBER_FLAGS; i++) {
+        if ((v = env_or(numbers[i].env, NULL)) != NULL &&
+            !parse_number(&numbers[i], numbers[i].env, v))
+            return false;
     }
     return true;
 }
@@ -346,6 +407,17 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             exit(0);
         }
         if (parse_switch(a, o)) {
+            continue;
+        }
+        number_flag_t numbers[NUMBER_FLAGS];
+        const number_flag_t *number = find_number_flag(o, a, numbers);
+        if (number != NULL) {
+            if (v == NULL || !parse_number(number, a, v)) {
+                if (v == NULL)
+                    fprintf(stderr, "keyflowd: %s needs a value\n", a);
+                return false;
+            }
+            i++;
             continue;
         }
         if (!known_flag(a)) {
@@ -566,7 +638,6 @@ static _Noreturn void fail_stop(kf_engine_t *engine, kf_grpc_server_t *grpc,
                                 kf_gateway_t *gateway) {
     kf_gateway_shutdown(gateway);
     kf_grpc_server_shutdown(grpc);
-    kf_notify_stopping("fail-stop: a durable write failed");
     kf_engine_stop(engine); /* the replier hands the failure answers to the front ends */
     kf_grpc_server_wait_watches(grpc, FAIL_STOP_WATCH_FLUSH_MS);
     kf_grpc_server_destroy(grpc, FAIL_STOP_WATCH_FLUSH_MS);
@@ -651,7 +722,6 @@ int main(int argc, char **argv) {
      * replays its WAL) and recovering the engine (loading what it keeps in
      * memory). bench/restart.sh reads them. */
     int64_t open_begin_us = kf_mono_us();
-    kf_notify_status("opening the store and recovering");
     if (kf_store_open_rocks(&ro, &store, &err) != KF_OK) {
         kf_log(KF_LOG_ERROR, "main", "cannot open the store: %s", err.message);
         kf_tls_unref(tls);
@@ -668,6 +738,9 @@ int main(int argc, char **argv) {
         .run_attempts_max = o.attempts_max,
         .queue_depth_max = o.queue_depth,
         .disk_reserve_bytes = (uint64_t)o.disk_reserve_bytes,
+        .output_retention_set = true,
+        .output_retention = {o.output_retention_ms, o.output_retention_rows,
+                             o.output_retention_bytes},
         .plugin_dir = o.plugin_dir,
         .auth = auth,
         .bootstrap_key_path = o.bootstrap_key_file != NULL ? o.bootstrap_key_file : bootstrap_path,
@@ -707,7 +780,6 @@ int main(int argc, char **argv) {
         .connections_per_address = (int)o.http_connections_per_address,
         .header_timeout_ms = o.http_header_timeout_ms,
         .body_timeout_ms = o.http_body_timeout_ms,
-        .version = kf_version(),
     };
     kf_gateway_t *gateway;
     int http_port;
@@ -739,13 +811,9 @@ int main(int argc, char **argv) {
               KF_LOG_STR("commit", kf_version_commit()), KF_LOG_STR("data", o.data_dir),
               KF_LOG_STR("grpc", grpc_at), KF_LOG_STR("http", http_at), KF_LOG_STR("tls", tls_mode),
               KF_LOG_STR("auth", auth_on ? "on" : "off"));
-    char status[400];
-    snprintf(status, sizeof status, "serving gRPC on %s, HTTP on %s", grpc_at, http_at);
-    kf_notify_ready(status);
 
     int sig = wait_for_stop(&sigs, -1, &o.tls, grpc, gateway);
     if (!kf_health_failed()) {
-        kf_notify_stopping("draining: NOT_SERVING, still serving requests");
         /* Readiness first: load balancers stop sending new requests while
          * both listeners still serve the ones that come. */
         kf_health_set(false, "draining");
@@ -763,7 +831,6 @@ int main(int argc, char **argv) {
         fail_stop(engine, grpc, gateway);
     }
     kf_log_kv(KF_LOG_INFO, "main", "stopping", KF_LOG_INT("signal", sig));
-    kf_notify_stopping("stopping: finishing and syncing what was accepted");
     kf_gateway_shutdown(gateway);
     kf_grpc_server_shutdown(grpc);
     kf_engine_stop(engine); /* finishes and syncs everything accepted */

@@ -107,6 +107,9 @@
     ENGINE(GET_KEY_STATE, "keyflow.v1.Functions", "GetKeyState", "GetKeyState",                    \
            keyflow__v1__get_key_state_request, keyflow__v1__get_key_state_response, UNARY,         \
            FUNCTIONS_READ, "function_id", functions, kf_functions_key_state)                       \
+    ENGINE(TRIM_OUTPUT, "keyflow.v1.Functions", "TrimOutput", "TrimOutput",                        \
+           keyflow__v1__trim_output_request, keyflow__v1__trim_output_response, UNARY,             \
+           FUNCTIONS_READ, "function_id", functions, kf_functions_trim)                            \
     ENGINE(CREATE_KEY, "keyflow.v1.Keys", "CreateKey", "CreateKey",                                \
            keyflow__v1__create_key_request, keyflow__v1__create_key_response, UNARY, KEYS_ADMIN,   \
            NULL, keys, kf_keys_create_key)                                                         \
@@ -128,15 +131,7 @@
     /* A remote handler's stream (api/keyflow/v1/workers.proto): the gRPC front end relays         \
      * calls and results between the worker and the engine (kf_engine_worker_post). */             \
     FRONT(WORKER_SERVE, "keyflow.v1.Workers", "Serve", "WorkerServe", keyflow__v1__worker_message, \
-          keyflow__v1__server_message, BIDI_STREAM, FUNCTIONS_SERVE, "hello.function_id")          \
-    /* gRPC server reflection, answered from the embedded descriptor set                           \
-     * (rpc/reflection.h); v1alpha is the same protocol under its older name. */                   \
-    FRONT(REFLECTION_V1, "grpc.reflection.v1.ServerReflection", "ServerReflectionInfo",            \
-          "ServerReflectionInfo", grpc__reflection__v1__server_reflection_request,                 \
-          grpc__reflection__v1__server_reflection_response, BIDI_STREAM, NONE, NULL)               \
-    FRONT(REFLECTION_V1ALPHA, "grpc.reflection.v1alpha.ServerReflection", "ServerReflectionInfo",  \
-          "ServerReflectionInfoV1alpha", grpc__reflection__v1alpha__server_reflection_request,     \
-          grpc__reflection__v1alpha__server_reflection_response, BIDI_STREAM, NONE, NULL)
+          keyflow__v1__server_message, BIDI_STREAM, FUNCTIONS_SERVE, "hello.function_id")
 
 /* X(scope, name): the API-key scopes (docs/security.md). metrics:read
  * guards GET /metrics, which is not an RPC. */

@@ -35,8 +35,6 @@ import harness  # noqa: E402
 harness.stubs()
 from google.protobuf import descriptor_pb2, json_format, symbol_database  # noqa: E402
 from grpc.health.v1 import health_pb2  # noqa: E402,F401  (registers the messages)
-from grpc.reflection.v1 import reflection_pb2  # noqa: E402,F401  (the same)
-from grpc.reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2  # noqa: E402,F401
 from keyflow.v1 import coordinators_pb2 as C  # noqa: E402
 from keyflow.v1 import functions_pb2 as F  # noqa: E402
 from keyflow.v1 import keys_pb2 as K  # noqa: E402
@@ -120,6 +118,11 @@ def snap_functions(ctx, admin):
     return ([f.descriptor.function_id for f in listed.functions], out.high_water_seq)
 
 
+def snap_retained(ctx, admin):
+    info = admin.call("/keyflow.v1.Functions/GetFunction", F.GetFunctionRequest(function_id=FN))
+    return (info.first_retained_seq, info.retained_rows)
+
+
 def push_request(ctx):
     return F.PushBatchRequest(function_id=FN, producer_id="p-neg", sequence=1,
                               rows_json=json.dumps([{"user": "mallory", "ts": 1, "amount": 1}]))
@@ -199,6 +202,10 @@ RULES = {
     "/keyflow.v1.Functions/GetKeyState": dict(
         request=lambda c: F.GetKeyStateRequest(function_id=FN, key="ann"), snapshot=None,
         prefix=DENIED, http=lambda c: [("GET", "/v1/functions/%s/keys/ann" % FN, None)]),
+    "/keyflow.v1.Functions/TrimOutput": dict(
+        request=lambda c: F.TrimOutputRequest(function_id=FN, before_seq=2),
+        snapshot=snap_retained, prefix=DENIED,
+        http=lambda c: [("POST", "/v1/functions/%s/output:trim" % FN, {"beforeSeq": "2"})]),
     "/keyflow.v1.Functions/TailOutput": dict(
         request=lambda c: F.TailOutputRequest(function_id=FN), snapshot=None, prefix=DENIED,
         http=lambda c: []),
@@ -220,13 +227,9 @@ RULES = {
     "/keyflow.v1.Keys/RevokeKey": dict(
         request=lambda c: K.RevokeKeyRequest(key_id=c.victim), snapshot=snap_keys, prefix=None,
         http=lambda c: [("POST", "/v1/keys/%s:revoke" % c.victim, {})]),
-    # No key needed: health is for probes, reflection tells only what the
-    # repository's protos say.
+    # No key needed: health is for probes.
     "/grpc.health.v1.Health/Check": dict(request=None, open=True),
     "/grpc.health.v1.Health/Watch": dict(request=None, open=True),
-    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": dict(request=None, open=True),
-    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": dict(request=None,
-                                                                          open=True),
 }
 
 
@@ -256,14 +259,6 @@ class Client:
 
     def call(self, path, request):
         resp = self._types(path)
-        if self.rows[path]["shape"] == "bidi_stream":
-            stream = self.channel.stream_stream(path, request_serializer=lambda m: m.SerializeToString(),
-                                                response_deserializer=resp.FromString)(
-                iter([request]), metadata=self.metadata, timeout=TIMEOUT_S)
-            try:
-                return next(stream)
-            finally:
-                stream.cancel()
         if self.rows[path]["shape"] == "server_stream":
             stream = self.channel.unary_stream(path, request_serializer=lambda m: m.SerializeToString(),
                                                response_deserializer=resp.FromString)(

@@ -329,7 +329,9 @@ class Client {
   }
 
   // One page of output rows with seq > afterSeq: {rows, firstSeq, lastSeq,
-  // nextAfterSeq, highWaterSeq}; each row has "_seq" and the output fields.
+  // nextAfterSeq, highWaterSeq, firstRetainedSeq}; each row has "_seq" and the
+  // output fields. Below the retained rows (output retention, trimOutput) it
+  // rejects with a KeyflowError OUT_OF_RANGE naming the first retained one.
   async readOutput(functionId, { afterSeq = 0, limit = 0, waitMs = 0 } = {}) {
     const resp = await this._unary(this._fns, 'ReadOutput', {
       functionId, afterSeq: int64(afterSeq), limit, waitMs, format: 'ROW_FORMAT_COLUMNAR',
@@ -346,7 +348,16 @@ class Client {
       rows: rowList, firstSeq, lastSeq,
       nextAfterSeq: rowList.length ? lastSeq : afterSeq,
       highWaterSeq: protos.toInt(resp.highWaterSeq),
+      firstRetainedSeq: protos.toInt(resp.firstRetainedSeq),
     };
+  }
+
+  // Drops the function's output rows before beforeSeq (a consumer committed
+  // its position there: the last row it read + 1). Idempotent. Resolves to
+  // {firstRetainedSeq, outputSeq}.
+  async trimOutput(functionId, beforeSeq) {
+    return protos.toNative('keyflow.v1.TrimOutputResponse',
+      await this._unary(this._fns, 'TrimOutput', { functionId, beforeSeq: int64(beforeSeq) }));
   }
 
   // Output rows with seq > afterSeq as an async iterator that follows new rows

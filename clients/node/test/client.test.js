@@ -117,6 +117,21 @@ test('client', { skip: !built && 'keyflowd is not built' }, async (t) => {
     assert.strictEqual(dup.lastOutputSeq, ack2.lastOutputSeq);
   });
 
+  await t.test('trimOutput drops rows; reads below them are OUT_OF_RANGE', async () => {
+    const d = runningSumDescriptor();
+    await client.registerFunction(d);
+    await client.pushBatch(d.functionId, 'p', 1,
+      { rows: [0, 1, 2, 3].map((i) => ({ user: 'u', ts: T0 + i, amount: i })) });
+    const out = await client.trimOutput(d.functionId, 3);
+    assert.deepStrictEqual([out.firstRetainedSeq, out.outputSeq], [3, 4]);
+    assert.strictEqual((await client.trimOutput(d.functionId, 2)).firstRetainedSeq, 3);
+    await assert.rejects(client.readOutput(d.functionId, { afterSeq: 0 }),
+      (e) => e.codeName === 'OUT_OF_RANGE' && /first retained sequence is 3/.test(e.message));
+    const page = await client.readOutput(d.functionId, { afterSeq: 2 });
+    assert.deepStrictEqual([page.rows.map((r) => r._seq), page.firstRetainedSeq], [[3, 4], 3]);
+    assert.strictEqual((await client.getFunction(d.functionId)).firstRetainedSeq, 3);
+  });
+
   await t.test('bad rows name the row and field and send nothing', async () => {
     const d = runningSumDescriptor();
     await client.registerFunction(d);

@@ -277,8 +277,10 @@ class Client:
 
     def read_output(self, function_id, after_seq=0, limit=None, wait_ms=0):
         """One page of output rows with seq > after_seq: {rows, first_seq,
-        last_seq, next_after_seq, high_water_seq}; each row is a dict with
-        "_seq" and the output schema's fields."""
+        last_seq, next_after_seq, high_water_seq, first_retained_seq}; each
+        row is a dict with "_seq" and the output schema's fields. Below the
+        retained rows (output retention, trim_output) it raises KeyflowError
+        OUT_OF_RANGE, naming the first retained sequence."""
         req = fpb.ReadOutputRequest(function_id=function_id, after_seq=after_seq,
                                     limit=limit or 0, wait_ms=wait_ms,
                                     format=fpb.ROW_FORMAT_COLUMNAR)
@@ -290,7 +292,15 @@ class Client:
         rows = _rows.rows_from_batch(schema, resp.batch, resp.first_seq) if resp.first_seq else []
         return Record(rows=rows, first_seq=resp.first_seq, last_seq=resp.last_seq,
                       next_after_seq=resp.last_seq if rows else after_seq,
-                      high_water_seq=resp.high_water_seq)
+                      high_water_seq=resp.high_water_seq,
+                      first_retained_seq=resp.first_retained_seq)
+
+    def trim_output(self, function_id, before_seq):
+        """Drops the function's output rows before before_seq (a consumer
+        committed its position there: the last row it read + 1). Idempotent.
+        Returns {first_retained_seq, output_seq}."""
+        req = fpb.TrimOutputRequest(function_id=function_id, before_seq=before_seq)
+        return to_native(self._call(self._fns.TrimOutput, req))
 
     def tail_output(self, function_id, after_seq=0, max_rows_per_message=None):
         """An iterator over output rows with seq > after_seq that follows new

@@ -145,6 +145,21 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(self.client.key_state(fid, ["nobody"]).state, "absent")
         self.assertIsNone(self.client.key_state(fid, "nobody").value)
 
+    def test_trim_output_and_reads_below_the_retained_rows(self):
+        fid = self.register()
+        self.client.push_batch(fid, "p", 1, [{"user": "u", "ts": T0_US + i, "amount": i}
+                                             for i in range(4)])
+        out = self.client.trim_output(fid, 3)
+        self.assertEqual((out.first_retained_seq, out.output_seq), (3, 4))
+        self.assertEqual(self.client.trim_output(fid, 2).first_retained_seq, 3)
+        with self.assertRaises(keyflow.KeyflowError) as cm:
+            self.client.read_output(fid, after_seq=0)
+        self.assertEqual(cm.exception.code_name, "OUT_OF_RANGE")
+        self.assertIn("first retained sequence is 3", str(cm.exception))
+        page = self.client.read_output(fid, after_seq=2)
+        self.assertEqual(([r["_seq"] for r in page.rows], page.first_retained_seq), ([3, 4], 3))
+        self.assertEqual(self.client.get_function(fid).first_retained_seq, 3)
+
     def test_same_sequence_is_a_duplicate(self):
         fid = self.register()
         rows = [{"user": "u", "ts": T0_US, "amount": 1}]
