@@ -19,7 +19,8 @@ JOBS=$(nproc)
 
 PACKAGES=(build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler protobuf-compiler-grpc protobuf-c-compiler libprotobuf-c-dev
-  libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev
+  libprotobuf-dev
+  libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev libsystemd-dev
   python3 python3-grpcio python3-protobuf python3-setuptools curl clang-format git
   nodejs npm openssl)
 # A package that is there as a command is not installed again: another
@@ -46,12 +47,17 @@ install_deps() {
     --no-install-recommends "${missing[@]}"
 }
 
-# The Node SDK's packages, exactly as clients/node/package-lock.json pins them.
+# npm packages, exactly as each package-lock.json pins them: the Node SDK's,
+# and the independent clients the end-to-end tests use (tests/e2e/node: a
+# gRPC reflection client and an OpenAPI validator).
 node_deps() {
-  if [ ! -d "$ROOT/clients/node/node_modules" ]; then
-    log "npm ci (clients/node)"
-    (cd "$ROOT/clients/node" && npm ci --no-audit --no-fund)
-  fi
+  local dir
+  for dir in clients/node tests/e2e/node; do
+    if [ ! -d "$ROOT/$dir/node_modules" ]; then
+      log "npm ci ($dir)"
+      (cd "$ROOT/$dir" && npm ci --no-audit --no-fund)
+    fi
+  done
 }
 
 build() { # build DIR TYPE [cmake args...]

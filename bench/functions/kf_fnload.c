@@ -19,9 +19,13 @@
  *   timers  registers session_counter with explicit max_keys and max_timers
  *           limits, pushes --timers rows with distinct keys (each arms the
  *           key's "idle" timer at ts + --idle-us; no watermark is sent, so
- *           none fires), then times one PushBatch that carries only a
- *           watermark past every timer: the server fires them all in that
- *           one step.
+ *           none fires), then sends one PushBatch that carries only a
+ *           watermark past every timer and calls GetFunction back to back
+ *           until no due timer is left: the batch's step fires
+ *           max_timer_callbacks_per_step of them, the server's follow-on
+ *           steps the rest. Reports the time until then, the steps and
+ *           their engine time (keyflow_function_step_seconds) and the
+ *           server's memory.
  *
  * How batches are built (the client must not be the bottleneck):
  *   * requests are encoded by hand in protobuf wire format as a list of
@@ -301,9 +305,13 @@ static void cpu_json(FILE *out, const cpu_pct_t *p) {
  * HTTP/1.0 GET; the gateway closes the connection after the answer).
  * false when the address is unset or anything fails. */
 typedef struct sync_counters {
-    double sync_s; /* keyflow_commit_sync_seconds_sum */
-    double syncs;  /* keyflow_commit_sync_seconds_count */
-    double bytes;  /* keyflow_commit_group_bytes_sum */
+    double sync_s;      /* keyflow_commit_sync_seconds_sum */
+    double syncs;       /* keyflow_commit_sync_seconds_count */
+    double bytes;       /* keyflow_commit_group_bytes_sum */
+    double steps;       /* keyflow_function_step_seconds_count */
+    double step_s;      /* keyflow_function_step_seconds_sum */
+    double steps_50ms;  /* ..._bucket{le="0.05"}: steps of at most 50 ms */
+    double steps_100ms; /* ..._bucket{le="0.1"} */
 } sync_counters_t;
 
 #define METRICS_BYTES_MAX (4 * 1024 * 1024)
@@ -357,7 +365,11 @@ static bool read_sync_counters(const char *hostport, sync_counters_t *out) {
     }
     ok = ok && buf != NULL && metric_value(buf, "keyflow_commit_sync_seconds_sum", &out->sync_s) &&
          metric_value(buf, "keyflow_commit_sync_seconds_count", &out->syncs) &&
-         metric_value(buf, "keyflow_commit_group_bytes_sum", &out->bytes);
+         metric_value(buf, "keyflow_commit_group_bytes_sum", &out->bytes) &&
+         metric_value(buf, "keyflow_function_step_seconds_count", &out->steps) &&
+         metric_value(buf, "keyflow_function_step_seconds_sum", &out->step_s) &&
+         metric_value(buf, "keyflow_function_step_seconds_bucket{le=\"0.05\"}", &out->steps_50ms) &&
+         metric_value(buf, "keyflow_function_step_seconds_bucket{le=\"0.1\"}", &out->steps_100ms);
     free(buf);
     return ok;
 }
@@ -588,10 +600,11 @@ static void usage(FILE *out) {
         "  --limit N             read: rows per page (default 65536)\n"
         "  --channels N          channels = TCP connections (default 1)\n"
         "  --deadline-ms N       per-call deadline (default 30000)\n"
-        "  --step-deadline-ms N  timers: the watermark step's deadline (default 300000)\n"
+        "  --step-deadline-ms N  timers: how long the firing may take (default 300000)\n"
         "  --server-pid PID      also report that process's CPU (and its threads')\n"
-        "  --metrics HOST:PORT   the server's HTTP address: timers also reports how long the\n"
-        "                        step's synced write took (keyflow_commit_sync_seconds)\n"
+        "  --metrics HOST:PORT   the server's HTTP address: timers also reports its steps and\n"
+        "                        synced writes (keyflow_function_step_seconds, "
+        "..._commit_sync_...)\n"
         "  --minimal-stack B     1: client channels without optional filters (default 1)\n");
 }
 
@@ -913,7 +926,7 @@ static bool register_function(grpc_channel *ch, const options_t *o, registered_t
 
 typedef struct fn_info {
     bool ok;
-    int64_t keys, timers, output_seq, watermark_us, state_bytes;
+    int64_t keys, timers, output_seq, watermark_us, state_bytes, due_timers;
 } fn_info_t;
 
 static fn_info_t get_function(grpc_channel *ch, const char *function_id) {
@@ -936,7 +949,8 @@ static fn_info_t get_function(grpc_channel *ch, const char *function_id) {
     grpc_slice_unref(resp);
     if (fi != NULL) {
         info = (fn_info_t){true,           fi->keys,         fi->timers,
-                           fi->output_seq, fi->watermark_us, fi->state_bytes};
+                           fi->output_seq, fi->watermark_us, fi->state_bytes,
+                           fi->due_timers};
         keyflow__v1__function_info__free_unpacked(fi, NULL);
     }
     return info;
@@ -1632,7 +1646,11 @@ static int run_timers(const options_t *o) {
     fn_info_t before = get_function(channels[0], o->function_id);
 
     /* 2. One watermark-only batch past every timer: the last row's
-     * ts + idle_us, plus one. */
+     * ts + idle_us, plus one. Its step fires max_timer_callbacks_per_step
+     * timers and is acknowledged; the server fires the rest in follow-on
+     * steps of its own. GetFunction is then called back to back until it
+     * reports no due timer: its reply leaves only after every group before
+     * it is durable, so the last one marks the end of the firing. */
     int64_t watermark = l->ts_base_us + (int64_t)o->timers - 1 + o->idle_us + 1;
     grpc_slice header = encode_push_header(o->function_id, "watermark", 1, -1, 0, true, watermark);
     long rss0 = proc_status_kb(o->server_pid, "VmRSS");
@@ -1646,16 +1664,34 @@ static int run_timers(const options_t *o) {
     int64_t t0 = kf_bench_mono_ns();
     int st = unary_call(channels[0], METHOD_PUSH, header, o->step_deadline_ms, &resp, details,
                         sizeof details);
+    int64_t t_ack = kf_bench_mono_ns();
+    fn_info_t after = {0};
+    int64_t polls = 0, poll_max_ns = 0;
+    int64_t give_up = t0 + (int64_t)o->step_deadline_ms * 1000000;
+    while (st == GRPC_STATUS_OK && kf_bench_mono_ns() < give_up) {
+        int64_t p0 = kf_bench_mono_ns();
+        after = get_function(channels[0], o->function_id);
+        int64_t took = kf_bench_mono_ns() - p0;
+        poll_max_ns = took > poll_max_ns ? took : poll_max_ns;
+        polls++;
+        if (!after.ok || after.due_timers == 0) {
+            break;
+        }
+    }
     int64_t t1 = kf_bench_mono_ns();
     cpu_end(&cw);
     long rss1 = proc_status_kb(o->server_pid, "VmRSS");
     long hwm1 = proc_status_kb(o->server_pid, "VmHWM");
     have_sync = have_sync && read_sync_counters(o->metrics, &sc1);
-    /* The step's group(s): the RocksDB write (memtables + WAL) and the
-     * fdatasync; the rest of the step is the engine running the timers. */
+    /* The groups written meanwhile (memtables + WAL + fdatasync) and the
+     * engine's steps (keyflow_function_step_seconds). */
     double write_s = have_sync ? sc1.sync_s - sc0.sync_s : -1.0;
     double write_mb = have_sync ? (sc1.bytes - sc0.bytes) / 1e6 : -1.0;
     double writes = have_sync ? sc1.syncs - sc0.syncs : -1.0;
+    double steps = have_sync ? sc1.steps - sc0.steps : -1.0;
+    double step_mean_ms = steps > 0 ? 1000.0 * (sc1.step_s - sc0.step_s) / steps : -1.0;
+    double steps_over_50ms = have_sync ? steps - (sc1.steps_50ms - sc0.steps_50ms) : -1.0;
+    double steps_over_100ms = have_sync ? steps - (sc1.steps_100ms - sc0.steps_100ms) : -1.0;
     grpc_slice_unref(header);
     Keyflow__V1__PushBatchResponse *ack = NULL;
     if (st == GRPC_STATUS_OK) {
@@ -1663,11 +1699,11 @@ static int run_timers(const options_t *o) {
                                                        GRPC_SLICE_START_PTR(resp));
     }
     grpc_slice_unref(resp);
-    fn_info_t after = get_function(channels[0], o->function_id);
-    double step_s = (double)(t1 - t0) / 1e9;
-    int64_t callbacks = ack ? ack->timer_callbacks : 0;
-    int64_t out_rows =
-        ack && ack->first_output_seq > 0 ? ack->last_output_seq - ack->first_output_seq + 1 : 0;
+    double ack_s = (double)(t_ack - t0) / 1e9;
+    double total_s = (double)(t1 - t0) / 1e9;
+    int64_t fired = after.ok ? after.output_seq - before.output_seq : 0;
+    bool done = after.ok && after.due_timers == 0 && after.timers == 0;
+    bool as_expected = done && fired == o->timers && (int64_t)l->rows_acked == o->timers;
     cpu_pct_t cpu;
     cpu_percent(&cw, &cpu);
     char ctext[512];
@@ -1676,25 +1712,26 @@ static int run_timers(const options_t *o) {
         fprintf(stderr, "kf_fnload: timers: the watermark batch failed: %s: %s\n", status_name(st),
                 details);
     }
-    bool as_expected = ack != NULL && callbacks == (int64_t)l->rows_acked && callbacks == o->timers;
-    char mem_text[128] = "", sync_text[128] = "";
+    char mem_text[128] = "", sync_text[256] = "";
     if (o->server_pid > 0) {
         snprintf(mem_text, sizeof mem_text, "; server RSS %ld -> %ld MB (peak %ld -> %ld MB)",
                  rss0 / 1024, rss1 / 1024, hwm0 / 1024, hwm1 / 1024);
     }
     if (have_sync) {
-        snprintf(sync_text, sizeof sync_text, "; synced writes %.0f taking %.3f s for %.1f MB",
-                 writes, write_s, write_mb);
+        snprintf(sync_text, sizeof sync_text,
+                 "; %.0f steps (mean %.2f ms, %.0f over 50 ms); %.0f synced writes taking %.3f s "
+                 "for %.1f MB",
+                 steps, step_mean_ms, steps_over_50ms, writes, write_s, write_mb);
     }
-    printf(
-        "timers: %lld rows pushed (%" PRIu64 " acked; the server holds %" PRId64 " timers, %" PRId64
-        " keys): watermark step %s in %.3f s; timer_callbacks %" PRId64 " (%s), "
-        "activations %" PRId64 ", handler calls %" PRId64 ", output rows %" PRId64
-        " = %.0f timers/s; after: %" PRId64 " timers, %" PRId64 " keys%s%s; %s\n",
-        o->timers, l->rows_acked, before.timers, before.keys, status_name(st), step_s, callbacks,
-        as_expected ? "as expected" : "NOT the number of rows pushed", ack ? ack->activations : 0,
-        ack ? ack->handler_calls : 0, out_rows, step_s > 0 ? (double)callbacks / step_s : 0.0,
-        after.timers, after.keys, mem_text, sync_text, ctext);
+    printf("timers: %lld rows pushed (%" PRIu64 " acked; the server holds %" PRId64
+           " timers, %" PRId64 " keys): watermark batch %s in %.3f s (its step fired %" PRId64
+           "); all fired (%s) after %.3f s = %.0f timers/s, %" PRId64
+           " GetFunction polls (slowest %.1f ms); after: %" PRId64 " timers, %" PRId64
+           " keys%s%s; %s\n",
+           o->timers, l->rows_acked, before.timers, before.keys, status_name(st), ack_s,
+           ack ? ack->timer_callbacks : 0, as_expected ? "as expected" : "NOT as expected", total_s,
+           total_s > 0 ? (double)fired / total_s : 0.0, polls, (double)poll_max_ns / 1e6,
+           after.timers, after.keys, mem_text, sync_text, ctext);
     char *detail_json = NULL;
     if (st != GRPC_STATUS_OK) {
         /* JSON-safe copy of the status message. */
@@ -1707,20 +1744,21 @@ static int run_timers(const options_t *o) {
     }
     printf("{\"kind\":\"fn_timers\",\"function_id\":\"%s\",\"timers\":%lld,\"rows_acked\":%" PRIu64
            ",\"timers_before\":%" PRId64 ",\"keys_before\":%" PRId64 ",\"status\":\"%s\","
-           "\"status_details\":\"%s\",\"step_s\":%.3f,\"timer_callbacks\":%" PRId64
-           ",\"timer_callbacks_as_expected\":%s,\"activations\":%" PRId64
-           ",\"handler_calls\":%" PRId64 ",\"output_rows\":%" PRId64
-           ",\"timers_per_s\":%.1f,\"timers_after\":%" PRId64 ",\"keys_after\":%" PRId64
+           "\"status_details\":\"%s\",\"ack_s\":%.3f,\"step_timer_callbacks\":%" PRId64
+           ",\"total_s\":%.3f,\"fired\":%" PRId64 ",\"fired_as_expected\":%s"
+           ",\"timers_per_s\":%.1f,\"polls\":%" PRId64 ",\"poll_max_ms\":%.2f"
+           ",\"timers_after\":%" PRId64 ",\"keys_after\":%" PRId64 ",\"due_after\":%" PRId64
            ",\"output_seq_after\":%" PRId64 ",\"server_rss_kb_before\":%ld,"
            "\"server_rss_kb_after\":%ld,\"server_peak_rss_kb_before\":%ld,"
-           "\"server_peak_rss_kb_after\":%ld,\"step_synced_writes\":%.0f,"
-           "\"step_write_s\":%.3f,\"step_write_mb\":%.1f,\"load_s\":%.3f,\"load_rows_per_s\":%.1f",
+           "\"server_peak_rss_kb_after\":%ld,\"steps\":%.0f,\"step_mean_ms\":%.3f,"
+           "\"steps_over_50ms\":%.0f,\"steps_over_100ms\":%.0f,\"synced_writes\":%.0f,"
+           "\"write_s\":%.3f,\"write_mb\":%.1f,\"load_s\":%.3f,\"load_rows_per_s\":%.1f",
            o->function_id, o->timers, l->rows_acked, before.timers, before.keys, status_name(st),
-           detail_json ? detail_json : "", step_s, callbacks, as_expected ? "true" : "false",
-           ack ? ack->activations : 0, ack ? ack->handler_calls : 0, out_rows,
-           step_s > 0 ? (double)callbacks / step_s : 0.0, after.timers, after.keys,
-           after.output_seq, rss0, rss1, hwm0, hwm1, writes, write_s, write_mb, load_s,
-           load_s > 0 ? (double)l->rows_acked / load_s : 0.0);
+           detail_json ? detail_json : "", ack_s, ack ? ack->timer_callbacks : 0, total_s, fired,
+           as_expected ? "true" : "false", total_s > 0 ? (double)fired / total_s : 0.0, polls,
+           (double)poll_max_ns / 1e6, after.timers, after.keys, after.due_timers, after.output_seq,
+           rss0, rss1, hwm0, hwm1, steps, step_mean_ms, steps_over_50ms, steps_over_100ms, writes,
+           write_s, write_mb, load_s, load_s > 0 ? (double)l->rows_acked / load_s : 0.0);
     cpu_json(stdout, &cpu);
     printf("}\n");
     fflush(stdout);

@@ -40,21 +40,6 @@
 
 /* ---- names ---------------------------------------------------------------- */
 
-/* protoc's json_name: "lease_expires_ms" -> "leaseExpiresMs". */
-static void json_name(const char *field, char *out, size_t cap) {
-    size_t o = 0;
-    bool upper = false;
-    for (const char *p = field; *p != '\0' && o + 1 < cap; p++) {
-        if (*p == '_') {
-            upper = true;
-            continue;
-        }
-        out[o++] = upper && *p >= 'a' && *p <= 'z' ? (char)(*p - 'a' + 'A') : *p;
-        upper = false;
-    }
-    out[o] = '\0';
-}
-
 /* The field of `desc` that JSON key `key` names, and whether it is a
  * `_json` string shown as an embedded value under its short name. */
 static const ProtobufCFieldDescriptor *field_for_key(const ProtobufCMessageDescriptor *desc,
@@ -65,20 +50,12 @@ static const ProtobufCFieldDescriptor *field_for_key(const ProtobufCMessageDescr
     }
     for (unsigned i = 0; i < desc->n_fields; i++) {
         const ProtobufCFieldDescriptor *f = &desc->fields[i];
-        char name[NAME_BYTES_MAX];
-        json_name(f->name, name, sizeof name);
+        char name[KF_JSON_NAME_BYTES_MAX];
+        bool is_embedded;
+        kf_json_field_name(desc, f, name, &is_embedded);
         if (strcmp(name, key) == 0 || strcmp(f->name, key) == 0) {
+            *embedded = is_embedded;
             return f;
-        }
-        size_t n = strlen(f->name);
-        if (f->type == PROTOBUF_C_TYPE_STRING && n > 5 && strcmp(f->name + n - 5, "_json") == 0) {
-            char shorter[NAME_BYTES_MAX];
-            snprintf(shorter, sizeof shorter, "%.*s", (int)(n - 5), f->name);
-            json_name(shorter, name, sizeof name);
-            if (strcmp(name, key) == 0) {
-                *embedded = true;
-                return f;
-            }
         }
     }
     return NULL;
@@ -549,8 +526,9 @@ static void print_table(FILE *out, json_t *doc, const ProtobufCMessageDescriptor
 static void add_empty_lists(json_t *obj, const ProtobufCMessageDescriptor *desc) {
     for (unsigned i = 0; i < desc->n_fields; i++) {
         const ProtobufCFieldDescriptor *f = &desc->fields[i];
-        char name[NAME_BYTES_MAX];
-        json_name(f->name, name, sizeof name);
+        char name[KF_JSON_NAME_BYTES_MAX];
+        bool embedded;
+        kf_json_field_name(desc, f, name, &embedded);
         json_t *v = json_object_get(obj, name);
         if (f->label == PROTOBUF_C_LABEL_REPEATED && v == NULL) {
             json_object_set_new(obj, name, json_array());

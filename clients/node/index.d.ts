@@ -105,6 +105,10 @@ export interface FunctionInfo {
   keys: Int64;
   timers: Int64;
   stateBytes: Int64;
+  /** due timers the server's follow-on steps have yet to fire */
+  dueTimers: Int64;
+  /** why the last follow-on timer step was refused ("" when it was not) */
+  dueTimersError: string;
   /** Output rows firstRetainedSeq..outputSeq are still stored (retention). */
   firstRetainedSeq: Int64;
   retainedRows: Int64;
@@ -128,6 +132,8 @@ export interface PushAck {
   watermarkUs: Int64;
   duplicate: boolean;
   sequence: Int64;
+  /** due timers left for the server's follow-on steps */
+  dueTimers: Int64;
   [field: string]: unknown;
 }
 

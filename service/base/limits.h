@@ -99,6 +99,15 @@
  * restart cannot starve requests. */
 #define KF_TIMERS_PER_TURN_MAX 1024
 #define KF_TIMERS_MAX          (KF_COORDINATORS_MAX + KF_LIVE_RUNS_MAX)
+/* Work the engine starts by itself (follow-on timer steps of process
+ * functions) runs for at most this long per turn before the engine looks at
+ * its inbox again: a command waits behind it for about this long plus one
+ * step. */
+#define KF_WORK_TURN_US 2000
+/* Follow-on steps stop adding to a group past this many bytes and wait for
+ * the committer: it bounds what a timer backlog keeps in memory (two groups)
+ * and keeps each synced write short. */
+#define KF_WORK_GROUP_BYTES_MAX (8 * 1024 * 1024)
 
 /* ---- process functions ------------------------------------------------ */
 
@@ -116,9 +125,9 @@
 #define KF_FN_MAX_KEYS_DEFAULT   100000
 #define KF_FN_MAX_KEYS_MAX       2000000
 #define KF_FN_MAX_TIMERS_DEFAULT 100000
-/* All due timers fire in one step (one atomic write): 1M due timers is a
- * ~90 MB write taking ~15 s here, during which the engine serves nothing
- * else, so a function may not ask for more than 2M. */
+/* Timers live in memory (about 100 bytes each with their key's share);
+ * due ones fire in steps of at most max_timer_callbacks_per_step, so a
+ * large backlog delays the function, not the engine. */
 #define KF_FN_MAX_TIMERS_MAX              2000000
 #define KF_FN_MAX_STATE_BYTES_DEFAULT     (64LL * 1024 * 1024)
 #define KF_FN_MAX_STATE_BYTES_MAX         (4LL * 1024 * 1024 * 1024)
@@ -306,6 +315,7 @@ _Static_assert(KF_HTTP_TIMEOUT_MS_MIN <= KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT &&
                "default timeouts within bounds");
 _Static_assert(KF_PROBE_CONNECTIONS_PER_ADDRESS_MAX <= KF_PROBE_CONNECTIONS_MAX,
                "per-address within the listener's bound");
+_Static_assert(KF_WORK_GROUP_BYTES_MAX <= KF_GROUP_BYTES_MAX, "follow-on steps stop earlier");
 _Static_assert(KF_LEASE_MS_DEFAULT >= KF_LEASE_MS_MIN && KF_LEASE_MS_DEFAULT <= KF_LEASE_MS_MAX,
                "default lease within bounds");
 _Static_assert(KF_DEDUP_MS_DEFAULT <= KF_DEDUP_MS_MAX, "default dedup within bound");

@@ -74,7 +74,10 @@
     X(KF_H_SYNC_SECONDS, "keyflow_commit_sync_seconds", "Durable write latency",                   \
       kf__buckets_seconds)                                                                         \
     X(KF_H_QUEUE_WAIT_SECONDS, "keyflow_engine_queue_wait_seconds",                                \
-      "Time a command waited for the engine", kf__buckets_seconds)
+      "Time a command waited for the engine", kf__buckets_seconds)                                 \
+    X(KF_H_FN_STEP_SECONDS, "keyflow_function_step_seconds",                                       \
+      "Engine time of one process-function step (a batch or a follow-on timer step)",              \
+      kf__buckets_seconds)
 
 typedef enum kf_gauge {
 #define KF_M_ENUM_(id, name, help) id,

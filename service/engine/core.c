@@ -316,6 +316,15 @@ void kf_core_durable(kf_core_t *core, uint64_t group_id) {
     kf_functions_durable(core->functions, &core->ctx);
 }
 
+bool kf_core_has_work(const kf_core_t *core) {
+    return kf_functions_has_due(core->functions);
+}
+
+uint32_t kf_core_run_work(kf_core_t *core, uint32_t steps_max) {
+    KF_ASSERT(core->ctx.batch != NULL);
+    return kf_functions_run_due(core->functions, &core->ctx, steps_max);
+}
+
 void kf_core_pump(kf_core_t *core) {
     kf_functions_pump(core->functions, &core->ctx);
 }

@@ -7,6 +7,7 @@
  *
  *   kf_core_begin(core, batch, group_id, now_ms);
  *   kf_core_execute(core, cmd) ...;  kf_core_tick(core, limit);
+ *   kf_core_run_work(core, steps) while kf_core_has_work(core) and time allows;
  *   write the batch; then kf_core_take_ready(core) -> release replies;
  *   kf_core_durable(core, group_id);
  *
@@ -50,6 +51,12 @@ int64_t kf_core_next_due_ms(const kf_core_t *core);
 kf_cmd_t *kf_core_take_ready(kf_core_t *core);
 /* Every group <= group_id is durable. */
 void kf_core_durable(kf_core_t *core, uint64_t group_id);
+/* Work the engine starts by itself: follow-on timer steps of process
+ * functions (functions.h). has_work says whether there is any; run_work
+ * starts up to `steps_max` steps in the current group and returns how many
+ * it started. */
+bool kf_core_has_work(const kf_core_t *core);
+uint32_t kf_core_run_work(kf_core_t *core, uint32_t steps_max);
 /* Test seam (config.defer_handler_calls): answers the handler calls that
  * are out, letting their steps go on. */
 void kf_core_pump(kf_core_t *core);

@@ -6,13 +6,18 @@
  *
  *   rows (arrival order) --> handler calls (<= max_batch_rows activations,
  *   at most one per key) --> watermark advance --> due timers in
- *   (at_us, key, name) order, in calls of <= max_timer_callbacks_per_step
+ *   (at_us, key, name) order, at most max_timer_callbacks_per_step of them
  *   --> one atomic write (state, timers, output, checkpoint, producer)
+ *
+ * and due timers beyond that bound fire in follow-on steps the engine runs
+ * by itself (kf_functions_run_due), each its own atomic write, between
+ * other commands; the function's later batches wait until they are done.
  *
  * Invariants
  *   1. Every handler response is validated before it is applied; a violation
  *      or a limit anywhere in the step rolls back everything the step did
- *      (undo log), so a refused batch changes nothing.
+ *      (undo log), so a refused batch changes nothing. The per-step limits
+ *      (output rows and bytes, timer callbacks) count the whole step.
  *   2. A step is a resumable machine: a call goes out through the
  *      function's handler host (kf__call_send) and its response is taken
  *      later (take_response; the seam is drawn in functions_int.h); native
@@ -54,6 +59,14 @@ void kf_functions_trim(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
  * say may go, examining at most `limit` output chunks. Returns how many it
  * examined (== limit: more may be left; call again soon). */
 uint32_t kf_functions_sweep(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t limit);
+
+/* Follow-on timer steps: due timers beyond what one step may fire
+ * (max_timer_callbacks_per_step) fire in steps the engine starts by itself,
+ * each its own atomic set of writes, between other commands. has_due says
+ * whether any function has such a step to run; run_due starts up to
+ * `steps_max` of them (round robin over functions) and returns how many. */
+bool kf_functions_has_due(const kf_functions_t *fns);
+uint32_t kf_functions_run_due(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t steps_max);
 
 /* Delivers the responses of calls that are out (defer_calls): each waiting
  * step takes its response and goes on. */

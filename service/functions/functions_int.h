@@ -68,7 +68,7 @@
 #include "base/assert.h"
 #include "base/limits.h"
 #include "base/map.h"
-#include "base/pq.h"
+#include "base/ostree.h"
 #include "functions/descriptor.h"
 #include "functions/functions.h"
 #include "functions/plugin.h"
@@ -92,7 +92,7 @@ typedef struct ev_timer {
     fn_key_t *owner;
     uint8_t name; /* index into the descriptor's timer_names */
     int64_t at_us;
-    kf_pq_node_t node; /* position in the function's timer queue */
+    kf_ostree_node_t node; /* position in the function's timer tree */
 } ev_timer_t;
 
 struct fn_key {
@@ -105,6 +105,8 @@ struct fn_key {
     uint8_t in_call; /* in a handler call that is out (pipelining) */
     int64_t value;
     ev_timer_t **timers; /* one slot per timer name, NULL until needed */
+    uint8_t ntimers;     /* timers set */
+    uint32_t cost;       /* what the key adds to state_bytes (keys.c key_cost) */
     uint32_t step_mark;  /* the step that snapshotted this key */
     uint32_t call_mark;  /* the handler call that holds this key */
 };
@@ -150,7 +152,8 @@ struct function {
     uint64_t live_keys; /* keys with state or timers */
     uint64_t timer_count;
     uint64_t state_bytes;
-    kf_pq_t timers; /* event-time timers, (at_us, key, name) order */
+    kf_ostree_t timers; /* event-time timers, (at_us, key, name) order */
+    uint32_t timer_name_len[KF_TIMER_NAMES_MAX];
     bool has_watermark;
     int64_t watermark_us;
     uint64_t next_activation;
@@ -162,9 +165,16 @@ struct function {
     kf_map_t producers;
     reader_t *readers;    /* parked reads */
     struct step *active;  /* the step in progress (its call may be out) */
-    kf_cmd_t *queue_head; /* PushBatch commands waiting for `active` */
+    kf_cmd_t *queue_head; /* PushBatch commands waiting (step.c invariant 3) */
     kf_cmd_t *queue_tail;
     uint32_t queued;
+    /* In fns' due list: may have due timers for follow-on steps. */
+    struct function *due_next;
+    struct function *due_prev;
+    bool in_due;
+    /* Why the last follow-on step was refused ("" when it was not): follow-on
+     * steps then stop until a PushBatch step succeeds. */
+    char due_error[KF_ERROR_MESSAGE_BYTES_MAX];
 };
 
 typedef struct pending_durable {
@@ -192,10 +202,12 @@ struct kf_functions {
     uint64_t next_call_id;
     uint64_t next_worker_id;
     uint32_t serving_workers; /* over every function (a gauge) */
-    uint32_t sweep_start;     /* retention.c: the function the next sweep starts at */
+    function_t *due_head;     /* functions that may have due timers, round robin */
+    function_t *due_tail;
+    uint32_t sweep_start; /* retention.c: the function the next sweep starts at */
 };
 
-/* ---- a step: one PushBatch, with its undo log -------------------------- */
+/* ---- a step: one PushBatch or a follow-on timer step, with its undo log */
 
 typedef struct undo {
     fn_key_t *key;
@@ -204,6 +216,14 @@ typedef struct undo {
     int64_t value;
     int64_t at[KF_TIMER_NAMES_MAX];
 } undo_t;
+
+/* A fired timer's place in the (at_us, key, name) order. */
+typedef struct fired {
+    uint8_t *key; /* borrowed from the key (last_fired) or a copy (commit) */
+    uint32_t key_len;
+    uint8_t name;
+    int64_t at_us;
+} fired_t;
 
 struct step {
     kf_functions_t *fns;
@@ -220,13 +240,14 @@ struct step {
     kf_outbuf_t out; /* every output row of the step */
     /* function counters at the start, restored on rollback */
     uint64_t live_keys0, timer_count0, state_bytes0, next_activation0;
+    uint64_t due_timers0; /* due timers before the step (GetFunction meanwhile) */
     int64_t activations;
     int64_t timer_callbacks;
     int64_t calls;
     kf_error_t *err;
     /* The step as a resumable machine: one handler call out at a time. */
-    kf_cmd_t *cmd; /* the PushBatch being answered */
-    const Keyflow__V1__PushBatchRequest *req;
+    kf_cmd_t *cmd; /* the PushBatch being answered; NULL in a follow-on step */
+    const Keyflow__V1__PushBatchRequest *req; /* NULL in a follow-on step */
     kf_rows_t rows_storage;
     bool timers_phase; /* rows done, watermark advanced */
     uint32_t row_pos;  /* next input row (one call at a time) */
@@ -246,6 +267,19 @@ struct step {
     fn_key_t **row_key;
     uint32_t *out_row; /* per step output row: its activation's input row */
     uint32_t out_row_cap;
+    /* The last timer fired (owner NULL: none yet); its key lives until the
+     * step ends. */
+    struct {
+        fn_key_t *owner;
+        uint8_t name;
+        int64_t at_us;
+    } last_fired;
+    fired_t fired;      /* the commit's copy of last_fired */
+    int64_t busy_us;    /* engine time so far (not while a call is out) */
+    int64_t resumed_us; /* when the engine last took the step up */
+    /* A follow-on step owns its memory: its arena and error. */
+    kf_arena_t own_arena;
+    kf_error_t own_error;
 };
 
 /* ---- a handler call: its activations and the response being built ------ */
@@ -302,8 +336,8 @@ function_t *kf__fn_require(kf_functions_t *fns, const char *id, kf_error_t *err)
 /* ---- keys.c ------------------------------------------------------------ */
 
 void kf__key_prefix(kf_key_t *k, const function_t *fn);
-/* The (at_us, key, name) order of the function's timer queue. */
-bool kf__timer_before(const kf_pq_node_t *an, const kf_pq_node_t *bn, const void *ctx);
+/* The (at_us, key, name) order of the function's timer tree. */
+int kf__timer_cmp(const kf_ostree_node_t *an, const kf_ostree_node_t *bn, const void *ctx);
 /* The earliest event-time timer, or NULL. */
 ev_timer_t *kf__timer_top(const function_t *fn);
 /* A key is live while it has state or a timer. */
@@ -387,9 +421,18 @@ void kf__remote_release_all(kf_functions_t *fns, kf_ctx_t *ctx);
 
 /* ---- step.c ------------------------------------------------------------ */
 
+/* Timers due (at_us <= watermark) that wait for a step to fire them. */
+uint64_t kf__due_timers(const function_t *fn);
+/* Puts the function on the due list when it has due timers and follow-on
+ * steps may run them (after a step, at recovery, when its host has room
+ * again); takes it off otherwise. */
+void kf__due_update(kf_functions_t *fns, function_t *fn);
+/* Takes the function off the due list (when it is freed). */
+void kf__due_unlink(kf_functions_t *fns, function_t *fn);
+
 /* A response of the active step came in, or the host's room changed: take
  * what is answered and go on (the step may finish, and queued batches
- * start). No-op for a function without a waiting step. */
+ * start; due timers may run again). */
 void kf__step_resume(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn);
 /* Refuses the batches queued behind an active step (at shutdown). */
 void kf__push_release_queued(kf_ctx_t *ctx, function_t *fn);

@@ -23,7 +23,8 @@
  *      validated the whole of it.
  *   2. Memory a handler can make the host take (output values, timer
  *      operations) is bounded by the descriptor's limits as it arrives,
- *      not only when the call returns.
+ *      not only when the call returns. Output limits count the whole step
+ *      (earlier calls' rows and bytes included).
  *   3. A call is out at most once per step at a time; while it is out the
  *      step and its arena stay alive (the function is held, see step.c).
  */
@@ -145,9 +146,10 @@ static int host_row_begin(kf_call_t *call, uint32_t act) {
     if (call->cur_row >= 0) {
         return kf__call_fail(call, KF_E_PRECONDITION, "row_begin: the previous row was not ended");
     }
-    if (call->out.rows >= (uint32_t)call->step->fn->limits.max_output_rows) {
+    /* Per step: the rows earlier calls of the step wrote count too. */
+    if ((int64_t)call->step->out.rows + call->out.rows >= call->step->fn->limits.max_output_rows) {
         return kf__call_fail(call, KF_E_LIMIT,
-                             "max_output_rows: more than %lld output rows in one call",
+                             "max_output_rows: more than %lld output rows in one step",
                              (long long)call->step->fn->limits.max_output_rows);
     }
     if (kf_outbuf_add_row(&call->out) == NULL) {
@@ -255,10 +257,10 @@ static int set_bytes(kf_call_t *call, int column, const void *value, size_t len,
      * copy (overwrites included) lives in the step's arena until the step
      * ends, so a handler must not be able to fill it. */
     int64_t limit = call->step->fn->limits.max_output_bytes;
-    if ((int64_t)(call->out.bytes + len) > limit) {
+    if ((int64_t)(call->step->out.bytes + call->out.bytes + len) > limit) {
         return kf__call_fail(call, KF_E_LIMIT,
-                             "max_output_bytes: one handler call produced more than %lld bytes; "
-                             "nothing applied",
+                             "max_output_bytes: the step would write more than %lld bytes of "
+                             "output; nothing applied",
                              (long long)limit);
     }
     char *copy = kf_arena_alloc(call->step->arena, len + 1);

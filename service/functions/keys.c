@@ -6,11 +6,13 @@
  *   1. A key is in the function's map while it is live (state or a timer),
  *      or while a step that touched it is in progress; the step's commit or
  *      rollback drops it when it is neither (step.c).
- *   2. The counters live_keys, timer_count and state_bytes, and the timer
- *      queue, always agree with the keys: only kf__key_set_state and
- *      kf__key_set_timer change a key's state or timers.
- *   3. The timer queue orders (at_us, key, name): timers that fall due
- *      together fire in the same order on every run and after recovery.
+ *   2. The counters live_keys, timer_count and state_bytes, each key's
+ *      ntimers and cost, and the timer tree always agree with the keys:
+ *      only kf__key_set_state and kf__key_set_timer change a key's state
+ *      or timers.
+ *   3. The timer tree orders (at_us, key, name), the name by its text:
+ *      timers that fall due together fire in the same order on every run
+ *      and after recovery.
  *   4. A canonical key is, per key column, a u32 big-endian length and the
  *      UTF-8 bytes; its text is the value for one key column, else a JSON
  *      array of the values (kf__key_of_row, kf__key_text_of agree).
@@ -41,42 +43,59 @@ static int key_cmp(const fn_key_t *a, const fn_key_t *b) {
     return a->key_len < b->key_len ? -1 : a->key_len > b->key_len;
 }
 
-bool kf__timer_before(const kf_pq_node_t *an, const kf_pq_node_t *bn, const void *ctx) {
+int kf__timer_cmp(const kf_ostree_node_t *an, const kf_ostree_node_t *bn, const void *ctx) {
     const function_t *fn = ctx;
     const ev_timer_t *a = KF_CONTAINER_OF(an, ev_timer_t, node);
     const ev_timer_t *b = KF_CONTAINER_OF(bn, ev_timer_t, node);
     if (a->at_us != b->at_us) {
-        return a->at_us < b->at_us;
+        return a->at_us < b->at_us ? -1 : 1;
     }
     int c = key_cmp(a->owner, b->owner);
     if (c != 0) {
-        return c < 0;
+        return c;
     }
-    return strcmp(fn->desc->timer_names[a->name], fn->desc->timer_names[b->name]) < 0;
+    /* By the names' text, not their place in timer_names: the order must
+     * not change when a descriptor lists the same names in another order. */
+    return strcmp(fn->desc->timer_names[a->name], fn->desc->timer_names[b->name]);
 }
 
 /* The earliest event-time timer, or NULL. */
 ev_timer_t *kf__timer_top(const function_t *fn) {
-    kf_pq_node_t *n = kf_pq_top(&fn->timers);
+    kf_ostree_node_t *n = kf_ostree_first(&fn->timers);
     return n ? KF_CONTAINER_OF(n, ev_timer_t, node) : NULL;
 }
 
 /* ---- keys -------------------------------------------------------------- */
 
 bool kf__key_live(const function_t *fn, const fn_key_t *k) {
-    if (k->state != KF_STATE_ABSENT) {
-        return true;
-    }
-    for (size_t i = 0; k->timers != NULL && i < fn->desc->n_timer_names; i++) {
-        if (k->timers[i] != NULL) {
-            return true;
-        }
-    }
-    return false;
+    (void)fn;
+    return k->state != KF_STATE_ABSENT || k->ntimers > 0;
 }
 
-static uint64_t state_cost(const fn_key_t *k) {
-    return k->state == KF_STATE_ABSENT ? 0 : (uint64_t)k->key_len + 9;
+/* What a key costs in max_state_bytes: nothing while it is not live; then
+ * its canonical key, 9 bytes for a value (kind and int64) and, per timer,
+ * its name and 8 bytes of time; the same estimate the stored records
+ * (state, timers_by_key, timers_by_time) grow by. */
+static uint32_t key_cost(const function_t *fn, const fn_key_t *k) {
+    if (!kf__key_live(fn, k)) {
+        return 0;
+    }
+    uint32_t cost = k->key_len + (k->state != KF_STATE_ABSENT ? 9u : 0u);
+    for (size_t i = 0; k->ntimers > 0 && i < fn->desc->n_timer_names; i++) {
+        if (k->timers[i] != NULL) {
+            cost += fn->timer_name_len[i] + 8u;
+        }
+    }
+    return cost;
+}
+
+/* After a change to k: live_keys and state_bytes follow (invariant 2). */
+static void key_recount(function_t *fn, fn_key_t *k, bool was_live) {
+    bool live = kf__key_live(fn, k);
+    fn->live_keys += (uint64_t)live - (uint64_t)was_live;
+    uint32_t cost = key_cost(fn, k);
+    fn->state_bytes = fn->state_bytes - k->cost + cost;
+    k->cost = cost;
 }
 
 fn_key_t *kf__key_find(function_t *fn, const uint8_t *key, size_t len) {
@@ -117,38 +136,41 @@ void kf__key_set_timer(function_t *fn, fn_key_t *k, uint8_t name, int64_t at_us)
     ev_timer_t *t = k->timers[name];
     bool was_live = kf__key_live(fn, k);
     if (at_us == KF__NO_TIME) {
-        if (t != NULL) {
-            kf_pq_remove(&fn->timers, &t->node);
-            free(t);
-            k->timers[name] = NULL;
-            fn->timer_count--;
+        if (t == NULL) {
+            return;
         }
+        kf_ostree_remove(&fn->timers, &t->node);
+        free(t);
+        k->timers[name] = NULL;
+        k->ntimers--;
+        fn->timer_count--;
     } else if (t != NULL) {
-        kf_pq_remove(&fn->timers, &t->node);
+        if (t->at_us == at_us) {
+            return;
+        }
+        kf_ostree_remove(&fn->timers, &t->node);
         t->at_us = at_us;
-        kf_pq_push(&fn->timers, &t->node);
+        kf_ostree_insert(&fn->timers, &t->node);
+        return; /* same cost, same liveness */
     } else {
         t = kf_xcalloc(1, sizeof *t);
         t->owner = k;
         t->name = name;
         t->at_us = at_us;
-        kf_pq_node_init(&t->node);
-        kf_pq_push(&fn->timers, &t->node);
+        kf_ostree_node_init(&t->node);
+        kf_ostree_insert(&fn->timers, &t->node);
         k->timers[name] = t;
+        k->ntimers++;
         fn->timer_count++;
     }
-    bool live = kf__key_live(fn, k);
-    fn->live_keys += (uint64_t)live - (uint64_t)was_live;
+    key_recount(fn, k, was_live);
 }
 
 void kf__key_set_state(function_t *fn, fn_key_t *k, uint8_t state, int64_t value) {
     bool was_live = kf__key_live(fn, k);
-    fn->state_bytes -= state_cost(k);
     k->state = state;
     k->value = state == KF_STATE_VALUE ? value : 0;
-    fn->state_bytes += state_cost(k);
-    bool live = kf__key_live(fn, k);
-    fn->live_keys += (uint64_t)live - (uint64_t)was_live;
+    key_recount(fn, k, was_live);
 }
 
 /* The canonical key of input row `row`: per key column, u32 BE length and

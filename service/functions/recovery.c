@@ -253,6 +253,9 @@ static kf_status_t recover_function(kf_functions_t *fns, kf_ctx_t *ctx, const vo
             (st = scan_prefix(ctx, fn, KF_CF_TIMERS_BY_KEY, load_timer, err)) == KF_OK) {
             st = scan_prefix(ctx, fn, KF_CF_PRODUCERS, load_producer, err);
         }
+        if (st == KF_OK) {
+            kf__due_update(fns, fn); /* timers a crash left due fire in follow-on steps */
+        }
     }
     kf_arena_deinit(&arena);
     keyflow__records__function_rec__free_unpacked(rec, NULL);

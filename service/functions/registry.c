@@ -63,7 +63,10 @@ function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescripto
     fn->next_activation = 1;
     kf_map_init(&fn->keys);
     kf_map_init(&fn->producers);
-    kf_pq_init(&fn->timers, kf__timer_before, fn);
+    kf_ostree_init(&fn->timers, kf__timer_cmp, fn);
+    for (size_t i = 0; i < fn->desc->n_timer_names; i++) {
+        fn->timer_name_len[i] = (uint32_t)strlen(fn->desc->timer_names[i]);
+    }
     kf__host_attach(fns, fn);
     kf_map_insert(&fns->by_id, &fn->node, fn->id, strlen(fn->id));
     kf_gauge_set(KF_G_FUNCTIONS, (int64_t)fns->by_id.count);
@@ -73,11 +76,16 @@ function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescripto
 static void fn_free(function_t *fn) {
     if (fn->active != NULL) {
         /* A step still waiting for a handler call (the engine stops, or a
-         * test drops the core): all of it is in its command's arena but the
-         * undo log. */
-        free(fn->active->undo);
+         * test drops the core): a PushBatch's is in its command's arena but
+         * the undo log; a follow-on step owns its memory. */
+        step_t *s = fn->active;
+        free(s->undo);
+        if (s->cmd == NULL) {
+            kf_arena_deinit(&s->own_arena);
+            free(s);
+        }
     }
-    kf_pq_deinit(&fn->timers); /* first: its nodes live in the keys' timers */
+    kf_ostree_deinit(&fn->timers); /* first: its nodes live in the keys' timers */
     size_t b;
     kf_map_node_t *n = kf_map_first(&fn->keys, &b);
     while (n != NULL) {
@@ -137,6 +145,8 @@ static Keyflow__V1__FunctionInfo *fn_info(kf_arena_t *a, const kf_functions_t *f
     info->keys = (int64_t)(s ? s->live_keys0 : fn->live_keys);
     info->timers = (int64_t)(s ? s->timer_count0 : fn->timer_count);
     info->state_bytes = (int64_t)(s ? s->state_bytes0 : fn->state_bytes);
+    info->due_timers = (int64_t)(s ? s->due_timers0 : kf__due_timers(fn));
+    info->due_timers_error = fn->due_error[0] ? kf_arena_strdup(a, fn->due_error) : "";
     info->first_retained_seq = (int64_t)fn->trimmed_seq + 1;
     info->retained_rows = (int64_t)(fn->durable_output_seq - fn->trimmed_seq);
     info->retained_bytes = (int64_t)fn->retained_bytes;

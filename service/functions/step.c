@@ -1,19 +1,24 @@
 /*
- * step.c - PushBatch: one input batch is one step of its function (the
- * shape of a step is in functions.h).
+ * step.c - steps of a function: a PushBatch is one step, and due timers
+ * beyond what that step may fire run in follow-on steps the engine starts
+ * by itself (the shape of a step is in functions.h).
  *
- *   kf_functions_push --(function busy)--> queue (fn_drain starts it later)
+ *   kf_functions_push --(function busy: a step active or due timers
+ *        waiting)--> queue (fn_drain starts it later)
  *        |
  *   push_begin: producer check, decode and check rows --> step_advance
+ *   kf_functions_run_due --> due_begin: a follow-on step (no rows, no
+ *        command) --> step_advance
  *   step_advance: take the answered calls, oldest first (take_response);
  *        while the host has room, next_call builds a call (rows phase,
- *        then the watermark advances, then the timers phase) -->
- *        kf__call_send (host.c)
+ *        then the watermark advances, then the timers phase, at most
+ *        max_timer_callbacks_per_step callbacks) --> kf__call_send (host.c)
  *        KF__CALL_ANSWERED --> taken at the next turn of the loop
  *        KF__CALL_OUT      --> wait; kf__step_resume --> step_advance
  *   no call left and none out, or take_response refused --> step_finish:
- *        commit + acknowledge (remember the ack for retries), or
- *        abandon the calls out + rollback + refuse
+ *        commit (and, for a PushBatch, acknowledge and remember the ack
+ *        for retries), or abandon the calls out + rollback + refuse (a
+ *        follow-on step records the refusal in fn->due_error)
  *
  * Invariants
  *   1. The first time a step touches a key (touch) it snapshots it; every
@@ -21,18 +26,27 @@
  *      function's counters saved in the step, so rollback restores memory
  *      exactly and commit writes only what changed.
  *   2. A response is validated whole before anything of it is applied, and
- *      the function's limits are checked after each apply; a refusal
- *      anywhere rolls back the whole step (functions.h invariant 1).
- *   3. At most one step per function is active; batches that arrive while
- *      its call is out wait in arrival order (bounded by KF_FN_QUEUED_MAX).
+ *      the function's limits are checked after each apply; the per-step
+ *      limits (output rows and bytes, timer callbacks) count the whole
+ *      step, however its keys split into calls. A refusal anywhere rolls
+ *      back the whole step (functions.h invariant 1).
+ *   3. At most one step per function is active. Batches that arrive while
+ *      a step is active, or while due timers wait for follow-on steps, wait
+ *      in arrival order (bounded by KF_FN_QUEUED_MAX): input pushed after a
+ *      watermark is processed after every timer that watermark made due.
  *   4. A step's writes (state, timers, output chunks, checkpoint, producer)
- *      go into the context's one batch: all or nothing on disk.
+ *      go into the context's one batch: all or nothing on disk. Timers
+ *      fire in (at_us, key, name) order, so the stored timers_by_time
+ *      records a step fired are a prefix of the function's records and go
+ *      with one range delete.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/bytes.h"
+#include "base/log.h"
 #include "base/metrics.h"
 #include "base/text.h"
 #include "functions/functions_int.h"
@@ -163,35 +177,74 @@ static void put_state(kf_ctx_t *ctx, const function_t *fn, const fn_key_t *k) {
     kf_ctx_put(ctx, KF_CF_STATE, &key, v, sizeof v);
 }
 
-static void timer_keys(const function_t *fn, const fn_key_t *k, size_t name, int64_t at_us,
-                       kf_key_t *by_key, kf_key_t *by_time) {
+static void timer_keys(const function_t *fn, const uint8_t *key, uint32_t key_len, size_t name,
+                       int64_t at_us, kf_key_t *by_key, kf_key_t *by_time) {
     const char *n = fn->desc->timer_names[name];
-    kf__key_prefix(by_key, fn);
-    kf_key_lp(by_key, (const char *)k->key, k->key_len);
-    kf_key_lp(by_key, n, strlen(n));
+    if (by_key != NULL) {
+        kf__key_prefix(by_key, fn);
+        kf_key_lp(by_key, (const char *)key, key_len);
+        kf_key_lp(by_key, n, fn->timer_name_len[name]);
+    }
     kf__key_prefix(by_time, fn);
     kf_key_time(by_time, at_us);
-    kf_key_lp(by_time, (const char *)k->key, k->key_len);
-    kf_key_lp(by_time, n, strlen(n));
+    kf_key_lp(by_time, (const char *)key, key_len);
+    kf_key_lp(by_time, n, fn->timer_name_len[name]);
 }
 
-static void write_timer_diff(kf_ctx_t *ctx, const function_t *fn, const fn_key_t *k, size_t name,
-                             int64_t old_at, int64_t new_at) {
+/* Whether (at_us, k, name) comes at or before the last timer the step
+ * fired (s->fired: a copy, since keys may be freed during the commit): its
+ * timers_by_time record is then inside the step's range delete. */
+static bool fired_span_covers(const step_t *s, const fn_key_t *k, uint8_t name, int64_t at_us) {
+    const fired_t *f = &s->fired;
+    if (f->key == NULL || at_us != f->at_us) {
+        return f->key != NULL && at_us < f->at_us;
+    }
+    uint32_t n = k->key_len < f->key_len ? k->key_len : f->key_len;
+    int c = memcmp(k->key, f->key, n);
+    if (c == 0) {
+        c = k->key_len < f->key_len ? -1 : k->key_len > f->key_len;
+    }
+    if (c == 0) {
+        c = strcmp(s->fn->desc->timer_names[name], s->fn->desc->timer_names[f->name]);
+    }
+    return c <= 0;
+}
+
+static void write_timer_diff(const step_t *s, const fn_key_t *k, uint8_t name, int64_t old_at,
+                             int64_t new_at) {
+    kf_ctx_t *ctx = s->ctx;
+    const function_t *fn = s->fn;
     kf_key_t by_key, by_time;
     if (old_at != KF__NO_TIME) {
-        timer_keys(fn, k, name, old_at, &by_key, &by_time);
-        kf_ctx_delete(ctx, KF_CF_TIMERS_BY_TIME, &by_time);
+        if (!fired_span_covers(s, k, name, old_at)) {
+            timer_keys(fn, k->key, k->key_len, name, old_at, NULL, &by_time);
+            kf_ctx_delete(ctx, KF_CF_TIMERS_BY_TIME, &by_time);
+        }
         if (new_at == KF__NO_TIME) {
+            timer_keys(fn, k->key, k->key_len, name, old_at, &by_key, &by_time);
             kf_ctx_delete(ctx, KF_CF_TIMERS_BY_KEY, &by_key);
         }
     }
     if (new_at != KF__NO_TIME) {
-        timer_keys(fn, k, name, new_at, &by_key, &by_time);
+        timer_keys(fn, k->key, k->key_len, name, new_at, &by_key, &by_time);
         uint8_t v[8];
         kf_put_be64(v, kf_i64_ordered(new_at));
         kf_ctx_put(ctx, KF_CF_TIMERS_BY_KEY, &by_key, v, sizeof v);
         kf_ctx_put(ctx, KF_CF_TIMERS_BY_TIME, &by_time, "", 0);
     }
+}
+
+/* The stored timers_by_time records of every timer the step fired, and of
+ * any it removed that came before the last one fired: the function's
+ * records from its first up to and including the last fired timer's
+ * (invariant 4). */
+static void delete_fired_span(const step_t *s) {
+    kf_key_t begin, end;
+    kf__key_prefix(&begin, s->fn);
+    timer_keys(s->fn, s->fired.key, s->fired.key_len, s->fired.name, s->fired.at_us, NULL, &end);
+    kf_key_raw(&end, "", 1); /* the smallest key after the last fired one */
+    kf_batch_delete_range(s->ctx->batch, KF_CF_TIMERS_BY_TIME, begin.bytes, begin.len, end.bytes,
+                          end.len);
 }
 
 void kf__put_checkpoint(kf_ctx_t *ctx, const function_t *fn) {
@@ -212,10 +265,18 @@ void kf__put_checkpoint(kf_ctx_t *ctx, const function_t *fn) {
     kf_ctx_put_msg(ctx, KF_CF_CHECKPOINTS, &k, &cp.base);
 }
 
-/* Writes everything the step changed, in the context's batch. */
-static void commit(step_t *s, Keyflow__V1__PushBatchResponse *ack) {
+/* Writes everything the step changed, in the context's batch; the output
+ * sequence numbers it wrote go into first/last (0 when none). */
+static void commit(step_t *s, int64_t *first_seq, int64_t *last_seq) {
     function_t *fn = s->fn;
     kf_ctx_t *ctx = s->ctx;
+    if (s->last_fired.owner != NULL) {
+        /* A copy: the key may be freed below, before the last diff. */
+        fn_key_t *k = s->last_fired.owner;
+        s->fired = (fired_t){kf_xmemdup(k->key, k->key_len), k->key_len, s->last_fired.name,
+                             s->last_fired.at_us};
+        delete_fired_span(s);
+    }
     for (size_t i = 0; i < s->nundo; i++) {
         undo_t *u = &s->undo[i];
         fn_key_t *k = u->key;
@@ -226,7 +287,7 @@ static void commit(step_t *s, Keyflow__V1__PushBatchResponse *ack) {
         for (size_t t = 0; t < fn->desc->n_timer_names; t++) {
             int64_t now_at = k->timers && k->timers[t] ? k->timers[t]->at_us : KF__NO_TIME;
             if (now_at != u->at[t]) {
-                write_timer_diff(ctx, fn, k, t, u->at[t], now_at);
+                write_timer_diff(s, k, (uint8_t)t, u->at[t], now_at);
             }
         }
         if (!kf__key_live(fn, k)) {
@@ -234,16 +295,17 @@ static void commit(step_t *s, Keyflow__V1__PushBatchResponse *ack) {
             kf__key_free(fn, k);
         }
     }
+    *first_seq = *last_seq = 0;
     if (s->out.rows > 0) {
-        ack->first_output_seq = (int64_t)fn->output_seq + 1;
+        *first_seq = (int64_t)fn->output_seq + 1;
         for (uint32_t from = 0; from < s->out.rows; from += KF_OUTPUT_CHUNK_ROWS_MAX) {
             uint32_t n = s->out.rows - from;
             if (n > KF_OUTPUT_CHUNK_ROWS_MAX) {
                 n = KF_OUTPUT_CHUNK_ROWS_MAX;
             }
             /* Each chunk is encoded in its own short-lived arena, so a step
-             * with very many output rows (a timer storm) needs memory for
-             * one chunk's encoding at a time. */
+             * with many output rows needs memory for one chunk's encoding
+             * at a time. */
             kf_arena_t chunk_arena;
             kf_arena_init(&chunk_arena, 0);
             Keyflow__V1__RowBatch *chunk = kf_outbuf_to_batch(&s->out, from, n, &chunk_arena);
@@ -252,11 +314,13 @@ static void commit(step_t *s, Keyflow__V1__PushBatchResponse *ack) {
             kf__output_put_chunk(ctx, fn, chunk, n);
             kf_arena_deinit(&chunk_arena);
         }
-        ack->last_output_seq = (int64_t)fn->output_seq;
+        *last_seq = (int64_t)fn->output_seq;
         kf_counter_add(KF_C_OUTPUT_ROWS, s->out.rows);
         kf__output_written(s->fns, fn, ctx->group_id);
     }
     kf__put_checkpoint(ctx, fn);
+    free(s->fired.key);
+    s->fired.key = NULL;
 }
 
 /* ---- a call's response: validate, then apply --------------------------- */
@@ -275,11 +339,20 @@ static kf_status_t validate(kf_call_t *call) {
             "handler response rejected, nothing applied: an output row was begun but "
             "not ended");
     }
-    if ((int64_t)call->out.bytes > fn->limits.max_output_bytes) {
+    /* Per step: with calls out at once (a pipelining host) the host's own
+     * checks saw only the calls taken before; this one is exact. */
+    if ((int64_t)s->out.rows + call->out.rows > fn->limits.max_output_rows) {
         return kf_error_set(s->err, KF_E_LIMIT,
-                            "max_output_bytes: one handler call produced %llu bytes (limit %lld); "
-                            "nothing applied",
-                            (unsigned long long)call->out.bytes,
+                            "handler response rejected, nothing applied: max_output_rows: the "
+                            "step would write %llu output rows (limit %lld per step)",
+                            (unsigned long long)s->out.rows + call->out.rows,
+                            (long long)fn->limits.max_output_rows);
+    }
+    if ((int64_t)(s->out.bytes + call->out.bytes) > fn->limits.max_output_bytes) {
+        return kf_error_set(s->err, KF_E_LIMIT,
+                            "max_output_bytes: the step would write %llu bytes of output (limit "
+                            "%lld per step); nothing applied",
+                            (unsigned long long)(s->out.bytes + call->out.bytes),
                             (long long)fn->limits.max_output_bytes);
     }
     const Keyflow__V1__Schema *os = fn->desc->output_schema;
@@ -547,13 +620,15 @@ static void build_row_call_ahead(step_t *s, kf_call_t *call) {
 }
 
 /* The next call of the timers phase: due timers in (at_us, key, name)
- * order, at most max_timer_callbacks_per_step, one per key; it stops at a
- * timer whose key is in a call out (that call may cancel or move it). */
+ * order, one per key, until the step has fired max_timer_callbacks_per_step
+ * (the rest wait for the next step); it stops at a timer whose key is in a
+ * call out (that call may cancel or move it). */
 static void build_timer_call(step_t *s, kf_call_t *call) {
     function_t *fn = s->fn;
-    uint32_t per_call = (uint32_t)fn->limits.max_timer_callbacks;
-    if (per_call > (uint32_t)fn->limits.max_batch_rows) {
-        per_call = (uint32_t)fn->limits.max_batch_rows;
+    int64_t left = fn->limits.max_timer_callbacks - s->timer_callbacks;
+    uint32_t per_call = (uint32_t)fn->limits.max_batch_rows;
+    if (left < (int64_t)per_call) {
+        per_call = (uint32_t)left;
     }
     uint32_t stamp = ++s->fns->call_counter;
     ev_timer_t *t;
@@ -566,6 +641,9 @@ static void build_timer_call(step_t *s, kf_call_t *call) {
         int64_t at = t->at_us;
         uint8_t name = t->name;
         touch(s, k, true);
+        s->last_fired.owner = k;
+        s->last_fired.name = name;
+        s->last_fired.at_us = at;
         kf__key_set_timer(fn, k, name, KF__NO_TIME); /* fired: gone unless set again */
         kf__call_add(call, k, fn->next_activation++, KF_CALLBACK_TIMER, 0, at,
                      fn->desc->timer_names[name]);
@@ -596,7 +674,8 @@ static next_call_t next_call(step_t *s, kf_call_t *call) {
             return NEXT_BLOCKED; /* their responses may set timers due in this step */
         }
         const Keyflow__V1__PushBatchRequest *req = s->req;
-        if (req->watermark_present_case ==
+        if (req != NULL &&
+            req->watermark_present_case ==
                 KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US &&
             (!s->has_watermark || req->watermark_us > s->watermark)) {
             s->has_watermark = true; /* watermarks never go back: a lower one is ignored */
@@ -606,7 +685,8 @@ static next_call_t next_call(step_t *s, kf_call_t *call) {
         s->fn->next_activation = s->next_activation0 + s->rows->count;
     }
     ev_timer_t *top = kf__timer_top(s->fn);
-    if (s->has_watermark && top != NULL && top->at_us <= s->watermark) {
+    if (s->has_watermark && top != NULL && top->at_us <= s->watermark &&
+        s->timer_callbacks < s->fn->limits.max_timer_callbacks) {
         build_timer_call(s, call);
         return call->count > 0 ? NEXT_CALL : NEXT_BLOCKED;
     }
@@ -659,12 +739,94 @@ static void step_advance(step_t *s) {
             KF_ASSERT(s->nout > 0);
         }
         s->awaiting = true; /* kf__step_resume() goes on */
+        s->busy_us += kf_mono_us() - s->resumed_us;
         return;
     }
 }
 
-/* Ends a step: commit and acknowledge, or roll back and refuse. */
+/* ---- due timers: the list of functions with follow-on steps to run ----- */
+
+static bool at_or_before(const kf_ostree_node_t *n, const void *watermark) {
+    return KF_CONTAINER_OF(n, ev_timer_t, node)->at_us <= *(const int64_t *)watermark;
+}
+
+uint64_t kf__due_timers(const function_t *fn) {
+    if (!fn->has_watermark) {
+        return 0;
+    }
+    return kf_ostree_count_prefix(&fn->timers, at_or_before, &fn->watermark_us);
+}
+
+static bool has_due(const function_t *fn) {
+    const ev_timer_t *top = kf__timer_top(fn);
+    return fn->has_watermark && top != NULL && top->at_us <= fn->watermark_us;
+}
+
+void kf__due_unlink(kf_functions_t *fns, function_t *fn) {
+    if (!fn->in_due) {
+        return;
+    }
+    if (fn->due_prev) {
+        fn->due_prev->due_next = fn->due_next;
+    } else {
+        fns->due_head = fn->due_next;
+    }
+    if (fn->due_next) {
+        fn->due_next->due_prev = fn->due_prev;
+    } else {
+        fns->due_tail = fn->due_prev;
+    }
+    fn->due_next = fn->due_prev = NULL;
+    fn->in_due = false;
+}
+
+/* Follow-on steps may run: due timers, no refusal pending, and a host that
+ * takes calls (a remote function without a worker waits, and re-enters
+ * the list through kf__step_resume when one says hello). */
+void kf__due_update(kf_functions_t *fns, function_t *fn) {
+    bool runnable =
+        fn->host != NULL && fn->due_error[0] == '\0' && has_due(fn) && fn->host->room(fns, fn) >= 0;
+    if (runnable == fn->in_due) {
+        return;
+    }
+    if (!runnable) {
+        kf__due_unlink(fns, fn);
+        return;
+    }
+    fn->due_prev = fns->due_tail;
+    fn->due_next = NULL;
+    if (fns->due_tail) {
+        fns->due_tail->due_next = fn;
+    } else {
+        fns->due_head = fn;
+    }
+    fns->due_tail = fn;
+    fn->in_due = true;
+}
+
+/* Whether a PushBatch must wait (invariant 3): a step is active, or due
+ * timers wait for follow-on steps that can run. */
+static bool fn_busy(const function_t *fn) {
+    return fn->active != NULL || fn->in_due;
+}
+
+/* ---- the end of a step ------------------------------------------------- */
+
+/* A refused follow-on step: nothing of it is applied; the function's due
+ * timers wait for its next PushBatch (whose step fires them first and
+ * reports the refusal to its producer), and GetFunction shows why. */
+static void due_refused(step_t *s) {
+    function_t *fn = s->fn;
+    snprintf(fn->due_error, sizeof fn->due_error, "%s", s->err->message);
+    kf_log_kv(KF_LOG_WARN, "functions", "timer step refused; due timers wait for the next batch",
+              KF_LOG_STR("function_id", fn->id), KF_LOG_STR("reason", s->err->message),
+              KF_LOG_INT("due_timers", (int64_t)kf__due_timers(fn)));
+}
+
+/* Ends a step: commit (and acknowledge a PushBatch), or abandon the calls
+ * out, roll back and refuse; then frees a follow-on step. */
 static void step_finish(step_t *s, kf_status_t st) {
+    kf_functions_t *fns = s->fns;
     function_t *fn = s->fn;
     kf_ctx_t *ctx = s->ctx;
     kf_cmd_t *cmd = s->cmd;
@@ -680,44 +842,86 @@ static void step_finish(step_t *s, kf_status_t st) {
             kf_call_t *call = s->calls_out[s->out_head];
             s->out_head = (s->out_head + 1) % KF_FN_CALLS_IN_FLIGHT_MAX;
             if (!call->answered) {
-                fn->host->abandon(s->fns, fn, call);
+                fn->host->abandon(fns, fn, call);
             }
             call_put(s, call);
         }
         fn->active = NULL;
         rollback(s);
-        free(s->undo);
-        kf_ctx_fail(ctx, cmd);
-        return;
+        if (cmd != NULL) {
+            kf_ctx_fail(ctx, cmd);
+        } else {
+            due_refused(s);
+        }
+    } else {
+        KF_ASSERT(s->nout == 0);
+        fn->active = NULL;
+        fn->has_watermark = s->has_watermark;
+        fn->watermark_us = s->watermark;
+        fn->due_error[0] = '\0';
+        int64_t first_seq, last_seq;
+        commit(s, &first_seq, &last_seq);
+        kf_counter_add(KF_C_EVENT_TIMERS_FIRED, (uint64_t)s->timer_callbacks);
+        if (cmd != NULL) {
+            Keyflow__V1__PushBatchResponse *ack = kf_arena_new(cmd->arena, sizeof *ack);
+            keyflow__v1__push_batch_response__init(ack);
+            ack->rows_accepted = s->rows->count;
+            ack->activations = s->activations;
+            ack->timer_callbacks = s->timer_callbacks;
+            ack->handler_calls = s->calls;
+            ack->watermark_us = fn->has_watermark ? fn->watermark_us : 0;
+            ack->sequence = s->req->sequence;
+            ack->first_output_seq = first_seq;
+            ack->last_output_seq = last_seq;
+            ack->due_timers = (int64_t)kf__due_timers(fn);
+            producer_t *p = kf__producer_get(fn, s->req->producer_id, true);
+            if (p->owner[0] == '\0') {
+                /* The first key to push under a producer owns it from then on. */
+                strcpy(p->owner, kf_principal_id(cmd->principal));
+            }
+            producer_remember(p, s->req->sequence, &ack->base);
+            put_producer(ctx, fn, p);
+            kf_counter_add(KF_C_INPUT_ROWS, s->rows->count);
+            cmd->response = &ack->base;
+            kf_ctx_ready(ctx, cmd);
+        }
     }
-    KF_ASSERT(s->nout == 0);
-    fn->active = NULL;
-    fn->has_watermark = s->has_watermark;
-    fn->watermark_us = s->watermark;
-    Keyflow__V1__PushBatchResponse *ack = kf_arena_new(cmd->arena, sizeof *ack);
-    keyflow__v1__push_batch_response__init(ack);
-    ack->rows_accepted = s->rows->count;
-    ack->activations = s->activations;
-    ack->timer_callbacks = s->timer_callbacks;
-    ack->handler_calls = s->calls;
-    ack->watermark_us = fn->has_watermark ? fn->watermark_us : 0;
-    ack->sequence = s->req->sequence;
-    commit(s, ack);
     free(s->undo);
-    producer_t *p = kf__producer_get(fn, s->req->producer_id, true);
-    if (p->owner[0] == '\0') {
-        /* The first key to push under a producer owns it from then on. */
-        strcpy(p->owner, kf_principal_id(cmd->principal));
+    s->undo = NULL;
+    kf__due_update(fns, fn);
+    kf_histogram_observe_us(KF_H_FN_STEP_SECONDS, s->busy_us + kf_mono_us() - s->resumed_us);
+    if (cmd == NULL) {
+        kf_arena_deinit(&s->own_arena);
+        free(s);
     }
-    producer_remember(p, s->req->sequence, &ack->base);
-    put_producer(ctx, fn, p);
-    kf_counter_add(KF_C_INPUT_ROWS, s->rows->count);
-    kf_counter_add(KF_C_EVENT_TIMERS_FIRED, (uint64_t)s->timer_callbacks);
-    cmd->response = &ack->base;
-    kf_ctx_ready(ctx, cmd);
 }
 
 /* ---- PushBatch --------------------------------------------------------- */
+
+/* The parts of a step every kind shares; the function must be idle. */
+static void step_start(step_t *s, kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn,
+                       kf_arena_t *arena, kf_error_t *err) {
+    KF_ASSERT(fn->active == NULL);
+    s->fns = fns;
+    s->fn = fn;
+    s->ctx = ctx;
+    s->arena = arena;
+    s->has_watermark = fn->has_watermark;
+    s->watermark = fn->watermark_us;
+    s->mark = ++fns->step_counter;
+    if (s->mark == 0) {
+        s->mark = ++fns->step_counter; /* 0 means "not touched" */
+    }
+    s->live_keys0 = fn->live_keys;
+    s->timer_count0 = fn->timer_count;
+    s->state_bytes0 = fn->state_bytes;
+    s->next_activation0 = fn->next_activation;
+    s->due_timers0 = kf__due_timers(fn);
+    s->err = err;
+    s->resumed_us = kf_mono_us();
+    kf_outbuf_init(&s->out, fn->desc->output_schema, arena);
+    fn->active = s;
+}
 
 /* Checks a PushBatch and starts its step (the function is idle). */
 static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
@@ -803,25 +1007,9 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    s->fns = fns;
-    s->fn = fn;
-    s->ctx = ctx;
-    s->arena = cmd->arena;
     s->rows = rows;
     s->cmd = cmd;
     s->req = req;
-    s->has_watermark = fn->has_watermark;
-    s->watermark = fn->watermark_us;
-    s->mark = ++fns->step_counter;
-    if (s->mark == 0) {
-        s->mark = ++fns->step_counter; /* 0 means "not touched" */
-    }
-    s->live_keys0 = fn->live_keys;
-    s->timer_count0 = fn->timer_count;
-    s->state_bytes0 = fn->state_bytes;
-    s->next_activation0 = fn->next_activation;
-    s->err = err;
-    kf_outbuf_init(&s->out, fn->desc->output_schema, cmd->arena);
     s->lookahead = fn->host->pipelines;
     if (s->lookahead) {
         /* The unassigned rows as a list: row i is followed by row i + 1. */
@@ -837,14 +1025,14 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
         }
         s->first_row = 0;
     }
-    fn->active = s;
+    step_start(s, fns, ctx, fn, cmd->arena, err);
     step_advance(s);
 }
 
-/* Starts queued batches while the function is idle (a step that finishes
- * at once leaves it idle again). */
+/* Starts queued batches while the function is free (a step that finishes
+ * at once leaves it free again). */
 static void fn_drain(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
-    while (fn->active == NULL && fn->queue_head != NULL) {
+    while (!fn_busy(fn) && fn->queue_head != NULL) {
         kf_cmd_t *cmd = fn->queue_head;
         fn->queue_head = cmd->next;
         if (fn->queue_head == NULL) {
@@ -857,9 +1045,9 @@ static void fn_drain(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
     }
 }
 
-/* A step whose call is out holds the function: later batches wait in order
- * behind it (bounded by KF_FN_QUEUED_MAX), since each step starts from the
- * state the previous one left. */
+/* A busy function (invariant 3) holds later batches: they wait in order
+ * (bounded by KF_FN_QUEUED_MAX), since each step starts from the state the
+ * previous one left. */
 void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__PushBatchRequest *req = (const Keyflow__V1__PushBatchRequest *)cmd->request;
     function_t *fn = kf__fn_require(fns, req->function_id, &cmd->error);
@@ -867,11 +1055,12 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    if (fn->active != NULL) {
+    if (fn_busy(fn) || fn->queue_head != NULL) {
         if (fn->queued >= KF_FN_QUEUED_MAX) {
             kf_error_set(&cmd->error, KF_E_LIMIT,
-                         "function %s: %d batches already wait for its handler", fn->id,
-                         KF_FN_QUEUED_MAX);
+                         "function %s: %d batches already wait for its handler or its due "
+                         "timers",
+                         fn->id, KF_FN_QUEUED_MAX);
             kf_ctx_fail(ctx, cmd);
             return;
         }
@@ -890,16 +1079,50 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     fn_drain(fns, ctx, fn);
 }
 
-/* The response of the active step's call came back after the call went
- * out (KF__CALL_OUT): take it, go on, and start batches queued behind the
- * step if it finished. */
+/* ---- follow-on steps --------------------------------------------------- */
+
+/* Starts a follow-on step of a function with due timers (it is free). */
+static void due_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
+    step_t *s = kf_xcalloc(1, sizeof *s);
+    kf_arena_init(&s->own_arena, 0);
+    s->rows = &s->rows_storage; /* none */
+    s->rows_storage.ncols = (uint32_t)fn->desc->input_schema->n_fields;
+    s->timers_phase = true;
+    step_start(s, fns, ctx, fn, &s->own_arena, &s->own_error);
+    step_advance(s);
+}
+
+bool kf_functions_has_due(const kf_functions_t *fns) {
+    return fns->due_head != NULL;
+}
+
+uint32_t kf_functions_run_due(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t steps_max) {
+    uint32_t steps = 0;
+    while (steps < steps_max && fns->due_head != NULL) {
+        function_t *fn = fns->due_head;
+        kf__due_unlink(fns, fn);
+        if (fn->active != NULL) {
+            continue; /* when that step ends it re-enters the list */
+        }
+        due_begin(fns, ctx, fn); /* re-enters the list (at the tail) while timers stay due */
+        steps++;
+        fn_drain(fns, ctx, fn);
+    }
+    return steps;
+}
+
+/* A response of the active step came in, or the host's room changed (a
+ * remote worker came or went): go on, start batches queued behind the step
+ * if it finished, and let due timers run again when they can. */
 void kf__step_resume(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
     step_t *s = fn->active;
     if (s == NULL || !s->awaiting) {
+        kf__due_update(fns, fn);
         return;
     }
     s->awaiting = false;
     s->ctx = ctx;
+    s->resumed_us = kf_mono_us();
     step_advance(s);
     fn_drain(fns, ctx, fn);
 }

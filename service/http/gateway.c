@@ -54,6 +54,7 @@
 #include "base/metrics.h"
 #include "base/workers.h"
 #include "http/conns.h"
+#include "http/openapi.h"
 #include "http/routes.h"
 #include "proto/json_map.h"
 
@@ -117,6 +118,8 @@ struct kf_gateway {
     kf_auth_t *auth; /* NULL: requests are not checked */
     atomic_bool stopping;
     atomic_int in_flight;
+    char *openapi; /* GET /openapi.json, written at create (http/openapi.h) */
+    size_t openapi_len;
     int metrics_ids[KF_METRICS_METHODS_MAX];
     /* HTTP/1 long polls: h2o does not read a connection while its request is
      * being handled, so a client that leaves is noticed only by peeking at
@@ -177,6 +180,13 @@ static int send_error(h2o_req_t *req, kf_status_t status, const char *message, i
     send_body(req, sent, "application/json", out, strlen(out));
     free(text);
     return sent;
+}
+
+/* 405 with the Allow header RFC 9110 requires: the methods the path does
+ * accept. Returns 405. */
+static int send_not_allowed(h2o_req_t *req, const char *message, const char *allow) {
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
+    return send_error(req, KF_E_UNIMPLEMENTED, message, 405);
 }
 
 static void watch_unlink(kf_gateway_t *gw, http_call_t *call) {
@@ -459,12 +469,12 @@ static bool path_is(h2o_req_t *req, size_t path_len, const char *want) {
 static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
     bool is_get = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) ||
                   h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
-    static const char *const probes[] = {"/healthz", "/readyz", "/metrics"};
+    static const char *const probes[] = {"/healthz", "/readyz", "/metrics", "/openapi.json"};
     for (size_t i = 0; i < sizeof probes / sizeof probes[0]; i++) {
         if (!is_get && path_is(req, path_len, probes[i])) {
             char message[64];
             snprintf(message, sizeof message, "method: use GET for %s", probes[i]);
-            send_error(req, KF_E_UNIMPLEMENTED, message, 405);
+            send_not_allowed(req, message, "GET, HEAD");
             return true;
         }
     }
@@ -493,6 +503,10 @@ static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
     }
     if (path_is(req, path_len, "/metrics")) {
         serve_metrics(gw, req);
+        return true;
+    }
+    if (path_is(req, path_len, "/openapi.json")) {
+        send_body(req, 200, "application/json", gw->openapi, gw->openapi_len);
         return true;
     }
     return false;
@@ -636,7 +650,14 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         }
     }
     if (st != KF_OK) {
-        int sent = send_error(req, st, err.message, st == KF_E_UNIMPLEMENTED ? 405 : 0);
+        int sent;
+        if (st == KF_E_UNIMPLEMENTED) { /* the path is known, the method is not */
+            char allow[KF_HTTP_ALLOW_BYTES_MAX];
+            kf_http_allowed(call->hreq.path, call->hreq.path_len, allow, sizeof allow);
+            sent = send_not_allowed(req, err.message, allow);
+        } else {
+            sent = send_error(req, st, err.message, 0);
+        }
         if (call->method != NULL) { /* a refused request of a known method counts */
             record_request(call, gw->metrics_ids[call->method - kf_methods],
                            kf_status_grpc_code(st), sent, NULL);
@@ -989,6 +1010,9 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *
     h2o_timeout_init(gw->main.loop, &gw->watch_timeout, WATCH_INTERVAL_MS);
     gw->watch_entry.cb = on_watch_tick;
     st = kf_workers_create("kf-http-w", KF_HTTP_WORKERS, KF_HTTP_WORK_QUEUE_MAX, &gw->workers, err);
+    if (st == KF_OK) {
+        st = kf_openapi_render(options->version, &gw->openapi, &gw->openapi_len, err);
+    }
     if (st == KF_OK && options->probe_address != NULL) {
         kf_http_conn_limits_t probe = {
             .connections_max = KF_PROBE_CONNECTIONS_MAX,
@@ -1064,5 +1088,6 @@ void kf_gateway_destroy(kf_gateway_t *gw) {
     }
     server_dispose(&gw->main);
     server_dispose(&gw->probe);
+    free(gw->openapi);
     free(gw);
 }

@@ -40,6 +40,8 @@ typedef struct kf_gateway_options {
     int connections_per_address; /* 0 = KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT */
     int64_t header_timeout_ms;   /* 0 = KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT */
     int64_t body_timeout_ms;     /* 0 = KF_HTTP_BODY_TIMEOUT_MS_DEFAULT */
+    const char *version;         /* the API version GET /openapi.json states
+                                    (borrowed for the call); NULL: "unknown" */
 } kf_gateway_options_t;
 
 /* Binds; *port receives the bound port. The engine is borrowed. Errors:

@@ -328,6 +328,41 @@ const kf_method_t *kf_http_route_method(const kf_http_request_t *req) {
     return m != NULL && method_is(req, "POST") ? m : NULL;
 }
 
+/* Appends `method` to the comma-separated list in out unless it is there. */
+static void allow_add(char *out, size_t cap, const char *method) {
+    size_t n = strlen(method);
+    for (const char *p = strstr(out, method); p != NULL; p = strstr(p + 1, method)) {
+        if ((p == out || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0')) {
+            return;
+        }
+    }
+    size_t len = strlen(out);
+    snprintf(out + len, cap - len, "%s%s", len > 0 ? ", " : "", method);
+}
+
+void kf_http_allowed(const char *path, size_t path_len, char *out, size_t cap) {
+    KF_ASSERT(cap > 0);
+    out[0] = '\0';
+    span_t segs[SEGMENTS_MAX];
+    size_t n;
+    if (!split(path, path_len, segs, &n)) {
+        return;
+    }
+    capture_t caps[SEGMENTS_MAX];
+    size_t ncaps;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (match(&routes[i], segs, n, caps, &ncaps)) {
+            allow_add(out, cap, routes[i].http_method);
+            if (strcmp(routes[i].http_method, "GET") == 0) {
+                allow_add(out, cap, "HEAD"); /* wherever GET is (method_is) */
+            }
+        }
+    }
+    if (out[0] == '\0' && generic_method(segs, n) != NULL) {
+        allow_add(out, cap, "POST");
+    }
+}
+
 kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
                           const kf_method_t **method_out, ProtobufCMessage **message_out,
                           kf_error_t *err) {

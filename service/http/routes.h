@@ -88,6 +88,13 @@ const kf_http_route_def_t *kf_http_routes(size_t *count);
  * method. */
 const kf_method_t *kf_http_route_method(const kf_http_request_t *request);
 
+/* The methods the route table accepts on `path` (without the query), as an
+ * HTTP Allow header value ("GET, HEAD", "POST"): HEAD wherever GET is.
+ * Written into out (cap bytes, always NUL-terminated; empty when no route
+ * has that path). What a 405 answer carries. */
+#define KF_HTTP_ALLOW_BYTES_MAX 64
+void kf_http_allowed(const char *path, size_t path_len, char *out, size_t cap);
+
 kf_status_t kf_http_route(const kf_http_request_t *request, kf_arena_t *arena,
                           const kf_method_t **method, ProtobufCMessage **message,
                           kf_error_t *err) KF_MUST_USE;

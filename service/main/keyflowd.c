@@ -34,6 +34,7 @@
 #include "base/version.h"
 #include "runtime/engine.h"
 #include "http/gateway.h"
+#include "main/notify.h"
 #include "rpc/grpc_server.h"
 #include "auth/auth.h"
 #include "storage/store.h"
@@ -638,6 +639,7 @@ static _Noreturn void fail_stop(kf_engine_t *engine, kf_grpc_server_t *grpc,
                                 kf_gateway_t *gateway) {
     kf_gateway_shutdown(gateway);
     kf_grpc_server_shutdown(grpc);
+    kf_notify_stopping("fail-stop: a durable write failed");
     kf_engine_stop(engine); /* the replier hands the failure answers to the front ends */
     kf_grpc_server_wait_watches(grpc, FAIL_STOP_WATCH_FLUSH_MS);
     kf_grpc_server_destroy(grpc, FAIL_STOP_WATCH_FLUSH_MS);
@@ -722,6 +724,7 @@ int main(int argc, char **argv) {
      * replays its WAL) and recovering the engine (loading what it keeps in
      * memory). bench/restart.sh reads them. */
     int64_t open_begin_us = kf_mono_us();
+    kf_notify_status("opening the store and recovering");
     if (kf_store_open_rocks(&ro, &store, &err) != KF_OK) {
         kf_log(KF_LOG_ERROR, "main", "cannot open the store: %s", err.message);
         kf_tls_unref(tls);
@@ -780,6 +783,7 @@ int main(int argc, char **argv) {
         .connections_per_address = (int)o.http_connections_per_address,
         .header_timeout_ms = o.http_header_timeout_ms,
         .body_timeout_ms = o.http_body_timeout_ms,
+        .version = kf_version(),
     };
     kf_gateway_t *gateway;
     int http_port;
@@ -811,9 +815,13 @@ int main(int argc, char **argv) {
               KF_LOG_STR("commit", kf_version_commit()), KF_LOG_STR("data", o.data_dir),
               KF_LOG_STR("grpc", grpc_at), KF_LOG_STR("http", http_at), KF_LOG_STR("tls", tls_mode),
               KF_LOG_STR("auth", auth_on ? "on" : "off"));
+    char status[400];
+    snprintf(status, sizeof status, "serving gRPC on %s, HTTP on %s", grpc_at, http_at);
+    kf_notify_ready(status);
 
     int sig = wait_for_stop(&sigs, -1, &o.tls, grpc, gateway);
     if (!kf_health_failed()) {
+        kf_notify_stopping("draining: NOT_SERVING, still serving requests");
         /* Readiness first: load balancers stop sending new requests while
          * both listeners still serve the ones that come. */
         kf_health_set(false, "draining");
@@ -831,6 +839,7 @@ int main(int argc, char **argv) {
         fail_stop(engine, grpc, gateway);
     }
     kf_log_kv(KF_LOG_INFO, "main", "stopping", KF_LOG_INT("signal", sig));
+    kf_notify_stopping("stopping: finishing and syncing what was accepted");
     kf_gateway_shutdown(gateway);
     kf_grpc_server_shutdown(grpc);
     kf_engine_stop(engine); /* finishes and syncs everything accepted */

@@ -178,6 +178,13 @@ static void emitted_name(const ProtobufCMessageDescriptor *desc, const ProtobufC
     camel_name(f->name, base_len > 0 ? base_len : strlen(f->name), out);
 }
 
+void kf_json_field_name(const ProtobufCMessageDescriptor *desc, const ProtobufCFieldDescriptor *f,
+                        char out[KF_JSON_NAME_BYTES_MAX], bool *embedded) {
+    _Static_assert(KF_JSON_NAME_BYTES_MAX == JSON_NAME_BYTES_MAX, "one bound");
+    emitted_name(desc, f, out);
+    *embedded = json_text_base_len(desc, f) > 0;
+}
+
 static bool ascii_iequal(const char *a, const char *b) {
     for (;; a++, b++) {
         char ca = (*a >= 'A' && *a <= 'Z') ? (char)(*a - 'A' + 'a') : *a;

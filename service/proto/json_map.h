@@ -71,6 +71,7 @@
 #ifndef KF_HTTP_JSON_MAP_H
 #define KF_HTTP_JSON_MAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <jansson.h>
@@ -118,6 +119,14 @@ typedef enum kf_set_mode {
 kf_status_t kf_message_set_text_as(ProtobufCMessage *msg, const char *name, const char *text,
                                    kf_set_mode_t mode, kf_arena_t *arena,
                                    kf_error_t *err) KF_MUST_USE;
+
+/* The key field `f` of `desc` is emitted under: its lowerCamelCase name, or
+ * for a `_json` field the embedded name ("input" for input_json), which
+ * *embedded tells. out holds KF_JSON_NAME_BYTES_MAX bytes. What the OpenAPI
+ * document and the CLI's tables name fields by. */
+#define KF_JSON_NAME_BYTES_MAX 128
+void kf_json_field_name(const ProtobufCMessageDescriptor *desc, const ProtobufCFieldDescriptor *f,
+                        char out[KF_JSON_NAME_BYTES_MAX], bool *embedded);
 
 /* Renders a message as compact JSON (NUL-terminated, in the arena). NULL
  * only when the arena is exhausted. */

@@ -5,6 +5,8 @@
 
 #include "base/assert.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "grpc/reflection/v1/reflection.pb-c.h"
+#include "grpc/reflection/v1alpha/reflection.pb-c.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/keys.pb-c.h"

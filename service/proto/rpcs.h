@@ -131,7 +131,15 @@
     /* A remote handler's stream (api/keyflow/v1/workers.proto): the gRPC front end relays         \
      * calls and results between the worker and the engine (kf_engine_worker_post). */             \
     FRONT(WORKER_SERVE, "keyflow.v1.Workers", "Serve", "WorkerServe", keyflow__v1__worker_message, \
-          keyflow__v1__server_message, BIDI_STREAM, FUNCTIONS_SERVE, "hello.function_id")
+          keyflow__v1__server_message, BIDI_STREAM, FUNCTIONS_SERVE, "hello.function_id")          \
+    /* gRPC server reflection, answered from the embedded descriptor set                           \
+     * (rpc/reflection.h); v1alpha is the same protocol under its older name. */                   \
+    FRONT(REFLECTION_V1, "grpc.reflection.v1.ServerReflection", "ServerReflectionInfo",            \
+          "ServerReflectionInfo", grpc__reflection__v1__server_reflection_request,                 \
+          grpc__reflection__v1__server_reflection_response, BIDI_STREAM, NONE, NULL)               \
+    FRONT(REFLECTION_V1ALPHA, "grpc.reflection.v1alpha.ServerReflection", "ServerReflectionInfo",  \
+          "ServerReflectionInfoV1alpha", grpc__reflection__v1alpha__server_reflection_request,     \
+          grpc__reflection__v1alpha__server_reflection_response, BIDI_STREAM, NONE, NULL)
 
 /* X(scope, name): the API-key scopes (docs/security.md). metrics:read
  * guards GET /metrics, which is not an RPC. */

@@ -27,6 +27,7 @@
  */
 #define _GNU_SOURCE /* pthread_setname_np */
 #include "rpc/grpc_server.h"
+#include "rpc/reflection.h"
 #include "rpc/wire_check.h"
 
 #include <dlfcn.h>
@@ -72,6 +73,9 @@ typedef enum call_state {
     CALL_WORKER_RECV,  /* worker: a message arrived (or the stream ended) */
     CALL_WORKER_SENT,  /* worker: a message went out */
     CALL_WORKER_DONE,  /* worker: the status went out, or the close batch ended */
+    CALL_REFLECT_SENT, /* reflection: an answer went out */
+    CALL_REFLECT_READ, /* reflection: the next request (or the half-close) arrived */
+    CALL_REFLECT_DONE, /* reflection: the final status went out */
 } call_state_t;
 
 typedef struct call call_t;
@@ -121,6 +125,10 @@ struct call {
     bool watch_unknown; /* the service named is not served: SERVICE_UNKNOWN */
     bool watch_started; /* initial metadata went out */
     int watch_sent;     /* the status last sent; -1 none */
+    /* ServerReflectionInfo: request, answer, request, ... with one batch in
+     * flight at a time, so the call needs no reference count. */
+    grpc_byte_buffer *reflect_next; /* RECV_MESSAGE's target */
+    bool reflect_started;           /* initial metadata went out */
     /* TailOutput: repeated engine reads, one page in flight at a time. */
     atomic_int tail_refs; /* the close batch + the read or send in flight */
     atomic_bool tail_closed;
@@ -149,8 +157,9 @@ struct kf_grpc_server {
     call_tag_t shutdown_tag;
     atomic_bool shutdown_done;
     pthread_mutex_t watch_lock;
-    call_t *watching;    /* open Health/Watch streams (watch_lock) */
-    int health_listener; /* kf_health_listen handle, or -1 */
+    call_t *watching;            /* open Health/Watch streams (watch_lock) */
+    kf_reflection_t *reflection; /* server reflection's index; read-only */
+    int health_listener;         /* kf_health_listen handle, or -1 */
     /* TLS: the material the next handshake should switch to, taken (and
      * cleared) by the certificate fetcher gRPC calls before handshakes. */
     pthread_mutex_t tls_lock;
@@ -187,6 +196,9 @@ static void call_free(call_t *c) {
     }
     if (c->reply != NULL) {
         grpc_byte_buffer_destroy(c->reply);
+    }
+    if (c->reflect_next != NULL) {
+        grpc_byte_buffer_destroy(c->reflect_next);
     }
     if (c->has_details) {
         grpc_slice_unref(c->details);
@@ -254,6 +266,47 @@ static void request_generic(kf_grpc_server_t *s) {
     }
 }
 
+/* The op that ends a call with `status`, and `message` as its details when
+ * it is an error; the call keeps what the op points at until it is freed. */
+static void put_status(call_t *c, grpc_op *op, kf_status_t status, const char *message) {
+    c->grpc_code = kf_status_grpc_code(status);
+    op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    op->data.send_status_from_server.status = (grpc_status_code)c->grpc_code;
+    if (status != KF_OK && message != NULL && message[0] != '\0') {
+        KF_ASSERT(!c->has_details); /* one status per call */
+        c->details = grpc_slice_from_copied_string(message);
+        c->has_details = true;
+        op->data.send_status_from_server.status_details = &c->details;
+    }
+}
+
+/* One message of a server stream, as a batch of its own (with the initial
+ * metadata before the first: *started). `slice` is taken. The previous
+ * message's buffer is freed: its send completed, since a stream keeps one
+ * send in flight. On GRPC_CALL_OK the batch completes with `state`. */
+static grpc_call_error send_stream_message(call_t *c, grpc_slice slice, bool *started,
+                                           call_state_t state) {
+    if (c->reply != NULL) {
+        grpc_byte_buffer_destroy(c->reply);
+    }
+    c->reply = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!*started) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    }
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = c->reply;
+    c->tag_main.state = state;
+    grpc_call_error rc = grpc_call_start_batch(c->call, ops, n, &c->tag_main, NULL);
+    if (rc == GRPC_CALL_OK) {
+        *started = true;
+    }
+    return rc;
+}
+
 /* Sends the reply (message when ok) and status; the batch's completion
  * frees the call. Any thread. */
 static void send_reply(call_t *c, kf_status_t status, const char *message,
@@ -278,15 +331,7 @@ static void send_reply(call_t *c, kf_status_t status, const char *message,
             n++;
         }
     }
-    c->grpc_code = kf_status_grpc_code(status);
-    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.status = (grpc_status_code)c->grpc_code;
-    if (status != KF_OK && message != NULL && message[0] != '\0') {
-        c->details = grpc_slice_from_copied_string(message);
-        c->has_details = true;
-        ops[n].data.send_status_from_server.status_details = &c->details;
-    }
-    n++;
+    put_status(c, &ops[n++], status, message);
     if (!c->close_watched) {
         ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
         ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
@@ -385,26 +430,11 @@ static void watch_pump(call_t *c) {
     size_t len = grpc__health__v1__health_check_response__get_packed_size(&resp);
     grpc_slice slice = grpc_slice_malloc(len);
     grpc__health__v1__health_check_response__pack(&resp, GRPC_SLICE_START_PTR(slice));
-    if (c->reply != NULL) {
-        grpc_byte_buffer_destroy(c->reply); /* its send completed */
-    }
-    c->reply = grpc_raw_byte_buffer_create(&slice, 1);
-    grpc_slice_unref(slice);
-    grpc_op ops[2];
-    memset(ops, 0, sizeof ops);
-    size_t n = 0;
-    if (!c->watch_started) {
-        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-    }
-    ops[n].op = GRPC_OP_SEND_MESSAGE;
-    ops[n++].data.send_message.send_message = c->reply;
-    c->tag_main.state = CALL_WATCH_SENT;
     atomic_fetch_add(&c->refs, 1);
-    if (grpc_call_start_batch(c->call, ops, n, &c->tag_main, NULL) != GRPC_CALL_OK) {
+    if (send_stream_message(c, slice, &c->watch_started, CALL_WATCH_SENT) != GRPC_CALL_OK) {
         atomic_fetch_sub(&c->refs, 1); /* the close batch still holds the call */
         return;
     }
-    c->watch_started = true;
     c->watch_sending = true;
     c->watch_sent = status;
 }
@@ -500,15 +530,7 @@ static void tail_finish(call_t *c, kf_status_t status, const char *message) {
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
         c->tail_sent_metadata = true;
     }
-    c->grpc_code = kf_status_grpc_code(status);
-    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.status = (grpc_status_code)c->grpc_code;
-    if (status != KF_OK && message != NULL && message[0] != '\0') {
-        c->details = grpc_slice_from_copied_string(message);
-        c->has_details = true;
-        ops[n].data.send_status_from_server.status_details = &c->details;
-    }
-    n++;
+    put_status(c, &ops[n++], status, message);
     c->tag_main.state = CALL_TAIL_DONE;
     if (grpc_call_start_batch(c->call, ops, n, &c->tag_main, NULL) != GRPC_CALL_OK) {
         tail_unref(c);
@@ -1125,6 +1147,75 @@ static ProtobufCMessage *unpack_authorized(call_t *c) {
     return req;
 }
 
+/* ---- ServerReflectionInfo ---------------------------------------------------
+ * A bidirectional stream, served as a loop on the completion queue: answer
+ * the request at hand (rpc/reflection.h), send it, read the next one; the
+ * client's half-close ends the stream with OK. Each answer is built in the
+ * call's arena, reset per request, so a long session stays bounded. */
+
+static void reflect_finish(call_t *c, kf_status_t status, const char *message) {
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!c->reflect_started) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->reflect_started = true;
+    }
+    put_status(c, &ops[n++], status, message);
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+    n++;
+    c->tag_main.state = CALL_REFLECT_DONE;
+    if (grpc_call_start_batch(c->call, ops, n, &c->tag_main, NULL) != GRPC_CALL_OK) {
+        call_free(c);
+    }
+}
+
+/* Answers `request` (NULL: the client half-closed: the end). */
+static void reflect_answer(call_t *c, grpc_byte_buffer *request) {
+    if (request == NULL) {
+        reflect_finish(c, KF_OK, NULL);
+        return;
+    }
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, request)) {
+        reflect_finish(c, KF_E_INVALID, "request: unreadable");
+        return;
+    }
+    grpc_slice bytes = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    kf_arena_reset(&c->arena);
+    uint8_t *answer = NULL;
+    size_t len = 0;
+    kf_error_t err;
+    kf_status_t st = kf_reflection_answer(c->server->reflection, GRPC_SLICE_START_PTR(bytes),
+                                          GRPC_SLICE_LENGTH(bytes), &c->arena, &answer, &len, &err);
+    grpc_slice_unref(bytes);
+    if (st != KF_OK) {
+        reflect_finish(c, st, err.message);
+        return;
+    }
+    grpc_slice slice = grpc_slice_from_copied_buffer((const char *)answer, len);
+    if (send_stream_message(c, slice, &c->reflect_started, CALL_REFLECT_SENT) != GRPC_CALL_OK) {
+        reflect_finish(c, KF_E_INTERNAL, "cannot send the answer");
+    }
+}
+
+static void reflect_read(call_t *c) {
+    if (c->reflect_next != NULL) {
+        grpc_byte_buffer_destroy(c->reflect_next);
+        c->reflect_next = NULL;
+    }
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->reflect_next;
+    c->tag_main.state = CALL_REFLECT_READ;
+    if (grpc_call_start_batch(c->call, &op, 1, &c->tag_main, NULL) != GRPC_CALL_OK) {
+        reflect_finish(c, KF_E_INTERNAL, "cannot read the next request");
+    }
+}
+
 /* The RPCs this front end answers itself (FRONT rows of proto/rpcs.h). No
  * default: a new FRONT row does not compile until it is served here. */
 static void serve_front(call_t *c) {
@@ -1146,6 +1237,10 @@ static void serve_front(call_t *c) {
         }
         return;
     case KF_FRONT_WORKER_SERVE: start_worker(c); return; /* it reads its own messages */
+    case KF_FRONT_REFLECTION_V1:
+    case KF_FRONT_REFLECTION_V1ALPHA:
+        reflect_answer(c, c->payload); /* the first request came with the call */
+        return;
     }
     KF_UNREACHABLE();
 }
@@ -1274,6 +1369,24 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
     case CALL_WORKER_RECV:
     case CALL_WORKER_SENT:
     case CALL_WORKER_DONE: on_worker_event(c, tag, ok); return;
+    case CALL_REFLECT_SENT:
+        if (ok) {
+            reflect_read(c);
+        } else {
+            reflect_finish(c, KF_E_CANCELLED, "the client went away");
+        }
+        return;
+    case CALL_REFLECT_READ:
+        if (ok) {
+            reflect_answer(c, c->reflect_next);
+        } else {
+            reflect_finish(c, KF_E_CANCELLED, "the client went away");
+        }
+        return;
+    case CALL_REFLECT_DONE:
+        record_metrics(c);
+        call_free(c);
+        return;
     }
 }
 
@@ -1383,6 +1496,12 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t 
     }
     s->shutdown_tag.call = NULL;
     s->health_listener = -1;
+    kf_status_t reflection_st = kf_reflection_create(&s->reflection, err);
+    if (reflection_st != KF_OK) {
+        free(s);
+        grpc_shutdown();
+        return reflection_st;
+    }
     pthread_mutex_init(&s->tls_lock, NULL);
     pthread_mutex_init(&s->watch_lock, NULL);
     grpc_arg args[3];
@@ -1416,6 +1535,7 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t 
         kf_tls_unref(s->tls_next);
         pthread_mutex_destroy(&s->tls_lock);
         pthread_mutex_destroy(&s->watch_lock);
+        kf_reflection_destroy(s->reflection);
         free(s);
         grpc_shutdown();
         return kf_error_set(err, KF_E_IO, "grpc: cannot bind %s", options->address);
@@ -1514,6 +1634,7 @@ void kf_grpc_server_destroy(kf_grpc_server_t *s, int grace_ms) {
     kf_tls_unref(s->tls_next);
     pthread_mutex_destroy(&s->tls_lock);
     pthread_mutex_destroy(&s->watch_lock);
+    kf_reflection_destroy(s->reflection);
     free(s);
     grpc_shutdown();
 }

@@ -478,6 +478,16 @@ static void *engine_main(void *arg) {
          * batch may have arrived in this very turn. */
         kf_core_worker_events(e->core, worker_events);
         kf_core_tick(e->core, KF_TIMERS_PER_TURN_MAX);
+        if (!stopping) {
+            /* Work the engine starts by itself (follow-on timer steps), one
+             * step at a time for a bounded slice of the turn: commands that
+             * arrive meanwhile wait at most about KF_WORK_TURN_US. */
+            int64_t until_us = kf_mono_us() + KF_WORK_TURN_US;
+            while (kf_core_has_work(e->core) &&
+                   kf_batch_bytes(open->batch) < KF_WORK_GROUP_BYTES_MAX &&
+                   kf_core_run_work(e->core, 1) > 0 && kf_mono_us() < until_us) {
+            }
+        }
         if (stopping && !shutdown_done) {
             kf_core_shutdown(e->core);
             shutdown_done = true;
@@ -487,12 +497,13 @@ static void *engine_main(void *arg) {
         pthread_mutex_lock(&e->lock);
         bool inline_commit = false;
         if (e->handed == NULL && !group_empty(open) && !atomic_load(&e->failed)) {
-            if (e->inbox_head == NULL && open->commands <= 1) {
+            if (e->inbox_head == NULL && open->commands <= 1 && !kf_core_has_work(e->core)) {
                 /* A lone command and nothing else waiting: write it here
                  * rather than wake the committer and then the replier (each
                  * wake-up of an idle thread costs tens of microseconds on a
-                 * VM). Under load groups hold more and go to the committer,
-                 * so the engine keeps filling the next group meanwhile. */
+                 * VM). Under load groups hold more, and with work of its own
+                 * the engine has more to do, so they go to the committer
+                 * and the engine keeps filling the next group meanwhile. */
                 inline_commit = true;
             } else {
                 e->handed = open;
@@ -541,7 +552,9 @@ static void *engine_main(void *arg) {
             bool can_take = (e->inbox_head != NULL && !group_full(e->open)) || e->ncancels > 0 ||
                             e->worker_head != NULL;
             bool can_hand = e->handed == NULL && !group_empty(e->open);
-            if (can_take || can_hand || atomic_load(&e->failed) ||
+            bool can_work = !e->stopping && kf_core_has_work(e->core) &&
+                            kf_batch_bytes(e->open->batch) < KF_WORK_GROUP_BYTES_MAX;
+            if (can_take || can_hand || can_work || atomic_load(&e->failed) ||
                 (e->stopping && !shutdown_done) ||
                 (e->stopping && e->inbox_head == NULL && e->handed == NULL)) {
                 break;

@@ -316,7 +316,11 @@ fi
 
 # ================================================================ 4. build
 step "4. podman build docker/Dockerfile -> $IMAGE"
+VERSION=$(sed -n 's/^project(keyflow VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists.txt")
+COMMIT=$(git -C "$ROOT" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
 timeout 1200 podman build --pull=never --network=host --format docker \
+  --build-arg KEYFLOW_VERSION="$VERSION" --build-arg KEYFLOW_COMMIT="$COMMIT" \
+  --build-arg KEYFLOW_CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
   -f "$ROOT/docker/Dockerfile" -t "$IMAGE" "$ROOT" >"$WORK/build.log" 2>&1 \
   || { tail -40 "$WORK/build.log"; fail "podman build (log: $WORK/build.log)"; }
 ok "built, $(podman image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
@@ -329,6 +333,12 @@ libs=$(podman run --rm --no-healthcheck --network=host --entrypoint sh "$IMAGE" 
 check "every shared library resolves in the runtime image" \
   sh -c '! printf "%s\n" "$1" | grep "not found" >&2' _ "$libs"
 check "keyflowd --help runs" podman run --rm --no-healthcheck --network=host "$IMAGE" --help >/dev/null
+label() { podman image inspect -f "{{index .Labels \"org.opencontainers.image.$1\"}}" "$IMAGE"; }
+check "OCI labels: title, version $VERSION, revision $COMMIT" \
+  test "$(label title) $(label version) $(label revision)" = "keyflow $VERSION $COMMIT"
+check "keyflowd --version in the image matches its labels" test \
+  "$(podman run --rm --no-healthcheck --network=host "$IMAGE" --version)" = \
+  "keyflowd $VERSION (commit $COMMIT)"
 
 read -r G1 H1 P1 G2 H2 P2 G3 H3 P3 < <(free_ports 9)
 # The deployments' secrets: a CA, a certificate for 127.0.0.1, an admin key.
@@ -430,6 +440,8 @@ check "kube: runs as uid 10001" test "$(podman exec "$KUBE_CTR" id -u)" = 10001
 check "kube: livenessProbe (as podman healthcheck) passes" podman_healthcheck "$KUBE_CTR"
 podman pod stop -t 30 "$KUBE_POD" >/dev/null 2>>"$WORK/podman.log"
 check "kube: pod stop -> exit code 0" stopped_cleanly "$KUBE_CTR"
+check "kube: SIGTERM drained for the manifest's 10 s grace before stopping" sh -c \
+  'podman logs "$1" 2>&1 | grep -q "draining signal=15 grace_ms=10000"' _ "$KUBE_CTR"
 timeout 120 podman kube down "$WORK/kube.yaml" >>"$WORK/kube.log" 2>&1 \
   || { cat "$WORK/kube.log"; fail "podman kube down"; }
 podman volume rm -f "$KUBE_VOL" >/dev/null 2>&1 || true

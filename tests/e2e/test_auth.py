@@ -35,6 +35,8 @@ import harness  # noqa: E402
 harness.stubs()
 from google.protobuf import descriptor_pb2, json_format, symbol_database  # noqa: E402
 from grpc.health.v1 import health_pb2  # noqa: E402,F401  (registers the messages)
+from grpc.reflection.v1 import reflection_pb2  # noqa: E402,F401  (the same)
+from grpc.reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2  # noqa: E402,F401
 from keyflow.v1 import coordinators_pb2 as C  # noqa: E402
 from keyflow.v1 import functions_pb2 as F  # noqa: E402
 from keyflow.v1 import keys_pb2 as K  # noqa: E402
@@ -227,9 +229,13 @@ RULES = {
     "/keyflow.v1.Keys/RevokeKey": dict(
         request=lambda c: K.RevokeKeyRequest(key_id=c.victim), snapshot=snap_keys, prefix=None,
         http=lambda c: [("POST", "/v1/keys/%s:revoke" % c.victim, {})]),
-    # No key needed: health is for probes.
+    # No key needed: health is for probes, reflection tells only what the
+    # repository's protos say.
     "/grpc.health.v1.Health/Check": dict(request=None, open=True),
     "/grpc.health.v1.Health/Watch": dict(request=None, open=True),
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": dict(request=None, open=True),
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": dict(request=None,
+                                                                          open=True),
 }
 
 
@@ -259,6 +265,14 @@ class Client:
 
     def call(self, path, request):
         resp = self._types(path)
+        if self.rows[path]["shape"] == "bidi_stream":
+            stream = self.channel.stream_stream(path, request_serializer=lambda m: m.SerializeToString(),
+                                                response_deserializer=resp.FromString)(
+                iter([request]), metadata=self.metadata, timeout=TIMEOUT_S)
+            try:
+                return next(stream)
+            finally:
+                stream.cancel()
         if self.rows[path]["shape"] == "server_stream":
             stream = self.channel.unary_stream(path, request_serializer=lambda m: m.SerializeToString(),
                                                response_deserializer=resp.FromString)(

@@ -191,6 +191,7 @@ class SessionCounterModel:
 
     def __init__(self, max_batch_rows=256, max_timer_callbacks=256):
         self.max_batch_rows = max_batch_rows
+        self.max_timer_callbacks = max_timer_callbacks
         self.per_timer_call = min(max_timer_callbacks, max_batch_rows)
         self.count = {}       # key -> int (missing: absent)
         self.timers = {}      # key -> at_us of "idle"
@@ -199,7 +200,10 @@ class SessionCounterModel:
 
     def push(self, rows, watermark=None):
         """Returns a dict like the ack (without sequence/output seqs) and the
-        output rows. Raises HandlerFailed and changes nothing on a refusal."""
+        output rows of the batch's own step; due timers past
+        max_timer_callbacks fire in the server's follow-on steps (their rows
+        are in self.output). Raises HandlerFailed and changes nothing on a
+        refusal."""
         rows = rows or []
         count, timers = dict(self.count), dict(self.timers)
         wm = self.watermark
@@ -226,13 +230,14 @@ class SessionCounterModel:
                 out.append({"key": k, "ts": at, "events": count.pop(k, 0)})
                 del timers[k]
             fired = len(due)
-            calls += (fired + self.per_timer_call - 1) // self.per_timer_call
+        in_step = min(fired, self.max_timer_callbacks)
+        calls += (in_step + self.per_timer_call - 1) // self.per_timer_call
         self.count, self.timers, self.watermark = count, timers, wm
         self.output.extend(out)
-        ack = {"rows_accepted": len(rows), "activations": len(rows) + fired,
-               "timer_callbacks": fired, "handler_calls": calls,
-               "watermark_us": wm if wm is not None else 0}
-        return ack, out
+        ack = {"rows_accepted": len(rows), "activations": len(rows) + in_step,
+               "timer_callbacks": in_step, "handler_calls": calls,
+               "watermark_us": wm if wm is not None else 0, "due_timers": fired - in_step}
+        return ack, out[:in_step]
 
 
 # --- columnar batches ----------------------------------------------------------
@@ -377,6 +382,19 @@ class FunctionsGrpcBase(unittest.TestCase):
     def info(self, descriptor):
         return self.rpc("GetFunction", pb.GetFunctionRequest(function_id=descriptor["functionId"]))
 
+    def wait_no_due_timers(self, descriptor, timeout_s=20):
+        """Waits until the server's follow-on steps fired every due timer
+        (GetFunction's answer is released only after those steps are
+        durable)."""
+        deadline = time.monotonic() + timeout_s
+        info = self.info(descriptor)
+        while info.due_timers > 0:
+            self.assertEqual(info.due_timers_error, "")
+            self.assertLess(time.monotonic(), deadline, "due timers left: %d" % info.due_timers)
+            time.sleep(0.01)
+            info = self.info(descriptor)
+        return info
+
     # --- assertions ---
 
     def assert_output(self, descriptor, expected, after=0):
@@ -411,7 +429,7 @@ class FunctionsGrpcBase(unittest.TestCase):
         return {f: getattr(ack, f) for f in ("rows_accepted", "activations", "timer_callbacks",
                                              "handler_calls", "first_output_seq",
                                              "last_output_seq", "watermark_us", "duplicate",
-                                             "sequence")}
+                                             "sequence", "due_timers")}
 
 
 # =============================================================================
@@ -1016,9 +1034,12 @@ class LimitsTest(FunctionsGrpcBase):
         self.push_error(d, "p", 1, rows, grpc.StatusCode.RESOURCE_EXHAUSTED, "max_output_rows")
         self.assertEqual(self.read_all(d), [])
         self.assertEqual(self.info(d).keys, 0)
-        # Two calls of two and one rows are within the limit.
-        ack = self.push(d, "p", 1, rows[:2] + [{"user": "a", "ts": 2, "amount": 1}])
-        self.assertEqual((ack.handler_calls, ack.last_output_seq), (2, 3))
+        # The limit is per step, however the rows split into calls: three
+        # rows of one key (three calls) are refused like three keys.
+        self.push_error(d, "p", 1, [{"user": "a", "ts": t, "amount": 1} for t in (1, 2, 3)],
+                        grpc.StatusCode.RESOURCE_EXHAUSTED, "max_output_rows")
+        ack = self.push(d, "p", 1, rows[:1] + [{"user": "a", "ts": 2, "amount": 1}])
+        self.assertEqual((ack.handler_calls, ack.last_output_seq), (2, 2))
 
     def test_max_output_bytes(self):
         d = rs_descriptor(limits={"maxOutputBytes": 64})
@@ -1068,6 +1089,7 @@ class SessionCounterTest(FunctionsGrpcBase):
         ack = self.push(d, producer, seq, rows, watermark)
         got = {k: getattr(ack, k) for k in expected_ack}
         self.assertEqual(got, expected_ack, "batch %d" % seq)
+        self.wait_no_due_timers(d)
         if out:
             self.assertEqual((ack.first_output_seq, ack.last_output_seq),
                              (before + 1, before + len(out)))
@@ -1138,17 +1160,33 @@ class SessionCounterTest(FunctionsGrpcBase):
         self.assert_output(d, model.output)
         self.assertEqual(out[0], {"key": "a", "ts": 1000, "events": 2})
 
-    def test_timer_callbacks_are_chunked(self):
+    def test_due_timers_past_the_step_bound_fire_in_follow_on_steps(self):
+        """A batch's step fires at most max_timer_callbacks_per_step due
+        timers; the server fires the rest in steps of its own, in order, and
+        the function's next batch waits until they are done."""
         d = sc_descriptor(limits={"maxTimerCallbacksPerStep": 3})
         self.register(d)
         model = SessionCounterModel(max_timer_callbacks=3)
         rows = [{"user": "k%02d" % i, "ts": 10 * i, "idle_us": 1} for i in range(10)]
         self.push_and_check(d, model, 1, rows)
         ack, out = self.push_and_check(d, model, 2, None, watermark=10 ** 6)
-        self.assertEqual(ack.timer_callbacks, 10)
-        self.assertEqual(ack.handler_calls, 4)
-        self.assertEqual([r["key"] for r in out], ["k%02d" % i for i in range(10)])
+        self.assertEqual((ack.timer_callbacks, ack.handler_calls, ack.due_timers), (3, 1, 7))
+        self.assertEqual([r["key"] for r in out], ["k00", "k01", "k02"])
         self.assert_output(d, model.output)
+        self.assertEqual([r["key"] for r in model.output], ["k%02d" % i for i in range(10)])
+        info = self.info(d)
+        self.assertEqual((info.timers, info.due_timers, info.keys), (0, 0, 0))
+        # A batch right behind a watermark sees every timer it made due
+        # fired, however many steps that took.
+        self.push_and_check(d, model, 3, [{"user": "k%02d" % i, "ts": 2 * 10 ** 6, "idle_us": 1}
+                                          for i in range(10)])
+        self.push(d, "p", 4, None, watermark=3 * 10 ** 6)
+        ack = self.push(d, "p", 5, [{"user": "k00", "ts": 3 * 10 ** 6 + 5, "idle_us": 1}])
+        self.assertEqual(ack.activations, 1)
+        self.assertEqual(self.info(d).output_seq, 20, "all ten fired before batch 5's step")
+        state = self.rpc("GetKeyState", pb.GetKeyStateRequest(function_id=d["functionId"],
+                                                               key="k00"))
+        self.assertEqual(state.value, 1, "k00's session was closed, then batch 5 opened one")
 
     def test_refused_row_changes_nothing(self):
         d = sc_descriptor()

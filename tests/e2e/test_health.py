@@ -38,6 +38,15 @@ SERVICE_UNKNOWN = H.HealthCheckResponse.SERVICE_UNKNOWN
 FAIL_SYNC_LIB = os.path.join(harness.BUILD, "tests", "e2e", "kf_fail_sync.so")
 
 
+def built_with_systemd():
+    """Whether CMake found libsystemd for this build (main/notify.h)."""
+    try:
+        with open(os.path.join(harness.BUILD, "CMakeCache.txt")) as f:
+            return "SYSTEMD_FOUND:INTERNAL=1" in f.read()
+    except OSError:
+        return False
+
+
 def wait_until(fn, timeout, what, interval=0.02):
     deadline = time.time() + timeout
     last = None
@@ -213,6 +222,40 @@ class HealthTest(unittest.TestCase):
                                timeout=30)
             self.assertEqual(p.returncode, 2, value)
             self.assertIn("--drain-grace-ms must be an integer in 0..300000", p.stderr.decode())
+
+    @unittest.skipUnless(built_with_systemd(), "keyflowd was built without libsystemd")
+    def test_systemd_notify_ready_then_stopping(self):
+        """Type=notify: systemd hears READY=1 once keyflowd serves (not when
+        it starts recovering) and STOPPING=1 when SIGTERM arrives, with a
+        STATUS line at each step. A datagram socket stands in for systemd's,
+        which is all the protocol is."""
+        import socket
+        d = tempfile.mkdtemp(prefix="kf-notify-")
+        path = os.path.join(d, "notify")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(path)
+        sock.settimeout(30)
+        self.addCleanup(sock.close)
+        server = self.start(["--drain-grace-ms", "120000"], env={"NOTIFY_SOCKET": path})
+
+        def next_message():
+            return dict(line.split("=", 1) for line in sock.recv(4096).decode().split("\n"))
+
+        self.assertEqual(next_message(), {"STATUS": "opening the store and recovering"})
+        ready = next_message()
+        self.assertEqual(ready.get("READY"), "1", ready)
+        self.assertEqual(ready["STATUS"], "serving gRPC on %s, HTTP on 127.0.0.1:%d"
+                         % (server.grpc_target, server.http_port))
+        self.assertEqual(self.check(), SERVING, "READY means serving")
+        server.proc.send_signal(signal.SIGTERM)
+        draining = next_message()
+        self.assertEqual(draining.get("STOPPING"), "1", draining)
+        self.assertIn("draining", draining["STATUS"])
+        self.assertEqual(self.check(), NOT_SERVING)
+        self.assertEqual(server.stop(), 0)  # the second SIGTERM ends the grace
+        stopping = next_message()
+        self.assertEqual((stopping.get("STOPPING"), stopping["STATUS"]),
+                         ("1", "stopping: finishing and syncing what was accepted"))
 
     @unittest.skipUnless(os.path.exists(FAIL_SYNC_LIB), "needs the fail_sync shim of the build")
     def test_failed_sync_turns_not_serving_at_once_and_exits_1(self):

@@ -546,6 +546,44 @@ class GatewayTest(unittest.TestCase):
         err = self.curl("GET", "/v1/nope", http2=True)
         self.assert_error(err, 404, 5, "NOT_FOUND")
 
+    def test_every_405_names_the_allowed_methods(self):
+        """RFC 9110: a 405 carries Allow, listing what the path accepts; and
+        the list is true (each method it names is not refused as 405)."""
+        import http.client
+        cases = [
+            ("POST", "/healthz", "GET, HEAD"), ("PUT", "/readyz", "GET, HEAD"),
+            ("DELETE", "/metrics", "GET, HEAD"),
+            ("DELETE", "/v1/runs", "GET, HEAD"),
+            ("GET", "/v1/runs:poll", "POST"),
+            ("GET", self.events_path("k"), "POST"),
+            ("PUT", self.coord_path("batch", "k"), "GET, HEAD"),
+            # (GET .../k:flush is Describe of the key "k:flush", not a 405.)
+            ("POST", self.coord_path("batch", "k", ":explode"), "GET, HEAD"),
+            ("DELETE", "/v1/runs/x@y", "GET, HEAD"),
+            ("PATCH", "/v1/functions", "POST, GET, HEAD"),
+            ("GET", "/v1/keyflow.v1.Runs/GetRun", "POST"),
+        ]
+
+        def request(method, path):
+            conn = http.client.HTTPConnection("127.0.0.1", self.server.http_port, timeout=30)
+            try:
+                conn.request(method, path, body=b"{}" if method in ("POST", "PUT", "PATCH") else None)
+                r = conn.getresponse()
+                r.read()
+                return r.status, r.getheader("Allow")
+            finally:
+                conn.close()
+
+        for method, path, allow in cases:
+            with self.subTest(method=method, path=path):
+                status, header = request(method, path)
+                self.assertEqual((status, header), (405, allow))
+                for other in allow.split(", "):
+                    self.assertNotEqual(request(other, path)[0], 405, other)
+        # Answers other than 405 carry no Allow.
+        self.assertIsNone(request("GET", "/healthz")[1])
+        self.assertIsNone(request("GET", "/v1/nope")[1])
+
     def test_healthz_readyz(self):
         r = self.curl("GET", "/healthz")
         self.assertEqual(r.status, 200)

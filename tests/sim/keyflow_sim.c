@@ -77,7 +77,7 @@
 typedef struct c_event {
     int coord;
     char id[M_EVENT_ID_BYTES];
-    m_rule_t rule;
+    m_payload_t payload; /* rule, flush, input (its own number) */
     bool acked;
     char receipt_run_id[M_RUN_ID_BYTES];
 } c_event_t;
@@ -469,9 +469,16 @@ static Keyflow__V1__Rule *rule_message(world_t *w, const m_rule_t *r) {
     if (r->kind == M_DEBOUNCE) {
         m->window_ms_present_case = KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS;
         m->window_ms = r->window_ms;
+        /* TRAILING is the default: leave it out half the time. */
+        m->edge = r->edge == M_TRAILING && chance(w, 50) ? KEYFLOW__V1__EDGE__EDGE_UNSPECIFIED
+                                                         : (Keyflow__V1__Edge)r->edge;
     } else {
         m->max_events_present_case = KEYFLOW__V1__RULE__MAX_EVENTS_PRESENT_MAX_EVENTS;
         m->max_events = r->max_events;
+        if (r->max_bytes != 4 * 1024 * 1024 || chance(w, 50)) {
+            m->max_bytes_present_case = KEYFLOW__V1__RULE__MAX_BYTES_PRESENT_MAX_BYTES;
+            m->max_bytes = r->max_bytes;
+        }
     }
     m->max_wait_ms_present_case = KEYFLOW__V1__RULE__MAX_WAIT_MS_PRESENT_MAX_WAIT_MS;
     m->max_wait_ms = r->max_wait_ms;
@@ -483,11 +490,14 @@ static Keyflow__V1__Rule *rule_message(world_t *w, const m_rule_t *r) {
 static m_rule_t random_rule(world_t *w, int kind) {
     int64_t dedup = PICK(w, 0, 300, 5000, 60000, 600000);
     if (kind == M_DEBOUNCE) {
-        return m_rule_defaults(M_DEBOUNCE, PICK(w, 1, 40, 300, 2000), PICK(w, 0, 0, 100, 1000), -1,
-                               dedup);
+        int edge = (int)PICK(w, M_TRAILING, M_TRAILING, M_LEADING, M_BOTH);
+        return m_rule_defaults(M_DEBOUNCE, edge, PICK(w, 1, 40, 300, 2000),
+                               PICK(w, 0, 0, 100, 1000), -1, -1, dedup);
     }
-    return m_rule_defaults(M_BATCH, -1, PICK(w, 1, 50, 700, 3000), 1 + rnd(w, M_BATCH_EVENTS_MAX),
-                           dedup);
+    /* Small max_bytes close windows by size, or refuse an input outright. */
+    int64_t max_bytes = PICK(w, 4 * 1024 * 1024, 4 * 1024 * 1024, 12, 25, 40, 80);
+    return m_rule_defaults(M_BATCH, M_TRAILING, -1, PICK(w, 1, 50, 700, 3000),
+                           1 + rnd(w, M_BATCH_EVENTS_MAX), max_bytes, dedup);
 }
 
 static Keyflow__V1__CoordinatorRef *coord_ref(world_t *w, int c) {
@@ -522,75 +532,184 @@ static bool run_id_well_formed(const char *run_id, const char *key) {
 
 /* ---- coordinator operations ------------------------------------------------------ */
 
-static void op_send_event(world_t *w) {
-    int e;
-    bool retry = false;
-    if (w->nevents > 0 && chance(w, 25)) {
-        /* Retry an earlier event with an ID: one whose ID is still
-         * remembered (a duplicate) or that never became durable (accepted
-         * now for the first time); never one whose dedup time has passed,
-         * which would be a second event with the same input. */
-        e = (int)rnd(w, w->nevents);
-        c_event_t *ev = &w->events[e];
-        if (ev->id[0] == '\0' ||
-            (w->m.events[e].accepted && m_id_find(&w->m, ev->coord, ev->id, w->now_ms) == NULL)) {
-            return;
-        }
-        retry = true;
-    } else {
-        CHECK(w, w->nevents < EVENTS_MAX, "client event log full");
-        e = w->nevents++;
-        c_event_t *ev = &w->events[e];
-        int kind = chance(w, 50) ? M_DEBOUNCE : M_BATCH;
-        ev->coord = m_coord_index(kind, (int)rnd(w, M_WORKFLOWS), (int)rnd(w, M_KEYS));
-        ev->rule = random_rule(w, kind);
-        if (chance(w, 85)) {
-            snprintf(ev->id, sizeof ev->id, "e%d", e);
-        }
-    }
-    c_event_t *ev = &w->events[e];
-    const m_coord_t *co = &w->m.coords[ev->coord];
+static Keyflow__V1__SendEventRequest *event_request(world_t *w, int coord, const char *id,
+                                                    const m_payload_t *payload) {
+    const m_coord_t *co = &w->m.coords[coord];
     Keyflow__V1__SendEventRequest *req =
         NEW(Keyflow__V1__SendEventRequest, keyflow__v1__send_event_request__init);
     req->workflow = (char *)m_workflow_names[co->workflow];
     req->key = (char *)m_key_names[co->key];
     req->event = NEW(Keyflow__V1__Event, keyflow__v1__event__init);
-    req->event->id = ev->id;
-    req->event->rule = rule_message(w, &ev->rule);
-    req->event->input_json = kf_arena_printf(w->cur, " {\"n\":%d}\n", e); /* trimmed */
-    bool invalid = !retry && chance(w, 3);
-    if (invalid) {
-        if (ev->rule.kind == M_DEBOUNCE) {
-            req->event->rule->window_ms = 0;
-        } else {
-            req->event->rule->max_events = 0;
+    req->event->id = dup_text(w, id);
+    req->event->rule = rule_message(w, &payload->rule);
+    req->event->flush = payload->flush;
+    char text[32];
+    m_event_text(payload->input, text, sizeof text);
+    req->event->input_json = kf_arena_printf(w->cur, " %s\n", text); /* trimmed when stored */
+    return req;
+}
+
+/* Picks the next event to send: a retry of an earlier one (or, with
+ * *conflict, its ID with another payload), or a new one. Returns its index
+ * in the client's log, or -1 for nothing to send. */
+static int next_event(world_t *w, m_payload_t *payload, bool *retry, bool *conflict) {
+    *retry = *conflict = false;
+    if (w->nevents > 0 && chance(w, 25)) {
+        /* Retry an earlier event with an ID: one whose ID is still
+         * remembered (a duplicate, or with another payload a conflict) or
+         * that never became durable (accepted now for the first time);
+         * never one whose dedup time has passed, which would be a second
+         * event with the same input. */
+        int e = (int)rnd(w, w->nevents);
+        c_event_t *ev = &w->events[e];
+        bool remembered = m_id_find(&w->m, ev->coord, ev->id, w->now_ms) != NULL;
+        if (ev->id[0] == '\0' || (w->m.events[e].accepted && !remembered)) {
+            return -1;
         }
+        *retry = true;
+        *payload = ev->payload;
+        if (remembered && chance(w, 15)) {
+            *conflict = true; /* the same ID with another payload: refused */
+            if (chance(w, 50)) {
+                payload->flush = !payload->flush;
+            } else {
+                payload->input += EVENTS_MAX; /* never sent otherwise */
+            }
+        }
+        return e;
     }
-    kf_cmd_t *cmd = exec(w, KF_OP_SEND_EVENT, &req->base);
-    say(w, "send %s id=%s n=%d%s%s -> %s", coord_name(w, ev->coord), ev->id, e,
-        retry ? " (retry)" : "", invalid ? " (invalid)" : "", kf_status_name(cmd->error.status));
-    if (invalid) {
-        expect_status(w, cmd, KF_E_INVALID, "SendEvent with an invalid rule");
-        ev->id[0] = '\0'; /* never retried */
+    CHECK(w, w->nevents < EVENTS_MAX, "client event log full");
+    int e = w->nevents++;
+    c_event_t *ev = &w->events[e];
+    int kind = chance(w, 50) ? M_DEBOUNCE : M_BATCH;
+    ev->coord = m_coord_index(kind, (int)rnd(w, M_WORKFLOWS), (int)rnd(w, M_KEYS));
+    ev->payload.rule = random_rule(w, kind);
+    ev->payload.flush = chance(w, 8);
+    ev->payload.input = e;
+    if (chance(w, 85)) {
+        snprintf(ev->id, sizeof ev->id, "e%d", e);
+    }
+    *payload = ev->payload;
+    return e;
+}
+
+/* The answer to one SendEvent (alone or in a SendEvents call), checked
+ * against the model, which takes the event. */
+static void event_answered(world_t *w, int e, const m_payload_t *payload, bool conflict,
+                           kf_status_t status, const char *message,
+                           const Keyflow__V1__SendEventResponse *resp) {
+    c_event_t *ev = &w->events[e];
+    const m_coord_t *co = &w->m.coords[ev->coord];
+    say(w,
+        "send %s id=%s n=%d%s%s [edge %d max_events %" PRId64 " max_bytes %" PRId64 " wait %" PRId64
+        "] -> %s %s",
+        coord_name(w, ev->coord), ev->id, payload->input, payload->flush ? " flush" : "",
+        conflict ? " (conflict)" : "", payload->rule.edge, payload->rule.max_events,
+        payload->rule.max_bytes, payload->rule.max_wait_ms, kf_status_name(status),
+        status ? message : "");
+    bool new_run = status == KF_OK && m_send_new_run(&w->m, ev->coord, ev->id, payload, w->now_ms);
+    m_send_result_t want;
+    m_send_event(&w->m, ev->coord, ev->id, payload,
+                 status == KF_OK && resp->receipt ? resp->receipt->run_id : "", w->now_ms,
+                 (int64_t)w->group, &want);
+    if (want.status != 0) {
+        CHECK(w, (int)kf_status_grpc_code(status) == want.status,
+              "SendEvent: engine %s (%s), model gRPC code %d", kf_status_name(status), message,
+              want.status);
         return;
     }
-    expect_status(w, cmd, KF_OK, "SendEvent");
-    Keyflow__V1__SendEventResponse *resp = (Keyflow__V1__SendEventResponse *)cmd->response;
+    CHECK(w, !conflict, "SendEvent: the same ID with another payload was not refused");
+    CHECK(w, status == KF_OK, "SendEvent: engine %s (%s), model OK", kf_status_name(status),
+          message);
     CHECK(w, resp->receipt != NULL, "SendEvent: no receipt");
-    bool opens = m_send_opens(&w->m, ev->coord, ev->id, w->now_ms);
-    m_send_result_t want;
-    m_send_event(&w->m, ev->coord, ev->id, e, &ev->rule, resp->receipt->run_id, w->now_ms, &want);
-    CHECK_EQ(w, "SendEvent duplicate", resp->duplicate, want.duplicate);
-    CHECK_EQ(w, "SendEvent run_started", resp->run_started, want.run_started);
+    CHECK_EQ(w, "SendEvent disposition", resp->disposition, want.disposition);
+    CHECK_EQ(w, "SendEvent duplicate", resp->duplicate, want.disposition == M_DUPLICATE);
+    CHECK_EQ(w, "SendEvent run_started", resp->run_started, want.disposition == M_CLOSED);
     CHECK_STR(w, "SendEvent receipt.run_id", resp->receipt->run_id, want.run_id);
     CHECK_EQ(w, "SendEvent receipt.due_ms", resp->receipt->due_ms, want.due_ms);
-    if (opens) {
+    CHECK_EQ(w, "SendEvent receipt.commit_seq", resp->receipt->commit_seq, want.commit_seq);
+    if (new_run) {
         CHECK(w, run_id_well_formed(resp->receipt->run_id, m_key_names[co->key]),
               "SendEvent: malformed run_id %s", resp->receipt->run_id);
     }
     note_t n = {.kind = NOTE_EVENT, .index = e};
     snprintf(n.run_id, sizeof n.run_id, "%s", resp->receipt->run_id);
     add_note(w, n);
+}
+
+static void op_send_event(world_t *w) {
+    m_payload_t payload;
+    bool retry, conflict;
+    int e = next_event(w, &payload, &retry, &conflict);
+    if (e < 0) {
+        return;
+    }
+    c_event_t *ev = &w->events[e];
+    Keyflow__V1__SendEventRequest *req = event_request(w, ev->coord, ev->id, &payload);
+    if (!retry && chance(w, 3)) {
+        /* A rule out of range: refused, nothing changes, never retried. */
+        if (payload.rule.kind == M_DEBOUNCE) {
+            req->event->rule->window_ms = 0;
+        } else {
+            req->event->rule->max_events = 0;
+        }
+        kf_cmd_t *cmd = exec(w, KF_OP_SEND_EVENT, &req->base);
+        say(w, "send %s n=%d (invalid rule) -> %s", coord_name(w, ev->coord), e,
+            kf_status_name(cmd->error.status));
+        expect_status(w, cmd, KF_E_INVALID, "SendEvent with an invalid rule");
+        ev->id[0] = '\0';
+        return;
+    }
+    kf_cmd_t *cmd = exec(w, KF_OP_SEND_EVENT, &req->base);
+    event_answered(w, e, &payload, conflict, cmd->error.status, cmd->error.message,
+                   (const Keyflow__V1__SendEventResponse *)cmd->response);
+}
+
+/* SendEvents: a few events in one call, each answered as SendEvent would
+ * be, in order, all in one write. */
+static void op_send_events(world_t *w) {
+    int n = 1 + (int)rnd(w, 5);
+    int index[8];
+    m_payload_t payloads[8];
+    bool conflicts[8];
+    Keyflow__V1__SendEventsRequest *req =
+        NEW(Keyflow__V1__SendEventsRequest, keyflow__v1__send_events_request__init);
+    req->events = kf_arena_zalloc(w->cur, 8 * sizeof *req->events);
+    for (int i = 0; i < n; i++) {
+        bool retry;
+        int e = next_event(w, &payloads[req->n_events], &retry, &conflicts[req->n_events]);
+        bool again = false; /* the model learns of the call's events only after it */
+        for (size_t k = 0; k < req->n_events; k++) {
+            again |= index[k] == e;
+        }
+        if (e < 0 || again) {
+            continue;
+        }
+        index[req->n_events] = e;
+        req->events[req->n_events] =
+            event_request(w, w->events[e].coord, w->events[e].id, &payloads[req->n_events]);
+        req->n_events++;
+    }
+    kf_cmd_t *cmd = exec(w, KF_OP_SEND_EVENTS, &req->base);
+    say(w, "send %zu events in one call", req->n_events);
+    expect_status(w, cmd, KF_OK, "SendEvents");
+    const Keyflow__V1__SendEventsResponse *resp =
+        (const Keyflow__V1__SendEventsResponse *)cmd->response;
+    CHECK_EQ(w, "SendEvents results", resp->n_results, req->n_events);
+    for (size_t i = 0; i < req->n_events; i++) {
+        const Keyflow__V1__SendEventsResult *r = resp->results[i];
+        bool ok = r->outcome_case == KEYFLOW__V1__SEND_EVENTS_RESULT__OUTCOME_RESPONSE;
+        kf_status_t st = KF_OK;
+        if (!ok) {
+            CHECK(w, r->outcome_case == KEYFLOW__V1__SEND_EVENTS_RESULT__OUTCOME_ERROR,
+                  "SendEvents: a result with no outcome");
+            st = r->error->code == 6   ? KF_E_EXISTS
+                 : r->error->code == 3 ? KF_E_INVALID
+                                       : KF_E_INTERNAL;
+        }
+        event_answered(w, index[i], &payloads[i], conflicts[i], st, ok ? "" : r->error->message,
+                       ok ? r->response : NULL);
+    }
 }
 
 static void op_flush_or_cancel(world_t *w, bool flush) {
@@ -604,9 +723,10 @@ static void op_flush_or_cancel(world_t *w, bool flush) {
         cmd = exec(w, KF_OP_FLUSH_WINDOW, &req->base);
         expect_status(w, cmd, KF_OK, "FlushWindow");
         Keyflow__V1__FlushWindowResponse *resp = (Keyflow__V1__FlushWindowResponse *)cmd->response;
-        bool want = m_flush(&w->m, c, w->now_ms, run_id);
+        int want = m_flush(&w->m, c, w->now_ms, run_id);
         say(w, "flush %s -> %d", coord_name(w, c), resp->flushed);
-        CHECK_EQ(w, "FlushWindow flushed", resp->flushed, want);
+        CHECK_EQ(w, "FlushWindow disposition", resp->disposition, want);
+        CHECK_EQ(w, "FlushWindow flushed", resp->flushed, want == M_CLOSED);
         CHECK_STR(w, "FlushWindow run_id", resp->run_id, run_id);
     } else {
         Keyflow__V1__CancelWindowRequest *req =
@@ -617,9 +737,10 @@ static void op_flush_or_cancel(world_t *w, bool flush) {
         Keyflow__V1__CancelWindowResponse *resp =
             (Keyflow__V1__CancelWindowResponse *)cmd->response;
         int64_t dropped = 0;
-        bool want = m_cancel(&w->m, c, w->now_ms, run_id, &dropped);
+        int want = m_cancel(&w->m, c, w->now_ms, run_id, &dropped);
         say(w, "cancel %s -> %d", coord_name(w, c), resp->cancelled);
-        CHECK_EQ(w, "CancelWindow cancelled", resp->cancelled, want);
+        CHECK_EQ(w, "CancelWindow disposition", resp->disposition, want);
+        CHECK_EQ(w, "CancelWindow cancelled", resp->cancelled, want == M_CANCELLED);
         CHECK_STR(w, "CancelWindow run_id", resp->run_id, run_id);
         CHECK_EQ(w, "CancelWindow events_dropped", resp->events_dropped, dropped);
     }
@@ -664,10 +785,14 @@ static void poll_answered(world_t *w, const Keyflow__V1__PollRunsResponse *resp,
         add_note(w, n);
         w->runs_done++;
     }
-    /* Oldest first: nothing left pending may be older than what was handed out. */
+    /* Oldest first: nothing left pending may be older than what was handed
+     * out - but a waiting poll is served as each run becomes pending, one
+     * at a time, so runs that became pending in this same instant (leases
+     * expiring together) do not count against it. */
     for (uint32_t r = 0; r < w->m.nruns && resp->n_runs > 0; r++) {
         if (w->m.runs[r].status == M_PENDING &&
-            m_run_matches(&w->m, (int)r, workflows, nworkflows)) {
+            m_run_matches(&w->m, (int)r, workflows, nworkflows) &&
+            (candidates >= 0 || w->m.runs[r].updated_ms < w->now_ms)) {
             CHECK(w, w->m.runs[r].created_ms >= newest,
                   "PollRuns: run %s (created %" PRId64 ") passed over for a newer one",
                   w->m.runs[r].run_id, w->m.runs[r].created_ms);
@@ -1307,7 +1432,7 @@ static void op_advance(world_t *w) {
 static void check_run(world_t *w, const Keyflow__V1__Run *got, int r, const char *what) {
     const m_run_t *run = &w->m.runs[r];
     const m_coord_t *co = &w->m.coords[run->coord];
-    char field[96];
+    char field[160];
 #define F(name) (snprintf(field, sizeof field, "%s %s %s", what, run->run_id, name), field)
     CHECK(w, got != NULL, "%s: no run", what);
     CHECK_STR(w, F("run_id"), got->run_id, run->run_id);
@@ -1349,7 +1474,7 @@ static void check_coordinator(world_t *w, int c) {
     CHECK(w, kf_batch_count(w->batch) == before, "DescribeCoordinator changed something");
     Keyflow__V1__DescribeCoordinatorResponse *d =
         (Keyflow__V1__DescribeCoordinatorResponse *)cmd->response;
-    char field[96];
+    char field[160];
 #define F(name) (snprintf(field, sizeof field, "%s %s", coord_name(w, c), name), field)
     bool exists = m_coord_exists(&w->m, c, w->now_ms);
     CHECK_EQ(w, F("exists"), d->exists, exists);
@@ -1371,6 +1496,11 @@ static void check_coordinator(world_t *w, int c) {
         CHECK_EQ(w, F("window.rule.dedup_ms"), win->rule->dedup_ms, co->rule.dedup_ms);
         CHECK_EQ(w, F("window.rule.window_ms"), win->rule->window_ms, co->rule.window_ms);
         CHECK_EQ(w, F("window.rule.max_events"), win->rule->max_events, co->rule.max_events);
+        CHECK_EQ(w, F("window.rule.max_bytes"), win->rule->max_bytes, co->rule.max_bytes);
+        CHECK_EQ(w, F("window.rule.edge"),
+                 co->kind == M_DEBOUNCE ? (int)win->rule->edge : M_TRAILING, co->rule.edge);
+        CHECK_EQ(w, F("window.run_started"), win->run_started, co->run_started);
+        CHECK_EQ(w, F("window.events_absorbed"), win->events_absorbed, co->events_absorbed);
         CHECK(w, win->due_ms > w->now_ms, "%s: open window overdue (due %" PRId64 ")",
               coord_name(w, c), win->due_ms);
     }
@@ -1392,6 +1522,8 @@ static void check_coordinator(world_t *w, int c) {
         CHECK_STR(w, F("remembered_ids[].receipt.run_id"), got->receipt->run_id, id->run_id);
         CHECK_EQ(w, F("remembered_ids[].receipt.due_ms"), got->receipt->due_ms, id->due_ms);
         CHECK_EQ(w, F("remembered_ids[].expires_ms"), got->expires_ms, id->expires_ms);
+        CHECK_EQ(w, F("remembered_ids[].receipt.commit_seq"), got->receipt->commit_seq,
+                 id->commit_seq);
     }
     CHECK_EQ(w, F("remembered_ids"), d->n_remembered_ids, live);
     CHECK_EQ(w, F("journal_seq"), d->journal_seq, co->journal_seq);
@@ -1490,15 +1622,24 @@ static void check_function(world_t *w, int f) {
     for (int k = 0; k < M_FN_KEYS; k++) {
         keys += fn->state[k] != M_ABSENT || fn->timer_us[k] != M_NO_TIME;
         timers += fn->timer_us[k] != M_NO_TIME;
-        state_bytes += fn->state[k] != M_ABSENT ? 4 + (int64_t)strlen(m_fn_key_names[k]) + 9 : 0;
+        /* docs/semantics.md: a live key costs its canonical key, 9 bytes for
+         * a value and its timers' names and 8 bytes each ("idle"). */
+        if (fn->state[k] != M_ABSENT || fn->timer_us[k] != M_NO_TIME) {
+            state_bytes += 4 + (int64_t)strlen(m_fn_key_names[k]) +
+                           (fn->state[k] != M_ABSENT ? 9 : 0) +
+                           (fn->timer_us[k] != M_NO_TIME ? 4 + 8 : 0);
+        }
     }
-    char field[96];
+    char field[160];
 #define F(name) (snprintf(field, sizeof field, "%s %s", m_fn_ids[f], name), field)
     CHECK_EQ(w, F("watermark_us"), info->watermark_us, fn->has_watermark ? fn->watermark_us : 0);
     CHECK_EQ(w, F("output_seq"), info->output_seq, fn->nout);
     CHECK_EQ(w, F("keys"), info->keys, keys);
     CHECK_EQ(w, F("timers"), info->timers, timers);
     CHECK_EQ(w, F("state_bytes"), info->state_bytes, state_bytes);
+    /* At most M_FN_KEYS timers, far below max_timer_callbacks_per_step: a
+     * batch's step fires every due timer and no follow-on step is left. */
+    CHECK_EQ(w, F("due_timers"), info->due_timers, 0);
     for (int k = 0; k < M_FN_KEYS; k++) {
         Keyflow__V1__GetKeyStateRequest *req =
             NEW(Keyflow__V1__GetKeyStateRequest, keyflow__v1__get_key_state_request__init);
@@ -1708,8 +1849,10 @@ static void run_seed(world_t *w, uint64_t seed, long steps, bool verbose, const 
     g_world = w;
     for (w->step = 1; w->step <= steps; w->step++) {
         int64_t op = rnd(w, 100);
-        if (op < 24) {
+        if (op < 20) {
             op_send_event(w);
+        } else if (op < 24) {
+            op_send_events(w);
         } else if (op < 28) {
             op_flush_or_cancel(w, true);
         } else if (op < 31) {

@@ -130,15 +130,17 @@ int m_coord_index(int kind, int workflow, int key) {
     return ((kind - 1) * M_WORKFLOWS + workflow) * M_KEYS + key;
 }
 
-m_rule_t m_rule_defaults(int kind, int64_t window_ms, int64_t max_wait_ms, int64_t max_events,
-                         int64_t dedup_ms) {
-    m_rule_t r = {.kind = kind};
+m_rule_t m_rule_defaults(int kind, int edge, int64_t window_ms, int64_t max_wait_ms,
+                         int64_t max_events, int64_t max_bytes, int64_t dedup_ms) {
+    m_rule_t r = {.kind = kind, .edge = M_TRAILING};
     if (kind == M_DEBOUNCE) {
+        r.edge = edge > 0 ? edge : M_TRAILING;
         r.window_ms = window_ms;
         r.max_wait_ms = max_wait_ms < 0 ? 0 : max_wait_ms;
     } else {
         r.max_events = max_events < 0 ? 100 : max_events;
         r.max_wait_ms = max_wait_ms < 0 ? 1000 : max_wait_ms;
+        r.max_bytes = max_bytes < 0 ? 4 * 1024 * 1024 : max_bytes;
     }
     r.dedup_ms = dedup_ms < 0 ? 600000 : dedup_ms;
     return r;
@@ -186,21 +188,25 @@ const m_id_t *m_id_find(const model_t *m, int c, const char *id, int64_t now_ms)
     return NULL;
 }
 
-static void event_text(int32_t n, char *out, size_t cap) {
-    snprintf(out, cap, "{\"n\":%d}", (int)n);
+size_t m_event_text(int32_t n, char *out, size_t cap) {
+    return (size_t)snprintf(out, cap, "{\"n\":%d}", (int)n);
 }
 
 void m_window_input(const model_t *m, int c, char *out, size_t cap) {
     const m_coord_t *co = &m->coords[c];
+    if (co->run_started) {
+        out[0] = '\0'; /* a leading edge's run took the input: nothing is kept */
+        return;
+    }
     if (co->kind == M_DEBOUNCE) {
-        event_text(co->events[0], out, cap);
+        m_event_text(co->events[0], out, cap);
         return;
     }
     size_t len = 0;
     out[len++] = '[';
     for (int64_t i = 0; i < co->event_count; i++) {
         char one[32];
-        event_text(co->events[i], one, sizeof one);
+        m_event_text(co->events[i], one, sizeof one);
         len += (size_t)snprintf(out + len, cap - len, "%s%s", i ? "," : "", one);
     }
     snprintf(out + len, cap - len, "]");
@@ -240,7 +246,9 @@ static void coord_settle(model_t *m, int c, int64_t now_ms) {
     }
 }
 
-static void close_window(model_t *m, int c, int64_t now_ms) {
+/* The window's run starts with its input: the window closes, or (leading)
+ * stays open, absorbing, until its due time. */
+static void start_run(model_t *m, int c, int64_t now_ms, bool leading) {
     m_coord_t *co = &m->coords[c];
     if (m->nruns == m->runs_cap) {
         fprintf(stderr, "keyflow_sim: model run capacity %u exceeded\n", m->runs_cap);
@@ -258,7 +266,11 @@ static void close_window(model_t *m, int c, int64_t now_ms) {
     r->created_ms = r->updated_ms = now_ms;
     m->nruns++;
     M_SAVE(m, *co);
-    co->open = false;
+    if (leading) {
+        co->run_started = true;
+    } else {
+        co->open = false;
+    }
     co->runs_started++;
     if (co->nrecent == M_RECENT_MAX) {
         memmove(co->recent[0], co->recent[1], (M_RECENT_MAX - 1) * sizeof co->recent[0]);
@@ -268,47 +280,150 @@ static void close_window(model_t *m, int c, int64_t now_ms) {
     journal_add(m, c, 1);
 }
 
-bool m_send_opens(const model_t *m, int c, const char *id, int64_t now_ms) {
-    if (id[0] != '\0' && m_coord_exists(m, c, now_ms) && m_id_find(m, c, id, now_ms) != NULL) {
-        return false;
+/* Closes the open window: its run starts, or, when it already started at
+ * the leading edge, the window just ends. */
+static void end_window(model_t *m, int c, int64_t now_ms) {
+    m_coord_t *co = &m->coords[c];
+    if (!co->run_started) {
+        start_run(m, c, now_ms, false);
+        return;
     }
-    return !m->coords[c].open;
+    M_SAVE(m, *co);
+    co->open = false;
+    co->run_started = false;
+    journal_add(m, c, 1);
 }
 
-void m_send_event(model_t *m, int c, const char *id, int32_t event_no, const m_rule_t *rule,
-                  const char *opened_run_id, int64_t now_ms, m_send_result_t *out) {
+static bool same_payload(const m_payload_t *a, const m_payload_t *b) {
+    const m_rule_t *x = &a->rule, *y = &b->rule;
+    return x->kind == y->kind && x->edge == y->edge && x->window_ms == y->window_ms &&
+           x->max_wait_ms == y->max_wait_ms && x->max_events == y->max_events &&
+           x->max_bytes == y->max_bytes && x->dedup_ms == y->dedup_ms && a->flush == b->flush &&
+           a->input == b->input;
+}
+
+typedef enum { JOIN_OPEN, JOIN_RUN, JOIN_ABSORB, JOIN_NEXT_RUN } join_t;
+
+/* How an accepted event meets the coordinator's window (after a window
+ * full by bytes was closed). */
+static join_t join_of(const m_coord_t *co, const m_rule_t *rule) {
+    if (!co->open) {
+        return JOIN_OPEN;
+    }
+    if (!co->run_started) {
+        return JOIN_RUN;
+    }
+    return rule->edge == M_LEADING ? JOIN_ABSORB : JOIN_NEXT_RUN;
+}
+
+/* The batch window's array with one more input of `len` bytes. */
+static int64_t batch_bytes_with(const model_t *m, int c, size_t len) {
+    char text[M_INPUT_BYTES];
+    m_window_input(m, c, text, sizeof text);
+    return m->coords[c].event_count == 0 ? 2 + (int64_t)len
+                                         : (int64_t)strlen(text) + 1 + (int64_t)len;
+}
+
+static bool closes_by_size(const model_t *m, int c, const m_payload_t *p) {
+    char text[32];
+    size_t len = m_event_text(p->input, text, sizeof text);
+    const m_coord_t *co = &m->coords[c];
+    return co->open && p->rule.kind == M_BATCH && batch_bytes_with(m, c, len) > p->rule.max_bytes;
+}
+
+/* A window is over at its due time, whether or not its timer fired: a
+ * request that meets it overdue closes it first (as within one SendEvents
+ * call, where events after a due time meet their window in one request). */
+static void close_if_overdue(model_t *m, int c, int64_t now_ms) {
+    m_coord_t *co = &m->coords[c];
+    if (co->open && co->due_ms <= now_ms) {
+        end_window(m, c, now_ms);
+        coord_settle(m, c, now_ms);
+    }
+}
+
+bool m_send_new_run(const model_t *m, int c, const char *id, const m_payload_t *payload,
+                    int64_t now_ms) {
+    if (id[0] != '\0' && m_id_find(m, c, id, now_ms) != NULL) {
+        return false;
+    }
+    if (m->coords[c].open && m->coords[c].due_ms <= now_ms) {
+        return true; /* the overdue window closes: the event opens the next */
+    }
+    if (closes_by_size(m, c, payload)) {
+        return true; /* the event opens the next window */
+    }
+    join_t j = join_of(&m->coords[c], &payload->rule);
+    return j == JOIN_OPEN || j == JOIN_NEXT_RUN;
+}
+
+void m_send_event(model_t *m, int c, const char *id, const m_payload_t *payload,
+                  const char *new_run_id, int64_t now_ms, int64_t commit_seq,
+                  m_send_result_t *out) {
     memset(out, 0, sizeof *out);
     m_coord_t *co = &m->coords[c];
+    const m_rule_t *rule = &payload->rule;
+    char text[32];
+    size_t len = m_event_text(payload->input, text, sizeof text);
+    if (rule->kind == M_BATCH && 2 + (int64_t)len > rule->max_bytes) {
+        out->status = 3; /* INVALID_ARGUMENT: it fits no window */
+        return;
+    }
+    close_if_overdue(m, c, now_ms);
     if (id[0] != '\0') {
         const m_id_t *r = m_id_find(m, c, id, now_ms);
         if (r != NULL) {
-            out->duplicate = true;
+            if (!same_payload(&r->payload, payload)) {
+                out->status = 6; /* ALREADY_EXISTS: the ID was used with another payload */
+                return;
+            }
+            out->disposition = M_DUPLICATE;
             copy_text(out->run_id, sizeof out->run_id, r->run_id);
             out->due_ms = r->due_ms;
+            out->commit_seq = r->commit_seq;
             return;
         }
     }
+    if (closes_by_size(m, c, payload)) {
+        start_run(m, c, now_ms, false); /* the window is full by bytes */
+    }
+    join_t join = join_of(co, rule);
     M_SAVE(m, *co);
-    if (!co->open) {
-        out->opened = true;
+    int64_t count = co->event_count + 1;
+    switch (join) {
+    case JOIN_OPEN:
         co->open = true;
-        copy_text(co->run_id, sizeof co->run_id, opened_run_id);
         co->opened_ms = now_ms;
+        co->events_absorbed = 0;
+        __attribute__((fallthrough)); /* a new run */
+    case JOIN_NEXT_RUN:
+        copy_text(co->run_id, sizeof co->run_id, new_run_id);
+        co->run_started = false;
         co->event_count = 0;
+        count = 1;
+        out->new_run = true;
+        break;
+    case JOIN_RUN: break;
+    case JOIN_ABSORB:
+        co->events_absorbed++;
+        count = co->event_count;
+        break;
     }
-    if (rule->kind == M_DEBOUNCE) {
-        co->events[0] = event_no;
-    } else {
-        if (co->event_count >= M_BATCH_EVENTS_MAX) {
-            fprintf(stderr, "keyflow_sim: a batch window outgrew the model\n");
-            abort();
+    if (join != JOIN_ABSORB) {
+        if (rule->kind == M_DEBOUNCE) {
+            co->events[0] = payload->input;
+        } else {
+            if (co->event_count >= M_BATCH_EVENTS_MAX) {
+                fprintf(stderr, "keyflow_sim: a batch window outgrew the model\n");
+                abort();
+            }
+            co->events[co->event_count] = payload->input;
         }
-        co->events[co->event_count] = event_no;
+        co->event_count++;
     }
-    co->event_count++;
     co->last_ms = now_ms;
     co->rule = *rule;
-    co->due_ms = m_window_due_ms(rule, co->opened_ms, now_ms, co->event_count);
+    co->due_ms = payload->flush ? now_ms : m_window_due_ms(rule, co->opened_ms, now_ms, count);
     journal_add(m, c, 1);
     /* Remembered IDs: expired ones are pruned at each accepted event; at
      * most M_IDS_MAX, the oldest forgotten first. */
@@ -332,47 +447,72 @@ void m_send_event(model_t *m, int c, const char *id, int32_t event_no, const m_r
         copy_text(r->run_id, sizeof r->run_id, co->run_id);
         r->due_ms = co->due_ms;
         r->expires_ms = add_sat(now_ms, rule->dedup_ms);
+        r->commit_seq = commit_seq;
+        r->payload = *payload;
         co->nids++;
     }
-    if ((uint32_t)event_no >= m->events_cap) {
+    int32_t n = payload->input;
+    if ((uint32_t)n >= m->events_cap) {
         fprintf(stderr, "keyflow_sim: model event capacity exceeded\n");
         abort();
     }
-    M_SAVE(m, m->events[event_no]);
-    m->events[event_no] = (m_event_t){.coord = c, .accepted = true};
-    copy_text(m->events[event_no].run_id, sizeof m->events[event_no].run_id, co->run_id);
+    M_SAVE(m, m->events[n]);
+    m->events[n] = (m_event_t){.coord = c, .accepted = true};
+    copy_text(m->events[n].run_id, sizeof m->events[n].run_id, co->run_id);
     copy_text(out->run_id, sizeof out->run_id, co->run_id);
     out->due_ms = co->due_ms;
+    out->commit_seq = commit_seq;
+    bool closed = false;
+    if (join == JOIN_OPEN && (rule->edge == M_LEADING || rule->edge == M_BOTH)) {
+        start_run(m, c, now_ms, true);
+        closed = true;
+    }
     if (rule->kind == M_BATCH && co->event_count >= rule->max_events) {
-        close_window(m, c, now_ms);
-        out->run_started = true;
+        start_run(m, c, now_ms, false);
+        closed = true;
     }
+    if (payload->flush && co->open) {
+        end_window(m, c, now_ms);
+        closed = true;
+    }
+    out->disposition = closed                                       ? M_CLOSED
+                       : join == JOIN_OPEN || join == JOIN_NEXT_RUN ? M_OPENED
+                                                                    : M_JOINED;
     coord_settle(m, c, now_ms);
 }
 
-bool m_flush(model_t *m, int c, int64_t now_ms, char *run_id) {
+int m_flush(model_t *m, int c, int64_t now_ms, char *run_id) {
+    close_if_overdue(m, c, now_ms);
     m_coord_t *co = &m->coords[c];
     if (!co->open) {
-        return false;
+        return M_NO_WINDOW;
     }
     copy_text(run_id, M_RUN_ID_BYTES, co->run_id);
-    close_window(m, c, now_ms);
+    end_window(m, c, now_ms);
     coord_settle(m, c, now_ms);
-    return true;
+    return M_CLOSED;
 }
 
-bool m_cancel(model_t *m, int c, int64_t now_ms, char *run_id, int64_t *dropped) {
+int m_cancel(model_t *m, int c, int64_t now_ms, char *run_id, int64_t *dropped) {
+    close_if_overdue(m, c, now_ms);
     m_coord_t *co = &m->coords[c];
     if (!co->open) {
-        return false;
+        return M_NO_WINDOW;
     }
-    copy_text(run_id, M_RUN_ID_BYTES, co->run_id);
-    *dropped = co->event_count;
-    M_SAVE(m, co->open);
-    co->open = false;
-    journal_add(m, c, 1);
+    if (co->run_started) {
+        /* The run started at the leading edge: nothing to drop. */
+        run_id[0] = '\0';
+        *dropped = 0;
+        end_window(m, c, now_ms);
+    } else {
+        copy_text(run_id, M_RUN_ID_BYTES, co->run_id);
+        *dropped = co->event_count;
+        M_SAVE(m, co->open);
+        co->open = false;
+        journal_add(m, c, 1);
+    }
     coord_settle(m, c, now_ms);
-    return true;
+    return M_CANCELLED;
 }
 
 /* ---- runs ---------------------------------------------------------------------- */
@@ -449,7 +589,7 @@ void m_tick(model_t *m, int64_t now_ms) {
     for (int c = 0; c < M_COORDS; c++) {
         m_coord_t *co = &m->coords[c];
         if (co->open && co->due_ms <= now_ms) {
-            close_window(m, c, now_ms);
+            end_window(m, c, now_ms);
             coord_settle(m, c, now_ms);
         } else if (!co->open && co->nids > 0 && ids_last_expiry(m, c) <= now_ms) {
             coord_settle(m, c, now_ms);

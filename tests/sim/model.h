@@ -37,7 +37,7 @@
 #define M_INPUT_BYTES      (M_BATCH_EVENTS_MAX * 24 + 8)
 /* Process functions: running_sum (0) and session_counter (1). */
 #define M_FNS            2
-#define M_FN_KEYS        5
+#define M_FN_KEYS        5 /* < max_timer_callbacks_per_step: no follow-on steps */
 #define M_PRODUCERS      3
 #define M_ACKS_KEPT      16   /* KF_PRODUCER_ACKS_KEPT */
 #define M_SWEEP_SLACK_MS 1000 /* core.c SWEEP_INTERVAL_MS: retention is swept this late */
@@ -48,7 +48,16 @@ extern const char *const m_fn_ids[M_FNS];
 extern const char *const m_fn_key_names[M_FN_KEYS];
 extern const char *const m_producer_names[M_PRODUCERS];
 
-enum { M_DEBOUNCE = 1, M_BATCH = 2 };                                /* keyflow.v1.RuleKind */
+enum { M_DEBOUNCE = 1, M_BATCH = 2 };               /* keyflow.v1.RuleKind */
+enum { M_TRAILING = 1, M_LEADING = 2, M_BOTH = 3 }; /* keyflow.v1.Edge */
+enum {
+    M_OPENED = 1,
+    M_JOINED = 2,
+    M_DUPLICATE = 3,
+    M_CLOSED = 4,
+    M_CANCELLED = 5,
+    M_NO_WINDOW = 6
+};                                                                   /* keyflow.v1.Disposition */
 enum { M_PENDING = 1, M_LEASED = 2, M_COMPLETED = 3, M_FAILED = 4 }; /* keyflow.v1.RunStatus */
 enum { M_ABSENT = 1, M_NULL = 2, M_VALUE = 3 };                      /* keyflow.v1.StateKind */
 enum { M_FN_RUNNING_SUM = 0, M_FN_SESSION_COUNTER = 1 };
@@ -57,23 +66,36 @@ enum { M_FN_RUNNING_SUM = 0, M_FN_SESSION_COUNTER = 1 };
 
 typedef struct m_rule {
     int kind;
+    int edge; /* debounce: M_TRAILING, M_LEADING, M_BOTH; batch: M_TRAILING */
     int64_t window_ms;
     int64_t max_wait_ms;
     int64_t max_events;
+    int64_t max_bytes; /* batch only */
     int64_t dedup_ms;
 } m_rule_t;
+
+/* What makes a retry the same event (docs/semantics.md, "Event identity"). */
+typedef struct m_payload {
+    m_rule_t rule;
+    bool flush;
+    int32_t input; /* the event number: its input is {"n":<input>} */
+} m_payload_t;
 
 typedef struct m_id {
     char id[M_EVENT_ID_BYTES];
     char run_id[M_RUN_ID_BYTES];
     int64_t due_ms;
     int64_t expires_ms;
+    int64_t commit_seq;
+    m_payload_t payload;
 } m_id_t;
 
 typedef struct m_coord {
     int kind, workflow, key;
     bool open;
     char run_id[M_RUN_ID_BYTES]; /* the open window's run, learned from the first receipt */
+    bool run_started;            /* that run started at the leading edge: absorbing */
+    int64_t events_absorbed;
     int64_t opened_ms, last_ms, due_ms, event_count;
     m_rule_t rule;
     int32_t events[M_BATCH_EVENTS_MAX]; /* batch: every event; debounce: [0] the latest */
@@ -177,8 +199,8 @@ void model_revert(model_t *m);
 
 int m_coord_index(int kind, int workflow, int key);
 /* Resolves a rule's defaults, as kf_rule_resolve does for valid rules. */
-m_rule_t m_rule_defaults(int kind, int64_t window_ms, int64_t max_wait_ms, int64_t max_events,
-                         int64_t dedup_ms);
+m_rule_t m_rule_defaults(int kind, int edge, int64_t window_ms, int64_t max_wait_ms,
+                         int64_t max_events, int64_t max_bytes, int64_t dedup_ms);
 int64_t m_window_due_ms(const m_rule_t *rule, int64_t opened_ms, int64_t last_ms, int64_t count);
 /* The coordinator exists at now_ms (open window or a live remembered ID). */
 bool m_coord_exists(const model_t *m, int c, int64_t now_ms);
@@ -189,22 +211,29 @@ void m_window_input(const model_t *m, int c, char *out, size_t cap);
 
 /* ---- coordinator commands (valid requests only) ------------------------ */
 
+/* The JSON text of event n's input, and its length. */
+size_t m_event_text(int32_t n, char *out, size_t cap);
+
 typedef struct m_send_result {
-    bool duplicate;
-    bool opened;      /* the event opened a window: the driver records its run_id */
-    bool run_started; /* batch full */
+    int status;      /* 0, or the kf_status_t refusing it (nothing changed) */
+    int disposition; /* M_OPENED .. M_CLOSED */
+    bool new_run;    /* the receipt names a new run: its run_id came from the engine */
     char run_id[M_RUN_ID_BYTES];
     int64_t due_ms;
+    int64_t commit_seq;
 } m_send_result_t;
 
-/* An accepted (non-duplicate) event: `run_id` must be given when it opens a
- * window (the engine's receipt names it). Duplicates: *out from the memory. */
-void m_send_event(model_t *m, int c, const char *id, int32_t event_no, const m_rule_t *rule,
-                  const char *opened_run_id, int64_t now_ms, m_send_result_t *out);
-/* Would this event open a window (so its run_id must come from the engine)? */
-bool m_send_opens(const model_t *m, int c, const char *id, int64_t now_ms);
-bool m_flush(model_t *m, int c, int64_t now_ms, char *run_id);
-bool m_cancel(model_t *m, int c, int64_t now_ms, char *run_id, int64_t *dropped);
+/* Whether this event, accepted now, begins a new run (opens a window, or
+ * begins a BOTH window's trailing run): its run ID is then the engine's. */
+bool m_send_new_run(const model_t *m, int c, const char *id, const m_payload_t *payload,
+                    int64_t now_ms);
+/* SendEvent of a well-formed event; `new_run_id` names the run when
+ * m_send_new_run() said so. `commit_seq` is the write the event joins. */
+void m_send_event(model_t *m, int c, const char *id, const m_payload_t *payload,
+                  const char *new_run_id, int64_t now_ms, int64_t commit_seq, m_send_result_t *out);
+/* FlushWindow / CancelWindow: their disposition; run_id and dropped as answered. */
+int m_flush(model_t *m, int c, int64_t now_ms, char *run_id);
+int m_cancel(model_t *m, int c, int64_t now_ms, char *run_id, int64_t *dropped);
 
 /* Fires everything due at or before now_ms, as the engine's timers do:
  * windows close, leases expire, idle coordinators are deleted. */

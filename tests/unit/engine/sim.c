@@ -98,6 +98,24 @@ void sim_pump(sim_t *sim) {
     sim_step(sim);
 }
 
+uint32_t sim_run_work(sim_t *sim, uint32_t steps_max) {
+    uint32_t ran = 0;
+    while (ran < steps_max && kf_core_has_work(sim->core)) {
+        kf_core_begin(sim->core, sim->batch, sim->group, sim->now_ms);
+        if (kf_core_run_work(sim->core, 1) == 0) {
+            break;
+        }
+        ran++;
+        sim_step(sim);
+    }
+    return ran;
+}
+
+void sim_drain_work(sim_t *sim, uint32_t steps_max) {
+    sim_run_work(sim, steps_max);
+    cr_assert_not(kf_core_has_work(sim->core), "work left after %u steps", steps_max);
+}
+
 void sim_advance(sim_t *sim, int64_t to_ms) {
     cr_assert_geq(to_ms, sim->now_ms);
     sim->now_ms = to_ms;

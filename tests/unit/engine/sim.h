@@ -45,6 +45,13 @@ void sim_put_raw(sim_t *sim, kf_cf_t cf, const void *key, size_t key_len, const 
                  size_t value_len);
 /* Answers handler calls that are out (config.defer_handler_calls), then steps. */
 void sim_pump(sim_t *sim);
+/* Runs up to `steps_max` steps of the engine's own work (follow-on timer
+ * steps), each in its own group as the threaded engine may; returns how
+ * many ran. sim_exec does not run them, so tests see what is pending. */
+uint32_t sim_run_work(sim_t *sim, uint32_t steps_max);
+/* Runs the engine's own work until there is none (at most `steps_max`
+ * steps; fails the test past that). */
+void sim_drain_work(sim_t *sim, uint32_t steps_max);
 /* Moves the clock and fires due timers, then steps. */
 void sim_advance(sim_t *sim, int64_t to_ms);
 

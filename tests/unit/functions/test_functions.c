@@ -8,148 +8,36 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <jansson.h>
-
-#include "../engine/sim.h"
-#include "base/crypto.h"
-#include "keyflow/v1/functions.pb-c.h"
+#include "fn_harness.h"
 #include "records/records.pb-c.h"
 
-static sim_t sim;
-static char digest[KF_SHA256_HEX_BYTES + 1];
+TestSuite(functions, .init = fnh_setup, .fini = fnh_teardown, .timeout = 60);
 
-static void setup(void) {
-    sim_open_plugins(&sim, 11, KF_TEST_PLUGIN_DIR);
-    uint8_t d[KF_SHA256_BYTES];
-    kf_error_t err;
-    cr_assert_eq(kf_sha256_file(KF_TEST_MISBEHAVING, d, &err), KF_OK, "%s", err.message);
-    kf_hex_encode(d, sizeof d, digest);
-}
-static void teardown(void) {
-    sim_close(&sim);
-}
-
-TestSuite(functions, .init = setup, .fini = teardown, .timeout = 60);
-
-#define A(T) kf_arena_zalloc(&sim.arena, sizeof(T))
-
-static Keyflow__V1__Field *field(const char *name, Keyflow__V1__FieldType t, bool nullable) {
-    Keyflow__V1__Field *f = A(Keyflow__V1__Field);
-    keyflow__v1__field__init(f);
-    f->name = (char *)name;
-    f->type = t;
-    f->nullable = nullable;
-    return f;
-}
-
-static Keyflow__V1__FunctionLimits limits_storage;
-
+/* The tests here use one function, "f", of the misbehaving plugin. */
 static Keyflow__V1__FunctionDescriptor *descriptor(const char *id, const char *state_id) {
-    Keyflow__V1__FunctionDescriptor *d = A(Keyflow__V1__FunctionDescriptor);
-    keyflow__v1__function_descriptor__init(d);
-    d->version = 1;
-    d->function_id = (char *)id;
-    d->pipeline_state_id = (char *)state_id;
-    d->runtime = KEYFLOW__V1__RUNTIME__RUNTIME_NATIVE;
-    d->implementation_digest = digest;
-    Keyflow__V1__Schema *in = A(Keyflow__V1__Schema), *out = A(Keyflow__V1__Schema);
-    keyflow__v1__schema__init(in);
-    keyflow__v1__schema__init(out);
-    in->n_fields = 4;
-    in->fields = kf_arena_zalloc(&sim.arena, 4 * sizeof *in->fields);
-    in->fields[0] = field("k", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8, false);
-    in->fields[1] = field("ts", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US, false);
-    in->fields[2] = field("mode", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8, false);
-    in->fields[3] = field("amount", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64, true);
-    out->n_fields = 3;
-    out->fields = kf_arena_zalloc(&sim.arena, 3 * sizeof *out->fields);
-    out->fields[0] = field("key", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_UTF8, false);
-    out->fields[1] = field("ts", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US, false);
-    out->fields[2] = field("n", KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_INT64, false);
-    d->input_schema = in;
-    d->output_schema = out;
-    static char *keys[] = {"k"};
-    static char *timers[] = {"t"};
-    d->n_key_columns = 1;
-    d->key_columns = keys;
-    d->event_time_column = "ts";
-    d->output_event_time_column = "ts";
-    d->value_state_name = "v";
-    d->n_timer_names = 1;
-    d->timer_names = timers;
-    keyflow__v1__function_limits__init(&limits_storage);
-    d->limits = &limits_storage;
-    return d;
+    return fnh_descriptor(id, state_id);
 }
-
 static kf_cmd_t *register_fn(Keyflow__V1__FunctionDescriptor *d) {
-    Keyflow__V1__RegisterFunctionRequest *req = A(Keyflow__V1__RegisterFunctionRequest);
-    keyflow__v1__register_function_request__init(req);
-    req->descriptor = d;
-    return sim_exec(&sim, KF_OP_REGISTER_FUNCTION, &req->base);
+    return fnh_register(d);
 }
-
 static void register_ok(void) {
     kf_cmd_t *c = register_fn(descriptor("f", "f.v1"));
     cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
 }
-
-/* rows: a JSON array text; watermark: INT64_MIN for none. */
 static kf_cmd_t *push(const char *producer, int64_t seq, const char *rows, int64_t watermark) {
-    Keyflow__V1__PushBatchRequest *req = A(Keyflow__V1__PushBatchRequest);
-    keyflow__v1__push_batch_request__init(req);
-    req->function_id = "f";
-    req->producer_id = (char *)producer;
-    req->sequence = seq;
-    if (rows != NULL) {
-        req->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON;
-        req->rows_json = kf_arena_strdup(&sim.arena, rows);
-    }
-    if (watermark != INT64_MIN) {
-        req->watermark_present_case =
-            KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
-        req->watermark_us = watermark;
-    }
-    return sim_exec(&sim, KF_OP_PUSH_BATCH, &req->base);
+    return fnh_push("f", producer, seq, rows, watermark);
 }
-
 static Keyflow__V1__PushBatchResponse *push_ok(int64_t seq, const char *rows, int64_t watermark) {
-    kf_cmd_t *c = push("p", seq, rows, watermark);
-    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
-    return (Keyflow__V1__PushBatchResponse *)c->response;
+    return fnh_push_ok("f", seq, rows, watermark);
 }
-
 static Keyflow__V1__GetKeyStateResponse *state_of(const char *key) {
-    Keyflow__V1__GetKeyStateRequest *req = A(Keyflow__V1__GetKeyStateRequest);
-    keyflow__v1__get_key_state_request__init(req);
-    req->function_id = "f";
-    req->key = (char *)key;
-    kf_cmd_t *c = sim_exec(&sim, KF_OP_GET_KEY_STATE, &req->base);
-    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
-    return (Keyflow__V1__GetKeyStateResponse *)c->response;
+    return fnh_state("f", key);
 }
-
-/* The output rows after `after`, as parsed JSON (caller decrefs). */
 static json_t *output(int64_t after, int64_t limit, Keyflow__V1__ReadOutputResponse **resp_out) {
-    Keyflow__V1__ReadOutputRequest *req = A(Keyflow__V1__ReadOutputRequest);
-    keyflow__v1__read_output_request__init(req);
-    req->function_id = "f";
-    req->after_seq = after;
-    req->limit = limit;
-    req->format = KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON;
-    kf_cmd_t *c = sim_exec(&sim, KF_OP_READ_OUTPUT, &req->base);
-    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
-    Keyflow__V1__ReadOutputResponse *resp = (Keyflow__V1__ReadOutputResponse *)c->response;
-    if (resp_out) {
-        *resp_out = resp;
-    }
-    return json_loads(resp->rows_json[0] ? resp->rows_json : "[]", 0, NULL);
+    return fnh_output("f", after, limit, resp_out);
 }
-
 static int64_t out_int(json_t *rows, size_t i, const char *col) {
-    json_t *v = json_object_get(json_array_get(rows, i), col);
-    cr_assert_not_null(v, "row %zu has %s", i, col);
-    return strtoll(json_string_value(v), NULL, 10);
+    return fnh_out_int(rows, i, col);
 }
 
 #define ROW(k, ts, mode, amount)                                                                   \
@@ -293,13 +181,8 @@ Test(functions, refuses_a_timer_at_int64_min_before_any_watermark) {
 }
 
 Test(functions, refuses_too_many_output_rows_with_the_limit_named) {
-    limits_storage.max_output_rows_present_case =
-        KEYFLOW__V1__FUNCTION_LIMITS__MAX_OUTPUT_ROWS_PRESENT_MAX_OUTPUT_ROWS;
-    limits_storage.max_output_rows = 4;
     Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
-    d->limits->max_output_rows_present_case =
-        KEYFLOW__V1__FUNCTION_LIMITS__MAX_OUTPUT_ROWS_PRESENT_MAX_OUTPUT_ROWS;
-    d->limits->max_output_rows = 4;
+    fnh_limit(d, "max_output_rows", 4);
     cr_assert_eq(register_fn(d)->error.status, KF_OK);
     kf_cmd_t *c = push("p", 1, "[" ROW("a", 10, "many_rows", 0) "]", INT64_MIN);
     cr_assert_eq(c->error.status, KF_E_LIMIT, "%s", c->error.message);
@@ -341,9 +224,7 @@ Test(functions, a_retry_returns_the_original_ack_and_changes_nothing) {
 
 Test(functions, rows_of_one_key_take_separate_calls_in_arrival_order) {
     Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
-    d->limits->max_batch_rows_present_case =
-        KEYFLOW__V1__FUNCTION_LIMITS__MAX_BATCH_ROWS_PRESENT_MAX_BATCH_ROWS;
-    d->limits->max_batch_rows = 2;
+    fnh_limit(d, "max_batch_rows", 2);
     cr_assert_eq(register_fn(d)->error.status, KF_OK);
     Keyflow__V1__PushBatchResponse *r =
         push_ok(1,
@@ -367,9 +248,7 @@ Test(functions, rows_of_one_key_take_separate_calls_in_arrival_order) {
 
 Test(functions, timers_fire_in_order_when_the_watermark_passes_them) {
     Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
-    d->limits->max_timer_callbacks_per_step_present_case =
-        KEYFLOW__V1__FUNCTION_LIMITS__MAX_TIMER_CALLBACKS_PER_STEP_PRESENT_MAX_TIMER_CALLBACKS_PER_STEP;
-    d->limits->max_timer_callbacks_per_step = 2;
+    fnh_limit(d, "max_timer_callbacks_per_step", 2);
     cr_assert_eq(register_fn(d)->error.status, KF_OK);
     /* a@150, b@120, c@150, d@300, e@150 */
     push_ok(1,
@@ -381,9 +260,10 @@ Test(functions, timers_fire_in_order_when_the_watermark_passes_them) {
     cr_assert_eq(b->n_timers, 1);
     cr_assert_eq(b->timers[0]->at_us, 120);
     Keyflow__V1__PushBatchResponse *r = push_ok(2, NULL, 200);
-    cr_assert_eq(r->timer_callbacks, 4);
-    cr_assert_eq(r->handler_calls, 2, "chunks of max_timer_callbacks_per_step");
+    cr_assert_eq(r->timer_callbacks, 2, "max_timer_callbacks_per_step in the batch's step");
+    cr_assert_eq(r->due_timers, 2, "the rest wait for follow-on steps");
     cr_assert_eq(r->watermark_us, 200);
+    cr_assert_eq(sim_run_work(&sim, 10), 1, "one follow-on step fires the other two");
     json_t *rows = output(0, 100, NULL);
     cr_assert_eq(json_array_size(rows), 4);
     const char *order[] = {"b", "a", "c", "e"};
@@ -409,9 +289,7 @@ Test(functions, timers_fire_in_order_when_the_watermark_passes_them) {
 
 Test(functions, input_must_match_the_schema_and_limits) {
     Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
-    d->limits->max_input_rows_present_case =
-        KEYFLOW__V1__FUNCTION_LIMITS__MAX_INPUT_ROWS_PRESENT_MAX_INPUT_ROWS;
-    d->limits->max_input_rows = 2;
+    fnh_limit(d, "max_input_rows", 2);
     cr_assert_eq(register_fn(d)->error.status, KF_OK);
     kf_cmd_t *c = push("p", 1, "[{\"k\":\"a\",\"ts\":1}]", INT64_MIN);
     cr_assert_eq(c->error.status, KF_E_INVALID);
@@ -491,8 +369,7 @@ Test(functions, columnar_batches_are_checked_against_the_schema) {
 
 Test(functions, max_keys_is_enforced_with_nothing_applied) {
     Keyflow__V1__FunctionDescriptor *d = descriptor("f", "f.v1");
-    d->limits->max_keys_present_case = KEYFLOW__V1__FUNCTION_LIMITS__MAX_KEYS_PRESENT_MAX_KEYS;
-    d->limits->max_keys = 2;
+    fnh_limit(d, "max_keys", 2);
     cr_assert_eq(register_fn(d)->error.status, KF_OK);
     push_ok(1, "[" ROW("a", 1, "ok", 1) "," ROW("b", 1, "ok", 1) "]", INT64_MIN);
     kf_cmd_t *c = push("p", 2, "[" ROW("a", 2, "ok", 2) "," ROW("c", 2, "ok", 1) "]", INT64_MIN);
@@ -584,12 +461,7 @@ Test(functions, calls_answered_later_keep_order_and_atomicity) {
 }
 
 static Keyflow__V1__FunctionInfo *function_info(void) {
-    Keyflow__V1__GetFunctionRequest *req = A(Keyflow__V1__GetFunctionRequest);
-    keyflow__v1__get_function_request__init(req);
-    req->function_id = "f";
-    kf_cmd_t *c = sim_exec(&sim, KF_OP_GET_FUNCTION, &req->base);
-    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
-    return (Keyflow__V1__FunctionInfo *)c->response;
+    return fnh_info("f");
 }
 
 /* Found by the seeded simulation (tests/sim): while a step waited for a

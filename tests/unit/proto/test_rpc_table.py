@@ -127,8 +127,9 @@ def check(tables, messages, rpcs):
                     problems.append(f"{path}: resource {row['resource']} is not a string field")
         if row["scope"] not in scopes:
             problems.append(f"{path}: scope {row['scope']} is not in KF_SCOPE_TABLE")
-        if row["scope"] == "none" and not path.startswith("/grpc.health.v1.Health/"):
-            problems.append(f"{path}: only health needs no key")
+        if row["scope"] == "none" and not path.startswith(("/grpc.health.v1.Health/",
+                                                              "/grpc.reflection.")):
+            problems.append(f"{path}: only health and reflection need no key")
     for name, paths in names.items():
         if len(paths) > 1:
             problems.append(f"name {name} is used by {', '.join(paths)}")
