@@ -74,6 +74,22 @@
 #define KF_PARKED_POLLS_MAX     4096
 #define KF_RUN_ATTEMPTS_MAX     100
 #define KF_RUN_ATTEMPTS_DEFAULT 3
+/* GetRun calls waiting (wait_ms) for a run to finish, at once; one more is
+ * RESOURCE_EXHAUSTED. */
+#define KF_RUN_WAITS_MAX 4096
+/* A rule's run options (docs/semantics.md, "Runs"). Leases per key: more
+ * than any worker fleet holds for one key; a week of delay or backoff, like
+ * the windows. */
+#define KF_KEY_CONCURRENCY_MAX        10000
+#define KF_START_AFTER_MS_MAX         (7LL * 24 * 3600 * 1000)
+#define KF_BACKOFF_MS_MAX             (7LL * 24 * 3600 * 1000)
+#define KF_BACKOFF_INITIAL_MS_DEFAULT 1000
+#define KF_BACKOFF_MAX_MS_DEFAULT     60000
+#define KF_BACKOFF_MULTIPLIER_DEFAULT 2.0
+#define KF_BACKOFF_MULTIPLIER_MAX     100
+/* Event IDs a run records: the latest ones, as many as a coordinator's
+ * journal holds between snapshots (128 bytes each at most: 32 KiB). */
+#define KF_RUN_EVENT_IDS_MAX KF_JOURNAL_ENTRIES_MAX
 /* Pending and leased runs in memory; windows that would start one more
  * stay open (and SendEvent answers RESOURCE_EXHAUSTED) until workers drain. */
 #define KF_LIVE_RUNS_MAX        2000000
@@ -161,7 +177,7 @@
 #define KF_PARKED_READS_MAX          4096
 /* Cancels of parked polls and reads waiting for the engine's next turn:
  * more than can be parked at once, so none is dropped in practice. */
-#define KF_CANCELS_MAX (2 * (KF_PARKED_POLLS_MAX + KF_PARKED_READS_MAX))
+#define KF_CANCELS_MAX (2 * (KF_PARKED_POLLS_MAX + KF_PARKED_READS_MAX + KF_RUN_WAITS_MAX))
 /* Output retention (functions/retention.c). Unless a descriptor or the
  * server's flags say otherwise, output rows are kept a week, like finished
  * runs: long enough for any consumer to catch up after an outage, short
@@ -319,6 +335,10 @@ _Static_assert(KF_WORK_GROUP_BYTES_MAX <= KF_GROUP_BYTES_MAX, "follow-on steps s
 _Static_assert(KF_LEASE_MS_DEFAULT >= KF_LEASE_MS_MIN && KF_LEASE_MS_DEFAULT <= KF_LEASE_MS_MAX,
                "default lease within bounds");
 _Static_assert(KF_DEDUP_MS_DEFAULT <= KF_DEDUP_MS_MAX, "default dedup within bound");
+_Static_assert(KF_BACKOFF_INITIAL_MS_DEFAULT <= KF_BACKOFF_MAX_MS_DEFAULT &&
+                   KF_BACKOFF_MAX_MS_DEFAULT <= KF_BACKOFF_MS_MAX,
+               "default backoffs within bounds");
+_Static_assert(KF_RUN_ATTEMPTS_DEFAULT <= KF_RUN_ATTEMPTS_MAX, "default attempts within bound");
 _Static_assert(KF_FN_MAX_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX,
                "a full input batch fits a request");
 _Static_assert(KF_FN_MAX_BATCH_ROWS_DEFAULT <= KF_FN_MAX_BATCH_ROWS_MAX, "default within bound");

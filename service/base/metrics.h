@@ -26,6 +26,9 @@
     X(KF_G_OPEN_WINDOWS, "keyflow_open_windows", "Coordinator windows open now")                   \
     X(KF_G_RUNS_PENDING, "keyflow_runs_pending", "Runs waiting for a worker")                      \
     X(KF_G_RUNS_LEASED, "keyflow_runs_leased", "Runs leased to a worker")                          \
+    X(KF_G_RUNS_DELAYED, "keyflow_runs_delayed",                                                   \
+      "Runs waiting for a start delay or retry backoff")                                           \
+    X(KF_G_RUN_WAITS, "keyflow_run_waits", "GetRun calls waiting for a run to finish")             \
     X(KF_G_PARKED_POLLS, "keyflow_parked_polls", "PollRuns calls waiting for a run")               \
     X(KF_G_PARKED_READS, "keyflow_parked_reads", "ReadOutput/TailOutput reads waiting for rows")   \
     X(KF_G_TIMERS, "keyflow_timers", "Processing-time timers armed")                               \
@@ -47,6 +50,8 @@
     X(KF_C_RUNS_CREATED, "keyflow_runs_created_total", "Runs started by closing windows")          \
     X(KF_C_RUNS_COMPLETED, "keyflow_runs_completed_total", "Runs completed by workers")            \
     X(KF_C_RUNS_FAILED, "keyflow_runs_failed_total", "Runs that ended FAILED")                     \
+    X(KF_C_RUNS_CANCELLED, "keyflow_runs_cancelled_total", "Runs that ended CANCELLED")            \
+    X(KF_C_RUN_RETRIES, "keyflow_run_retries_total", "Failed attempts retried")                    \
     X(KF_C_LEASES_EXPIRED, "keyflow_leases_expired_total", "Leases that expired")                  \
     X(KF_C_RUNS_DELETED, "keyflow_runs_deleted_total", "Finished runs deleted by retention")       \
     X(KF_C_COMPACTIONS, "keyflow_journal_compactions_total", "Coordinator continue-as-new")        \

@@ -69,3 +69,11 @@ kf_status_t kf_check_identifier(const char *field, const char *s, size_t max_byt
     }
     return KF_OK;
 }
+
+kf_status_t kf_check_range(const char *field, int64_t v, int64_t lo, int64_t hi, kf_error_t *err) {
+    if (v < lo || v > hi) {
+        return kf_error_set(err, KF_E_INVALID, "%s: must be in %lld..%lld, got %lld", field,
+                            (long long)lo, (long long)hi, (long long)v);
+    }
+    return KF_OK;
+}

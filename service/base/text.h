@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/status.h"
 
@@ -20,5 +21,10 @@ bool kf_utf8_valid(const char *s, size_t len);
  * (KF_E_INVALID). The message names `field`. */
 kf_status_t kf_check_identifier(const char *field, const char *s, size_t max_bytes, bool required,
                                 kf_error_t *err) KF_MUST_USE;
+
+/* A number field within lo..hi: KF_E_INVALID "<field>: must be in lo..hi,
+ * got v" otherwise. */
+kf_status_t kf_check_range(const char *field, int64_t v, int64_t lo, int64_t hi,
+                           kf_error_t *err) KF_MUST_USE;
 
 #endif

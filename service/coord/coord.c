@@ -62,7 +62,10 @@ typedef struct coord {
     uint32_t recent_count;
     /* The open window. */
     bool open;
-    bool run_started; /* run_uuid's run started at the leading edge */
+    bool run_started;          /* run_uuid's run started at the leading edge */
+    bool indexed;              /* run_uuid is in kf_coords.windows (its run collects) */
+    kf_map_node_t window_node; /* there, by run_uuid */
+    struct coord *window_next; /* another one indexed under the same uuid */
     char run_uuid[KF_UUID_TEXT_BYTES + 1];
     int64_t opened_ms;
     int64_t last_ms;
@@ -71,8 +74,9 @@ typedef struct coord {
     char *input;    /* debounce: latest input; batch: "[a,b" */
     size_t input_len;
     size_t input_cap;
-    int64_t event_count;     /* events in run_uuid's run */
-    int64_t events_absorbed; /* events covered by a run started at the leading edge */
+    int64_t event_count;      /* events in run_uuid's run */
+    int64_t events_absorbed;  /* events covered by a run started at the leading edge */
+    kf_event_ids_t event_ids; /* of the events in run_uuid's run */
     /* Remembered event IDs, a ring buffer, oldest first. */
     remembered_t *ids;
     uint32_t ids_head;
@@ -82,6 +86,7 @@ typedef struct coord {
 
 struct kf_coords {
     kf_map_t map;
+    kf_map_t windows; /* open windows by run uuid (GetRun of a receipt's run) */
     kf_runs_t *runs;
     uint64_t open_windows;
     int64_t window_bytes; /* input buffer bytes of open windows */
@@ -120,6 +125,48 @@ static coord_t *coord_new(kf_coords_t *cs, const kf_key_t *ckey) {
     return c;
 }
 
+/* GetRun of a receipt's run ID finds the window while its run collects
+ * events (it does not exist yet): the index holds c->run_uuid exactly while
+ * the window is open and its run has not started. Run IDs are unique per
+ * key, not uuids across keys (a seeded random source repeats them after a
+ * simulated crash), so coordinators with one uuid share a map entry: the
+ * first is in the map, the others chain behind it. */
+static coord_t *index_head(const kf_coords_t *cs, const char *uuid) {
+    kf_map_node_t *n = kf_map_get(&cs->windows, uuid, KF_UUID_TEXT_BYTES);
+    return n ? KF_CONTAINER_OF(n, coord_t, window_node) : NULL;
+}
+
+static void window_index(kf_coords_t *cs, coord_t *c, bool collecting) {
+    if (c->indexed) {
+        coord_t *head = index_head(cs, c->run_uuid);
+        if (head == c) {
+            kf_map_remove(&cs->windows, &c->window_node);
+            if (c->window_next != NULL) {
+                kf_map_insert(&cs->windows, &c->window_next->window_node, c->window_next->run_uuid,
+                              KF_UUID_TEXT_BYTES);
+            }
+        } else {
+            coord_t *p = head;
+            while (p->window_next != c) {
+                p = p->window_next;
+            }
+            p->window_next = c->window_next;
+        }
+        c->window_next = NULL;
+        c->indexed = false;
+    }
+    if (collecting) {
+        coord_t *head = index_head(cs, c->run_uuid);
+        if (head == NULL) {
+            kf_map_insert(&cs->windows, &c->window_node, c->run_uuid, KF_UUID_TEXT_BYTES);
+        } else {
+            c->window_next = head->window_next;
+            head->window_next = c;
+        }
+        c->indexed = true;
+    }
+}
+
 /* Frees the window's input buffer (its run took the input). */
 static void input_release(kf_coords_t *cs, coord_t *c) {
     cs->window_bytes -= (int64_t)c->input_cap;
@@ -132,6 +179,8 @@ static void window_drop(kf_coords_t *cs, coord_t *c) {
     if (c->open) {
         cs->open_windows--;
     }
+    window_index(cs, c, false);
+    kf_event_ids_clear(&c->event_ids);
     input_release(cs, c);
     c->open = false;
     c->run_started = false;
@@ -253,7 +302,9 @@ static void recent_push(coord_t *c, const char *uuid) {
 
 /* ---- rules <-> records ------------------------------------------------- */
 
-static void rule_to_rec(const kf_rule_t *rule, Keyflow__Records__RuleRec *rec) {
+/* `retry` is storage the record may point at while it is encoded. */
+static void rule_to_rec(const kf_rule_t *rule, Keyflow__Records__RuleRec *rec,
+                        Keyflow__Records__RetryRec *retry) {
     keyflow__records__rule_rec__init(rec);
     rec->kind = (int32_t)rule->kind;
     rec->window_ms = rule->window_ms;
@@ -262,6 +313,7 @@ static void rule_to_rec(const kf_rule_t *rule, Keyflow__Records__RuleRec *rec) {
     rec->dedup_ms = rule->dedup_ms;
     rec->edge = (int32_t)rule->edge;
     rec->max_bytes = rule->max_bytes;
+    kf_run_options_to_rule_rec(&rule->run, rec, retry);
 }
 
 static bool in_range(int64_t v, int64_t lo, int64_t hi) {
@@ -285,6 +337,9 @@ static bool rule_from_rec(const Keyflow__Records__RuleRec *rec, kf_rule_t *rule)
             return false;
         }
     } else {
+        return false;
+    }
+    if (!kf_run_options_from_rule_rec(rec, &rule->run)) {
         return false;
     }
     rule->kind = (kf_rule_kind_t)rec->kind;
@@ -326,6 +381,8 @@ static bool window_runs(const coord_t *c, const char *run_uuid) {
 static void window_begin_run(kf_coords_t *cs, coord_t *c, const char *run_uuid,
                              const kf_rule_t *rule) {
     memcpy(c->run_uuid, run_uuid, KF_UUID_TEXT_BYTES + 1);
+    window_index(cs, c, true);
+    kf_event_ids_clear(&c->event_ids);
     c->run_started = false;
     c->event_count = 0;
     c->input_len = 0;
@@ -392,6 +449,9 @@ static kf_status_t apply_accepted(kf_coords_t *cs, coord_t *c, int64_t at_ms,
     c->last_ms = at_ms;
     c->rule = rule;
     c->due_ms = e->due_ms;
+    if (e->event_id[0] != '\0' && !e->absorbed) {
+        kf_event_ids_push(&c->event_ids, e->event_id); /* absorbed ones are in no run */
+    }
     ids_prune(c, at_ms);
     if (e->event_id[0] != '\0') {
         remembered_spec_t spec = {
@@ -416,6 +476,8 @@ static kf_status_t apply_started(kf_coords_t *cs, coord_t *c,
     if (e->leading) {
         /* The window stays open to absorb events until its due time. */
         c->run_started = true;
+        window_index(cs, c, false);
+        kf_event_ids_clear(&c->event_ids);
         input_release(cs, c);
     } else {
         window_drop(cs, c);
@@ -483,12 +545,14 @@ static void write_snapshot(kf_ctx_t *ctx, coord_t *c) {
     Keyflow__Records__CoordSnapshot snap = KEYFLOW__RECORDS__COORD_SNAPSHOT__INIT;
     Keyflow__Records__WindowRec win = KEYFLOW__RECORDS__WINDOW_REC__INIT;
     Keyflow__Records__RuleRec rule;
+    Keyflow__Records__RetryRec retry;
+    const char *event_ids[KF_RUN_EVENT_IDS_MAX];
     snap.journal_seq = c->journal_seq;
     snap.runs_started = c->runs_started;
     snap.compactions = c->compactions;
     char *input = NULL;
     if (c->open) {
-        rule_to_rec(&c->rule, &rule);
+        rule_to_rec(&c->rule, &rule, &retry);
         win.run_uuid = c->run_uuid;
         win.opened_ms = c->opened_ms;
         win.last_ms = c->last_ms;
@@ -499,6 +563,9 @@ static void write_snapshot(kf_ctx_t *ctx, coord_t *c) {
         win.event_count = c->event_count;
         win.run_started = c->run_started;
         win.events_absorbed = c->events_absorbed;
+        win.n_event_ids = kf_event_ids_list(&c->event_ids, event_ids);
+        win.event_ids = (char **)event_ids;
+        win.event_ids_dropped = c->event_ids.dropped;
         snap.window = &win;
     }
     Keyflow__Records__RememberedIdRec *ids = kf_xcalloc(c->ids_count + 1, sizeof *ids);
@@ -601,6 +668,7 @@ static void start_run(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char *re
                       bool leading) {
     KF_ASSERT(c->open && !c->run_started);
     char run_id[KF_RUN_ID_BYTES_MAX + 1];
+    const char *event_ids[KF_RUN_EVENT_IDS_MAX];
     snprintf(run_id, sizeof run_id, "%s@%s", c->key, c->run_uuid);
     if (c->kind == KF_RULE_BATCH) {
         input_reserve(cs, c, c->input_len + 1);
@@ -614,6 +682,10 @@ static void start_run(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char *re
         .input = c->input,
         .input_len = c->input_len + (c->kind == KF_RULE_BATCH ? 1 : 0),
         .event_count = c->event_count,
+        .options = c->rule.run,
+        .event_ids = event_ids,
+        .event_id_count = kf_event_ids_list(&c->event_ids, event_ids),
+        .event_ids_dropped = c->event_ids.dropped,
     };
     uint64_t run_seq = kf_runs_start(cs->runs, ctx, &spec);
     Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
@@ -849,7 +921,8 @@ static kf_status_t send_one(kf_coords_t *cs, kf_ctx_t *ctx,
     int64_t due_ms = ev->flush ? now : kf_window_due_ms(&rule, opened_ms, now, count);
 
     Keyflow__Records__RuleRec rule_rec;
-    rule_to_rec(&rule, &rule_rec);
+    Keyflow__Records__RetryRec retry_rec;
+    rule_to_rec(&rule, &rule_rec, &retry_rec);
     Keyflow__Records__EventAcceptedRec acc = KEYFLOW__RECORDS__EVENT_ACCEPTED_REC__INIT;
     acc.event_id = ev->id;
     acc.rule = &rule_rec;
@@ -976,6 +1049,7 @@ static Keyflow__V1__Rule *rule_out(kf_arena_t *arena, const kf_rule_t *rule) {
         r->max_bytes_present_case = KEYFLOW__V1__RULE__MAX_BYTES_PRESENT_MAX_BYTES;
         r->max_bytes = rule->max_bytes;
     }
+    kf_run_options_to_rule(arena, &rule->run, r);
     return r;
 }
 
@@ -1169,6 +1243,7 @@ void kf_coords_cancel(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED;
             e.cancelled = &can;
             append_entry(cs, ctx, c, &e);
+            kf_runs_window_dropped(cs->runs, ctx, resp->run_id);
         }
         resp->cancelled = true;
         resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_CANCELLED;
@@ -1228,6 +1303,16 @@ static kf_status_t load_snapshot(kf_coords_t *cs, coord_t *c,
             strlen(w->input) > KF_WINDOW_INPUT_BYTES_MAX) {
             return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed window");
         }
+        if (w->n_event_ids > KF_RUN_EVENT_IDS_MAX || w->event_ids_dropped < 0) {
+            return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed window event IDs");
+        }
+        for (size_t i = 0; i < w->n_event_ids; i++) {
+            if (w->event_ids[i][0] == '\0' || strlen(w->event_ids[i]) > KF_EVENT_ID_BYTES_MAX) {
+                return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed window event IDs");
+            }
+            kf_event_ids_push(&c->event_ids, w->event_ids[i]);
+        }
+        c->event_ids.dropped = w->event_ids_dropped;
         c->open = true;
         cs->open_windows++;
         memcpy(c->run_uuid, w->run_uuid, KF_UUID_TEXT_BYTES + 1);
@@ -1237,6 +1322,7 @@ static kf_status_t load_snapshot(kf_coords_t *cs, coord_t *c,
         c->event_count = w->event_count;
         c->run_started = w->run_started;
         c->events_absorbed = w->events_absorbed;
+        window_index(cs, c, !c->run_started);
         size_t len = strlen(w->input);
         if (len > 0) {
             input_reserve(cs, c, len + 1);
@@ -1400,10 +1486,40 @@ void kf_coords_finish_recovery(kf_coords_t *cs, kf_ctx_t *ctx) {
 
 /* ---- lifecycle --------------------------------------------------------- */
 
+/* The runs' seam for GetRun of a receipt's run ID (runs.h): the open
+ * window whose uuid ends the ID, if its key is the ID's key. */
+static bool window_lookup(void *owner, const char *run_id, kf_open_window_t *out) {
+    const kf_coords_t *cs = owner;
+    size_t len = strlen(run_id);
+    if (len < KF_UUID_TEXT_BYTES + 2 || run_id[len - KF_UUID_TEXT_BYTES - 1] != '@') {
+        return false;
+    }
+    size_t key_len = len - KF_UUID_TEXT_BYTES - 1;
+    for (const coord_t *c = index_head(cs, run_id + key_len + 1); c != NULL; c = c->window_next) {
+        if (strlen(c->key) != key_len || memcmp(c->key, run_id, key_len) != 0) {
+            continue;
+        }
+        KF_ASSERT(c->open && !c->run_started);
+        *out = (kf_open_window_t){
+            .workflow = c->workflow,
+            .key = c->key,
+            .kind = (int)c->kind,
+            .opened_ms = c->opened_ms,
+            .last_ms = c->last_ms,
+            .due_ms = c->due_ms,
+            .event_count = c->event_count,
+        };
+        return true;
+    }
+    return false;
+}
+
 kf_coords_t *kf_coords_create(kf_runs_t *runs) {
     kf_coords_t *cs = kf_xcalloc(1, sizeof *cs);
     kf_map_init(&cs->map);
+    kf_map_init(&cs->windows);
     cs->runs = runs;
+    kf_runs_set_window_lookup(runs, window_lookup, cs);
     return cs;
 }
 
@@ -1419,6 +1535,7 @@ void kf_coords_destroy(kf_coords_t *cs) {
         n = next;
     }
     kf_map_deinit(&cs->map);
+    kf_map_deinit(&cs->windows);
     free(cs);
 }
 

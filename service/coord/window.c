@@ -89,7 +89,8 @@ kf_status_t kf_rule_resolve(const Keyflow__V1__Rule *r, const char *field, kf_ru
                             (int)r->kind);
     }
     rule.dedup_ms = HAS(r, dedup_ms, DEDUP_MS) ? r->dedup_ms : KF_DEDUP_MS_DEFAULT;
-    if ((st = range(err, field, "dedup_ms", rule.dedup_ms, 0, KF_DEDUP_MS_MAX)) != KF_OK) {
+    if ((st = range(err, field, "dedup_ms", rule.dedup_ms, 0, KF_DEDUP_MS_MAX)) != KF_OK ||
+        (st = kf_run_options_resolve(r, field, &rule.run, err)) != KF_OK) {
         return st;
     }
     *out = rule;
@@ -138,19 +139,35 @@ int64_t kf_batch_bytes_with(int64_t input_bytes, int64_t event_count, size_t len
 void kf_event_digest(const kf_rule_t *rule, bool flush, const char *input, size_t len,
                      uint8_t out[KF_EVENT_DIGEST_BYTES]) {
     /* A fixed-width encoding of every rule field, then the input: two events
-     * differ in digest whenever they differ in any of them. */
-    uint8_t head[1 + 1 + 1 + 5 * 8];
+     * differ in digest whenever they differ in any of them. The run options
+     * are encoded only when a rule has some, so that a digest remembered
+     * before they existed still matches its retry. */
+    uint8_t head[1 + 1 + 1 + 5 * 8 + 7 * 8];
     uint8_t *p = head;
     *p++ = (uint8_t)rule->kind;
     *p++ = (uint8_t)rule->edge;
     *p++ = flush ? 1 : 0;
-    const int64_t fields[] = {rule->window_ms, rule->max_wait_ms, rule->max_events, rule->max_bytes,
-                              rule->dedup_ms};
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    const kf_run_options_t *o = &rule->run;
+    uint64_t multiplier_bits;
+    _Static_assert(sizeof multiplier_bits == sizeof o->retry.multiplier, "a double is 64 bits");
+    memcpy(&multiplier_bits, &o->retry.multiplier, sizeof multiplier_bits);
+    const int64_t fields[] = {
+        rule->window_ms, rule->max_wait_ms, rule->max_events, rule->max_bytes, rule->dedup_ms,
+        /* run options */
+        o->key_concurrency, o->start_after_ms, o->retry.max_attempts, o->retry.initial_backoff_ms,
+        o->retry.max_backoff_ms, (int64_t)multiplier_bits, 1};
+    size_t count = sizeof fields / sizeof fields[0];
+    bool options = o->key_concurrency != 0 || o->start_after_ms != 0 ||
+                   o->retry.max_attempts != 0 || o->retry.initial_backoff_ms != 0 ||
+                   o->retry.max_backoff_ms != 0 || multiplier_bits != 0;
+    if (!options) {
+        count = 5;
+    }
+    for (size_t i = 0; i < count; i++) {
         kf_put_be64(p, (uint64_t)fields[i]);
         p += 8;
     }
     uint8_t sha[KF_SHA256_BYTES];
-    kf_sha256_pair(head, sizeof head, input, len, sha);
+    kf_sha256_pair(head, (size_t)(p - head), input, len, sha);
     memcpy(out, sha, KF_EVENT_DIGEST_BYTES);
 }

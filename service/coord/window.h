@@ -13,6 +13,7 @@
 
 #include "base/status.h"
 #include "keyflow/v1/coordinators.pb-c.h"
+#include "runs/runs.h"
 
 typedef enum kf_rule_kind {
     KF_RULE_DEBOUNCE = KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE,
@@ -29,12 +30,13 @@ typedef enum kf_edge {
 /* A rule with every default resolved. */
 typedef struct kf_rule {
     kf_rule_kind_t kind;
-    int64_t window_ms;   /* debounce only, >= 1 */
-    int64_t max_wait_ms; /* debounce: 0 = unbounded; batch: >= 1 */
-    int64_t max_events;  /* batch only, 1..KF_BATCH_EVENTS_MAX */
-    int64_t max_bytes;   /* batch only, 1..KF_WINDOW_INPUT_BYTES_MAX */
-    int64_t dedup_ms;    /* 0..KF_DEDUP_MS_MAX */
-    kf_edge_t edge;      /* debounce: any; batch: always TRAILING */
+    int64_t window_ms;    /* debounce only, >= 1 */
+    int64_t max_wait_ms;  /* debounce: 0 = unbounded; batch: >= 1 */
+    int64_t max_events;   /* batch only, 1..KF_BATCH_EVENTS_MAX */
+    int64_t max_bytes;    /* batch only, 1..KF_WINDOW_INPUT_BYTES_MAX */
+    int64_t dedup_ms;     /* 0..KF_DEDUP_MS_MAX */
+    kf_edge_t edge;       /* debounce: any; batch: always TRAILING */
+    kf_run_options_t run; /* for the window's run (runs.h) */
 } kf_rule_t;
 
 /* Validates a request's rule and applies the defaults. `field` names the

@@ -52,6 +52,8 @@ static bool grows_store(kf_op_t op) {
     case KF_OP_POLL_RUNS:
     case KF_OP_HEARTBEAT_RUN:
     case KF_OP_COMPLETE_RUN:
+    case KF_OP_RELEASE_RUN:
+    case KF_OP_CANCEL_RUN:
     case KF_OP_GET_RUN:
     case KF_OP_LIST_RUNS:
     case KF_OP_GET_FUNCTION:
@@ -271,7 +273,8 @@ uint32_t kf_core_tick(kf_core_t *core, uint32_t limit) {
         switch (t->type) {
         case KF_TIMER_COORDINATOR: kf_coords_fire(core->coords, ctx, t); break;
         case KF_TIMER_RUN:
-        case KF_TIMER_POLL: kf_runs_fire(core->runs, ctx, t); break;
+        case KF_TIMER_POLL:
+        case KF_TIMER_RUN_WAIT: kf_runs_fire(core->runs, ctx, t); break;
         case KF_TIMER_FUNCTION: kf_functions_fire(core->functions, ctx, t); break;
         case KF_TIMER_REMOTE_CALL: kf_functions_fire_call(core->functions, ctx, t); break;
         default: KF_UNREACHABLE();

@@ -26,6 +26,7 @@ enum {
     KF_TIMER_POLL = 3,
     KF_TIMER_FUNCTION = 4,
     KF_TIMER_REMOTE_CALL = 5, /* a remote handler call's deadline */
+    KF_TIMER_RUN_WAIT = 6,    /* a GetRun wait_ms deadline */
 };
 
 typedef struct kf_ctx {

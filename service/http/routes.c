@@ -28,6 +28,8 @@ static const route_t routes[] = {
     {"POST", "/v1/runs", "poll", "/keyflow.v1.Runs/PollRuns", "*"},
     {"POST", "/v1/runs/{run_id}", "heartbeat", "/keyflow.v1.Runs/HeartbeatRun", "*"},
     {"POST", "/v1/runs/{run_id}", "complete", "/keyflow.v1.Runs/CompleteRun", "*"},
+    {"POST", "/v1/runs/{run_id}", "release", "/keyflow.v1.Runs/ReleaseRun", "*"},
+    {"POST", "/v1/runs/{run_id}", "cancel", "/keyflow.v1.Runs/CancelRun", "*"},
     {"GET", "/v1/runs/{run_id}", NULL, "/keyflow.v1.Runs/GetRun", NULL},
     {"GET", "/v1/runs", NULL, "/keyflow.v1.Runs/ListRuns", NULL},
     {"POST", "/v1/functions", NULL, "/keyflow.v1.Functions/RegisterFunction", "descriptor"},

@@ -85,10 +85,17 @@
     ENGINE(COMPLETE_RUN, "keyflow.v1.Runs", "CompleteRun", "CompleteRun",                          \
            keyflow__v1__complete_run_request, keyflow__v1__complete_run_response, UNARY,           \
            RUNS_WORK, NULL, runs, kf_runs_complete)                                                \
+    ENGINE(RELEASE_RUN, "keyflow.v1.Runs", "ReleaseRun", "ReleaseRun",                             \
+           keyflow__v1__release_run_request, keyflow__v1__release_run_response, UNARY, RUNS_WORK,  \
+           NULL, runs, kf_runs_release)                                                            \
     ENGINE(GET_RUN, "keyflow.v1.Runs", "GetRun", "GetRun", keyflow__v1__get_run_request,           \
-           keyflow__v1__run, UNARY, RUNS_READ, NULL, runs, kf_runs_get)                            \
+           keyflow__v1__run, LONG_POLL, RUNS_READ, NULL, runs, kf_runs_get)                        \
     ENGINE(LIST_RUNS, "keyflow.v1.Runs", "ListRuns", "ListRuns", keyflow__v1__list_runs_request,   \
            keyflow__v1__list_runs_response, UNARY, RUNS_READ, "workflow", runs, kf_runs_list)      \
+    /* Cancelling is a control-plane act, like CancelWindow: coordinators:write. */                \
+    ENGINE(CANCEL_RUN, "keyflow.v1.Runs", "CancelRun", "CancelRun",                                \
+           keyflow__v1__cancel_run_request, keyflow__v1__cancel_run_response, UNARY,               \
+           COORDINATORS_WRITE, NULL, runs, kf_runs_cancel)                                         \
     ENGINE(REGISTER_FUNCTION, "keyflow.v1.Functions", "RegisterFunction", "RegisterFunction",      \
            keyflow__v1__register_function_request, keyflow__v1__register_function_response, UNARY, \
            FUNCTIONS_ADMIN, "descriptor.function_id", functions, kf_functions_register)            \

@@ -176,6 +176,14 @@ RULES = {
         snapshot=snap_run("leased_run"), prefix=DENIED,
         http=lambda c: [("POST", "/v1/runs/%s:complete" % c.leased_run,
                          {"lease": c.lease, "result": "forged"})]),
+    "/keyflow.v1.Runs/ReleaseRun": dict(
+        request=lambda c: R.ReleaseRunRequest(run_id=c.leased_run, lease=c.lease),
+        snapshot=snap_run("leased_run"), prefix=DENIED,
+        http=lambda c: [("POST", "/v1/runs/%s:release" % c.leased_run, {"lease": c.lease})]),
+    "/keyflow.v1.Runs/CancelRun": dict(
+        request=lambda c: R.CancelRunRequest(run_id=c.pending_run),
+        snapshot=snap_run("pending_run"), prefix=DENIED,
+        http=lambda c: [("POST", "/v1/runs/%s:cancel" % c.pending_run, {})]),
     "/keyflow.v1.Runs/GetRun": dict(
         request=lambda c: R.GetRunRequest(run_id=c.leased_run), snapshot=None, prefix=DENIED,
         http=lambda c: [("GET", "/v1/runs/%s" % c.leased_run, None)]),

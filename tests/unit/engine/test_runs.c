@@ -383,7 +383,7 @@ Test(runs, page_tokens_of_other_queries_or_made_up_are_refused) {
     req.status = (Keyflow__V1__RunStatus)-1;
     kf_cmd_t *neg = sim_exec(&sim, KF_OP_LIST_RUNS, &req.base);
     cr_assert_eq(neg->error.status, KF_E_INVALID);
-    cr_assert_str_eq(neg->error.message, "status: must be in 0..4, got -1");
+    cr_assert_str_eq(neg->error.message, "status: must be in 0..6, got -1");
 }
 
 /* Recovery checks what it reads: a live run listed twice in the run queue

@@ -1108,7 +1108,7 @@ Test(api, send_event_errors_name_the_path) {
                  "event.rule.windowMs: expected an integer, got 1.5");
     expect_error(desc, "{\"event\": {\"rule\": {\"window\": 1}}}",
                  "event.rule.window: unknown field (known: kind, windowMs, maxWaitMs, "
-                 "maxEvents, dedupMs, edge, maxBytes)");
+                 "maxEvents, dedupMs, edge, maxBytes, keyConcurrency, retry, startAfterMs)");
     expect_error(desc, "{\"workflow\": 1}", "workflow: expected a string, got 1");
 }
 
