@@ -800,6 +800,12 @@ KF_CLIENT_WRAPPER(kf_client_heartbeat_run, KF_CLIENT_PATH_HEARTBEAT_RUN,
 KF_CLIENT_WRAPPER(kf_client_complete_run, KF_CLIENT_PATH_COMPLETE_RUN,
                   Keyflow__V1__CompleteRunRequest, keyflow__v1__complete_run_request__descriptor,
                   Keyflow__V1__CompleteRunResponse, keyflow__v1__complete_run_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_release_run, KF_CLIENT_PATH_RELEASE_RUN, Keyflow__V1__ReleaseRunRequest,
+                  keyflow__v1__release_run_request__descriptor, Keyflow__V1__ReleaseRunResponse,
+                  keyflow__v1__release_run_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_cancel_run, KF_CLIENT_PATH_CANCEL_RUN, Keyflow__V1__CancelRunRequest,
+                  keyflow__v1__cancel_run_request__descriptor, Keyflow__V1__CancelRunResponse,
+                  keyflow__v1__cancel_run_response__descriptor)
 KF_CLIENT_WRAPPER(kf_client_get_run, KF_CLIENT_PATH_GET_RUN, Keyflow__V1__GetRunRequest,
                   keyflow__v1__get_run_request__descriptor, Keyflow__V1__Run,
                   keyflow__v1__run__descriptor)

@@ -63,8 +63,10 @@
 #define KF_CLIENT_PATH_POLL_RUNS            "/keyflow.v1.Runs/PollRuns"
 #define KF_CLIENT_PATH_HEARTBEAT_RUN        "/keyflow.v1.Runs/HeartbeatRun"
 #define KF_CLIENT_PATH_COMPLETE_RUN         "/keyflow.v1.Runs/CompleteRun"
+#define KF_CLIENT_PATH_RELEASE_RUN          "/keyflow.v1.Runs/ReleaseRun"
 #define KF_CLIENT_PATH_GET_RUN              "/keyflow.v1.Runs/GetRun"
 #define KF_CLIENT_PATH_LIST_RUNS            "/keyflow.v1.Runs/ListRuns"
+#define KF_CLIENT_PATH_CANCEL_RUN           "/keyflow.v1.Runs/CancelRun"
 #define KF_CLIENT_PATH_REGISTER_FUNCTION    "/keyflow.v1.Functions/RegisterFunction"
 #define KF_CLIENT_PATH_GET_FUNCTION         "/keyflow.v1.Functions/GetFunction"
 #define KF_CLIENT_PATH_LIST_FUNCTIONS       "/keyflow.v1.Functions/ListFunctions"
@@ -193,9 +195,18 @@ kf_status_t kf_client_complete_run(kf_client_t *client,
                                    kf_arena_t *arena, int64_t timeout_ms,
                                    Keyflow__V1__CompleteRunResponse **response,
                                    kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_release_run(kf_client_t *client,
+                                  const Keyflow__V1__ReleaseRunRequest *request, kf_arena_t *arena,
+                                  int64_t timeout_ms, Keyflow__V1__ReleaseRunResponse **response,
+                                  kf_error_t *err) KF_MUST_USE;
+/* With request->wait_ms a long poll, as kf_client_poll_runs. */
 kf_status_t kf_client_get_run(kf_client_t *client, const Keyflow__V1__GetRunRequest *request,
                               kf_arena_t *arena, int64_t timeout_ms, Keyflow__V1__Run **response,
                               kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_cancel_run(kf_client_t *client, const Keyflow__V1__CancelRunRequest *request,
+                                 kf_arena_t *arena, int64_t timeout_ms,
+                                 Keyflow__V1__CancelRunResponse **response,
+                                 kf_error_t *err) KF_MUST_USE;
 kf_status_t kf_client_list_runs(kf_client_t *client, const Keyflow__V1__ListRunsRequest *request,
                                 kf_arena_t *arena, int64_t timeout_ms,
                                 Keyflow__V1__ListRunsResponse **response,

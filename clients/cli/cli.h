@@ -211,6 +211,15 @@ struct kf__cli_command {
 extern const kf__cli_command_group_t kf__cli_functions_group;
 /* `keyflow keys ...` (cli_keys.c). */
 extern const kf__cli_command_group_t kf__cli_keys_group;
+/* `keyflow run ...` (cli_runs.c). */
+extern const kf__cli_command_group_t kf__cli_run_group;
+
+/* Waits until the run is COMPLETED, FAILED or CANCELLED (GetRun long polls)
+ * or timeout_ms passes (0: no limit), prints the run and returns the exit
+ * code: 0 only when it COMPLETED. */
+int kf__cli_wait_run(kf__cli_t *cli, const char *run_id, int64_t timeout_ms);
+/* --wait-timeout-ms N into *out (0 when absent); a usage error otherwise. */
+int kf__cli_wait_timeout(const kf__cli_args_t *args, int64_t *out);
 
 /* ---- JSON lines -> PushBatch payloads (cli_rows.c) ---------------------- */
 

@@ -100,7 +100,8 @@ typedef struct child {
     /* Lease upkeep, in monotonic ms. */
     int64_t heartbeat_due_ms;
     bool lease_lost;
-    bool wait_failed; /* the exit status could not be collected */
+    bool cancel_signalled; /* CancelRun asked: the child got SIGTERM */
+    bool wait_failed;      /* the exit status could not be collected */
 } child_t;
 
 typedef enum outcome_kind {
@@ -347,9 +348,17 @@ static void heartbeat_if_due(work_t *w, const Keyflow__V1__Run *run, child_t *c)
     kf_arena_init(&scratch, 0);
     kf_status_t st =
         kf_client_heartbeat_run(w->cli->client, &req, &scratch, deadline_ms, &resp, &err);
+    bool cancel_requested = st == KF_OK && resp->cancel_requested;
     kf_arena_deinit(&scratch);
     if (st == KF_OK) {
         c->heartbeat_due_ms = mono_ms() + w->lease_ms / 2;
+        if (cancel_requested && !c->cancel_signalled) {
+            /* Its report, whatever it is, now ends the run CANCELLED. */
+            fprintf(stderr, "keyflow: work: run %s was cancelled; stopping its command\n",
+                    run->run_id);
+            c->cancel_signalled = true;
+            (void)kill(c->pid, SIGTERM);
+        }
         return;
     }
     fprintf(stderr, "keyflow: work: heartbeat of %s failed: %s: %s\n", run->run_id,

@@ -102,6 +102,15 @@ static const kf__cli_flag_t send_flags[] = {
     {"--flush", KF__CLI_SWITCH, NULL, "close the window with this event in it"},
     {"--input", KF__CLI_VALUE, "JSON", "the event's input, any JSON value"},
     {"--input-file", KF__CLI_VALUE, "F", "read the input from file F ('-' for stdin)"},
+    {"--key-concurrency", KF__CLI_VALUE, "N", "the run: leased runs of the key at once (0 = any)"},
+    {"--start-after-ms", KF__CLI_VALUE, "N", "the run: DELAYED this long after the window closes"},
+    {"--retry-max-attempts", KF__CLI_VALUE, "N", "the run: attempts in all (retry policy)"},
+    {"--retry-initial-backoff-ms", KF__CLI_VALUE, "N",
+     "the run: first retry's wait (default 1000)"},
+    {"--retry-max-backoff-ms", KF__CLI_VALUE, "N", "the run: longest wait (default 60000)"},
+    {"--retry-multiplier", KF__CLI_VALUE, "X", "the run: wait growth per attempt (default 2)"},
+    {"--wait", KF__CLI_SWITCH, NULL, "then wait until the run finishes and print it"},
+    {"--wait-timeout-ms", KF__CLI_VALUE, "N", "with --wait: give up after N ms (default: never)"},
 };
 
 static int parse_edge(const kf__cli_args_t *args, Keyflow__V1__Edge *out) {
@@ -119,6 +128,57 @@ static int parse_edge(const kf__cli_args_t *args, Keyflow__V1__Edge *out) {
         return kf__cli_usage_error(args->command,
                                    "--edge: expected trailing, leading or both, got \"%s\"", text);
     }
+    return KF__CLI_EXIT_OK;
+}
+
+/* The rule's run options (--key-concurrency, --start-after-ms, --retry-*):
+ * only those given are sent; any --retry-* flag sends a retry policy, whose
+ * other fields take the server's defaults. */
+static int parse_run_options(const kf__cli_args_t *args, Keyflow__V1__Rule *rule,
+                             Keyflow__V1__RetryPolicy *retry) {
+    bool present = false;
+    int64_t v = 0;
+    int rc;
+    if ((rc = kf__cli_int64(args, "--key-concurrency", INT64_MIN, INT64_MAX, &present, &v)) != 0) {
+        return rc;
+    }
+    rule->key_concurrency = present ? v : 0;
+    if ((rc = kf__cli_int64(args, "--start-after-ms", INT64_MIN, INT64_MAX, &present, &v)) != 0) {
+        return rc;
+    }
+    rule->start_after_ms = present ? v : 0;
+    bool any = false;
+    if ((rc = kf__cli_int64(args, "--retry-max-attempts", INT64_MIN, INT64_MAX, &present,
+                            &retry->max_attempts)) != 0) {
+        return rc;
+    }
+    any |= present;
+    if ((rc = kf__cli_int64(args, "--retry-initial-backoff-ms", INT64_MIN, INT64_MAX, &present,
+                            &retry->initial_backoff_ms)) != 0) {
+        return rc;
+    }
+    if (present) {
+        retry->initial_backoff_ms_present_case =
+            KEYFLOW__V1__RETRY_POLICY__INITIAL_BACKOFF_MS_PRESENT_INITIAL_BACKOFF_MS;
+    }
+    any |= present;
+    if ((rc = kf__cli_int64(args, "--retry-max-backoff-ms", INT64_MIN, INT64_MAX, &present,
+                            &retry->max_backoff_ms)) != 0) {
+        return rc;
+    }
+    any |= present;
+    const char *mult = kf__cli_value(args, "--retry-multiplier");
+    if (mult != NULL) {
+        char *end = NULL;
+        errno = 0;
+        retry->multiplier = strtod(mult, &end);
+        if (errno != 0 || end == mult || *end != '\0') {
+            return kf__cli_usage_error(args->command, "--retry-multiplier: not a number: \"%s\"",
+                                       mult);
+        }
+        any = true;
+    }
+    rule->retry = any ? retry : NULL;
     return KF__CLI_EXIT_OK;
 }
 
@@ -181,6 +241,16 @@ static int cmd_send(kf__cli_t *cli, const kf__cli_args_t *args) {
     if ((rc = parse_edge(args, &rule.edge)) != KF__CLI_EXIT_OK) {
         return rc;
     }
+    Keyflow__V1__RetryPolicy retry = KEYFLOW__V1__RETRY_POLICY__INIT;
+    int64_t wait_timeout_ms = 0;
+    bool wait = kf__cli_has(args, "--wait");
+    if ((rc = parse_run_options(args, &rule, &retry)) != KF__CLI_EXIT_OK ||
+        (rc = kf__cli_wait_timeout(args, &wait_timeout_ms)) != KF__CLI_EXIT_OK) {
+        return rc;
+    }
+    if (wait_timeout_ms > 0 && !wait) {
+        return kf__cli_usage_error(args->command, "--wait-timeout-ms applies only with --wait");
+    }
 
     const char *input = kf__cli_value(args, "--input");
     const char *input_file = kf__cli_value(args, "--input-file");
@@ -220,7 +290,11 @@ static int cmd_send(kf__cli_t *cli, const kf__cli_args_t *args) {
     if (st != KF_OK) {
         return kf__cli_fail(&err);
     }
-    return kf__cli_print(cli, &resp->base);
+    rc = kf__cli_print(cli, &resp->base);
+    if (rc != KF__CLI_EXIT_OK || !wait) {
+        return rc;
+    }
+    return kf__cli_wait_run(cli, resp->receipt->run_id, wait_timeout_ms);
 }
 
 static const kf__cli_flag_t send_many_flags[] = {
@@ -355,6 +429,7 @@ static const kf__cli_flag_t complete_flags[] = {
     {"--lease", KF__CLI_VALUE, "L", "the lease token poll returned (required)"},
     {"--result", KF__CLI_VALUE, "JSON", "success: the run's result, any JSON value"},
     {"--error", KF__CLI_VALUE, "TEXT", "failure: the run becomes FAILED with this error"},
+    {"--retryable", KF__CLI_SWITCH, NULL, "with --error: retry under the rule's retry policy"},
 };
 
 static int cmd_complete(kf__cli_t *cli, const kf__cli_args_t *args) {
@@ -380,6 +455,7 @@ static int cmd_complete(kf__cli_t *cli, const kf__cli_args_t *args) {
         req.outcome_case = KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_ERROR;
         req.error = (char *)error;
     }
+    req.retryable = kf__cli_has(args, "--retryable");
     Keyflow__V1__CompleteRunResponse *resp = NULL;
     kf_error_t err;
     if (kf_client_complete_run(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &resp,
@@ -405,7 +481,9 @@ static int cmd_get(kf__cli_t *cli, const kf__cli_args_t *args) {
 
 static const kf__cli_flag_t list_flags[] = {
     {"--workflow", KF__CLI_VALUE, "W", "only runs of workflow W"},
-    {"--status", KF__CLI_VALUE, "pending|leased|completed|failed", "only runs in this status"},
+    {"--key", KF__CLI_VALUE, "K", "only runs of key K"},
+    {"--status", KF__CLI_VALUE, "pending|leased|delayed|completed|failed|cancelled",
+     "only runs in this status"},
     {"--page-size", KF__CLI_VALUE, "N", "runs per page (default 100, at most 1000)"},
     {"--page-token", KF__CLI_VALUE, "T", "continue from a previous page's nextPageToken"},
 };
@@ -418,15 +496,21 @@ static const struct {
     {"leased", KEYFLOW__V1__RUN_STATUS__RUN_STATUS_LEASED},
     {"completed", KEYFLOW__V1__RUN_STATUS__RUN_STATUS_COMPLETED},
     {"failed", KEYFLOW__V1__RUN_STATUS__RUN_STATUS_FAILED},
+    {"cancelled", KEYFLOW__V1__RUN_STATUS__RUN_STATUS_CANCELLED},
+    {"delayed", KEYFLOW__V1__RUN_STATUS__RUN_STATUS_DELAYED},
 };
 
 static int cmd_list(kf__cli_t *cli, const kf__cli_args_t *args) {
     Keyflow__V1__ListRunsRequest req = KEYFLOW__V1__LIST_RUNS_REQUEST__INIT;
     const char *workflow = kf__cli_value(args, "--workflow");
+    const char *key = kf__cli_value(args, "--key");
     const char *status = kf__cli_value(args, "--status");
     const char *token = kf__cli_value(args, "--page-token");
     if (workflow != NULL) {
         req.workflow = (char *)workflow;
+    }
+    if (key != NULL) {
+        req.key = (char *)key;
     }
     if (token != NULL) {
         req.page_token = (char *)token;
@@ -439,8 +523,8 @@ static int cmd_list(kf__cli_t *cli, const kf__cli_args_t *args) {
         }
         if (i == count) {
             return kf__cli_usage_error(args->command,
-                                       "--status: expected pending, leased, completed or "
-                                       "failed, got \"%s\"",
+                                       "--status: expected pending, leased, delayed, completed, "
+                                       "failed or cancelled, got \"%s\"",
                                        status);
         }
         req.status = run_statuses[i].status;
@@ -582,13 +666,16 @@ static const command_t commands[] = {
     {"send",
      "--workflow W --key K [--id ID] (--debounce --window-ms N [--max-wait-ms N] [--edge E] | "
      "--batch [--max-events N] [--max-wait-ms N] [--max-bytes N]) [--dedup-ms N] [--flush] "
-     "[--input JSON | --input-file F]",
+     "[--input JSON | --input-file F] [run options] [--wait [--wait-timeout-ms N]]",
      "send an event to a debounce or batch coordinator",
      "Prints the receipt and what the event did: {\"receipt\": {\"runId\": \"<key>@<uuid>\",\n"
      "\"dueMs\": ..., \"commitSeq\": ...}, \"disposition\": \"DISPOSITION_OPENED\"} (OPENED,\n"
      "JOINED, DUPLICATE: a retry of a known --id, CLOSED: its run started). A known --id\n"
      "with another rule or input is refused (ALREADY_EXISTS).\n"
-     "Only the rule flags given are sent; the server applies its defaults to the rest.",
+     "Only the rule flags given are sent; the server applies its defaults to the rest.\n"
+     "Run options (--key-concurrency, --start-after-ms, --retry-*) go with the window's run.\n"
+     "With --wait, then waits until the run finishes and prints it as a second line, like\n"
+     "'keyflow run wait' (exit status 1 unless it COMPLETED).",
      FLAGS(send_flags), 0, 0, false, cmd_send},
     {"send-many", "[--file F] [--workflow W] [--batch-events N]",
      "send many events from JSON lines (SendEvents)",
@@ -620,12 +707,13 @@ static const command_t commands[] = {
      FLAGS(poll_flags), 0, 0, false, cmd_poll},
     {"heartbeat", "RUN_ID --lease L [--lease-ms N]", "extend a run's lease", NULL,
      FLAGS(heartbeat_flags), 1, 1, false, cmd_heartbeat},
-    {"complete", "RUN_ID --lease L (--result JSON | --error TEXT)",
+    {"complete", "RUN_ID --lease L (--result JSON | --error TEXT [--retryable])",
      "finish a leased run with a result or an error", NULL, FLAGS(complete_flags), 1, 1, false,
      cmd_complete},
     {"get", "RUN_ID", "show one run", NULL, NULL, 0, 1, 1, false, cmd_get},
     {"list",
-     "[--workflow W] [--status pending|leased|completed|failed] [--page-size N] "
+     "[--workflow W] [--key K] [--status pending|leased|delayed|completed|failed|cancelled] "
+     "[--page-size N] "
      "[--page-token T]",
      "list runs, one page at a time", NULL, FLAGS(list_flags), 0, 0, false, cmd_list},
     {"health", "[--service NAME]", "check that the server is serving (grpc.health.v1)",
@@ -640,7 +728,8 @@ static const command_t commands[] = {
      "its stdout is the result (as is when it is JSON, else as a JSON string without its\n"
      "trailing newlines); otherwise the run fails with \"exit status N: <last stderr line>\".\n"
      "CMD's stderr is passed through. The lease is renewed every half lease while CMD runs;\n"
-     "if the lease is lost, CMD gets SIGTERM and the run is left to its next attempt.\n"
+     "if the lease is lost, CMD gets SIGTERM and the run is left to its next attempt; if the\n"
+     "run is cancelled (keyflow run cancel), CMD gets SIGTERM and its outcome ends it CANCELLED.\n"
      "Prints each finished run as one JSON line. --once handles one run and exits 1 if none\n"
      "arrived within --wait-ms; --max-runs N exits 0 after N runs.",
      FLAGS(work_flags), 0, 0, true, kf__cli_work},
@@ -659,6 +748,8 @@ static const command_t commands[] = {
      false, NULL, &kf__cli_functions_group},
     {"keys", "SUBCOMMAND [FLAGS] [ARGS]", "API keys: create, list, revoke (needs keys:admin)", NULL,
      NULL, 0, 0, 0, false, NULL, &kf__cli_keys_group},
+    {"run", "SUBCOMMAND [FLAGS] [ARGS]", "one run: cancel it, wait for its end, release it", NULL,
+     NULL, 0, 0, 0, false, NULL, &kf__cli_run_group},
 };
 
 static const size_t command_count = sizeof commands / sizeof commands[0];
