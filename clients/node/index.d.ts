@@ -29,18 +29,38 @@ export interface ConnectionOptions {
   timeoutMs?: number;
 }
 
-export interface Rule {
+/** A run's retry policy (absent fields: the server's defaults). */
+export interface RetryPolicy {
+  /** attempts in all, 1..100; default the server's --run-attempts */
+  maxAttempts?: number;
+  /** wait before the first retry, default 1000; 0 retries at once */
+  initialBackoffMs?: number;
+  /** the longest wait, default 60000 */
+  maxBackoffMs?: number;
+  /** growth per attempt, 1..100, default 2 */
+  multiplier?: number;
+}
+/** Options of the window's run, on either kind of rule. */
+export interface RunOptions {
+  /** leased runs of (workflow, key) at once; 0 = unlimited */
+  keyConcurrency?: number;
+  retry?: RetryPolicy;
+  /** the run is DELAYED this long after its window closes */
+  startAfterMs?: number;
+}
+export interface Rule extends RunOptions {
   kind: 'debounce' | 'batch';
   windowMs?: number;
   maxWaitMs?: number;
   maxEvents?: number;
   dedupMs?: number;
 }
-export function debounce(windowMs: number, options?: { maxWaitMs?: number; dedupMs?: number }): Rule;
-export function batch(options?: { maxEvents?: number; maxWaitMs?: number; dedupMs?: number }): Rule;
+export function debounce(windowMs: number, options?: { maxWaitMs?: number; dedupMs?: number } & RunOptions): Rule;
+export function batch(options?: { maxEvents?: number; maxWaitMs?: number; dedupMs?: number } & RunOptions): Rule;
+export function retry(policy?: RetryPolicy): RetryPolicy;
 
 export type RuleKind = 'debounce' | 'batch';
-export type RunStatus = 'pending' | 'leased' | 'completed' | 'failed';
+export type RunStatus = 'pending' | 'leased' | 'completed' | 'failed' | 'cancelled' | 'delayed' | 'window_open';
 
 export interface Receipt {
   runId: string;
@@ -67,6 +87,16 @@ export interface Run {
   result: Json;
   error: string;
   finishedMs: Int64;
+  /** window_open, delayed: when the run becomes pending */
+  dueMs: Int64;
+  /** leased: CancelRun asked; the worker's report ends it cancelled */
+  cancelRequested: boolean;
+  /** the latest failed attempt's error, while the run is retried */
+  lastError: string;
+  maxAttempts: Int64;
+  /** IDs of the run's events (the latest 256), oldest first */
+  eventIds: string[];
+  eventIdsDropped: Int64;
   [field: string]: unknown;
 }
 
@@ -180,11 +210,16 @@ export class Client {
   flush(kind: RuleKind, workflow: string, key: string): Promise<{ flushed: boolean; runId: string }>;
   cancel(kind: RuleKind, workflow: string, key: string): Promise<{ cancelled: boolean; runId: string; eventsDropped: Int64 }>;
 
-  getRun(runId: string): Promise<Run>;
-  listRuns(options?: { workflow?: string; status?: RunStatus; pageSize?: number }): AsyncIterable<Run>;
+  /** waitMs (at most 60000): wait that long for the run to finish */
+  getRun(runId: string, options?: { waitMs?: number }): Promise<Run>;
+  /** resolves when the run is completed, failed or cancelled (or as it is at timeoutMs) */
+  waitRun(runId: string, options?: { timeoutMs?: number }): Promise<Run>;
+  cancelRun(runId: string): Promise<Run>;
+  releaseRun(runId: string, lease: string): Promise<Run>;
+  listRuns(options?: { workflow?: string; key?: string; status?: RunStatus; pageSize?: number }): AsyncIterable<Run>;
   pollRuns(options: { workflows?: string[]; workerId?: string; leaseMs?: number; maxRuns?: number; waitMs?: number }): Promise<Run[]>;
   heartbeatRun(runId: string, lease: string, leaseMs?: number): Promise<Int64>;
-  completeRun(runId: string, lease: string, result?: Json, options?: { error?: string }): Promise<{ run: Run; alreadyFinished: boolean }>;
+  completeRun(runId: string, lease: string, result?: Json, options?: { error?: string; retryable?: boolean }): Promise<{ run: Run; alreadyFinished: boolean }>;
 
   /** descriptor: proto3 JSON form (as the build's *.descriptor.json) or a path to one */
   registerFunction(descriptor: object | string): Promise<{ function: FunctionInfo; alreadyRegistered: boolean }>;
@@ -222,17 +257,26 @@ export class RunContext {
   readonly key: string;
   readonly kind: RuleKind;
   readonly attempts: Int64;
+  readonly maxAttempts: Int64;
   readonly eventCount: Int64;
+  readonly eventIds: string[];
   readonly createdMs: Int64;
   readonly lease: string;
   /** the server refused a heartbeat: the result will not be reported */
   readonly leaseLost: boolean;
+  /** a heartbeat said the run was cancelled: it ends cancelled whatever the handler returns */
+  readonly cancelRequested: boolean;
   /** shutdown gave the run back */
   readonly released: boolean;
   /** true once the worker stops */
   readonly stopping: boolean;
   /** aborts when the worker stops */
   readonly signal: AbortSignal;
+}
+
+/** Throw it (or a subclass) from a handler to ask for another attempt. */
+export class RetryableError extends Error {
+  constructor(message?: string);
 }
 
 export type Handler = (input: Json, run: RunContext) => Json | Promise<Json>;
@@ -264,6 +308,10 @@ export class Worker {
   readonly workerId: string;
   completed: number;
   failed: number;
+  /** retryable errors that scheduled another attempt */
+  retried: number;
+  /** runs completed after a CancelRun */
+  cancelled: number;
   lost: number;
   released: number;
   stopping: boolean;

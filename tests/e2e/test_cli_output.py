@@ -275,7 +275,8 @@ class CliOutputTest(unittest.TestCase):
         self.assertEqual(complete("keyflow", "send", "--window"), ["--window-ms"])
         self.assertEqual(complete("keyflow", "describe", "--kind", ""), ["batch", "debounce"])
         self.assertEqual(complete("keyflow", "--output", ""), ["json", "table"])
-        self.assertEqual(complete("keyflow", "list", "--status", "c"), ["completed"])
+        self.assertEqual(complete("keyflow", "list", "--status", "c"), ["cancelled", "completed"])
+        self.assertEqual(complete("keyflow", "run", "w"), ["wait"])
         self.assertEqual(complete("keyflow", "--addr", "h:1", "call", "keyflow.v1.Runs/Get"),
                          ["keyflow.v1.Runs/GetRun"])
         self.assertEqual(complete("keyflow", "functions", "push", "f", "--file", "ro"),

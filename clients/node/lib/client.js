@@ -21,7 +21,12 @@ const RECONNECT_BACKOFF_MAX_MS = 2000;
 // Retries of one PushBatch sequence: about 10 s of backoff in all.
 const PUSH_ATTEMPTS = 10;
 const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]);
-const RULE_FIELDS = ['windowMs', 'maxWaitMs', 'maxEvents', 'dedupMs'];
+const RULE_FIELDS = ['windowMs', 'maxWaitMs', 'maxEvents', 'dedupMs', 'keyConcurrency', 'retry',
+  'startAfterMs'];
+const RETRY_FIELDS = ['maxAttempts', 'initialBackoffMs', 'maxBackoffMs', 'multiplier'];
+// The run statuses after which nothing changes (waitRun resolves on them).
+const FINISHED = new Set(['completed', 'failed', 'cancelled']);
+const GET_RUN_WAIT_MS_MAX = 60000; // the server's bound on one GetRun wait
 
 class KeyflowError extends Error {
   // code: the gRPC status number; codeName: "INVALID_ARGUMENT"; message: the
@@ -40,12 +45,37 @@ class KeyflowError extends Error {
   }
 }
 
-function debounce(windowMs, { maxWaitMs, dedupMs } = {}) {
-  return { kind: 'debounce', windowMs, maxWaitMs, dedupMs };
+// Run options (both kinds): keyConcurrency, retry (retry({...})), startAfterMs.
+function debounce(windowMs, { maxWaitMs, dedupMs, keyConcurrency, retry, startAfterMs } = {}) {
+  return { kind: 'debounce', windowMs, maxWaitMs, dedupMs, keyConcurrency, retry, startAfterMs };
 }
 
-function batch({ maxEvents, maxWaitMs, dedupMs } = {}) {
-  return { kind: 'batch', maxEvents, maxWaitMs, dedupMs };
+function batch({ maxEvents, maxWaitMs, dedupMs, keyConcurrency, retry, startAfterMs } = {}) {
+  return { kind: 'batch', maxEvents, maxWaitMs, dedupMs, keyConcurrency, retry, startAfterMs };
+}
+
+// A run's retry policy (a rule's `retry`): after a failed attempt (a handler
+// that threw RetryableError, or a lost lease) the run waits
+// min(initialBackoffMs * multiplier^(attempt-1), maxBackoffMs), until
+// maxAttempts attempts were made. Absent fields take the server's defaults.
+function retry({ maxAttempts, initialBackoffMs, maxBackoffMs, multiplier } = {}) {
+  return { maxAttempts, initialBackoffMs, maxBackoffMs, multiplier };
+}
+
+function retryMessage(policy) {
+  if (!policy || typeof policy !== 'object') {
+    throw new TypeError('rule.retry: expected retry({...}) or an object');
+  }
+  const out = {};
+  for (const k of Object.keys(policy)) {
+    if (!RETRY_FIELDS.includes(k)) {
+      throw new TypeError(`rule.retry.${k}: unknown field (fields: ${RETRY_FIELDS.join(', ')})`);
+    }
+    if (policy[k] !== undefined && policy[k] !== null) {
+      out[k] = policy[k];
+    }
+  }
+  return out;
 }
 
 function sleep(ms) {
@@ -83,7 +113,9 @@ function ruleMessage(rule) {
     if (k !== 'kind' && !RULE_FIELDS.includes(k)) {
       throw new TypeError(`rule.${k}: unknown field (fields: ${RULE_FIELDS.join(', ')})`);
     }
-    if (k !== 'kind' && rule[k] !== undefined && rule[k] !== null) {
+    if (k === 'retry' && rule[k] !== undefined && rule[k] !== null) {
+      out[k] = retryMessage(rule[k]);
+    } else if (k !== 'kind' && rule[k] !== undefined && rule[k] !== null) {
       out[k] = rule[k]; // a oneof member: present only when given
     }
   }
@@ -196,15 +228,61 @@ class Client {
 
   // --- runs -----------------------------------------------------------------
 
-  async getRun(runId) {
-    return protos.toNative('keyflow.v1.Run', await this._unary(this._runs, 'GetRun', { runId }));
+  // The run (a receipt's run ID works before its window closes: status
+  // 'window_open'). With waitMs (at most 60000) waits that long for it to
+  // finish (completed, failed or cancelled), then resolves with it as it is.
+  async getRun(runId, { waitMs = 0 } = {}) {
+    return protos.toNative('keyflow.v1.Run',
+      await this._unary(this._runs, 'GetRun', { runId, waitMs }, this.timeoutMs + waitMs));
+  }
+
+  // Resolves when the run is completed, failed or cancelled (like Temporal's
+  // GetResult): GetRun long polls that ride out a keyflowd restart. With
+  // timeoutMs, resolves with the run as it is then (check its status).
+  async waitRun(runId, { timeoutMs } = {}) {
+    const deadline = timeoutMs === undefined ? null : Date.now() + timeoutMs;
+    let delays = null;
+    let run = null;
+    for (;;) {
+      const left = deadline === null ? GET_RUN_WAIT_MS_MAX : deadline - Date.now();
+      if (left <= 0 && run !== null) {
+        return run;
+      }
+      try {
+        run = await this.getRun(runId, { waitMs: Math.max(0, Math.min(left, GET_RUN_WAIT_MS_MAX)) });
+        delays = null;
+      } catch (e) {
+        if (!RETRYABLE.has(e.code) || (deadline !== null && Date.now() >= deadline)) {
+          throw e;
+        }
+        delays = delays || backoff();
+        await sleep(delays.next().value);
+        continue;
+      }
+      if (FINISHED.has(run.status)) {
+        return run;
+      }
+    }
+  }
+
+  // Cancels a run: a pending or delayed one at once, a leased one when its
+  // worker reports (it sees run.cancelRequested). Resolves with the run.
+  async cancelRun(runId) {
+    const resp = await this._unary(this._runs, 'CancelRun', { runId });
+    return protos.toNative('keyflow.v1.CancelRunResponse', resp).run;
+  }
+
+  // Gives a leased run back: pending again at once; the attempt does not count.
+  async releaseRun(runId, lease) {
+    const resp = await this._unary(this._runs, 'ReleaseRun', { runId, lease });
+    return protos.toNative('keyflow.v1.ReleaseRunResponse', resp).run;
   }
 
   // Every matching run, a page at a time as the iteration goes:
-  //   for await (const run of client.listRuns({workflow, status})) ...
-  async* listRuns({ workflow = '', status, pageSize = 0 } = {}) {
+  //   for await (const run of client.listRuns({workflow, key, status})) ...
+  async* listRuns({ workflow = '', key = '', status, pageSize = 0 } = {}) {
     const req = {
-      workflow, pageSize, pageToken: '',
+      workflow, key, pageSize, pageToken: '',
       status: protos.enumValue('keyflow.v1.RunStatus', status, 'status'),
     };
     for (;;) {
@@ -232,11 +310,14 @@ class Client {
     return protos.toInt(resp.leaseExpiresMs);
   }
 
-  // Completes a leased run with a JSON result, or fails it with {error}.
-  async completeRun(runId, lease, result, { error } = {}) {
+  // Completes a leased run with a JSON result, or fails it with {error};
+  // {retryable: true} retries it under its rule's retry policy while
+  // attempts remain.
+  async completeRun(runId, lease, result, { error, retryable = false } = {}) {
     const req = { runId, lease };
     if (error !== undefined && error !== null) {
       req.error = String(error);
+      req.retryable = Boolean(retryable);
     } else {
       req.resultJson = protos.encodeJson(result, 'result');
     }
@@ -507,4 +588,6 @@ class Producer {
   }
 }
 
-module.exports = { Client, KeyflowError, Producer, OutputTail, debounce, batch, backoff, sleep };
+module.exports = {
+  Client, KeyflowError, Producer, OutputTail, debounce, batch, retry, backoff, sleep,
+};

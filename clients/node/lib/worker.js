@@ -9,14 +9,16 @@
 // = free slots) and start each handler without awaiting it; at most
 // `concurrency` runs are held or asked for at once. Each held run has a heartbeat timer every leaseMs *
 // heartbeatFraction; a refused heartbeat (the lease expired or was taken
-// over) marks the run lost and its result is not reported. A handler's
-// return value completes the run, a throw fails it.
+// over) marks the run lost and its result is not reported; one that says
+// the run was cancelled sets run.cancelRequested. A handler's return value
+// completes the run, a throw fails it (a RetryableError asks for a retry
+// under the rule's retry policy).
 //
 // Lifecycle:
 //   run() --SIGTERM/stop()--> stopping: the waiting poll is cancelled (it
 //   takes no run), run.signal aborts, held runs may finish for graceMs -->
-//   runs still held are released (lease cut to the 100 ms minimum, so another
-//   worker takes them at once; the attempt counts) --> run() resolves.
+//   runs still held are released (ReleaseRun: pending again at once for
+//   another worker; the attempt does not count) --> run() resolves.
 // Connection errors are retried with exponential backoff until stop(); errors
 // retrying cannot fix (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT)
 // stop the worker and run() rejects with them.
@@ -25,7 +27,6 @@ const grpc = require('@grpc/grpc-js');
 const protos = require('./protos');
 const { Client, KeyflowError, backoff, sleep } = require('./client');
 
-const LEASE_MS_MIN = 100; // the server's shortest lease: a release
 const RUN_ERROR_BYTES_MAX = 4096; // the server's bound on a run's error text
 const POLL_MAX_RUNS = 100; // the server's bound on one poll
 const FATAL = new Set([grpc.status.UNAUTHENTICATED, grpc.status.PERMISSION_DENIED,
@@ -41,7 +42,20 @@ function truncateUtf8(text, limitBytes) {
   return buf.subarray(0, limitBytes - 3).toString('utf8').replace(/\uFFFD$/, '') + '...';
 }
 
-// What a handler gets besides the input.
+// Thrown by a handler (or extended): the attempt failed but the run may
+// succeed later. The worker completes it with retryable, so it is retried
+// under its rule's retry policy while attempts remain (without one: at
+// once, up to the server's --run-attempts); other errors fail it for good.
+class RetryableError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = 'RetryableError';
+  }
+}
+
+// What a handler gets besides the input. cancelRequested turns true when a
+// heartbeat says the run was cancelled (it ends CANCELLED whatever the
+// handler then returns).
 class RunContext {
   constructor(worker, run) {
     this._worker = worker;
@@ -51,10 +65,13 @@ class RunContext {
     this.key = run.key;
     this.kind = run.kind;
     this.attempts = run.attempts;
+    this.maxAttempts = run.maxAttempts;
     this.eventCount = run.eventCount;
+    this.eventIds = run.eventIds || [];
     this.createdMs = run.createdMs;
     this.lease = run.lease;
     this.leaseLost = false; // the server refused a heartbeat
+    this.cancelRequested = Boolean(run.cancelRequested); // CancelRun asked
     this.released = false; // shutdown gave the run back
     this.signal = worker._abort.signal; // aborts when the worker stops
     this._timer = null;
@@ -88,7 +105,9 @@ class Worker {
     this.installSignalHandlers = options.installSignalHandlers !== false;
     this.handlers = new Map();
     this.completed = 0; // runs completed with a result
-    this.failed = 0; // runs completed with an error
+    this.failed = 0; // runs completed with an error (FAILED)
+    this.retried = 0; // runs whose retryable error scheduled another attempt
+    this.cancelled = 0; // runs completed after a CancelRun (CANCELLED)
     this.lost = 0; // runs whose lease was lost before completion
     this.released = 0; // runs given back at shutdown
     this.stopping = false;
@@ -104,7 +123,8 @@ class Worker {
   }
 
   // Registers handler(input, run) for a workflow (sync or async). Its value
-  // (any JSON value) completes the run; a throw fails it with "<Name>: <message>".
+  // (any JSON value) completes the run; a throw fails it with "<Name>: <message>"
+  // (a RetryableError asks for another attempt).
   handle(workflow, handler) {
     if (typeof handler !== 'function') {
       throw new TypeError(`handle(${JSON.stringify(workflow)}): the handler is not a function`);
@@ -255,7 +275,7 @@ class Worker {
       ctx.released = true;
       clearTimeout(ctx._timer);
       try {
-        await this.client.heartbeatRun(ctx.runId, ctx.lease, LEASE_MS_MIN);
+        await this.client.releaseRun(ctx.runId, ctx.lease);
         this.released++;
       } catch (e) {
         process.emitWarning(`keyflow worker: releasing run ${ctx.runId}: ${e.message}`);
@@ -279,7 +299,12 @@ class Worker {
     }
     let next = this.heartbeatMs;
     try {
-      await this.client.heartbeatRun(ctx.runId, ctx.lease, this.leaseMs);
+      const c = this.client;
+      const resp = await c._unary(c._runs, 'HeartbeatRun',
+        { runId: ctx.runId, lease: ctx.lease, leaseMs: this.leaseMs });
+      if (resp.cancelRequested) {
+        ctx.cancelRequested = true;
+      }
     } catch (e) {
       if (e.code === grpc.status.FAILED_PRECONDITION || e.code === grpc.status.NOT_FOUND) {
         ctx.leaseLost = true;
@@ -298,6 +323,7 @@ class Worker {
     try {
       let resultJson = null;
       let error = null;
+      let retryable = false;
       try {
         const handler = this.handlers.get(ctx.workflow);
         if (!handler) {
@@ -308,8 +334,9 @@ class Worker {
         const name = (e && e.name) || 'Error';
         error = truncateUtf8(`${name}: ${e && e.message !== undefined ? e.message : e}`,
           RUN_ERROR_BYTES_MAX);
+        retryable = e instanceof RetryableError;
       }
-      outcome = await this._complete(ctx, resultJson, error);
+      outcome = await this._complete(ctx, resultJson, error, retryable);
     } finally {
       clearTimeout(ctx._timer);
       this._active.delete(ctx.runId);
@@ -324,7 +351,7 @@ class Worker {
   }
 
   // CompleteRun with retries; resolves with the counter to bump.
-  async _complete(ctx, resultJson, error) {
+  async _complete(ctx, resultJson, error, retryable = false) {
     const c = this.client;
     const delays = backoff(50, 1000);
     const deadline = Date.now() + this.leaseMs;
@@ -338,12 +365,20 @@ class Worker {
       const req = { runId: ctx.runId, lease: ctx.lease };
       if (error !== null) {
         req.error = error;
+        req.retryable = retryable;
       } else {
         req.resultJson = resultJson;
       }
       try {
-        await c._unary(c._runs, 'CompleteRun', req);
-        return error === null ? 'completed' : 'failed';
+        const { run } = protos.toNative('keyflow.v1.CompleteRunResponse',
+          await c._unary(c._runs, 'CompleteRun', req));
+        if (run.status === 'cancelled') {
+          return 'cancelled';
+        }
+        if (error === null) {
+          return 'completed';
+        }
+        return run.status === 'pending' || run.status === 'delayed' ? 'retried' : 'failed';
       } catch (e) {
         if (RETRYABLE.has(e.code) && Date.now() < deadline) {
           await sleep(delays.next().value);
@@ -367,4 +402,4 @@ class Worker {
   }
 }
 
-module.exports = { Worker, RunContext };
+module.exports = { Worker, RunContext, RetryableError };

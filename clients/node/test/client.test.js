@@ -67,6 +67,51 @@ test('client', { skip: !built && 'keyflowd is not built' }, async (t) => {
     assert.deepStrictEqual((await client.getRun(receipt.runId)).result, { ok: true });
   });
 
+  await t.test('run options, cancel, release, retryable completion and a key filter', async () => {
+    const wf = unique('wf');
+    const rule = kf.batch({
+      maxEvents: 1, keyConcurrency: 1, retry: kf.retry({ maxAttempts: 3, initialBackoffMs: 0 }),
+    });
+    const first = (await client.sendEvent(wf, 'k', 1, { rule, id: 'e-1' })).runId;
+    const second = (await client.sendEvent(wf, 'k', 2, { rule })).runId;
+    const leased = await client.pollRuns({ workflows: [wf], workerId: 'w', maxRuns: 10 });
+    assert.deepStrictEqual(leased.map((r) => r.runId), [first], 'one lease per key');
+    assert.deepStrictEqual([leased[0].maxAttempts, leased[0].eventIds], [3, ['e-1']]);
+    const done = await client.completeRun(first, leased[0].lease, undefined,
+      { error: 'busy', retryable: true });
+    assert.deepStrictEqual([done.run.status, done.run.lastError], ['pending', 'busy']);
+    const back = (await client.pollRuns({ workflows: [wf], workerId: 'w' }))[0];
+    assert.deepStrictEqual([back.runId, back.attempts], [first, 2]);
+    const released = await client.releaseRun(first, back.lease);
+    assert.deepStrictEqual([released.status, released.attempts], ['pending', 1]);
+    assert.strictEqual((await client.cancelRun(first)).status, 'cancelled');
+    const listed = [];
+    for await (const run of client.listRuns({ workflow: wf, key: 'k' })) {
+      listed.push(run.runId);
+    }
+    assert.deepStrictEqual(listed, [first, second]);
+    await assert.rejects(client.releaseRun(first, back.lease),
+      (e) => e.codeName === 'FAILED_PRECONDITION');
+    await assert.rejects(client.sendEvent(wf, 'k', 1, { rule: kf.batch({ retry: { tries: 2 } }) }),
+      /rule.retry.tries/);
+  });
+
+  await t.test('waitRun from a receipt', async () => {
+    const wf = unique('wf');
+    const r = await client.sendEvent(wf, 'k', { x: 1 },
+      { rule: kf.batch({ maxEvents: 2, maxWaitMs: 60000 }) });
+    assert.strictEqual((await client.getRun(r.runId)).status, 'window_open');
+    assert.strictEqual((await client.getRun(r.runId, { waitMs: 100 })).status, 'window_open');
+    const waiting = client.waitRun(r.runId);
+    await client.flush('batch', wf, 'k');
+    const run = (await client.pollRuns({ workflows: [wf], workerId: 'w', waitMs: 5000 }))[0];
+    await client.completeRun(run.runId, run.lease, { ok: true });
+    const got = await waiting;
+    assert.deepStrictEqual([got.status, got.result], ['completed', { ok: true }]);
+    const pending = (await client.sendEvent(wf, 'p', 1, ONE_RUN)).runId;
+    assert.strictEqual((await client.waitRun(pending, { timeoutMs: 200 })).status, 'pending');
+  });
+
   await t.test('errors name the field', async () => {
     await assert.rejects(client.sendEvent(unique('wf'), 'k', 1, { rule: kf.batch({ maxEvents: 0 }) }),
       (e) => e instanceof kf.KeyflowError && e.codeName === 'INVALID_ARGUMENT' &&

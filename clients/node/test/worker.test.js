@@ -130,10 +130,42 @@ test('stop finishes cooperative runs and releases the rest', opts, async (t) => 
   await done;
   assert.strictEqual((await c.client.getRun(coopId)).result, 'finished');
   assert.deepStrictEqual([w.completed, w.released], [1, 1]);
-  const run = await c.waitStatus(stuckId, 'pending');
-  assert.strictEqual(run.attempts, 1);
+  // Released: pending again at once, and the attempt does not count.
+  const run = await c.client.getRun(stuckId);
+  assert.deepStrictEqual([run.status, run.attempts], ['pending', 0]);
   const again = await c.client.pollRuns({ workflows: [wfStuck], workerId: 'other', waitMs: 5000 });
   assert.deepStrictEqual(again.map((r) => r.runId), [stuckId]);
+});
+
+test('retryable errors are retried and a cancel reaches the handler', opts, async (t) => {
+  const c = await start(t);
+  const wfFlaky = unique('flaky');
+  const wfLong = unique('long');
+  const w = c.worker({ concurrency: 2, leaseMs: 600 });
+  const tries = [];
+  w.handle(wfFlaky, (input, run) => {
+    tries.push(run.attempts);
+    if (run.attempts < 3) {
+      throw new kf.RetryableError('not yet');
+    }
+    return 'third time';
+  });
+  w.handle(wfLong, async (input, run) => {
+    await waitFor(() => run.cancelRequested, 'the cancel to reach the handler');
+    return 'stopped early';
+  });
+  const retryNow = kf.batch({ maxEvents: 1, retry: kf.retry({ maxAttempts: 3, initialBackoffMs: 0 }) });
+  const flakyId = (await c.client.sendEvent(wfFlaky, 'k', 1, { rule: retryNow })).runId;
+  const longId = await c.send(wfLong, 'k');
+  const done = w.run();
+  assert.strictEqual((await c.waitStatus(flakyId, 'completed')).result, 'third time');
+  assert.deepStrictEqual(tries, [1, 2, 3]);
+  await c.waitStatus(longId, 'leased');
+  await c.client.cancelRun(longId);
+  assert.strictEqual((await c.waitStatus(longId, 'cancelled')).result, 'stopped early');
+  await w.stop();
+  await done;
+  assert.deepStrictEqual([w.completed, w.retried, w.cancelled, w.failed], [1, 2, 1, 0]);
 });
 
 test('SIGTERM finishes the held run and exits', opts, async (t) => {

@@ -15,11 +15,11 @@ keyflow_build.py (the CMake build and `pip install` run it); see README.md.
 
 from ._connection import KeyflowError
 from ._convert import Record
-from .client import Client, OutputTail, Producer, batch, debounce
+from .client import Client, OutputTail, Producer, batch, debounce, retry
 from .handler import (Activation, FunctionWorker, HandlerError, implementation_digest,
                       remote_descriptor)
-from .worker import RunContext, Worker
+from .worker import RetryableError, RunContext, Worker
 
 __all__ = ["Activation", "Client", "FunctionWorker", "HandlerError", "KeyflowError",
-           "OutputTail", "Producer", "Record", "RunContext", "Worker", "batch", "debounce",
-           "implementation_digest", "remote_descriptor"]
+           "OutputTail", "Producer", "Record", "RetryableError", "RunContext", "Worker", "batch",
+           "debounce", "implementation_digest", "remote_descriptor", "retry"]

@@ -32,19 +32,38 @@ RETRY_BACKOFF_MIN_S = 0.05
 RETRY_BACKOFF_MAX_S = 2.0
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
-_RULE_FIELDS = ("window_ms", "max_wait_ms", "max_events", "dedup_ms")
+_RULE_FIELDS = ("window_ms", "max_wait_ms", "max_events", "dedup_ms", "key_concurrency", "retry",
+                "start_after_ms")
+_RETRY_FIELDS = ("max_attempts", "initial_backoff_ms", "max_backoff_ms", "multiplier")
+# The run statuses after which nothing changes (wait_run returns on them).
+FINISHED = ("completed", "failed", "cancelled")
 
 
-def debounce(window_ms, max_wait_ms=None, dedup_ms=None):
+def debounce(window_ms, max_wait_ms=None, dedup_ms=None, **run_options):
     """A debounce rule: the run starts window_ms after the latest event, or
-    max_wait_ms after the first (None or 0: no bound)."""
-    return _rule("debounce", window_ms=window_ms, max_wait_ms=max_wait_ms, dedup_ms=dedup_ms)
+    max_wait_ms after the first (None or 0: no bound). run_options:
+    key_concurrency, retry (keyflow.retry(...)), start_after_ms."""
+    return _rule("debounce", window_ms=window_ms, max_wait_ms=max_wait_ms, dedup_ms=dedup_ms,
+                 **run_options)
 
 
-def batch(max_events=None, max_wait_ms=None, dedup_ms=None):
+def batch(max_events=None, max_wait_ms=None, dedup_ms=None, **run_options):
     """A batch rule: the run starts when max_events arrived (default 100) or
-    max_wait_ms after the first event (default 1000)."""
-    return _rule("batch", max_events=max_events, max_wait_ms=max_wait_ms, dedup_ms=dedup_ms)
+    max_wait_ms after the first event (default 1000). run_options: as debounce."""
+    return _rule("batch", max_events=max_events, max_wait_ms=max_wait_ms, dedup_ms=dedup_ms,
+                 **run_options)
+
+
+def retry(max_attempts=None, initial_backoff_ms=None, max_backoff_ms=None, multiplier=None):
+    """A run's retry policy (a rule's `retry`): after a failed attempt - a
+    handler that raised keyflow.RetryableError, or a lost lease - the run
+    waits min(initial_backoff_ms * multiplier^(attempt-1), max_backoff_ms),
+    until max_attempts attempts were made. None takes the server's default
+    (attempts: its --run-attempts; backoff 1000 ms, at most 60000, x2)."""
+    return {k: v for k, v in (("max_attempts", max_attempts),
+                              ("initial_backoff_ms", initial_backoff_ms),
+                              ("max_backoff_ms", max_backoff_ms),
+                              ("multiplier", multiplier)) if v is not None}
 
 
 def _rule(kind, **fields):
@@ -73,8 +92,27 @@ def _rule_message(rule):
         raise ValueError("rule.%s: unknown field (fields: %s)" % (unknown[0], ", ".join(_RULE_FIELDS)))
     msg = cpb.Rule(kind=enum_value(cpb.RuleKind.DESCRIPTOR, rule["kind"], "rule.kind"))
     for name in _RULE_FIELDS:
-        if rule.get(name) is not None:
+        if name == "retry":
+            if rule.get(name) is not None:
+                msg.retry.CopyFrom(_retry_message(rule[name]))
+        elif rule.get(name) is not None:
             setattr(msg, name, rule[name])
+    return msg
+
+
+def _retry_message(policy):
+    if isinstance(policy, cpb.RetryPolicy):
+        return policy
+    if not isinstance(policy, dict):
+        raise ValueError("rule.retry: expected keyflow.retry(...) or a dict, got %r" % (policy,))
+    unknown = sorted(set(policy) - set(_RETRY_FIELDS))
+    if unknown:
+        raise ValueError("rule.retry.%s: unknown field (fields: %s)"
+                         % (unknown[0], ", ".join(_RETRY_FIELDS)))
+    msg = cpb.RetryPolicy()
+    for name in _RETRY_FIELDS:
+        if policy.get(name) is not None:
+            setattr(msg, name, policy[name])
     return msg
 
 
@@ -163,15 +201,55 @@ class Client:
 
     # --- runs -----------------------------------------------------------
 
-    def get_run(self, run_id):
-        return to_native(self._call(self._runs.GetRun, rpb.GetRunRequest(run_id=run_id)))
+    def get_run(self, run_id, wait_ms=0):
+        """The run (a receipt's run ID works before its window closes: status
+        "window_open"). With wait_ms (at most 60000) waits that long for it
+        to finish (completed, failed or cancelled) and returns it as it is."""
+        req = rpb.GetRunRequest(run_id=run_id, wait_ms=wait_ms)
+        return to_native(self._call(self._runs.GetRun, req, self.timeout_s + wait_ms / 1000.0))
 
-    def list_runs(self, workflow="", status=None, page_size=None):
+    def wait_run(self, run_id, timeout_s=None):
+        """Waits until the run is completed, failed or cancelled and returns
+        it (like Temporal's GetResult): a loop of GetRun long polls that rides
+        out a keyflowd restart. With timeout_s, returns the run as it is then
+        (check `status`)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        delays = None
+        run = None
+        while True:
+            left_ms = 60000 if deadline is None else int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 and run is not None:
+                return run
+            try:
+                run = self.get_run(run_id, wait_ms=max(0, min(left_ms, 60000)))
+                delays = None
+            except KeyflowError as e:
+                if e.code not in RETRYABLE or (deadline is not None and
+                                               time.monotonic() >= deadline):
+                    raise
+                delays = delays or backoff_delays()
+                time.sleep(next(delays))
+                continue
+            if run.status in FINISHED:
+                return run
+
+    def cancel_run(self, run_id):
+        """Cancels a run: a pending or delayed one at once; a leased one when
+        its worker reports (it sees run.cancel_requested). Returns the run."""
+        return to_native(self._call(self._runs.CancelRun, rpb.CancelRunRequest(run_id=run_id))).run
+
+    def release_run(self, run_id, lease):
+        """Gives a leased run back: pending again at once, and the attempt
+        does not count. Returns the run."""
+        req = rpb.ReleaseRunRequest(run_id=run_id, lease=lease)
+        return to_native(self._call(self._runs.ReleaseRun, req)).run
+
+    def list_runs(self, workflow="", status=None, page_size=None, key=""):
         """Every matching run, oldest first per workflow, fetched a page at a
         time as the iterator is consumed."""
         req = rpb.ListRunsRequest(workflow=workflow or "",
                                   status=enum_value(rpb.RunStatus.DESCRIPTOR, status, "status"),
-                                  page_size=page_size or 0)
+                                  page_size=page_size or 0, key=key or "")
         while True:
             resp = self._call(self._runs.ListRuns, req)
             for run in resp.runs:
@@ -193,12 +271,14 @@ class Client:
         req = rpb.HeartbeatRunRequest(run_id=run_id, lease=lease, lease_ms=lease_ms or 0)
         return self._call(self._runs.HeartbeatRun, req).lease_expires_ms
 
-    def complete_run(self, run_id, lease, result=None, *, error=None):
+    def complete_run(self, run_id, lease, result=None, *, error=None, retryable=False):
         """Completes a leased run with a JSON result, or fails it with
-        `error` (text). Returns {run, already_finished}."""
+        `error` (text); retryable=True retries it under its rule's retry
+        policy while attempts remain. Returns {run, already_finished}."""
         req = rpb.CompleteRunRequest(run_id=run_id, lease=lease)
         if error is not None:
             req.error = str(error)
+            req.retryable = bool(retryable)
         else:
             req.result_json = encode_json(result, "result")
         return to_native(self._call(self._runs.CompleteRun, req))

@@ -13,17 +13,18 @@ Threads and what they own:
     max_runs = free slots) and hand each to the pool; at most `concurrency`
     runs are held or asked for at once;
   * the pool (`concurrency` threads) calls the handler, then completes the
-    run with its return value (JSON) or its exception (the error text);
+    run with its return value (JSON) or its exception (the error text; a
+    keyflow.RetryableError asks for a retry under the rule's retry policy);
   * the heartbeater extends each held lease every lease_ms *
     heartbeat_fraction, and marks a run lost when the server refuses (the
-    lease expired or was taken over): a lost run is not completed.
+    lease expired or was taken over): a lost run is not completed. A
+    heartbeat that says the run was cancelled sets run.cancel_requested.
 
 Lifecycle:
     run() --SIGTERM/stop()--> stopping: the poll is cancelled (it takes no
     run), held runs keep their heartbeats and may finish for grace_s -->
-    runs still held are released (their lease is shortened to the minimum,
-    100 ms, so another worker gets them at once; the attempt counts) -->
-    run() returns.
+    runs still held are released (ReleaseRun: pending again at once for
+    another worker, and the attempt does not count) --> run() returns.
 
 Errors of the connection (UNAVAILABLE and the like) are retried with
 exponential backoff, forever, until stop(); an error that retrying cannot
@@ -49,13 +50,20 @@ from .v1 import runs_pb2 as rpb
 
 log = logging.getLogger("keyflow.worker")
 
-LEASE_MS_MIN = 100          # the server's shortest lease: a release
 RUN_ERROR_BYTES_MAX = 4096  # the server's bound on a run's error text
 POLL_MAX_RUNS = 100         # the server's bound on one poll
 # Poll errors retrying cannot fix: the worker stops and run() raises.
 FATAL_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class RetryableError(Exception):
+    """Raised by a handler (or subclassed): the attempt failed but the run
+    may succeed later. The worker completes it with retryable=True, so it is
+    retried under its rule's retry policy while attempts remain (without a
+    policy: at once, up to the server's --run-attempts); other exceptions
+    fail the run for good."""
 
 
 def _truncate_utf8(text, limit_bytes):
@@ -67,8 +75,10 @@ def _truncate_utf8(text, limit_bytes):
 
 class RunContext:
     """What a handler gets besides the input: the run's fields (run_id,
-    workflow, key, kind, attempts, event_count, created_ms, lease), and
-    `stopping` / `lease_lost` to notice that it should give up early."""
+    workflow, key, kind, attempts, max_attempts, event_count, event_ids,
+    created_ms, lease), and `stopping` / `lease_lost` / `cancel_requested`
+    to notice that it should give up early (a cancelled run ends CANCELLED
+    whatever the handler returns)."""
 
     def __init__(self, worker, run):
         self._worker = worker
@@ -78,10 +88,13 @@ class RunContext:
         self.key = run.key
         self.kind = run.kind
         self.attempts = run.attempts
+        self.max_attempts = run.get("max_attempts", 0)
         self.event_count = run.event_count
+        self.event_ids = list(run.get("event_ids", ()))
         self.created_ms = run.created_ms
         self.lease = run.lease
         self.lease_lost = False     # the server refused a heartbeat
+        self.cancel_requested = run.get("cancel_requested", False)  # CancelRun asked
         self.released = False       # shutdown gave the run back
         self.next_heartbeat = 0.0   # time.monotonic() of the next heartbeat
 
@@ -113,7 +126,9 @@ class Worker:
         self._poll_batch_min = max(1, min(16, concurrency // 4))
         self.handlers = {}
         self.completed = 0          # runs completed with a result
-        self.failed = 0             # runs completed with an error
+        self.failed = 0             # runs completed with an error (FAILED)
+        self.retried = 0            # runs whose retryable error scheduled another attempt
+        self.cancelled = 0          # runs completed after a CancelRun (CANCELLED)
         self.lost = 0               # runs whose lease was lost before completion
         self.released = 0           # runs given back at shutdown
         self._lock = threading.Condition()
@@ -133,7 +148,8 @@ class Worker:
     def handle(self, workflow, fn=None):
         """Registers fn(input, run) for a workflow; usable as a decorator.
         The return value (any JSON value) completes the run; an exception
-        fails it with "<ExceptionType>: <message>"."""
+        fails it with "<ExceptionType>: <message>" (a keyflow.RetryableError
+        asks for another attempt)."""
         if fn is None:
             return lambda f: self.handle(workflow, f)
         if not callable(fn):
@@ -202,7 +218,7 @@ class Worker:
             self._lock.notify_all()
         for ctx in held:
             try:
-                self.client.heartbeat_run(ctx.run_id, ctx.lease, LEASE_MS_MIN)
+                self.client.release_run(ctx.run_id, ctx.lease)
                 with self._lock:
                     self.released += 1
             except KeyflowError as e:
@@ -293,14 +309,16 @@ class Worker:
         outcome = None
         try:
             fn = self.handlers.get(ctx.workflow)
-            result, error = None, None
+            result_json, error, retryable = None, None, False
             try:
                 if fn is None:
                     raise LookupError("no handler for workflow %r" % ctx.workflow)
                 result_json = encode_json(fn(ctx.run.input, ctx), "result")
             except Exception as e:  # the handler's failure is the run's
                 error = _truncate_utf8("%s: %s" % (type(e).__name__, e), RUN_ERROR_BYTES_MAX)
-            outcome = self._complete(ctx, result_json if error is None else None, error)
+                retryable = isinstance(e, RetryableError)
+            outcome = self._complete(ctx, result_json if error is None else None, error,
+                                     retryable)
         finally:
             with self._lock:
                 self._active.pop(ctx.run_id, None)
@@ -308,11 +326,12 @@ class Worker:
                     setattr(self, outcome, getattr(self, outcome) + 1)
                 self._lock.notify_all()
 
-    def _complete(self, ctx, result_json, error):
+    def _complete(self, ctx, result_json, error, retryable=False):
         """CompleteRun with retries; returns the counter to bump."""
         req = rpb.CompleteRunRequest(run_id=ctx.run_id, lease=ctx.lease)
         if error is not None:
             req.error = error
+            req.retryable = retryable
         else:
             req.result_json = result_json
         delays = backoff_delays(0.05, 1.0)
@@ -322,7 +341,8 @@ class Worker:
             if ctx.released or ctx.lease_lost:
                 return None if ctx.released else "lost"
             try:
-                client._runs.CompleteRun(req, timeout=client.timeout_s, metadata=client._conn.metadata)
+                resp = client._runs.CompleteRun(req, timeout=client.timeout_s,
+                                                metadata=client._conn.metadata)
             except grpc.RpcError as e:
                 code = e.code()
                 if code in RETRYABLE and time.monotonic() < deadline:
@@ -342,7 +362,12 @@ class Worker:
                     continue
                 log.error("run %s: completion failed: %s: %s", ctx.run_id, code.name, e.details())
                 return "lost"
-            return "completed" if error is None else "failed"
+            if resp.run.status == rpb.RUN_STATUS_CANCELLED:
+                return "cancelled"
+            if error is None:
+                return "completed"
+            return "retried" if resp.run.status in (rpb.RUN_STATUS_PENDING,
+                                                    rpb.RUN_STATUS_DELAYED) else "failed"
 
     # --- heartbeats ------------------------------------------------------------------
 
@@ -376,7 +401,8 @@ class Worker:
         for ctx, call in calls:
             interval = self.heartbeat_s
             try:
-                call.result()
+                if call.result().cancel_requested:
+                    ctx.cancel_requested = True
             except grpc.RpcError as e:
                 if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
                     log.warning("run %s: lease lost (%s)", ctx.run_id, e.details())

@@ -79,6 +79,49 @@ class ClientTest(unittest.TestCase):
         self.assertFalse(out.already_finished)
         self.assertEqual(self.client.get_run(receipt.run_id).result, {"ok": True, "n": [1, 2]})
 
+    def test_run_options_cancel_release_wait_and_key_filter(self):
+        wf = unique("wf")
+        one = keyflow.batch(max_events=1, key_concurrency=1,
+                            retry=keyflow.retry(max_attempts=3, initial_backoff_ms=0))
+        first = self.client.send_event(wf, "k", 1, rule=one, id="e-1").run_id
+        second = self.client.send_event(wf, "k", 2, rule=one).run_id
+        other = self.client.send_event(wf, "j", 3, rule=keyflow.batch(max_events=1)).run_id
+        leased = self.client.poll_runs([wf], worker_id="w", max_runs=10)
+        self.assertEqual(sorted(r.run_id for r in leased), sorted([first, other]))
+        run = next(r for r in leased if r.run_id == first)
+        self.assertEqual((run.max_attempts, run.event_ids), (3, ["e-1"]))
+        done = self.client.complete_run(first, run.lease, error="busy", retryable=True)
+        self.assertEqual((done.run.status, done.run.last_error), ("pending", "busy"))
+        back = self.client.poll_runs([wf], worker_id="w")[0]
+        self.assertEqual((back.run_id, back.attempts), (first, 2), "ahead of the key's next run")
+        released = self.client.release_run(first, back.lease)
+        self.assertEqual((released.status, released.attempts), ("pending", 1))
+        self.assertEqual(self.client.cancel_run(first).status, "cancelled")
+        self.assertEqual([r.run_id for r in self.client.list_runs(wf, key="k")], [first, second])
+        with self.assertRaises(keyflow.KeyflowError) as e:
+            self.client.release_run(first, back.lease)
+        self.assertEqual(e.exception.code_name, "FAILED_PRECONDITION")
+        with self.assertRaises(ValueError):
+            keyflow.Client.send_event(self.client, wf, "k", 1,
+                                      rule=keyflow.batch(retry={"tries": 2}))
+
+    def test_wait_run_from_a_receipt(self):
+        wf = unique("wf")
+        r = self.client.send_event(wf, "k", {"x": 1},
+                                   rule=keyflow.batch(max_events=2, max_wait_ms=60000))
+        self.assertEqual(self.client.get_run(r.run_id).status, "window_open")
+        self.assertEqual(self.client.get_run(r.run_id, wait_ms=100).status, "window_open")
+        got = {}
+        waiter = threading.Thread(target=lambda: got.update(run=self.client.wait_run(r.run_id)))
+        waiter.start()
+        self.client.flush("batch", wf, "k")
+        run = self.client.poll_runs([wf], worker_id="w", wait_ms=5000)[0]
+        self.client.complete_run(run.run_id, run.lease, {"ok": True})
+        waiter.join(30)
+        self.assertEqual((got["run"].status, got["run"].result), ("completed", {"ok": True}))
+        pending = self.client.send_event(wf, "p", 1, rule=keyflow.batch(max_events=1)).run_id
+        self.assertEqual(self.client.wait_run(pending, timeout_s=0.2).status, "pending")
+
     def test_errors_name_the_field(self):
         with self.assertRaises(keyflow.KeyflowError) as cm:
             self.client.send_event(unique("wf"), "k", 1, rule=keyflow.batch(max_events=0))

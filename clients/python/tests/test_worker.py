@@ -123,11 +123,42 @@ class WorkerTest(unittest.TestCase):
         w.stop(grace_s=0.5)
         self.assertEqual(self.client.get_run(coop_id).result, "finished")
         self.assertEqual((w.completed, w.released), (1, 1))
-        # Released: its lease ends within 100 ms and it is pending again.
-        run = self.wait_status(stuck_id, "pending")
-        self.assertEqual(run.attempts, 1)
+        # Released: pending again at once, and the attempt does not count.
+        run = self.client.get_run(stuck_id)
+        self.assertEqual((run.status, run.attempts), ("pending", 0))
         again = self.client.poll_runs([wf_stuck], worker_id="other", wait_ms=5000)
         self.assertEqual([r.run_id for r in again], [stuck_id])
+
+    def test_retryable_errors_are_retried_and_cancel_reaches_the_handler(self):
+        wf_flaky, wf_long = unique("flaky"), unique("long")
+        w = self.worker(concurrency=2, lease_ms=600)
+        tries = []
+
+        @w.handle(wf_flaky)
+        def flaky(input, run):
+            tries.append(run.attempts)
+            if run.attempts < 3:
+                raise keyflow.RetryableError("not yet")
+            return "third time"
+
+        @w.handle(wf_long)
+        def long(input, run):
+            wait_for(lambda: run.cancel_requested, "the cancel to reach the handler")
+            return "stopped early"
+
+        retry_now = keyflow.batch(max_events=1,
+                                  retry=keyflow.retry(max_attempts=3, initial_backoff_ms=0))
+        flaky_id = self.client.send_event(wf_flaky, "k", 1, rule=retry_now).run_id
+        long_id = self.send(wf_long, "k")
+        w.start()
+        self.assertEqual(self.wait_status(flaky_id, "completed").result, "third time")
+        self.assertEqual(tries, [1, 2, 3])
+        self.wait_status(long_id, "leased")
+        self.client.cancel_run(long_id)
+        run = self.wait_status(long_id, "cancelled")
+        self.assertEqual(run.result, "stopped early")
+        w.stop()
+        self.assertEqual((w.completed, w.retried, w.cancelled, w.failed), (1, 2, 1, 0))
 
     def test_sigterm_finishes_the_held_run_and_exits(self):
         wf = unique("term")
