@@ -37,6 +37,20 @@ void kf_sha256_pair(const void *a, size_t a_len, const void *b, size_t b_len,
     mbedtls_md_free(&md);
 }
 
+void kf_sha256_begin(kf_sha256_ctx_t *h) {
+    mbedtls_sha256_init(&h->c);
+    KF_ASSERT(mbedtls_sha256_starts_ret(&h->c, 0) == 0);
+}
+
+void kf_sha256_update(kf_sha256_ctx_t *h, const void *data, size_t len) {
+    KF_ASSERT(mbedtls_sha256_update_ret(&h->c, data, len) == 0);
+}
+
+void kf_sha256_finish(kf_sha256_ctx_t *h, uint8_t out[KF_SHA256_BYTES]) {
+    KF_ASSERT(mbedtls_sha256_finish_ret(&h->c, out) == 0);
+    mbedtls_sha256_free(&h->c);
+}
+
 kf_status_t kf_sha256_file(const char *path, uint8_t out[KF_SHA256_BYTES], kf_error_t *err) {
     int rc = mbedtls_md_file(mbedtls_md_info_from_type(MBEDTLS_MD_SHA256), path, out);
     if (rc != 0) {

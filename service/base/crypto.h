@@ -22,6 +22,15 @@ void kf_sha256(const void *data, size_t len, uint8_t out[KF_SHA256_BYTES]);
 /* SHA-256 of the concatenation a | b, without copying them together. */
 void kf_sha256_pair(const void *a, size_t a_len, const void *b, size_t b_len,
                     uint8_t out[KF_SHA256_BYTES]);
+
+/* Incremental SHA-256: begin, any number of updates, finish. The context is
+ * the caller's (on the stack); finish leaves nothing to free. */
+typedef struct kf_sha256_ctx {
+    mbedtls_sha256_context c;
+} kf_sha256_ctx_t;
+void kf_sha256_begin(kf_sha256_ctx_t *h);
+void kf_sha256_update(kf_sha256_ctx_t *h, const void *data, size_t len);
+void kf_sha256_finish(kf_sha256_ctx_t *h, uint8_t out[KF_SHA256_BYTES]);
 /* KF_E_IO (message names the path) when the file cannot be read. */
 kf_status_t kf_sha256_file(const char *path, uint8_t out[KF_SHA256_BYTES],
                            kf_error_t *err) KF_MUST_USE;

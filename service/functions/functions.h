@@ -24,8 +24,10 @@
  *      handlers answer at once, a remote one (or the defer_calls test seam)
  *      later. While a step waits, later batches of the same function queue
  *      behind it.
- *   3. A retry of an accepted (producer, sequence) returns the stored
- *      acknowledgement and changes nothing; a lower sequence is refused.
+ *   3. A retry of an accepted (producer, sequence) with the same rows and
+ *      watermark returns the stored acknowledgement and changes nothing;
+ *      with other content it is refused (ALREADY_EXISTS); a lower sequence
+ *      whose acknowledgement is no longer kept is refused too.
  *   4. Output rows get contiguous per-function sequence numbers; reads see
  *      only rows whose write is durable.
  *

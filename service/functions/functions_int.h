@@ -120,6 +120,10 @@ typedef struct producer {
     int64_t ack_seq[KF_PRODUCER_ACKS_KEPT];
     uint8_t *ack[KF_PRODUCER_ACKS_KEPT];
     size_t ack_len[KF_PRODUCER_ACKS_KEPT];
+    /* What each acknowledged batch held (kf__batch_digest); an ack stored
+     * before digests were kept has none and answers any retry. */
+    uint8_t ack_digest[KF_PRODUCER_ACKS_KEPT][KF_SHA256_BYTES];
+    bool ack_has_digest[KF_PRODUCER_ACKS_KEPT];
 } producer_t;
 
 typedef struct reader {
@@ -249,9 +253,10 @@ struct step {
     kf_cmd_t *cmd; /* the PushBatch being answered; NULL in a follow-on step */
     const Keyflow__V1__PushBatchRequest *req; /* NULL in a follow-on step */
     kf_rows_t rows_storage;
-    bool timers_phase; /* rows done, watermark advanced */
-    uint32_t row_pos;  /* next input row (one call at a time) */
-    bool awaiting;     /* a call is out, or the host has no room: waiting */
+    uint8_t digest[KF_SHA256_BYTES]; /* of the PushBatch's rows and watermark */
+    bool timers_phase;               /* rows done, watermark advanced */
+    uint32_t row_pos;                /* next input row (one call at a time) */
+    bool awaiting;                   /* a call is out, or the host has no room: waiting */
     /* Calls out, oldest first (a ring); responses are taken in this order. */
     kf_call_t *calls_out[KF_FN_CALLS_IN_FLIGHT_MAX];
     uint32_t out_head;

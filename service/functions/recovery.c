@@ -117,7 +117,8 @@ static kf_status_t load_producer(function_t *fn, const uint8_t *rest, size_t len
     for (size_t i = 0; ok && i < rec->n_acks; i++) {
         Keyflow__V1__PushBatchResponse *ack = keyflow__v1__push_batch_response__unpack(
             NULL, rec->acks[i]->ack.len, rec->acks[i]->ack.data);
-        ok = ack != NULL;
+        ok = ack != NULL &&
+             (rec->acks[i]->digest.len == 0 || rec->acks[i]->digest.len == KF_SHA256_BYTES);
         if (ack != NULL) {
             keyflow__v1__push_batch_response__free_unpacked(ack, NULL);
         }
@@ -125,7 +126,7 @@ static kf_status_t load_producer(function_t *fn, const uint8_t *rest, size_t len
     if (!ok) {
         kf_status_t st = kf_error_set(err, KF_E_CORRUPT,
                                       "producers of %s: producer %s stored twice or with an "
-                                      "undecodable acknowledgement",
+                                      "undecodable acknowledgement or digest",
                                       fn->id, rec->producer_id);
         keyflow__records__producer_rec__free_unpacked(rec, NULL);
         return st;
@@ -139,6 +140,12 @@ static kf_status_t load_producer(function_t *fn, const uint8_t *rest, size_t len
         p->ack_seq[i] = rec->acks[i]->sequence;
         p->ack_len[i] = rec->acks[i]->ack.len;
         p->ack[i] = kf_xmemdup(rec->acks[i]->ack.data, p->ack_len[i]);
+        /* An ack stored before digests were kept has none: it answers any
+         * retry of its sequence, as it did when it was written. */
+        p->ack_has_digest[i] = rec->acks[i]->digest.len == KF_SHA256_BYTES;
+        if (p->ack_has_digest[i]) {
+            memcpy(p->ack_digest[i], rec->acks[i]->digest.data, KF_SHA256_BYTES);
+        }
     }
     p->nacks = (uint32_t)rec->n_acks;
     keyflow__records__producer_rec__free_unpacked(rec, NULL);

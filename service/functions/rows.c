@@ -402,3 +402,62 @@ char *kf_outbuf_to_json(const kf_outbuf_t *out, uint32_t from, uint32_t n, int64
     }
     return copy;
 }
+
+/* ---- digest -------------------------------------------------------------- */
+
+/* Small writes go through a buffer: one SHA-256 update per few KB. */
+typedef struct digest_buf {
+    kf_sha256_ctx_t *h;
+    size_t used;
+    uint8_t bytes[4096];
+} digest_buf_t;
+
+static void digest_put(digest_buf_t *b, const void *p, size_t len) {
+    if (b->used + len > sizeof b->bytes) {
+        kf_sha256_update(b->h, b->bytes, b->used);
+        b->used = 0;
+        if (len > sizeof b->bytes) {
+            kf_sha256_update(b->h, p, len);
+            return;
+        }
+    }
+    memcpy(b->bytes + b->used, p, len);
+    b->used += len;
+}
+
+static void digest_be(digest_buf_t *b, uint64_t v, size_t bytes) {
+    uint8_t out[8];
+    for (size_t i = 0; i < bytes; i++) {
+        out[i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
+    }
+    digest_put(b, out, bytes);
+}
+
+void kf_rows_digest(const kf_rows_t *rows, kf_sha256_ctx_t *h) {
+    digest_buf_t b = {.h = h};
+    digest_be(&b, rows->count, 4);
+    digest_be(&b, rows->ncols, 4);
+    for (uint32_t c = 0; c < rows->ncols && rows->count > 0; c++) {
+        const kf_column_type_t *t = rows->cols[c].type;
+        for (uint32_t r = 0; r < rows->count; r++) {
+            uint8_t is_null = kf_rows_is_null(rows, r, c) ? 1 : 0;
+            digest_put(&b, &is_null, 1);
+            if (is_null) {
+                continue;
+            }
+            kf_cell_t v;
+            kf_rows_value(rows, r, c, &v);
+            if (t->value_bytes == 0) {
+                digest_be(&b, v.len, 4);
+                digest_put(&b, v.p, v.len);
+            } else if (t->type == KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_FLOAT64) {
+                uint64_t bits;
+                memcpy(&bits, &v.v.f, sizeof bits);
+                digest_be(&b, bits, 8);
+            } else {
+                digest_be(&b, (uint64_t)v.v.i, 8);
+            }
+        }
+    }
+    kf_sha256_update(h, b.bytes, b.used);
+}

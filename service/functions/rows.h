@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "base/arena.h"
+#include "base/crypto.h"
 #include "base/status.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "proto/columns.h"
@@ -50,6 +51,13 @@ kf_status_t kf_rows_from_batch(const Keyflow__V1__RowBatch *batch,
 kf_status_t kf_rows_from_json(const char *json, size_t len, const Keyflow__V1__Schema *schema,
                               int64_t max_rows, int64_t max_bytes, kf_arena_t *arena,
                               kf_rows_t *out, kf_error_t *err) KF_MUST_USE;
+
+/* Feeds the rows' content into a SHA-256 in one canonical form: the
+ * counts, then per column (schema order) per row a null flag and the value
+ * (fixed-width values as 8 bytes, UTF8 and BYTES with a 4-byte length).
+ * Equal rows give equal bytes whether they came as JSON or columnar, and a
+ * null's placeholder value is left out. */
+void kf_rows_digest(const kf_rows_t *rows, kf_sha256_ctx_t *h);
 
 static inline bool kf_rows_is_null(const kf_rows_t *r, uint32_t row, uint32_t col) {
     return r->cols[col].nulls != NULL && r->cols[col].nulls[row];

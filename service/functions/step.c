@@ -106,19 +106,51 @@ producer_t *kf__producer_get(function_t *fn, const char *id, bool create) {
     return p;
 }
 
-/* A retry of an accepted sequence: the stored acknowledgement. */
-static bool replay_ack(producer_t *p, int64_t seq, kf_cmd_t *cmd) {
-    for (uint32_t i = 0; i < p->nacks; i++) {
-        if (p->ack_seq[i] == seq) {
-            Keyflow__V1__PushBatchResponse *ack = keyflow__v1__push_batch_response__unpack(
-                kf_arena_pb(cmd->arena), p->ack_len[i], p->ack[i]);
-            KF_ASSERT(ack != NULL);
-            ack->duplicate = true;
-            cmd->response = &ack->base;
-            return true;
-        }
+/* What a PushBatch holds, for telling a retry from a conflict: its rows
+ * (in canonical form, so JSON and columnar rows compare equal) and its
+ * watermark. */
+static void batch_digest(const kf_rows_t *rows, const Keyflow__V1__PushBatchRequest *req,
+                         uint8_t out[KF_SHA256_BYTES]) {
+    kf_sha256_ctx_t h;
+    kf_sha256_begin(&h);
+    static const char domain[] = "keyflow.PushBatch.v1";
+    kf_sha256_update(&h, domain, sizeof domain);
+    uint8_t wm[9] = {0};
+    if (req->watermark_present_case ==
+        KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US) {
+        wm[0] = 1;
+        kf_put_be64(wm + 1, (uint64_t)req->watermark_us);
     }
-    return false;
+    kf_sha256_update(&h, wm, sizeof wm);
+    kf_rows_digest(rows, &h);
+    kf_sha256_finish(&h, out);
+}
+
+typedef enum retry {
+    RETRY_UNKNOWN,  /* no acknowledgement kept for the sequence */
+    RETRY_SAME,     /* the original acknowledgement, in cmd->response */
+    RETRY_CONFLICT, /* the sequence was accepted with other content */
+} retry_t;
+
+/* A retry of an accepted sequence: the stored acknowledgement when the
+ * batch is the same (or its ack predates digests), a conflict otherwise. */
+static retry_t replay_ack(producer_t *p, int64_t seq, const uint8_t digest[KF_SHA256_BYTES],
+                          kf_cmd_t *cmd) {
+    for (uint32_t i = 0; i < p->nacks; i++) {
+        if (p->ack_seq[i] != seq) {
+            continue;
+        }
+        if (p->ack_has_digest[i] && memcmp(p->ack_digest[i], digest, KF_SHA256_BYTES) != 0) {
+            return RETRY_CONFLICT;
+        }
+        Keyflow__V1__PushBatchResponse *ack = keyflow__v1__push_batch_response__unpack(
+            kf_arena_pb(cmd->arena), p->ack_len[i], p->ack[i]);
+        KF_ASSERT(ack != NULL);
+        ack->duplicate = true;
+        cmd->response = &ack->base;
+        return RETRY_SAME;
+    }
+    return RETRY_UNKNOWN;
 }
 
 static void put_producer(kf_ctx_t *ctx, const function_t *fn, const producer_t *p) {
@@ -133,6 +165,10 @@ static void put_producer(kf_ctx_t *ctx, const function_t *fn, const producer_t *
         acks[i].sequence = p->ack_seq[i];
         acks[i].ack.data = p->ack[i];
         acks[i].ack.len = p->ack_len[i];
+        if (p->ack_has_digest[i]) {
+            acks[i].digest.data = (uint8_t *)p->ack_digest[i];
+            acks[i].digest.len = KF_SHA256_BYTES;
+        }
         ptrs[i] = &acks[i];
     }
     rec.n_acks = p->nacks;
@@ -143,14 +179,21 @@ static void put_producer(kf_ctx_t *ctx, const function_t *fn, const producer_t *
     kf_ctx_put_msg(ctx, KF_CF_PRODUCERS, &k, &rec.base);
 }
 
-static void producer_remember(producer_t *p, int64_t seq, const ProtobufCMessage *ack) {
+static void producer_remember(producer_t *p, int64_t seq, const ProtobufCMessage *ack,
+                              const uint8_t digest[KF_SHA256_BYTES]) {
     if (p->nacks == KF_PRODUCER_ACKS_KEPT) {
         free(p->ack[0]);
         memmove(&p->ack[0], &p->ack[1], (KF_PRODUCER_ACKS_KEPT - 1) * sizeof p->ack[0]);
         memmove(&p->ack_seq[0], &p->ack_seq[1], (KF_PRODUCER_ACKS_KEPT - 1) * sizeof p->ack_seq[0]);
         memmove(&p->ack_len[0], &p->ack_len[1], (KF_PRODUCER_ACKS_KEPT - 1) * sizeof p->ack_len[0]);
+        memmove(&p->ack_digest[0], &p->ack_digest[1],
+                (KF_PRODUCER_ACKS_KEPT - 1) * sizeof p->ack_digest[0]);
+        memmove(&p->ack_has_digest[0], &p->ack_has_digest[1],
+                (KF_PRODUCER_ACKS_KEPT - 1) * sizeof p->ack_has_digest[0]);
         p->nacks--;
     }
+    memcpy(p->ack_digest[p->nacks], digest, KF_SHA256_BYTES);
+    p->ack_has_digest[p->nacks] = true;
     size_t len = protobuf_c_message_get_packed_size(ack);
     uint8_t *buf = kf_xmalloc(len);
     protobuf_c_message_pack(ack, buf);
@@ -879,7 +922,7 @@ static void step_finish(step_t *s, kf_status_t st) {
                 /* The first key to push under a producer owns it from then on. */
                 strcpy(p->owner, kf_principal_id(cmd->principal));
             }
-            producer_remember(p, s->req->sequence, &ack->base);
+            producer_remember(p, s->req->sequence, &ack->base, s->digest);
             put_producer(ctx, fn, p);
             kf_counter_add(KF_C_INPUT_ROWS, s->rows->count);
             cmd->response = &ack->base;
@@ -950,33 +993,6 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    if (p != NULL && req->sequence <= p->last_sequence) {
-        if (replay_ack(p, req->sequence, cmd)) {
-            kf_ctx_ready(ctx, cmd);
-            return;
-        }
-        kf_error_set(
-            err, KF_E_PRECONDITION,
-            "sequence: %lld is not after %lld, the last accepted from producer %s (if %lld was "
-            "accepted, its acknowledgement is no longer kept: only the last %d are)",
-            (long long)req->sequence, (long long)p->last_sequence, p->id, (long long)req->sequence,
-            KF_PRODUCER_ACKS_KEPT);
-        kf_ctx_fail(ctx, cmd);
-        return;
-    }
-    if (p == NULL && fn->producers.count >= KF_PRODUCERS_MAX) {
-        kf_error_set(err, KF_E_LIMIT,
-                     "producer_id: at most %d producers per function (KF_PRODUCERS_MAX)",
-                     KF_PRODUCERS_MAX);
-        kf_ctx_fail(ctx, cmd);
-        return;
-    }
-    if (fn->host == NULL || fn->host->room(fns, fn) < 0) {
-        kf_error_set(err, KF_E_UNAVAILABLE, "function %s is unavailable: %s", fn->id,
-                     fn->unavailable);
-        kf_ctx_fail(ctx, cmd);
-        return;
-    }
     step_t *s = kf_arena_new(cmd->arena, sizeof *s);
     kf_rows_t *rows = &s->rows_storage;
     kf_status_t st = KF_OK;
@@ -1004,6 +1020,43 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
         }
     }
     if (st != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    batch_digest(rows, req, s->digest);
+    if (p != NULL && req->sequence <= p->last_sequence) {
+        retry_t r = replay_ack(p, req->sequence, s->digest, cmd);
+        if (r == RETRY_SAME) {
+            kf_ctx_ready(ctx, cmd);
+            return;
+        }
+        if (r == RETRY_CONFLICT) {
+            kf_error_set(err, KF_E_EXISTS,
+                         "sequence: %lld of producer %s was accepted with other rows or another "
+                         "watermark; a retry must repeat its batch exactly (new content needs a "
+                         "new sequence)",
+                         (long long)req->sequence, p->id);
+        } else {
+            kf_error_set(err, KF_E_PRECONDITION,
+                         "sequence: %lld is not after %lld, the last accepted from producer %s (if "
+                         "%lld was accepted, its acknowledgement is no longer kept: only the last "
+                         "%d are)",
+                         (long long)req->sequence, (long long)p->last_sequence, p->id,
+                         (long long)req->sequence, KF_PRODUCER_ACKS_KEPT);
+        }
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (p == NULL && fn->producers.count >= KF_PRODUCERS_MAX) {
+        kf_error_set(err, KF_E_LIMIT,
+                     "producer_id: at most %d producers per function (KF_PRODUCERS_MAX)",
+                     KF_PRODUCERS_MAX);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (fn->host == NULL || fn->host->room(fns, fn) < 0) {
+        kf_error_set(err, KF_E_UNAVAILABLE, "function %s is unavailable: %s", fn->id,
+                     fn->unavailable);
         kf_ctx_fail(ctx, cmd);
         return;
     }

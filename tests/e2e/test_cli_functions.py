@@ -339,18 +339,23 @@ class TestPush(FunctionsTestCase):
         self.assertTrue(retry["duplicate"])
         del retry["duplicate"]
         self.assertEqual(retry, first)
-        # A retry carrying other rows is still the original batch: nothing
-        # of it is applied, whatever it holds.
-        other = self.push_one(fid, 7, [{"user": "a", "ts": 3, "amount": 99}], "--json-rows")
-        self.assertTrue(other["duplicate"])
-        self.assertEqual(other["rowsAccepted"], "2")
+        # The same rows sent as JSON are the same batch.
+        as_json = self.push_one(fid, 7, [{"user": "a", "ts": 1, "amount": 10},
+                                         {"user": "b", "ts": 2, "amount": 20}], "--json-rows")
+        self.assertTrue(as_json["duplicate"])
+        # A retry carrying other rows is a conflict, not a retry: refused
+        # naming the sequence, nothing of it applied.
+        self.rpc_error("functions", "push", fid, "--producer", "p1", "--sequence", 7,
+                       "--json-rows", stdin=lines({"user": "a", "ts": 3, "amount": 99}),
+                       code="ALREADY_EXISTS", field="sequence: 7")
         self.assertEqual(self.output(fid), before_out)
         self.assertEqual(self.state(fid, "a"), before_a)
 
         self.push_one(fid, 8, [{"user": "a", "ts": 4, "amount": 1}])
         self.assertEqual(self.state(fid, "a")["value"], "11")
         # An older acknowledged sequence is still recognised after a newer one.
-        self.assertTrue(self.push_one(fid, 7, [{"user": "a", "ts": 1, "amount": 10}])
+        self.assertTrue(self.push_one(fid, 7, [{"user": "a", "ts": 1, "amount": 10},
+                                               {"user": "b", "ts": 2, "amount": 20}])
                         ["duplicate"])
         self.assertEqual(self.state(fid, "a")["value"], "11")
         self.assertEqual(self.high_water(fid), 3)

@@ -951,12 +951,13 @@ class RunningSumTest(FunctionsGrpcBase):
                     watermark=seq * 100))
                 self.assertTrue(again["duplicate"])
                 self.assertEqual(dict(again, duplicate=False), acks[seq])
-        # A retry with different rows still gets the original ack and
-        # changes nothing.
-        again = self.ack_dict(self.push(d, "p", 2, [{"user": "w", "ts": 9, "amount": 999}],
-                                        watermark=10 ** 9))
-        self.assertEqual(dict(again, duplicate=False), acks[2])
-        self.assertTrue(again["duplicate"])
+        # A retry with different rows, or another watermark, is a conflict:
+        # ALREADY_EXISTS naming the sequence, nothing changed.
+        self.push_error(d, "p", 2, [{"user": "w", "ts": 9, "amount": 999}],
+                        grpc.StatusCode.ALREADY_EXISTS, "sequence: 2", watermark=10 ** 9)
+        self.push_error(d, "p", 2, [{"user": "u", "ts": 2, "amount": 2},
+                                    {"user": "v", "ts": 2, "amount": 20}],
+                        grpc.StatusCode.ALREADY_EXISTS, "sequence: 2", watermark=201)
         self.assertEqual(self.read_all(d), output)
         after = self.info(d)
         self.assertEqual((after.output_seq, after.keys, after.watermark_us),
@@ -1458,15 +1459,17 @@ class RestartTest(FunctionsGrpcBase):
         rsm, scm = RunningSumModel(), SessionCounterModel()
         rs_keys = ["a", "b", "c", "d"]
         sc_keys = ["s%d" % i for i in range(6)]
-        rs_acks, sc_acks = {}, {}
+        rs_acks, sc_acks, rs_rows, sc_rows = {}, {}, {}, {}
         for seq in range(1, 9):
             rows = [{"user": rs_keys[(seq + i) % 4], "ts": seq * 10 + i,
                      "amount": None if (seq + i) % 7 == 0 else seq * i - 5,
                      "reset": (seq + i) % 11 == 0} for i in range(6)]
+            rs_rows[seq] = rows
             rs_acks[seq] = self.ack_dict(self.push(rs, "rp", seq, rows, watermark=seq * 10))
             rsm.push(rows)
             rows = [{"user": sc_keys[(seq * 3 + i) % 6], "ts": seq * 100 + i,
                      "idle_us": 150 + 10 * i} for i in range(3)]
+            sc_rows[seq] = rows
             scm_ack, _ = scm.push(rows, watermark=seq * 100)
             sc_acks[seq] = self.ack_dict(self.push(sc, "sp", seq, rows, watermark=seq * 100))
             self.assertEqual({k: sc_acks[seq][k] for k in scm_ack}, scm_ack)
@@ -1496,11 +1499,15 @@ class RestartTest(FunctionsGrpcBase):
 
         # Producer sequences survived: kept acks are replayed, a lower one is
         # refused, and the next sequence continues the computation.
-        again = self.ack_dict(self.push(rs, "rp", 8, [{"user": "a", "ts": 0, "amount": 1}]))
+        again = self.ack_dict(self.push(rs, "rp", 8, rs_rows[8], watermark=80))
         self.assertEqual(dict(again, duplicate=False), rs_acks[8])
         self.assertTrue(again["duplicate"])
-        again = self.ack_dict(self.push(sc, "sp", 7, None, watermark=1))
+        again = self.ack_dict(self.push(sc, "sp", 7, sc_rows[7], watermark=700))
         self.assertEqual(dict(again, duplicate=False), sc_acks[7])
+        # Their digests survived too: other content under a kept sequence
+        # is a conflict.
+        self.push_error(rs, "rp", 8, [{"user": "a", "ts": 0, "amount": 1}],
+                        grpc.StatusCode.ALREADY_EXISTS, "sequence: 8")
         self.push_error(rs, "rp", 0, [], grpc.StatusCode.INVALID_ARGUMENT, "sequence")
 
         rows = [{"user": k, "ts": 1000, "amount": 1} for k in rs_keys]

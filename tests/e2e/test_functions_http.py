@@ -439,10 +439,16 @@ class FunctionsHttpTest(unittest.TestCase):
         self.assertEqual(self.read_all(d), rs_json_rows(model.output, 1))
         # sequence as a JSON number works as well
         status, doc = self.curl("POST", "/v1/functions/%s/batches" % d["functionId"],
-                                {"producerId": "p", "sequence": 2,
+                                {"producerId": "p", "sequence": 2, "watermarkUs": 2,
                                  "rows": [{"user": "r", "ts": 2, "amount": 2}]})
         self.assertEqual(status, 200, doc)
         self.assertEqual(dict(self.ack(doc), duplicate=False), acks[2])
+        # The same sequence with other rows, or without its watermark, is a
+        # conflict: 409 ALREADY_EXISTS naming the sequence, nothing applied.
+        self.push_error(d, "p", 2, [{"user": "r", "ts": 2, "amount": 3}], 409, "ALREADY_EXISTS",
+                        "sequence: 2", watermark=2)
+        self.push_error(d, "p", 2, [{"user": "r", "ts": 2, "amount": 2}], 409, "ALREADY_EXISTS",
+                        "sequence: 2")
         for seq in range(4, 54):
             rows = [{"user": "r", "ts": seq, "amount": 1}]
             self.push(d, "p", seq, rows)

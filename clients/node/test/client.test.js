@@ -156,10 +156,14 @@ test('client', { skip: !built && 'keyflowd is not built' }, async (t) => {
     assert.deepStrictEqual([ann.state, ann.value, ann.valueStateName], ['value', 13, 'sum']);
     assert.strictEqual((await client.keyState(d.functionId, ['nobody'])).state, 'absent');
 
-    // The same sequence again is a duplicate with the original ack.
-    const dup = await client.pushBatch(d.functionId, 'p1', 2, { rows: [{ user: 'x', ts: T0 }] });
+    // The same batch again is a duplicate with the original ack; other
+    // content under the same sequence is a conflict.
+    const dup = await client.pushBatch(d.functionId, 'p1', 2,
+      { rows: [{ user: 'ann', ts: T0 + 3, amount: 1 }, { user: 'bob', ts: T0 + 4, amount: 2 }] });
     assert.strictEqual(dup.duplicate, true);
     assert.strictEqual(dup.lastOutputSeq, ack2.lastOutputSeq);
+    await assert.rejects(client.pushBatch(d.functionId, 'p1', 2, { rows: [{ user: 'x', ts: T0 }] }),
+      /ALREADY_EXISTS: sequence: 2 of producer p1/);
   });
 
   await t.test('trimOutput drops rows; reads below them are OUT_OF_RANGE', async () => {

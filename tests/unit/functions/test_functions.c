@@ -189,16 +189,17 @@ Test(functions, refuses_too_many_output_rows_with_the_limit_named) {
     cr_assert(strstr(c->error.message, "max_output_rows") != NULL, "%s", c->error.message);
 }
 
+#define TWO_ROWS "[" ROW("a", 10, "ok", 5) "," ROW("b", 10, "ok", 6) "]"
+
 Test(functions, a_retry_returns_the_original_ack_and_changes_nothing) {
     register_ok();
-    Keyflow__V1__PushBatchResponse *a =
-        push_ok(1, "[" ROW("a", 10, "ok", 5) "," ROW("b", 10, "ok", 6) "]", INT64_MIN);
+    Keyflow__V1__PushBatchResponse *a = push_ok(1, TWO_ROWS, INT64_MIN);
     cr_assert_eq(a->rows_accepted, 2);
     cr_assert_eq(a->first_output_seq, 1);
     cr_assert_eq(a->last_output_seq, 2);
     uint64_t writes = kf_memdisk_writes(sim.disk);
-    kf_cmd_t *again = push("p", 1, "[" ROW("a", 10, "ok", 100) "]", INT64_MIN);
-    cr_assert_eq(again->error.status, KF_OK);
+    kf_cmd_t *again = push("p", 1, TWO_ROWS, INT64_MIN);
+    cr_assert_eq(again->error.status, KF_OK, "%s", again->error.message);
     Keyflow__V1__PushBatchResponse *b = (Keyflow__V1__PushBatchResponse *)again->response;
     cr_assert(b->duplicate);
     cr_assert_eq(b->rows_accepted, 2);
@@ -209,17 +210,145 @@ Test(functions, a_retry_returns_the_original_ack_and_changes_nothing) {
     cr_assert_eq(push("q", 1, "[" ROW("a", 10, "ok", 7) "]", INT64_MIN)->error.status, KF_OK);
     /* After a crash the acknowledgement is still there. */
     sim_crash(&sim);
-    again = push("p", 1, "[]", INT64_MIN);
+    again = push("p", 1, TWO_ROWS, INT64_MIN);
+    cr_assert_eq(again->error.status, KF_OK, "%s", again->error.message);
     cr_assert(((Keyflow__V1__PushBatchResponse *)again->response)->duplicate);
     cr_assert_eq(((Keyflow__V1__PushBatchResponse *)again->response)->last_output_seq, 2);
     /* Sequences must go forward; very old ones are refused. */
     for (int64_t s = 2; s < 2 + KF_PRODUCER_ACKS_KEPT; s++) {
         push_ok(s, "[]", INT64_MIN);
     }
-    kf_cmd_t *old = push("p", 1, "[]", INT64_MIN);
+    kf_cmd_t *old = push("p", 1, TWO_ROWS, INT64_MIN);
     cr_assert_eq(old->error.status, KF_E_PRECONDITION, "%s", old->error.message);
     cr_assert(strstr(old->error.message, "sequence") != NULL);
     cr_assert_eq(push("p", 0, "[]", INT64_MIN)->error.status, KF_E_INVALID);
+}
+
+/* A retry of an acknowledged sequence with other content is a conflict,
+ * not a retry: refused naming the sequence, nothing changed; the first
+ * acknowledgement still answers the real retry. */
+Test(functions, a_retry_with_other_content_is_refused_naming_the_sequence) {
+    register_ok();
+    push_ok(1, TWO_ROWS, 100);
+    uint64_t writes = kf_memdisk_writes(sim.disk);
+    const char *others[] = {
+        "[" ROW("a", 10, "ok", 5) "," ROW("b", 10, "ok", 7) "]",    /* a value */
+        "[" ROW("b", 10, "ok", 6) "," ROW("a", 10, "ok", 5) "]",    /* the order */
+        "[" ROW("a", 10, "ok", 5) "]",                              /* a row fewer */
+        "[" ROW("a", 10, "ok", 5) "," ROW("b", 10, "ok", null) "]", /* a null */
+    };
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        kf_cmd_t *c = push("p", 1, others[i], 100);
+        cr_assert_eq(c->error.status, KF_E_EXISTS, "%zu: %s", i, c->error.message);
+        cr_assert(strstr(c->error.message, "sequence: 1 of producer p") != NULL, "%s",
+                  c->error.message);
+    }
+    /* The same rows with another watermark, or none, differ too. */
+    cr_assert_eq(push("p", 1, TWO_ROWS, 101)->error.status, KF_E_EXISTS);
+    cr_assert_eq(push("p", 1, TWO_ROWS, INT64_MIN)->error.status, KF_E_EXISTS);
+    cr_assert_eq(kf_memdisk_writes(sim.disk), writes, "nothing written");
+    cr_assert_eq(state_of("b")->value, 6);
+    /* The same rows sent as a columnar batch are the same content. */
+    Keyflow__V1__PushBatchRequest req = KEYFLOW__V1__PUSH_BATCH_REQUEST__INIT;
+    req.function_id = "f";
+    req.producer_id = "p";
+    req.sequence = 1;
+    req.watermark_present_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
+    req.watermark_us = 100;
+    req.rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH;
+    Keyflow__V1__RowBatch b = KEYFLOW__V1__ROW_BATCH__INIT;
+    Keyflow__V1__Column cols[4], *ptrs[4];
+    Keyflow__V1__StringValues keys = KEYFLOW__V1__STRING_VALUES__INIT,
+                              modes = KEYFLOW__V1__STRING_VALUES__INIT;
+    Keyflow__V1__Int64Values ts = KEYFLOW__V1__INT64_VALUES__INIT,
+                             amounts = KEYFLOW__V1__INT64_VALUES__INIT;
+    char *kv[] = {"a", "b"}, *mv[] = {"ok", "ok"};
+    int64_t tv[] = {10, 10}, av[] = {5, 6};
+    keys.n_values = modes.n_values = ts.n_values = amounts.n_values = 2;
+    keys.values = kv;
+    modes.values = mv;
+    ts.values = tv;
+    amounts.values = av;
+    for (int i = 0; i < 4; i++) {
+        keyflow__v1__column__init(&cols[i]);
+        ptrs[i] = &cols[i];
+    }
+    cols[0].values_case = cols[2].values_case = KEYFLOW__V1__COLUMN__VALUES_STRINGS;
+    cols[0].strings = &keys;
+    cols[2].strings = &modes;
+    cols[1].values_case = cols[3].values_case = KEYFLOW__V1__COLUMN__VALUES_INT64S;
+    cols[1].int64s = &ts;
+    cols[3].int64s = &amounts;
+    b.row_count = 2;
+    b.n_columns = 4;
+    b.columns = ptrs;
+    req.batch = &b;
+    kf_cmd_t *c = sim_exec(&sim, KF_OP_PUSH_BATCH, &req.base);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    cr_assert(((Keyflow__V1__PushBatchResponse *)c->response)->duplicate);
+    /* A null's placeholder value is not content. */
+    push_ok(2, "[" ROW("c", 10, "ok", null) "]", INT64_MIN);
+    Keyflow__V1__StringValues ck = KEYFLOW__V1__STRING_VALUES__INIT,
+                              cm = KEYFLOW__V1__STRING_VALUES__INIT;
+    Keyflow__V1__Int64Values cts = KEYFLOW__V1__INT64_VALUES__INIT,
+                             cam = KEYFLOW__V1__INT64_VALUES__INIT;
+    char *ckv[] = {"c"}, *cmv[] = {"ok"};
+    int64_t ctv[] = {10}, cav[] = {12345};
+    protobuf_c_boolean cnull[] = {1};
+    ck.n_values = cm.n_values = cts.n_values = cam.n_values = 1;
+    ck.values = ckv;
+    cm.values = cmv;
+    cts.values = ctv;
+    cam.values = cav;
+    cols[0].strings = &ck;
+    cols[2].strings = &cm;
+    cols[1].int64s = &cts;
+    cols[3].int64s = &cam;
+    cols[3].n_nulls = 1;
+    cols[3].nulls = cnull;
+    b.row_count = 1;
+    req.sequence = 2;
+    req.watermark_present_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT__NOT_SET;
+    c = sim_exec(&sim, KF_OP_PUSH_BATCH, &req.base);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    cr_assert(((Keyflow__V1__PushBatchResponse *)c->response)->duplicate);
+    /* The digests are stored with the acknowledgements. */
+    sim_crash(&sim);
+    cr_assert_eq(push("p", 1, others[0], 100)->error.status, KF_E_EXISTS);
+    cr_assert_eq(push("p", 1, TWO_ROWS, 100)->error.status, KF_OK);
+}
+
+/* Acknowledgements stored before digests were kept have none: a retry of
+ * their sequence gets the acknowledgement back whatever it holds, as it
+ * did when they were written (docs/semantics.md). */
+Test(functions, an_ack_stored_without_a_digest_answers_any_retry) {
+    register_ok();
+    push_ok(1, TWO_ROWS, INT64_MIN);
+    /* Rewrite the stored producer as an older build wrote it. */
+    const uint8_t key[5] = {0, 0, 0, 0, 'p'}; /* the first function's index, then "p" */
+    kf_value_t v;
+    bool found = false;
+    kf_error_t err;
+    cr_assert_eq(kf_store_get(sim.store, KF_CF_PRODUCERS, key, sizeof key, &v, &found, &err),
+                 KF_OK);
+    cr_assert(found);
+    Keyflow__Records__ProducerRec *rec =
+        keyflow__records__producer_rec__unpack(NULL, v.len, v.data);
+    kf_store_value_free(&v);
+    cr_assert_not_null(rec);
+    cr_assert_eq(rec->n_acks, 1);
+    cr_assert_eq(rec->acks[0]->digest.len, KF_SHA256_BYTES, "stored with its digest");
+    rec->acks[0]->digest.len = 0;
+    uint8_t buf[4096];
+    size_t len = keyflow__records__producer_rec__pack(rec, buf);
+    keyflow__records__producer_rec__free_unpacked(rec, NULL);
+    sim_put_raw(&sim, KF_CF_PRODUCERS, key, sizeof key, buf, len);
+    sim_crash(&sim);
+    kf_cmd_t *c = push("p", 1, "[" ROW("z", 1, "ok", 1) "]", INT64_MIN);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    cr_assert(((Keyflow__V1__PushBatchResponse *)c->response)->duplicate);
+    cr_assert_eq(((Keyflow__V1__PushBatchResponse *)c->response)->rows_accepted, 2);
+    cr_assert_eq(state_of("z")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
 }
 
 Test(functions, rows_of_one_key_take_separate_calls_in_arrival_order) {
