@@ -410,6 +410,13 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
             timeout_given ? d->limits->call_timeout_ms : KF_FN_CALL_TIMEOUT_MS_DEFAULT;
     }
 
+    if (d->state_ttl_us < 0) {
+        return kf_error_set(err, KF_E_INVALID,
+                            "descriptor.state_ttl_us: must be 0 (no expiry) or a positive number "
+                            "of microseconds, got %lld",
+                            (long long)d->state_ttl_us);
+    }
+
     Keyflow__V1__OutputRetention *retention;
     if ((st = canonical_retention(d->output_retention, a, &retention, err)) != KF_OK) {
         return st;
@@ -435,6 +442,7 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
     c->n_timer_names = d->n_timer_names;
     c->timer_names = copy_strings(a, d->timer_names, d->n_timer_names);
     c->limits = limits;
+    c->state_ttl_us = d->state_ttl_us;
     c->output_retention = retention;
     *out = c;
     return KF_OK;

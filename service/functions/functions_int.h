@@ -69,6 +69,7 @@
 #include "base/limits.h"
 #include "base/map.h"
 #include "base/ostree.h"
+#include "base/pq.h"
 #include "functions/descriptor.h"
 #include "functions/functions.h"
 #include "functions/plugin.h"
@@ -104,11 +105,13 @@ struct fn_key {
     uint8_t state;   /* KF_STATE_* */
     uint8_t in_call; /* in a handler call that is out (pipelining) */
     int64_t value;
-    ev_timer_t **timers; /* one slot per timer name, NULL until needed */
-    uint8_t ntimers;     /* timers set */
-    uint32_t cost;       /* what the key adds to state_bytes (keys.c key_cost) */
-    uint32_t step_mark;  /* the step that snapshotted this key */
-    uint32_t call_mark;  /* the handler call that holds this key */
+    int64_t expires_us;    /* state_ttl_us: when the value expires, or KF__NO_TIME */
+    kf_pq_node_t ttl_node; /* in the function's expiry queue while expires_us is set */
+    ev_timer_t **timers;   /* one slot per timer name, NULL until needed */
+    uint8_t ntimers;       /* timers set */
+    uint32_t cost;         /* what the key adds to state_bytes (keys.c key_cost) */
+    uint32_t step_mark;    /* the step that snapshotted this key */
+    uint32_t call_mark;    /* the handler call that holds this key */
 };
 
 typedef struct producer {
@@ -157,6 +160,7 @@ struct function {
     uint64_t timer_count;
     uint64_t state_bytes;
     kf_ostree_t timers; /* event-time timers, (at_us, key, name) order */
+    kf_pq_t expiries;   /* keys whose value expires (state_ttl_us), (expires_us, key) order */
     uint32_t timer_name_len[KF_TIMER_NAMES_MAX];
     bool has_watermark;
     int64_t watermark_us;
@@ -218,6 +222,7 @@ typedef struct undo {
     bool existed;
     uint8_t state;
     int64_t value;
+    int64_t expires_us;
     int64_t at[KF_TIMER_NAMES_MAX];
 } undo_t;
 
@@ -247,6 +252,7 @@ struct step {
     uint64_t due_timers0; /* due timers before the step (GetFunction meanwhile) */
     int64_t activations;
     int64_t timer_callbacks;
+    int64_t expired; /* values cleared by state_ttl_us */
     int64_t calls;
     kf_error_t *err;
     /* The step as a resumable machine: one handler call out at a time. */
@@ -356,7 +362,14 @@ void kf__key_free(function_t *fn, fn_key_t *k);
 /* Sets (at_us) or clears (KF__NO_TIME) one timer of a key, keeping heap
  * and counters in step. */
 void kf__key_set_timer(function_t *fn, fn_key_t *k, uint8_t name, int64_t at_us);
-void kf__key_set_state(function_t *fn, fn_key_t *k, uint8_t state, int64_t value);
+/* Sets a key's value state; expires_us is when the value expires
+ * (state_ttl_us), KF__NO_TIME for never (and for ABSENT). */
+void kf__key_set_state(function_t *fn, fn_key_t *k, uint8_t state, int64_t value,
+                       int64_t expires_us);
+/* The (expires_us, key) order of the expiry queue. */
+bool kf__expiry_before(const kf_pq_node_t *an, const kf_pq_node_t *bn, const void *ctx);
+/* The key whose value expires first, or NULL. */
+fn_key_t *kf__expiry_top(const function_t *fn);
 size_t kf__key_of_row(kf_functions_t *fns, const function_t *fn, const kf_rows_t *rows,
                       uint32_t row, char **text, size_t *text_len, bool *text_owned);
 /* The readable form of a stored canonical key (malloc'd into *text); false

@@ -73,14 +73,16 @@ bool kf__key_live(const function_t *fn, const fn_key_t *k) {
 }
 
 /* What a key costs in max_state_bytes: nothing while it is not live; then
- * its canonical key, 9 bytes for a value (kind and int64) and, per timer,
- * its name and 8 bytes of time; the same estimate the stored records
- * (state, timers_by_key, timers_by_time) grow by. */
+ * its canonical key, 9 bytes for a value (kind and int64) and 8 more for
+ * its expiry (state_ttl_us), and, per timer, its name and 8 bytes of time;
+ * the same estimate the stored records (state, timers_by_key,
+ * timers_by_time) grow by. */
 static uint32_t key_cost(const function_t *fn, const fn_key_t *k) {
     if (!kf__key_live(fn, k)) {
         return 0;
     }
-    uint32_t cost = k->key_len + (k->state != KF_STATE_ABSENT ? 9u : 0u);
+    uint32_t cost = k->key_len + (k->state != KF_STATE_ABSENT ? 9u : 0u) +
+                    (k->expires_us != KF__NO_TIME ? 8u : 0u);
     for (size_t i = 0; k->ntimers > 0 && i < fn->desc->n_timer_names; i++) {
         if (k->timers[i] != NULL) {
             cost += fn->timer_name_len[i] + 8u;
@@ -111,6 +113,8 @@ fn_key_t *kf__key_new(function_t *fn, const uint8_t *key, size_t len, const char
     k->key_text = kf_xstrndup(text, text_len);
     k->key_text_len = (uint32_t)text_len;
     k->state = KF_STATE_ABSENT;
+    k->expires_us = KF__NO_TIME;
+    kf_pq_node_init(&k->ttl_node);
     kf_map_insert(&fn->keys, &k->node, k->key, k->key_len);
     return k;
 }
@@ -166,11 +170,35 @@ void kf__key_set_timer(function_t *fn, fn_key_t *k, uint8_t name, int64_t at_us)
     key_recount(fn, k, was_live);
 }
 
-void kf__key_set_state(function_t *fn, fn_key_t *k, uint8_t state, int64_t value) {
+void kf__key_set_state(function_t *fn, fn_key_t *k, uint8_t state, int64_t value,
+                       int64_t expires_us) {
+    KF_ASSERT(state != KF_STATE_ABSENT || expires_us == KF__NO_TIME);
     bool was_live = kf__key_live(fn, k);
     k->state = state;
     k->value = state == KF_STATE_VALUE ? value : 0;
+    if (k->expires_us != expires_us) {
+        kf_pq_remove(&fn->expiries, &k->ttl_node); /* no-op when not queued */
+        k->expires_us = expires_us;
+        if (expires_us != KF__NO_TIME) {
+            kf_pq_push(&fn->expiries, &k->ttl_node);
+        }
+    }
     key_recount(fn, k, was_live);
+}
+
+bool kf__expiry_before(const kf_pq_node_t *an, const kf_pq_node_t *bn, const void *ctx) {
+    (void)ctx;
+    const fn_key_t *a = KF_CONTAINER_OF(an, fn_key_t, ttl_node);
+    const fn_key_t *b = KF_CONTAINER_OF(bn, fn_key_t, ttl_node);
+    if (a->expires_us != b->expires_us) {
+        return a->expires_us < b->expires_us;
+    }
+    return key_cmp(a, b) < 0;
+}
+
+fn_key_t *kf__expiry_top(const function_t *fn) {
+    kf_pq_node_t *n = kf_pq_top(&fn->expiries);
+    return n ? KF_CONTAINER_OF(n, fn_key_t, ttl_node) : NULL;
 }
 
 /* The canonical key of input row `row`: per key column, u32 BE length and
@@ -324,6 +352,8 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         const undo_t *before = step_snapshot(fn, k);
         resp->state = (Keyflow__V1__StateKind)(before ? before->state : k->state);
         resp->value = before ? before->value : k->value;
+        int64_t expires_us = before ? before->expires_us : k->expires_us;
+        resp->state_expires_us = expires_us != KF__NO_TIME ? expires_us : 0;
         resp->timers =
             kf_arena_new(cmd->arena, (fn->desc->n_timer_names + 1) * sizeof *resp->timers);
         for (size_t i = 0; i < fn->desc->n_timer_names; i++) {

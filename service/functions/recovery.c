@@ -65,13 +65,19 @@ static kf_status_t scan_prefix(kf_ctx_t *ctx, function_t *fn, kf_cf_t cf, scan_f
 
 static kf_status_t load_state(function_t *fn, const uint8_t *key, size_t len, const uint8_t *v,
                               size_t vlen, kf_error_t *err) {
-    fn_key_t *k = vlen == 9 && (v[0] == KF_STATE_NULL || v[0] == KF_STATE_VALUE)
+    /* kind | value, then the expiry when the function has state_ttl_us. */
+    bool ttl = fn->desc->state_ttl_us > 0;
+    fn_key_t *k = vlen == (ttl ? 17u : 9u) && (v[0] == KF_STATE_NULL || v[0] == KF_STATE_VALUE)
                       ? recover_key(fn, key, len)
                       : NULL;
     if (k == NULL) {
         return kf_error_set(err, KF_E_CORRUPT, "state of %s: malformed record", fn->id);
     }
-    kf__key_set_state(fn, k, v[0], (int64_t)kf_get_be64(v + 1));
+    int64_t expires_us = ttl ? (int64_t)kf_get_be64(v + 9) : KF__NO_TIME;
+    if (expires_us == KF__NO_TIME && ttl) {
+        return kf_error_set(err, KF_E_CORRUPT, "state of %s: malformed expiry", fn->id);
+    }
+    kf__key_set_state(fn, k, v[0], (int64_t)kf_get_be64(v + 1), expires_us);
     return KF_OK;
 }
 

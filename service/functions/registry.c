@@ -64,6 +64,7 @@ function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescripto
     kf_map_init(&fn->keys);
     kf_map_init(&fn->producers);
     kf_ostree_init(&fn->timers, kf__timer_cmp, fn);
+    kf_pq_init(&fn->expiries, kf__expiry_before, fn);
     for (size_t i = 0; i < fn->desc->n_timer_names; i++) {
         fn->timer_name_len[i] = (uint32_t)strlen(fn->desc->timer_names[i]);
     }
@@ -86,6 +87,7 @@ static void fn_free(function_t *fn) {
         }
     }
     kf_ostree_deinit(&fn->timers); /* first: its nodes live in the keys' timers */
+    kf_pq_deinit(&fn->expiries);   /* and these in the keys */
     size_t b;
     kf_map_node_t *n = kf_map_first(&fn->keys, &b);
     while (n != NULL) {

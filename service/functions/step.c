@@ -67,6 +67,7 @@ static void touch(step_t *s, fn_key_t *k, bool existed) {
     u->existed = existed;
     u->state = k->state;
     u->value = k->value;
+    u->expires_us = k->expires_us;
     for (size_t i = 0; i < s->fn->desc->n_timer_names; i++) {
         u->at[i] = k->timers && k->timers[i] ? k->timers[i]->at_us : KF__NO_TIME;
     }
@@ -80,7 +81,7 @@ static void rollback(step_t *s) {
         for (size_t t = 0; t < fn->desc->n_timer_names; t++) {
             kf__key_set_timer(fn, k, (uint8_t)t, u->at[t]);
         }
-        kf__key_set_state(fn, k, u->state, u->value);
+        kf__key_set_state(fn, k, u->state, u->value, u->expires_us);
         k->step_mark = 0;
         if (!u->existed) {
             kf_map_remove(&fn->keys, &k->node);
@@ -206,6 +207,8 @@ static void producer_remember(producer_t *p, int64_t seq, const ProtobufCMessage
 
 /* ---- commit: the step's one atomic write ------------------------------- */
 
+/* The stored value: kind u8 | value be64, then its expiry be64 when it has
+ * one (state_ttl_us). */
 static void put_state(kf_ctx_t *ctx, const function_t *fn, const fn_key_t *k) {
     kf_key_t key;
     kf__key_prefix(&key, fn);
@@ -214,10 +217,15 @@ static void put_state(kf_ctx_t *ctx, const function_t *fn, const fn_key_t *k) {
         kf_ctx_delete(ctx, KF_CF_STATE, &key);
         return;
     }
-    uint8_t v[9];
+    uint8_t v[17];
     v[0] = k->state;
     kf_put_be64(v + 1, (uint64_t)k->value);
-    kf_ctx_put(ctx, KF_CF_STATE, &key, v, sizeof v);
+    size_t len = 9;
+    if (k->expires_us != KF__NO_TIME) {
+        kf_put_be64(v + 9, (uint64_t)k->expires_us);
+        len = 17;
+    }
+    kf_ctx_put(ctx, KF_CF_STATE, &key, v, len);
 }
 
 static void timer_keys(const function_t *fn, const uint8_t *key, uint32_t key_len, size_t name,
@@ -324,7 +332,8 @@ static void commit(step_t *s, int64_t *first_seq, int64_t *last_seq) {
         undo_t *u = &s->undo[i];
         fn_key_t *k = u->key;
         k->step_mark = 0;
-        if (u->state != k->state || (k->state == KF_STATE_VALUE && u->value != k->value)) {
+        if (u->state != k->state || (k->state == KF_STATE_VALUE && u->value != k->value) ||
+            u->expires_us != k->expires_us) {
             put_state(ctx, fn, k);
         }
         for (size_t t = 0; t < fn->desc->n_timer_names; t++) {
@@ -424,6 +433,13 @@ static kf_status_t validate(kf_call_t *call) {
     return KF_OK;
 }
 
+/* When a value written by activation `a` expires: state_ttl_us after its
+ * event time (saturating), or never. */
+static int64_t expiry_of(const function_t *fn, const kf_activation_t *a) {
+    int64_t ttl = fn->desc->state_ttl_us;
+    return ttl > 0 ? kf_time_add_sat(a->event_time_us, ttl) : KF__NO_TIME;
+}
+
 static void apply(kf_call_t *call) {
     step_t *s = call->step;
     function_t *fn = s->fn;
@@ -440,15 +456,15 @@ static void apply(kf_call_t *call) {
         case KF__MUT_UNCHANGED: break;
         case KF__MUT_SET:
             touch(s, k, true);
-            kf__key_set_state(fn, k, KF_STATE_VALUE, r->value);
+            kf__key_set_state(fn, k, KF_STATE_VALUE, r->value, expiry_of(fn, &call->acts[i]));
             break;
         case KF__MUT_SET_NULL:
             touch(s, k, true);
-            kf__key_set_state(fn, k, KF_STATE_NULL, 0);
+            kf__key_set_state(fn, k, KF_STATE_NULL, 0, expiry_of(fn, &call->acts[i]));
             break;
         case KF__MUT_CLEAR:
             touch(s, k, true);
-            kf__key_set_state(fn, k, KF_STATE_ABSENT, 0);
+            kf__key_set_state(fn, k, KF_STATE_ABSENT, 0, KF__NO_TIME);
             break;
         default: KF_UNREACHABLE();
         }
@@ -694,6 +710,19 @@ static void build_timer_call(step_t *s, kf_call_t *call) {
     }
 }
 
+/* The watermark advanced: values whose expiry it reached are cleared now,
+ * in (expires_us, key) order, before the due timers of the step fire (they
+ * see the value absent). No handler call; each is one stored delete. */
+static void expire_values(step_t *s) {
+    function_t *fn = s->fn;
+    fn_key_t *k;
+    while ((k = kf__expiry_top(fn)) != NULL && k->expires_us <= s->watermark) {
+        touch(s, k, true);
+        kf__key_set_state(fn, k, KF_STATE_ABSENT, 0, KF__NO_TIME);
+        s->expired++;
+    }
+}
+
 typedef enum next_call {
     NEXT_CALL,    /* `call` holds activations: send it */
     NEXT_BLOCKED, /* the next activation's key is in a call out: wait */
@@ -723,6 +752,7 @@ static next_call_t next_call(step_t *s, kf_call_t *call) {
             (!s->has_watermark || req->watermark_us > s->watermark)) {
             s->has_watermark = true; /* watermarks never go back: a lower one is ignored */
             s->watermark = req->watermark_us;
+            expire_values(s);
         }
         s->timers_phase = true;
         s->fn->next_activation = s->next_activation0 + s->rows->count;

@@ -384,3 +384,82 @@ Test(steps, timers_due_together_fire_in_at_key_name_order) {
         json_decref(rows);
     }
 }
+
+/* ---- state_ttl_us ------------------------------------------------------ */
+
+static void register_ttl(int64_t ttl_us) {
+    Keyflow__V1__FunctionDescriptor *d = fnh_descriptor("f", "f.v1");
+    d->state_ttl_us = ttl_us;
+    kf_cmd_t *c = fnh_register(d);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+}
+
+/* A value expires when the watermark reaches its last write's event time
+ * + state_ttl_us, in the step that advances it; GetKeyState shows when. */
+Test(steps, a_value_expires_when_the_watermark_passes_its_ttl) {
+    register_ttl(50);
+    fnh_push_ok("f", 1, "[" ROW("a", 100, "ok", 5) "," ROW("b", 120, "null", 0) "]", INT64_MIN);
+    Keyflow__V1__GetKeyStateResponse *a = fnh_state("f", "a");
+    cr_assert_eq(a->value, 5);
+    cr_assert_eq(a->state_expires_us, 150);
+    cr_assert_eq(fnh_state("f", "b")->state_expires_us, 170, "SET_NULL has a ttl too");
+    /* 5 + 9 + 8 bytes per key with an expiring value. */
+    cr_assert_eq(fnh_info("f")->state_bytes, 2 * 22);
+    fnh_push_ok("f", 2, NULL, 149);
+    cr_assert_eq(fnh_state("f", "a")->value, 5, "not yet");
+    /* A write moves the expiry (event time 130 -> 180). */
+    fnh_push_ok("f", 3, "[" ROW("a", 130, "ok", 6) "]", INT64_MIN);
+    cr_assert_eq(fnh_state("f", "a")->state_expires_us, 180);
+    Keyflow__V1__PushBatchResponse *ack = fnh_push_ok("f", 4, NULL, 175);
+    cr_assert_eq(ack->timer_callbacks, 0, "expiry is no handler call");
+    cr_assert_eq(fnh_state("f", "b")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+    cr_assert_eq(fnh_state("f", "b")->state_expires_us, 0);
+    cr_assert_eq(fnh_state("f", "a")->value, 6);
+    /* The expiry is stored with the value. */
+    sim_crash(&sim);
+    cr_assert_eq(fnh_state("f", "a")->state_expires_us, 180);
+    cr_assert_eq(fnh_info("f")->keys, 1);
+    fnh_push_ok("f", 5, NULL, 180);
+    cr_assert_eq(fnh_state("f", "a")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+    cr_assert_eq(fnh_info("f")->keys, 0);
+    cr_assert_eq(fnh_info("f")->state_bytes, 0);
+    sim_crash(&sim);
+    cr_assert_eq(fnh_state("f", "a")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT,
+                 "the clear was stored");
+}
+
+/* Values expire at the watermark advance, before the step's due timers
+ * fire: a timer past the expiry sees the value absent (misbehaving emits
+ * n = -1 for an absent value). */
+Test(steps, values_expire_before_the_due_timers_of_the_step) {
+    register_ttl(50);
+    fnh_push_ok("f", 1, "[" ROW("a", 100, "ok", 5) "," ROW("a", 100, "timer", 60) "]", INT64_MIN);
+    fnh_push_ok("f", 2, NULL, 200);
+    json_t *rows = fnh_output("f", 0, 10, NULL);
+    cr_assert_eq(json_array_size(rows), 2);
+    cr_assert_eq(fnh_out_int(rows, 1, "n"), -1, "expired at 150, the timer fired at 160");
+    json_decref(rows);
+}
+
+/* A late write whose expiry is already behind the watermark lives until
+ * the next step that advances the watermark (docs/semantics.md). */
+Test(steps, a_late_write_expires_at_the_next_advance) {
+    register_ttl(50);
+    fnh_push_ok("f", 1, NULL, 1000);
+    fnh_push_ok("f", 2, "[" ROW("a", 500, "ok", 5) "]", INT64_MIN);
+    Keyflow__V1__GetKeyStateResponse *a = fnh_state("f", "a");
+    cr_assert_eq(a->value, 5);
+    cr_assert_eq(a->state_expires_us, 550);
+    fnh_push_ok("f", 3, NULL, 1000); /* the same watermark: no advance */
+    cr_assert_eq(fnh_state("f", "a")->value, 5);
+    fnh_push_ok("f", 4, NULL, 1001);
+    cr_assert_eq(fnh_state("f", "a")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+}
+
+Test(steps, a_negative_ttl_is_refused) {
+    Keyflow__V1__FunctionDescriptor *d = fnh_descriptor("f", "f.v1");
+    d->state_ttl_us = -1;
+    kf_cmd_t *c = fnh_register(d);
+    cr_assert_eq(c->error.status, KF_E_INVALID);
+    cr_assert(strstr(c->error.message, "descriptor.state_ttl_us") != NULL, "%s", c->error.message);
+}
