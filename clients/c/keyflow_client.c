@@ -842,6 +842,16 @@ KF_CLIENT_WRAPPER(kf_client_get_key_state, KF_CLIENT_PATH_GET_KEY_STATE,
 KF_CLIENT_WRAPPER(kf_client_trim_output, KF_CLIENT_PATH_TRIM_OUTPUT, Keyflow__V1__TrimOutputRequest,
                   keyflow__v1__trim_output_request__descriptor, Keyflow__V1__TrimOutputResponse,
                   keyflow__v1__trim_output_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_delete_function, KF_CLIENT_PATH_DELETE_FUNCTION,
+                  Keyflow__V1__DeleteFunctionRequest,
+                  keyflow__v1__delete_function_request__descriptor,
+                  Keyflow__V1__DeleteFunctionResponse,
+                  keyflow__v1__delete_function_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_delete_producer, KF_CLIENT_PATH_DELETE_PRODUCER,
+                  Keyflow__V1__DeleteProducerRequest,
+                  keyflow__v1__delete_producer_request__descriptor,
+                  Keyflow__V1__DeleteProducerResponse,
+                  keyflow__v1__delete_producer_response__descriptor)
 KF_CLIENT_WRAPPER(kf_client_create_key, KF_CLIENT_PATH_CREATE_KEY, Keyflow__V1__CreateKeyRequest,
                   keyflow__v1__create_key_request__descriptor, Keyflow__V1__CreateKeyResponse,
                   keyflow__v1__create_key_response__descriptor)

@@ -75,6 +75,8 @@
 #define KF_CLIENT_PATH_TAIL_OUTPUT          "/keyflow.v1.Functions/TailOutput"
 #define KF_CLIENT_PATH_GET_KEY_STATE        "/keyflow.v1.Functions/GetKeyState"
 #define KF_CLIENT_PATH_TRIM_OUTPUT          "/keyflow.v1.Functions/TrimOutput"
+#define KF_CLIENT_PATH_DELETE_FUNCTION      "/keyflow.v1.Functions/DeleteFunction"
+#define KF_CLIENT_PATH_DELETE_PRODUCER      "/keyflow.v1.Functions/DeleteProducer"
 #define KF_CLIENT_PATH_HEALTH_CHECK         "/grpc.health.v1.Health/Check"
 #define KF_CLIENT_PATH_CREATE_KEY           "/keyflow.v1.Keys/CreateKey"
 #define KF_CLIENT_PATH_LIST_KEYS            "/keyflow.v1.Keys/ListKeys"
@@ -254,6 +256,18 @@ kf_status_t kf_client_trim_output(kf_client_t *client,
                                   const Keyflow__V1__TrimOutputRequest *request, kf_arena_t *arena,
                                   int64_t timeout_ms, Keyflow__V1__TrimOutputResponse **response,
                                   kf_error_t *err) KF_MUST_USE;
+/* With allow_missing set, a retry after a lost reply answers OK (deleted
+ * false) instead of NOT_FOUND. */
+kf_status_t kf_client_delete_function(kf_client_t *client,
+                                      const Keyflow__V1__DeleteFunctionRequest *request,
+                                      kf_arena_t *arena, int64_t timeout_ms,
+                                      Keyflow__V1__DeleteFunctionResponse **response,
+                                      kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_client_delete_producer(kf_client_t *client,
+                                      const Keyflow__V1__DeleteProducerRequest *request,
+                                      kf_arena_t *arena, int64_t timeout_ms,
+                                      Keyflow__V1__DeleteProducerResponse **response,
+                                      kf_error_t *err) KF_MUST_USE;
 
 /* The Keys service (every call needs a key with keys:admin). The api_key
  * of a CreateKeyResponse is the only copy of the new key's secret. */

@@ -1,6 +1,7 @@
 /*
  * cli_functions.c - `keyflow functions ...`: one subcommand per RPC of the
- * Functions service (register, get, list, push, output, tail, trim, state).
+ * Functions service (register, get, list, push, output, tail, trim, delete,
+ * delete-producer, state).
  *
  *   push: flags --> read all input (<= KF__CLI_PUSH_INPUT_BYTES_MAX)
  *     --> GetFunction (input schema, max_input_rows)
@@ -445,6 +446,40 @@ static int cmd_trim(kf__cli_t *cli, const kf__cli_args_t *args) {
     return kf__cli_print(cli, &resp->base);
 }
 
+/* ---- delete / delete-producer -------------------------------------------- */
+
+static const kf__cli_flag_t delete_flags[] = {
+    {"--allow-missing", KF__CLI_SWITCH, NULL,
+     "succeed (\"deleted\" false) when there is nothing to delete"},
+};
+
+static int cmd_delete(kf__cli_t *cli, const kf__cli_args_t *args) {
+    Keyflow__V1__DeleteFunctionRequest req = KEYFLOW__V1__DELETE_FUNCTION_REQUEST__INIT;
+    req.function_id = (char *)args->positional[0];
+    req.allow_missing = kf__cli_has(args, "--allow-missing");
+    Keyflow__V1__DeleteFunctionResponse *resp = NULL;
+    kf_error_t err;
+    if (kf_client_delete_function(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &resp,
+                                  &err) != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print(cli, &resp->base);
+}
+
+static int cmd_delete_producer(kf__cli_t *cli, const kf__cli_args_t *args) {
+    Keyflow__V1__DeleteProducerRequest req = KEYFLOW__V1__DELETE_PRODUCER_REQUEST__INIT;
+    req.function_id = (char *)args->positional[0];
+    req.producer_id = (char *)args->positional[1];
+    req.allow_missing = kf__cli_has(args, "--allow-missing");
+    Keyflow__V1__DeleteProducerResponse *resp = NULL;
+    kf_error_t err;
+    if (kf_client_delete_producer(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &resp,
+                                  &err) != KF_OK) {
+        return kf__cli_fail(&err);
+    }
+    return kf__cli_print(cli, &resp->base);
+}
+
 /* ---- the subcommand table ------------------------------------------------ */
 
 static const kf__cli_command_t functions_commands[] = {
@@ -495,6 +530,18 @@ static const kf__cli_command_t functions_commands[] = {
      "row + 1. Trimming again to the same or an earlier position changes nothing. Prints\n"
      "the first retained sequence; \"functions get\" shows the retained range.",
      FLAGS(trim_flags), 1, 1, false, cmd_trim, NULL},
+    {"delete", "ID [--allow-missing]", "delete a function and everything of it",
+     "Deletes the function's state, timers, output, producers and descriptor, durably.\n"
+     "Batches waiting for it are refused ABORTED, reads waiting on it NOT_FOUND, and its\n"
+     "remote workers' streams end. Afterwards ID (and its pipeline state ID) can be\n"
+     "registered again, with any descriptor. Prints what went with it.",
+     FLAGS(delete_flags), 1, 1, false, cmd_delete, NULL},
+    {"delete-producer", "ID PRODUCER [--allow-missing]",
+     "forget a producer: its last sequence and kept acknowledgements",
+     "The next batch under PRODUCER starts a new producer (any sequence >= 1), owned by the\n"
+     "key that pushes it. Producers are also forgotten by themselves after keyflowd's\n"
+     "--producer-idle-expiry-ms without a batch (default a week).",
+     FLAGS(delete_flags), 2, 2, false, cmd_delete_producer, NULL},
     {"state", "ID KEY", "show a key's value state (absent, null or a value) and its timers",
      "KEY is the key's text: the value of the one key column, or a JSON array of the\n"
      "values when the function has several key columns.",

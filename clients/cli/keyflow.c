@@ -964,8 +964,14 @@ static void print_group_help(FILE *out, const command_t *cmd) {
     KF_ASSERT(cmd->group != NULL);
     fprintf(out, "Usage: keyflow %s %s\n\n%s.\n\nSubcommands:\n", cmd->name, cmd->synopsis,
             cmd->summary);
+    int width = 8; /* the longest subcommand's name aligns the summaries */
     for (size_t i = 0; i < cmd->group->count; i++) {
-        fprintf(out, "  %-8s %s\n", cmd->group->commands[i].name, cmd->group->commands[i].summary);
+        int len = (int)strlen(cmd->group->commands[i].name);
+        width = len > width ? len : width;
+    }
+    for (size_t i = 0; i < cmd->group->count; i++) {
+        fprintf(out, "  %-*s %s\n", width, cmd->group->commands[i].name,
+                cmd->group->commands[i].summary);
     }
     fprintf(out, "\nRun 'keyflow %s SUBCOMMAND --help' for a subcommand's flags.\n", cmd->name);
 }

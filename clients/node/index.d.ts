@@ -143,6 +143,7 @@ export interface FunctionInfo {
   firstRetainedSeq: Int64;
   retainedRows: Int64;
   retainedBytes: Int64;
+  producers: Int64;
   [field: string]: unknown;
 }
 
@@ -179,6 +180,19 @@ export interface OutputPage {
 export interface TrimResult {
   firstRetainedSeq: Int64;
   outputSeq: Int64;
+}
+
+export interface DeleteFunctionResult {
+  deleted: boolean;
+  keys: Int64;
+  timers: Int64;
+  outputRows: Int64;
+  producers: Int64;
+}
+
+export interface DeleteProducerResult {
+  deleted: boolean;
+  lastSequence: Int64;
 }
 
 export interface KeyState {
@@ -234,6 +248,10 @@ export class Client {
   tailOutput(functionId: string, options?: { afterSeq?: Int64; maxRowsPerMessage?: number }): OutputTail;
   /** Drops the output rows before beforeSeq (idempotent). */
   trimOutput(functionId: string, beforeSeq: Int64): Promise<TrimResult>;
+  /** Deletes the function and everything of it; its id can be registered again. */
+  deleteFunction(functionId: string, options?: { allowMissing?: boolean }): Promise<DeleteFunctionResult>;
+  /** Forgets a producer: its next batch starts a new producer. */
+  deleteProducer(functionId: string, producerId: string, options?: { allowMissing?: boolean }): Promise<DeleteProducerResult>;
   /** key: the value, or an array of values for several key columns */
   keyState(functionId: string, key: string | string[]): Promise<KeyState>;
 }

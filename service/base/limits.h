@@ -164,8 +164,17 @@
 #define KF_FN_TIMER_OPS_PER_CALL_MAX 262144
 /* Producers remembered per function, and acknowledgements per producer kept
  * for retries of recent sequences. */
-#define KF_PRODUCERS_MAX      10000
-#define KF_PRODUCER_ACKS_KEPT 16
+#define KF_PRODUCERS_MAX 10000
+/* A producer no batch used for this long is forgotten (its sequence and
+ * acks; --producer-idle-expiry-ms), so that producer IDs do not fill
+ * KF_PRODUCERS_MAX for good. A week: a producer that pauses longer starts
+ * over as a new one (any sequence), as Kafka forgets idle producer IDs. A
+ * retry of a batch older than that is not recognised as a duplicate. */
+#define KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT (7LL * 24 * 3600 * 1000)
+#define KF_PRODUCER_IDLE_EXPIRY_MS_MAX     (365LL * 24 * 3600 * 1000)
+/* Producers expired per engine turn, so a mass expiry is spread out. */
+#define KF_PRODUCERS_EXPIRED_PER_TURN 1024
+#define KF_PRODUCER_ACKS_KEPT         16
 /* PushBatch commands waiting behind a function's step whose handler call
  * is out: each step starts from the state the previous one left, so they
  * wait in order, and a slow handler must not let them pile up. */

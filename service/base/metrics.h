@@ -33,6 +33,8 @@
     X(KF_G_PARKED_READS, "keyflow_parked_reads", "ReadOutput/TailOutput reads waiting for rows")   \
     X(KF_G_TIMERS, "keyflow_timers", "Processing-time timers armed")                               \
     X(KF_G_FUNCTIONS, "keyflow_functions", "Registered process functions")                         \
+    X(KF_G_BATCHES_QUEUED, "keyflow_function_batches_queued",                                      \
+      "PushBatch calls waiting behind a function's step")                                          \
     X(KF_G_FUNCTION_WORKERS, "keyflow_function_workers", "Remote handler workers serving")         \
     X(KF_G_READY, "keyflow_ready", "1 when the service is ready to serve")                         \
     X(KF_G_DISK_FREE_BYTES, "keyflow_disk_free_bytes",                                             \
@@ -61,6 +63,8 @@
     X(KF_C_OUTPUT_ROWS, "keyflow_function_output_rows_total", "Process function output rows")      \
     X(KF_C_EVENT_TIMERS_FIRED, "keyflow_function_timers_fired_total", "Event-time timers fired")   \
     X(KF_C_HANDLER_CALLS, "keyflow_function_handler_calls_total", "Handler invocations")           \
+    X(KF_C_PRODUCERS_EXPIRED, "keyflow_function_producers_expired_total",                          \
+      "Producers forgotten after --producer-idle-expiry-ms")                                       \
     X(KF_C_REJECTED_QUEUE_FULL, "keyflow_rejected_queue_full_total",                               \
       "Commands refused: queue full")                                                              \
     X(KF_C_REJECTED_DISK_RESERVE, "keyflow_rejected_disk_reserve_total",                           \

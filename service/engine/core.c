@@ -61,6 +61,8 @@ static bool grows_store(kf_op_t op) {
     case KF_OP_READ_OUTPUT:
     case KF_OP_GET_KEY_STATE:
     case KF_OP_TRIM_OUTPUT:
+    case KF_OP_DELETE_FUNCTION:
+    case KF_OP_DELETE_PRODUCER:
     /* API keys: a handful of small records an operator may need to manage
      * the server, bounded by KF_API_KEYS_MAX. */
     case KF_OP_CREATE_KEY:

@@ -135,6 +135,9 @@ typedef struct kf_engine_config {
      * age, no bound on rows or bytes. */
     bool output_retention_set;
     kf_retention_t output_retention;
+    /* Producers idle this long are forgotten (--producer-idle-expiry-ms);
+     * 0 = KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT. */
+    int64_t producer_idle_expiry_ms;
     /* Called on the committer thread (or the engine thread, for a write it
      * made itself) when a sync fails. Default: log and abort(). If it
      * returns, the engine acknowledges nothing more and answers every call

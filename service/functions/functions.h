@@ -56,10 +56,13 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_trim(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+void kf_functions_delete(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+void kf_functions_delete_producer(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 
-/* Output retention: trims what the functions' retention and TrimOutput
- * say may go, examining at most `limit` output chunks. Returns how many it
- * examined (== limit: more may be left; call again soon). */
+/* Output retention and producer expiry: trims what the functions'
+ * retention and TrimOutput say may go, examining at most `limit` output
+ * chunks, and forgets producers idle past the server's expiry. Returns how
+ * much it examined (== limit: more may be left; call again soon). */
 uint32_t kf_functions_sweep(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t limit);
 
 /* Follow-on timer steps: due timers beyond what one step may fire

@@ -18,6 +18,7 @@
  *               validation, apply, due timers), undo and the commit.
  *   output.c    ReadOutput: durable output, parked reads.
  *   retention.c output retention: TrimOutput, the sweep that trims.
+ *   retire.c    DeleteFunction, DeleteProducer, producers' idle expiry.
  *   recovery.c  loading functions, state, timers and producers from the store.
  *
  * Stored layout (prefix = the function's index, u32 big-endian):
@@ -127,6 +128,9 @@ typedef struct producer {
      * before digests were kept has none and answers any retry. */
     uint8_t ack_digest[KF_PRODUCER_ACKS_KEPT][KF_SHA256_BYTES];
     bool ack_has_digest[KF_PRODUCER_ACKS_KEPT];
+    int64_t last_used_ms;   /* its last batch (retire.c: idle expiry) */
+    struct producer *older; /* the function's producers by last use, oldest first */
+    struct producer *newer;
 } producer_t;
 
 typedef struct reader {
@@ -171,6 +175,8 @@ struct function {
     uint64_t purged_seq;         /* chunks ending <= it are deleted from disk */
     uint64_t retained_bytes;     /* stored bytes of the chunks after purged_seq */
     kf_map_t producers;
+    producer_t *oldest_producer; /* by last use (retire.c) */
+    producer_t *newest_producer;
     reader_t *readers;    /* parked reads */
     struct step *active;  /* the step in progress (its call may be out) */
     kf_cmd_t *queue_head; /* PushBatch commands waiting (step.c invariant 3) */
@@ -343,6 +349,8 @@ function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescripto
                        const char *sha256, uint32_t index, int64_t created_ms);
 /* The function named by a request's function_id, or NULL with err set. */
 function_t *kf__fn_require(kf_functions_t *fns, const char *id, kf_error_t *err);
+/* Frees a function already out of the table (or with the table). */
+void kf__fn_free(function_t *fn);
 
 /* ---- keys.c ------------------------------------------------------------ */
 
@@ -436,6 +444,10 @@ void kf__remote_init(kf_functions_t *fns);
 /* Ends every worker stream (at shutdown and destroy): their calls fail,
  * and the front end gets every link back. */
 void kf__remote_release_all(kf_functions_t *fns, kf_ctx_t *ctx);
+/* Ends the streams of every worker of fn (the function is deleted): each
+ * is told `status` and `message`; their calls are dropped. */
+void kf__remote_close_function(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn,
+                               kf_status_t status, const char *message);
 
 /* ---- step.c ------------------------------------------------------------ */
 
@@ -452,8 +464,15 @@ void kf__due_unlink(kf_functions_t *fns, function_t *fn);
  * what is answered and go on (the step may finish, and queued batches
  * start; due timers may run again). */
 void kf__step_resume(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn);
-/* Refuses the batches queued behind an active step (at shutdown). */
-void kf__push_release_queued(kf_ctx_t *ctx, function_t *fn);
+/* Refuses the batches queued behind an active step with `status` and
+ * `message` (at shutdown, or when the function is deleted). */
+void kf__push_release_queued(kf_ctx_t *ctx, function_t *fn, kf_status_t status,
+                             const char *message);
+/* Ends the function's active step, if any, refused with `status` and
+ * `message`: its calls out are abandoned and nothing of it is applied
+ * (DeleteFunction). */
+void kf__step_abort(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_status_t status,
+                    const char *message);
 producer_t *kf__producer_get(function_t *fn, const char *id, bool create);
 void kf__put_checkpoint(kf_ctx_t *ctx, const function_t *fn);
 
@@ -462,6 +481,24 @@ void kf__put_checkpoint(kf_ctx_t *ctx, const function_t *fn);
 /* Output up to fn->output_seq was written in `group`: readers are woken
  * when the group is durable (kf_functions_durable). */
 void kf__output_written(kf_functions_t *fns, function_t *fn, uint64_t group);
+/* Before a function is freed: its parked reads fail with `status` and
+ * `message`, and nothing pending refers to it any more. */
+void kf__output_forget(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_status_t status,
+                       const char *message);
+
+/* ---- retire.c ---------------------------------------------------------- */
+
+/* A producer was used at now_ms (an accepted batch, or a retry of one):
+ * it becomes the function's newest. */
+void kf__producer_touch(function_t *fn, producer_t *p, int64_t now_ms);
+/* Removes a producer from its function (memory only) and frees it. */
+void kf__producer_free(function_t *fn, producer_t *p);
+/* After recovery loaded fn's producers (in key order): orders them by
+ * last use, giving those stored before expiry existed `now_ms`. */
+void kf__producers_recovered(function_t *fn, int64_t now_ms);
+/* Expires producers idle past the server's expiry, at most `limit`;
+ * returns how many. */
+uint32_t kf__producers_expire(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t limit);
 
 /* ---- retention.c ------------------------------------------------------- */
 

@@ -267,7 +267,8 @@ void kf_functions_release_reads(kf_functions_t *fns, kf_ctx_t *ctx) {
     size_t b;
     for (kf_map_node_t *n = kf_map_first(&fns->by_id, &b); n; n = kf_map_next(&fns->by_id, &b, n)) {
         function_t *fn = KF_CONTAINER_OF(n, function_t, node);
-        kf__push_release_queued(ctx, fn); /* batches waiting behind a call that is out */
+        /* batches waiting behind a call that is out */
+        kf__push_release_queued(ctx, fn, KF_E_UNAVAILABLE, "the server is shutting down");
         while (fn->readers != NULL) {
             reader_t *r = fn->readers;
             reader_unlink(fns, r);
@@ -276,4 +277,23 @@ void kf_functions_release_reads(kf_functions_t *fns, kf_ctx_t *ctx) {
             answer_read(ctx, fn, r->cmd);
         }
     }
+}
+
+void kf__output_forget(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_status_t status,
+                       const char *message) {
+    while (fn->readers != NULL) {
+        reader_t *r = fn->readers;
+        reader_unlink(fns, r);
+        kf_heap_disarm(&ctx->heap, &r->timer);
+        r->cmd->parked = NULL;
+        kf_error_set(&r->cmd->error, status, "%s", message);
+        kf_ctx_fail(ctx, r->cmd);
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < fns->npending; i++) {
+        if (fns->pending[i].fn != fn) {
+            fns->pending[kept++] = fns->pending[i];
+        }
+    }
+    fns->npending = kept;
 }

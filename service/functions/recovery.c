@@ -154,6 +154,7 @@ static kf_status_t load_producer(function_t *fn, const uint8_t *rest, size_t len
         }
     }
     p->nacks = (uint32_t)rec->n_acks;
+    p->last_used_ms = rec->last_used_ms; /* ordered by kf__producers_recovered */
     keyflow__records__producer_rec__free_unpacked(rec, NULL);
     return KF_OK;
 }
@@ -267,6 +268,7 @@ static kf_status_t recover_function(kf_functions_t *fns, kf_ctx_t *ctx, const vo
             st = scan_prefix(ctx, fn, KF_CF_PRODUCERS, load_producer, err);
         }
         if (st == KF_OK) {
+            kf__producers_recovered(fn, ctx->now_ms);
             kf__due_update(fns, fn); /* timers a crash left due fire in follow-on steps */
         }
     }

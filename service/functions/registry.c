@@ -74,7 +74,7 @@ function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescripto
     return fn;
 }
 
-static void fn_free(function_t *fn) {
+void kf__fn_free(function_t *fn) {
     if (fn->active != NULL) {
         /* A step still waiting for a handler call (the engine stops, or a
          * test drops the core): a PushBatch's is in its command's arena but
@@ -98,12 +98,7 @@ static void fn_free(function_t *fn) {
     n = kf_map_first(&fn->producers, &b);
     while (n != NULL) {
         kf_map_node_t *next = kf_map_next(&fn->producers, &b, n);
-        producer_t *p = KF_CONTAINER_OF(n, producer_t, node);
-        for (uint32_t i = 0; i < p->nacks; i++) {
-            free(p->ack[i]);
-        }
-        free(p->id);
-        free(p);
+        kf__producer_free(fn, KF_CONTAINER_OF(n, producer_t, node));
         n = next;
     }
     kf_map_deinit(&fn->keys);
@@ -153,6 +148,7 @@ static Keyflow__V1__FunctionInfo *fn_info(kf_arena_t *a, const kf_functions_t *f
     info->retained_rows = (int64_t)(fn->durable_output_seq - fn->trimmed_seq);
     info->retained_bytes = (int64_t)fn->retained_bytes;
     info->output_retention = retention_info(a, fns, fn);
+    info->producers = (int64_t)fn->producers.count;
     return info;
 }
 
@@ -323,7 +319,7 @@ void kf_functions_destroy(kf_functions_t *fns) {
     kf_map_node_t *n = kf_map_first(&fns->by_id, &b);
     while (n != NULL) {
         kf_map_node_t *next = kf_map_next(&fns->by_id, &b, n);
-        fn_free(KF_CONTAINER_OF(n, function_t, node));
+        kf__fn_free(KF_CONTAINER_OF(n, function_t, node));
         n = next;
     }
     kf_map_deinit(&fns->by_id);

@@ -608,6 +608,14 @@ void kf__remote_release_all(kf_functions_t *fns, kf_ctx_t *ctx) {
     }
 }
 
+void kf__remote_close_function(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn,
+                               kf_status_t status, const char *message) {
+    while (fn->workers != NULL) {
+        /* The stream stays in fns->workers, serving nothing, until its GONE. */
+        worker_close(fns, ctx, fn->workers, status, status, message);
+    }
+}
+
 void kf_functions_release_workers(kf_functions_t *fns, kf_ctx_t *ctx) {
     kf__remote_release_all(fns, ctx);
 }

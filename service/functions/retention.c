@@ -249,7 +249,8 @@ static uint32_t sweep_function(kf_functions_t *fns, kf_ctx_t *ctx, function_t *f
     return examined;
 }
 
-uint32_t kf_functions_sweep(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t limit) {
+/* Output retention over every function, at most `limit` chunks. */
+static uint32_t sweep_output(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t limit) {
     size_t count = fns->by_id.count, b, i = 0;
     if (count == 0) {
         return 0;
@@ -277,4 +278,11 @@ uint32_t kf_functions_sweep(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t limit) 
     }
     fns->sweep_start = 0;
     return examined;
+}
+
+uint32_t kf_functions_sweep(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t limit) {
+    bool more_producers = kf__producers_expire(fns, ctx, KF_PRODUCERS_EXPIRED_PER_TURN) ==
+                          KF_PRODUCERS_EXPIRED_PER_TURN;
+    uint32_t examined = sweep_output(fns, ctx, limit);
+    return more_producers ? limit : examined;
 }

@@ -104,7 +104,7 @@ producer_t *kf__producer_get(function_t *fn, const char *id, bool create) {
     producer_t *p = kf_xcalloc(1, sizeof *p);
     p->id = kf_xstrdup(id);
     kf_map_insert(&fn->producers, &p->node, p->id, strlen(p->id));
-    return p;
+    return p; /* in the idle order from its first batch (kf__producer_touch) */
 }
 
 /* What a PushBatch holds, for telling a retry from a conflict: its rows
@@ -161,6 +161,7 @@ static void put_producer(kf_ctx_t *ctx, const function_t *fn, const producer_t *
     rec.producer_id = p->id;
     rec.owner = (char *)p->owner;
     rec.last_sequence = p->last_sequence;
+    rec.last_used_ms = p->last_used_ms;
     for (uint32_t i = 0; i < p->nacks; i++) {
         keyflow__records__producer_ack_rec__init(&acks[i]);
         acks[i].sequence = p->ack_seq[i];
@@ -953,6 +954,7 @@ static void step_finish(step_t *s, kf_status_t st) {
                 strcpy(p->owner, kf_principal_id(cmd->principal));
             }
             producer_remember(p, s->req->sequence, &ack->base, s->digest);
+            kf__producer_touch(fn, p, ctx->now_ms);
             put_producer(ctx, fn, p);
             kf_counter_add(KF_C_INPUT_ROWS, s->rows->count);
             cmd->response = &ack->base;
@@ -1057,6 +1059,7 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
     if (p != NULL && req->sequence <= p->last_sequence) {
         retry_t r = replay_ack(p, req->sequence, s->digest, cmd);
         if (r == RETRY_SAME) {
+            kf__producer_touch(fn, p, ctx->now_ms); /* in memory: a retry writes nothing */
             kf_ctx_ready(ctx, cmd);
             return;
         }
@@ -1122,6 +1125,7 @@ static void fn_drain(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
             fn->queue_tail = NULL;
         }
         fn->queued--;
+        kf_gauge_add(KF_G_BATCHES_QUEUED, -1);
         cmd->next = NULL;
         cmd->parked = NULL;
         push_begin(fns, ctx, fn, cmd);
@@ -1156,6 +1160,7 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         }
         fn->queue_tail = cmd;
         fn->queued++;
+        kf_gauge_add(KF_G_BATCHES_QUEUED, 1);
         return;
     }
     push_begin(fns, ctx, fn, cmd);
@@ -1210,15 +1215,29 @@ void kf__step_resume(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
     fn_drain(fns, ctx, fn);
 }
 
-void kf__push_release_queued(kf_ctx_t *ctx, function_t *fn) {
+void kf__push_release_queued(kf_ctx_t *ctx, function_t *fn, kf_status_t status,
+                             const char *message) {
     while (fn->queue_head != NULL) {
         kf_cmd_t *cmd = fn->queue_head;
         fn->queue_head = cmd->next;
         fn->queued--;
+        kf_gauge_add(KF_G_BATCHES_QUEUED, -1);
         cmd->next = NULL;
         cmd->parked = NULL;
-        kf_error_set(&cmd->error, KF_E_UNAVAILABLE, "the server is shutting down");
+        kf_error_set(&cmd->error, status, "%s", message);
         kf_ctx_fail(ctx, cmd);
     }
     fn->queue_tail = NULL;
+}
+
+void kf__step_abort(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_status_t status,
+                    const char *message) {
+    step_t *s = fn->active;
+    if (s == NULL) {
+        return;
+    }
+    KF_ASSERT(s->fns == fns);
+    s->ctx = ctx;
+    s->resumed_us = kf_mono_us();
+    step_finish(s, kf_error_set(s->err, status, "%s", message));
 }

@@ -22,7 +22,9 @@
  *   POST /v1/functions                                  RegisterFunction (body: descriptor)
  *   GET  /v1/functions                                  ListFunctions
  *   GET  /v1/functions/{function_id}                    GetFunction
+ *   DELETE /v1/functions/{function_id}                  DeleteFunction (?allow_missing=true)
  *   POST /v1/functions/{function_id}/batches            PushBatch (body: *, "rows": [{...}])
+ *   DELETE /v1/functions/{function_id}/producers/{producer_id}  DeleteProducer
  *   GET  /v1/functions/{function_id}/output             ReadOutput (?after=&limit=&wait=;
  *                                                       rows as JSON objects by default)
  *   POST /v1/functions/{function_id}/output:trim        TrimOutput (body: *)
@@ -69,7 +71,7 @@ bool kf_http_serves(const kf_method_t *m);
 
 /* One REST route (the table is in routes.c). */
 typedef struct kf_http_route_def {
-    const char *http_method; /* "GET" (also answers HEAD) or "POST" */
+    const char *http_method; /* "GET" (also answers HEAD), "POST" or "DELETE" */
     const char *pattern;     /* segments; "{field.path}" captures one */
     const char *verb;        /* ":verb" suffix of the last segment, or NULL */
     const char *rpc;         /* the RPC's gRPC path in proto/rpcs.h */

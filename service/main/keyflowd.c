@@ -73,6 +73,7 @@ typedef struct options {
     int64_t output_retention_ms; /* --output-retention-*: 0 = no bound */
     int64_t output_retention_rows;
     int64_t output_retention_bytes;
+    int64_t producer_idle_expiry_ms; /* --producer-idle-expiry-ms */
 } options_t;
 
 /* Numeric flags of the engine's retention: each is also read from its
@@ -86,7 +87,7 @@ typedef struct number_flag {
     int64_t *value;
 } number_flag_t;
 
-#define NUMBER_FLAGS 3
+#define NUMBER_FLAGS 4
 
 static void number_flags(options_t *o, number_flag_t out[NUMBER_FLAGS]) {
     out[0] = (number_flag_t){"--output-retention-ms",    "KEYFLOW_OUTPUT_RETENTION_MS", false, 0,
@@ -97,6 +98,9 @@ static void number_flags(options_t *o, number_flag_t out[NUMBER_FLAGS]) {
     out[2] = (number_flag_t){
         "--output-retention-bytes", "KEYFLOW_OUTPUT_RETENTION_BYTES", true, 0, INT64_MAX,
         &o->output_retention_bytes};
+    out[3] =
+        (number_flag_t){"--producer-idle-expiry-ms",    "KEYFLOW_PRODUCER_IDLE_EXPIRY_MS", false, 1,
+                        KF_PRODUCER_IDLE_EXPIRY_MS_MAX, &o->producer_idle_expiry_ms};
 }
 
 static void usage(FILE *out) {
@@ -136,6 +140,8 @@ static void usage(FILE *out) {
         "                        (default 0 = no bound)\n"
         "  --output-retention-bytes BYTES  keep at most this many stored bytes of output per\n"
         "                        function (default 0 = no bound; suffixes KiB, MiB, GiB)\n"
+        "  --producer-idle-expiry-ms N  forget a producer (its sequence and kept acks) when\n"
+        "                        no batch used it for N ms (default %lld, a week)\n"
         "  --log-level LEVEL     debug (adds a line per request), info (lifecycle events),\n"
         "                        warn, error (default info)\n"
         "  --log-format FORMAT   text or json (one object per line: ts, level, module, msg,\n"
@@ -161,7 +167,7 @@ static void usage(FILE *out) {
         "KEYFLOW_HTTP_BODY_TIMEOUT_MS, KEYFLOW_RUN_RETENTION_MS,\n"
         "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_DISK_RESERVE,\n"
         "KEYFLOW_OUTPUT_RETENTION_MS, KEYFLOW_OUTPUT_RETENTION_ROWS,\n"
-        "KEYFLOW_OUTPUT_RETENTION_BYTES,\n"
+        "KEYFLOW_OUTPUT_RETENTION_BYTES, KEYFLOW_PRODUCER_IDLE_EXPIRY_MS,\n"
         "KEYFLOW_LOG_LEVEL, KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
         "KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1,\n"
         "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE, KEYFLOW_ADMIN_KEY_FILE.\n",
@@ -170,7 +176,7 @@ static void usage(FILE *out) {
         KF_HTTP_BODY_TIMEOUT_MS_DEFAULT, KF_HTTP_BODY_TIMEOUT_MS_MAX,
         (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
         KF_QUEUE_DEPTH_MAX, (long long)KF_OUTPUT_RETENTION_MS_DEFAULT,
-        (long long)KF_DRAIN_GRACE_MS_MAX);
+        (long long)KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT, (long long)KF_DRAIN_GRACE_MS_MAX);
 }
 
 static const char *env_or(const char *name, const char *fallback) {
@@ -318,6 +324,7 @@ static bool parse_env(options_t *o) {
         o->grpc_threads = (int)n;
     }
     o->output_retention_ms = KF_OUTPUT_RETENTION_MS_DEFAULT;
+    o->producer_idle_expiry_ms = KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT;
     number_flag_t numbers[NUMBER_FLAGS];
     number_flags(o, numbers);
     for (size_t i = 0; i < NUMBER_FLAGS; i++) {
@@ -744,6 +751,7 @@ int main(int argc, char **argv) {
         .output_retention_set = true,
         .output_retention = {o.output_retention_ms, o.output_retention_rows,
                              o.output_retention_bytes},
+        .producer_idle_expiry_ms = o.producer_idle_expiry_ms,
         .plugin_dir = o.plugin_dir,
         .auth = auth,
         .bootstrap_key_path = o.bootstrap_key_file != NULL ? o.bootstrap_key_file : bootstrap_path,

@@ -117,6 +117,12 @@
     ENGINE(TRIM_OUTPUT, "keyflow.v1.Functions", "TrimOutput", "TrimOutput",                        \
            keyflow__v1__trim_output_request, keyflow__v1__trim_output_response, UNARY,             \
            FUNCTIONS_READ, "function_id", functions, kf_functions_trim)                            \
+    ENGINE(DELETE_FUNCTION, "keyflow.v1.Functions", "DeleteFunction", "DeleteFunction",            \
+           keyflow__v1__delete_function_request, keyflow__v1__delete_function_response, UNARY,     \
+           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_delete)                         \
+    ENGINE(DELETE_PRODUCER, "keyflow.v1.Functions", "DeleteProducer", "DeleteProducer",            \
+           keyflow__v1__delete_producer_request, keyflow__v1__delete_producer_response, UNARY,     \
+           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_delete_producer)                \
     ENGINE(CREATE_KEY, "keyflow.v1.Keys", "CreateKey", "CreateKey",                                \
            keyflow__v1__create_key_request, keyflow__v1__create_key_response, UNARY, KEYS_ADMIN,   \
            NULL, keys, kf_keys_create_key)                                                         \

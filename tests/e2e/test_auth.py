@@ -125,6 +125,11 @@ def snap_retained(ctx, admin):
     return (info.first_retained_seq, info.retained_rows)
 
 
+def snap_producers(ctx, admin):
+    return admin.call("/keyflow.v1.Functions/GetFunction",
+                      F.GetFunctionRequest(function_id=FN)).producers
+
+
 def push_request(ctx):
     return F.PushBatchRequest(function_id=FN, producer_id="p-neg", sequence=1,
                               rows_json=json.dumps([{"user": "mallory", "ts": 1, "amount": 1}]))
@@ -216,6 +221,13 @@ RULES = {
         request=lambda c: F.TrimOutputRequest(function_id=FN, before_seq=2),
         snapshot=snap_retained, prefix=DENIED,
         http=lambda c: [("POST", "/v1/functions/%s/output:trim" % FN, {"beforeSeq": "2"})]),
+    "/keyflow.v1.Functions/DeleteFunction": dict(
+        request=lambda c: F.DeleteFunctionRequest(function_id=FN), snapshot=snap_functions,
+        prefix=DENIED, http=lambda c: [("DELETE", "/v1/functions/%s" % FN, None)]),
+    "/keyflow.v1.Functions/DeleteProducer": dict(
+        request=lambda c: F.DeleteProducerRequest(function_id=FN, producer_id="p-admin"),
+        snapshot=snap_producers, prefix=DENIED,
+        http=lambda c: [("DELETE", "/v1/functions/%s/producers/p-admin" % FN, None)]),
     "/keyflow.v1.Functions/TailOutput": dict(
         request=lambda c: F.TailOutputRequest(function_id=FN), snapshot=None, prefix=DENIED,
         http=lambda c: []),

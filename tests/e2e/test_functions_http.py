@@ -598,7 +598,7 @@ class FunctionsHttpTest(unittest.TestCase):
         self.error("POST", "/v1/functions/%s/batches" % unique("none"),
                    {"producerId": "p", "sequence": "1", "rows": []}, 404, "NOT_FOUND")
         self.error("GET", "/v1/functions/%s/output" % unique("none"), None, 404, "NOT_FOUND")
-        status, _ = self.curl("DELETE", "/v1/functions/x")
+        status, _ = self.curl("PUT", "/v1/functions/x")
         self.assertEqual(status, 405)
         status, _ = self.curl("GET", "/v1/no/such/route")
         self.assertEqual(status, 404)

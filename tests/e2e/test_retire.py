@@ -1,6 +1,8 @@
 """Retiring what process functions accumulate, on the real keyflowd over gRPC
 and HTTP: output retention and TrimOutput (docs/semantics.md, "Output
-retention"), each checked again after SIGKILL and a restart.
+retention"), DeleteFunction (with batches, reads and a remote worker in
+flight), DeleteProducer and the idle expiry of producers, each checked
+again after SIGKILL and a restart.
 
 Nothing sleeps for timing: conditions are waited on with deadlines.
 """
@@ -17,6 +19,7 @@ import grpc  # noqa: E402  (before harness.stubs(): see test_functions_grpc.py)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import test_functions_grpc as tf  # noqa: E402
+import test_remote_workers as rw  # noqa: E402
 
 TIMEOUT_S = 30
 WAIT_S = 30
@@ -32,6 +35,7 @@ class RetireTest(unittest.TestCase):
     def setUpClass(cls):
         tf.require_build(cls)
         tf.load_stubs()
+        rw.load_stubs()
         cls.pb, cls.pg = tf.pb, tf.pg
         cls.server = harness.Keyflowd(args=["--plugin-dir", tf.HANDLERS]).start()
         cls.connect()
@@ -163,6 +167,129 @@ class RetireTest(unittest.TestCase):
         self.assertEqual(self.info(fid).first_retained_seq, 7)
         status, body = self.server.http("GET", "/v1/functions/%s/output?after=0" % fid)
         self.assertEqual(status, 400, body)
+
+    # --- DeleteFunction --------------------------------------------------------
+    def test_delete_function_over_grpc_and_http_frees_its_id_across_sigkill(self):
+        d = tf.rs_descriptor()
+        fid = self.register(d).descriptor.function_id
+        self.push(fid, "p", 1, rows("ann", 100, 3))
+        out = self.stub.DeleteFunction(self.pb.DeleteFunctionRequest(function_id=fid),
+                                       timeout=TIMEOUT_S)
+        self.assertEqual((out.deleted, out.keys, out.output_rows, out.producers), (True, 1, 3, 1))
+        self.assertEqual(self.code_of(lambda: self.info(fid)).code(), grpc.StatusCode.NOT_FOUND)
+        status, body = self.server.http("DELETE", "/v1/functions/%s" % fid)
+        self.assertEqual((status, body["status"]), (404, "NOT_FOUND"), body)
+        status, body = self.server.http("DELETE", "/v1/functions/%s?allowMissing=true" % fid)
+        self.assertEqual((status, body), (200, {}), "deleted: false is proto3 JSON's {}")
+
+        # The same id, another descriptor (session_counter's), another state.
+        d2 = tf.sc_descriptor(function_id=fid)
+        d2["pipelineStateId"] = d["pipelineStateId"]
+        info = self.register(d2)
+        self.assertEqual(info.output_seq, 0)
+        self.restart_after_kill()
+        self.assertEqual(self.info(fid).descriptor.implementation_digest,
+                         d2["implementationDigest"])
+        self.assertEqual(self.info(fid).output_seq, 0)
+        self.assertEqual(self.info(fid).producers, 0)
+        # HTTP deletes it for good, durably.
+        status, body = self.server.http("DELETE", "/v1/functions/%s" % fid)
+        self.assertEqual(status, 200, body)
+        self.assertTrue(body["deleted"])
+        self.restart_after_kill()
+        self.assertEqual(self.code_of(lambda: self.info(fid)).code(), grpc.StatusCode.NOT_FOUND)
+        retry = self.stub.DeleteFunction(self.pb.DeleteFunctionRequest(
+            function_id=fid, allow_missing=True), timeout=TIMEOUT_S)
+        self.assertFalse(retry.deleted, "a retry after the crash is harmless")
+        fid2 = self.register(tf.rs_descriptor(function_id=fid)).descriptor.function_id
+        self.assertEqual(self.stub.GetKeyState(self.pb.GetKeyStateRequest(
+            function_id=fid2, key="ann"), timeout=TIMEOUT_S).state, self.pb.STATE_KIND_ABSENT)
+
+    def test_delete_function_answers_batches_reads_and_workers_in_flight(self):
+        fid = rw.unique("rw")
+        d = tf.rs_descriptor(function_id=fid)
+        d["runtime"], d["implementationDigest"] = "RUNTIME_REMOTE", "ab" * 32
+        self.register(d)
+        worker = rw.FakeWorker(self.server.grpc_target, fid, "ab" * 32)
+        self.addCleanup(worker.shutdown)
+        worker.welcome()
+        helper = rw.RemoteWorkersTest()
+        helper.fns = self.stub
+        first = helper.push_async(fid, 1, [("ann", 1)])
+        worker.next()  # the call is out and stays unanswered
+        second = helper.push_async(fid, 2, [("ann", 2)])
+        tail = self.stub.ReadOutput.future(self.pb.ReadOutputRequest(
+            function_id=fid, after_seq=0, wait_ms=20000), timeout=TIMEOUT_S)
+        self.wait_for("the second batch and the read to wait", lambda: all(
+            line in self.server.http("GET", "/metrics")[1].splitlines()
+            for line in ("keyflow_function_batches_queued 1", "keyflow_parked_reads 1")))
+        out = self.stub.DeleteFunction(self.pb.DeleteFunctionRequest(function_id=fid),
+                                       timeout=TIMEOUT_S)
+        self.assertTrue(out.deleted)
+        for result in (first, second):
+            ack, err = result()
+            self.assertIsNone(ack)
+            self.assertEqual(err.code(), grpc.StatusCode.ABORTED)
+            self.assertIn("deleted", err.details())
+        with self.assertRaises(grpc.RpcError) as cm:
+            tail.result()
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+        code, details = worker.wait_end()
+        self.assertEqual(code, grpc.StatusCode.NOT_FOUND)
+        self.assertIn("deleted", details)
+
+    # --- producers -------------------------------------------------------------
+    def test_delete_producer_over_grpc_and_http(self):
+        fid = self.register(tf.rs_descriptor()).descriptor.function_id
+        self.push(fid, "p", 5, rows("ann", 100, 1))
+        self.push(fid, "q", 9, rows("bob", 100, 1))
+        out = self.stub.DeleteProducer(self.pb.DeleteProducerRequest(
+            function_id=fid, producer_id="p"), timeout=TIMEOUT_S)
+        self.assertEqual((out.deleted, out.last_sequence), (True, 5))
+        status, body = self.server.http("DELETE", "/v1/functions/%s/producers/q" % fid)
+        self.assertEqual((status, body["lastSequence"]), (200, "9"), body)
+        status, body = self.server.http("DELETE", "/v1/functions/%s/producers/q" % fid)
+        self.assertEqual(status, 404, body)
+        cli = subprocess.run([harness.CLI, "--addr", self.server.grpc_target, "--output", "json",
+                              "functions", "delete-producer", fid, "q", "--allow-missing"],
+                             capture_output=True, text=True, timeout=TIMEOUT_S)
+        self.assertEqual((cli.returncode, json.loads(cli.stdout)), (0, {}), cli.stderr)
+        self.restart_after_kill()
+        self.assertEqual(self.info(fid).producers, 0)
+        self.assertFalse(self.push(fid, "p", 1, rows("ann", 200, 1)).duplicate)
+
+    def test_idle_producers_expire_and_stay_forgotten(self):
+        server = harness.Keyflowd(args=["--plugin-dir", tf.HANDLERS,
+                                        "--producer-idle-expiry-ms", "500"]).start()
+        self.addCleanup(server.cleanup)
+        channel = grpc.insecure_channel(server.grpc_target)
+        self.addCleanup(channel.close)
+        stub = self.pg.FunctionsStub(channel)
+        req = tf.json_format.ParseDict({"descriptor": tf.rs_descriptor()},
+                                       self.pb.RegisterFunctionRequest())
+        fid = stub.RegisterFunction(req, timeout=TIMEOUT_S).function.descriptor.function_id
+        for producer in ("a", "b"):
+            stub.PushBatch(self.pb.PushBatchRequest(
+                function_id=fid, producer_id=producer, sequence=10,
+                rows_json=json.dumps(rows("ann", 1, 1))), timeout=TIMEOUT_S)
+
+        def producers():
+            return stub.GetFunction(self.pb.GetFunctionRequest(function_id=fid),
+                                    timeout=TIMEOUT_S).producers
+        self.wait_for("idle producers to expire", lambda: producers() == 0)
+        status, metrics = server.http("GET", "/metrics")
+        self.assertIn("keyflow_function_producers_expired_total 2", metrics)
+        channel.close()
+        server.kill()
+        server.start()
+        channel = grpc.insecure_channel(server.grpc_target)
+        self.addCleanup(channel.close)
+        stub = self.pg.FunctionsStub(channel)
+        self.assertEqual(producers(), 0, "expired producers stay forgotten")
+        ack = stub.PushBatch(self.pb.PushBatchRequest(
+            function_id=fid, producer_id="a", sequence=1,
+            rows_json=json.dumps(rows("ann", 2, 1))), timeout=TIMEOUT_S)
+        self.assertFalse(ack.duplicate)
 
 
 if __name__ == "__main__":

@@ -441,6 +441,23 @@ class Client {
       await this._unary(this._fns, 'TrimOutput', { functionId, beforeSeq: int64(beforeSeq) }));
   }
 
+  // Deletes the function and everything of it (state, timers, output,
+  // producers, descriptor); its id can then be registered again with any
+  // descriptor. allowMissing: a function that does not exist is not an error.
+  // Resolves to {deleted, keys, timers, outputRows, producers}.
+  async deleteFunction(functionId, { allowMissing = false } = {}) {
+    this._descriptors.delete(functionId); // a new one may have another schema
+    return protos.toNative('keyflow.v1.DeleteFunctionResponse',
+      await this._unary(this._fns, 'DeleteFunction', { functionId, allowMissing }));
+  }
+
+  // Forgets a producer (its last sequence and kept acks): the next batch under
+  // producerId starts a new producer. Resolves to {deleted, lastSequence}.
+  async deleteProducer(functionId, producerId, { allowMissing = false } = {}) {
+    return protos.toNative('keyflow.v1.DeleteProducerResponse',
+      await this._unary(this._fns, 'DeleteProducer', { functionId, producerId, allowMissing }));
+  }
+
   // Output rows with seq > afterSeq as an async iterator that follows new rows
   // until it is returned from (break) or tail.cancel() is called.
   tailOutput(functionId, { afterSeq = 0, maxRowsPerMessage = 0 } = {}) {

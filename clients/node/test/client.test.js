@@ -181,6 +181,25 @@ test('client', { skip: !built && 'keyflowd is not built' }, async (t) => {
     assert.strictEqual((await client.getFunction(d.functionId)).firstRetainedSeq, 3);
   });
 
+  await t.test('deleteFunction and deleteProducer', async () => {
+    const d = runningSumDescriptor();
+    await client.registerFunction(d);
+    await client.pushBatch(d.functionId, 'p', 7, { rows: [{ user: 'u', ts: T0, amount: 1 }] });
+    const gone = await client.deleteProducer(d.functionId, 'p');
+    assert.deepStrictEqual([gone.deleted, gone.lastSequence], [true, 7]);
+    assert.strictEqual((await client.deleteProducer(d.functionId, 'p', { allowMissing: true })).deleted,
+      false);
+    const again = await client.pushBatch(d.functionId, 'p', 1, { rows: [{ user: 'u', ts: T0, amount: 2 }] });
+    assert.strictEqual(again.duplicate, false);
+    const out = await client.deleteFunction(d.functionId);
+    assert.deepStrictEqual([out.deleted, out.keys, out.outputRows, out.producers], [true, 1, 2, 1]);
+    await assert.rejects(client.getFunction(d.functionId), (e) => e.codeName === 'NOT_FOUND');
+    assert.strictEqual((await client.deleteFunction(d.functionId, { allowMissing: true })).deleted, false);
+    const v2 = { ...d, pipelineStateId: d.pipelineStateId + '.v2' };
+    assert.strictEqual((await client.registerFunction(v2)).alreadyRegistered, false);
+    assert.strictEqual((await client.keyState(d.functionId, 'u')).state, 'absent');
+  });
+
   await t.test('bad rows name the row and field and send nothing', async () => {
     const d = runningSumDescriptor();
     await client.registerFunction(d);

@@ -382,6 +382,24 @@ class Client:
         req = fpb.TrimOutputRequest(function_id=function_id, before_seq=before_seq)
         return to_native(self._call(self._fns.TrimOutput, req))
 
+    def delete_function(self, function_id, allow_missing=False):
+        """Deletes the function and everything of it (state, timers, output,
+        producers, descriptor); its id can then be registered again with any
+        descriptor. allow_missing: a function that does not exist is not an
+        error. Returns {deleted, keys, timers, output_rows, producers}."""
+        with self._schemas_lock:
+            self._schemas.pop(function_id, None)  # a new one may have another schema
+        req = fpb.DeleteFunctionRequest(function_id=function_id, allow_missing=allow_missing)
+        return to_native(self._call(self._fns.DeleteFunction, req))
+
+    def delete_producer(self, function_id, producer_id, allow_missing=False):
+        """Forgets a producer (its last sequence and kept acks): the next batch
+        under producer_id starts a new producer. Returns {deleted,
+        last_sequence}."""
+        req = fpb.DeleteProducerRequest(function_id=function_id, producer_id=producer_id,
+                                        allow_missing=allow_missing)
+        return to_native(self._call(self._fns.DeleteProducer, req))
+
     def tail_output(self, function_id, after_seq=0, max_rows_per_message=None):
         """An iterator over output rows with seq > after_seq that follows new
         rows as they become durable, until cancel() or the iterator is closed."""

@@ -203,6 +203,26 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(([r["_seq"] for r in page.rows], page.first_retained_seq), ([3, 4], 3))
         self.assertEqual(self.client.get_function(fid).first_retained_seq, 3)
 
+    def test_delete_function_and_producer(self):
+        fid = self.register()
+        self.client.push_batch(fid, "p", 7, [{"user": "u", "ts": T0_US, "amount": 1}])
+        gone = self.client.delete_producer(fid, "p")
+        self.assertEqual((gone.deleted, gone.last_sequence), (True, 7))
+        self.assertFalse(self.client.delete_producer(fid, "p", allow_missing=True).deleted)
+        again = self.client.push_batch(fid, "p", 1, [{"user": "u", "ts": T0_US, "amount": 2}])
+        self.assertFalse(again.duplicate)
+        out = self.client.delete_function(fid)
+        self.assertEqual((out["deleted"], out["keys"], out.output_rows, out.producers),
+                         (True, 1, 2, 1))
+        with self.assertRaises(keyflow.KeyflowError) as cm:
+            self.client.get_function(fid)
+        self.assertEqual(cm.exception.code_name, "NOT_FOUND")
+        self.assertFalse(self.client.delete_function(fid, allow_missing=True).deleted)
+        d = running_sum_descriptor()
+        d["functionId"], d["pipelineStateId"] = fid, fid + ".v2"
+        self.assertFalse(self.client.register_function(d).already_registered)
+        self.assertEqual(self.client.key_state(fid, "u").state, "absent")
+
     def test_same_sequence_is_a_duplicate(self):
         fid = self.register()
         rows = [{"user": "u", "ts": T0_US, "amount": 1}]

@@ -366,3 +366,163 @@ Test(retire, chunks_without_marks_are_trimmed_too) {
     cr_assert_eq(stored(KF_CF_OUTPUT), 1);
     cr_assert_eq(read_ok("f", 10)->first_seq, 11);
 }
+
+/* ---- DeleteFunction, DeleteProducer, producer expiry --------------------- */
+
+static kf_cmd_t *delete_fn(const char *fid, bool allow_missing) {
+    Keyflow__V1__DeleteFunctionRequest *req = A(Keyflow__V1__DeleteFunctionRequest);
+    keyflow__v1__delete_function_request__init(req);
+    req->function_id = (char *)fid;
+    req->allow_missing = allow_missing;
+    return sim_exec(&sim, KF_OP_DELETE_FUNCTION, &req->base);
+}
+
+static kf_cmd_t *delete_producer(const char *fid, const char *producer, bool allow_missing) {
+    Keyflow__V1__DeleteProducerRequest *req = A(Keyflow__V1__DeleteProducerRequest);
+    keyflow__v1__delete_producer_request__init(req);
+    req->function_id = (char *)fid;
+    req->producer_id = (char *)producer;
+    req->allow_missing = allow_missing;
+    return sim_exec(&sim, KF_OP_DELETE_PRODUCER, &req->base);
+}
+
+static kf_status_t get_status(const char *fid) {
+    Keyflow__V1__GetFunctionRequest *req = A(Keyflow__V1__GetFunctionRequest);
+    keyflow__v1__get_function_request__init(req);
+    req->function_id = (char *)fid;
+    return sim_exec(&sim, KF_OP_GET_FUNCTION, &req->base)->error.status;
+}
+
+/* Records of every function in the families a function writes. */
+static size_t function_records(void) {
+    static const kf_cf_t cfs[] = {KF_CF_FUNCTIONS,     KF_CF_CHECKPOINTS,    KF_CF_STATE,
+                                  KF_CF_TIMERS_BY_KEY, KF_CF_TIMERS_BY_TIME, KF_CF_OUTPUT,
+                                  KF_CF_OUTPUT_MARKS,  KF_CF_PRODUCERS};
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof cfs / sizeof cfs[0]; i++) {
+        n += stored(cfs[i]);
+    }
+    return n;
+}
+
+Test(retire, delete_function_removes_everything_and_frees_its_id) {
+    register_ok(descriptor("f", "f.v1"));
+    push_rows("f", 1, 3, 4);
+    cr_assert_eq(push("f", "q", 1, "[{\"k\":\"t\",\"ts\":10,\"mode\":\"timer\",\"amount\":50}]")
+                     ->error.status,
+                 KF_OK);
+    register_ok(descriptor("other", "other.v1"));
+    push_rows("other", 1, 1, 2);
+    size_t other_records = 0;
+    {
+        kf_cmd_t *d = delete_fn("other", false); /* measure what one function holds */
+        cr_assert_eq(d->error.status, KF_OK, "%s", d->error.message);
+        other_records = function_records();
+        register_ok(descriptor("other", "other.v1"));
+        push_rows("other", 1, 1, 2);
+    }
+    size_t before = function_records();
+    kf_cmd_t *d = delete_fn("f", false);
+    cr_assert_eq(d->error.status, KF_OK, "%s", d->error.message);
+    Keyflow__V1__DeleteFunctionResponse *r = (Keyflow__V1__DeleteFunctionResponse *)d->response;
+    cr_assert(r->deleted);
+    cr_assert_eq(r->keys, 5);
+    cr_assert_eq(r->timers, 1);
+    cr_assert_eq(r->output_rows, 12);
+    cr_assert_eq(r->producers, 2);
+    cr_assert_lt(function_records(), before);
+    cr_assert_eq(get_status("f"), KF_E_NOT_FOUND);
+    cr_assert_eq(read_output("f", 0)->error.status, KF_E_NOT_FOUND);
+    cr_assert_eq(delete_fn("f", false)->error.status, KF_E_NOT_FOUND);
+    kf_cmd_t *again = delete_fn("f", true);
+    cr_assert_eq(again->error.status, KF_OK, "allow_missing");
+    cr_assert_not(((Keyflow__V1__DeleteFunctionResponse *)again->response)->deleted);
+    cr_assert_eq(get_status("other"), KF_OK, "the other function is untouched");
+    cr_assert_eq(read_ok("other", 0)->last_seq, 2);
+
+    /* The id and the pipeline state id are free again, for any descriptor. */
+    Keyflow__V1__FunctionDescriptor *changed =
+        with_retention(descriptor("f", "f.v1"), OUT, 100, OUT);
+    changed->value_state_name = "w";
+    register_ok(changed);
+    cr_assert_eq(info("f")->output_seq, 0, "a new function starts empty");
+    cr_assert_eq(info("f")->keys, 0);
+    push_rows("f", 1, 1, 1);
+    cr_assert_eq(read_ok("f", 0)->first_seq, 1);
+    sim_crash(&sim);
+    cr_assert_eq(info("f")->output_seq, 1);
+    cr_assert_eq(info("f")->producers, 1, "q is gone with the old function");
+    cr_assert_eq(read_ok("other", 0)->last_seq, 2);
+    cr_assert_eq(delete_fn("f", false)->error.status, KF_OK);
+    cr_assert_eq(delete_fn("other", false)->error.status, KF_OK);
+    cr_assert_eq(function_records(), 0, "nothing of either is left (%zu)", other_records);
+}
+
+Test(retire, delete_function_ends_batches_and_reads_in_flight) {
+    sim.config.defer_handler_calls = true;
+    sim_crash(&sim);
+    register_ok(descriptor("f", "f.v1"));
+    kf_cmd_t *a = push("f", "p", 1, "[{\"k\":\"a\",\"ts\":10,\"mode\":\"ok\",\"amount\":1}]");
+    cr_assert_null(a->response, "its call is out");
+    kf_cmd_t *b = push("f", "p", 2, "[{\"k\":\"a\",\"ts\":11,\"mode\":\"ok\",\"amount\":2}]");
+    cr_assert_not_null(b->parked, "queued behind a");
+    Keyflow__V1__ReadOutputRequest *rr = A(Keyflow__V1__ReadOutputRequest);
+    keyflow__v1__read_output_request__init(rr);
+    rr->function_id = "f";
+    rr->wait_ms = 30000;
+    kf_cmd_t *parked = sim_exec(&sim, KF_OP_READ_OUTPUT, &rr->base);
+    cr_assert_not_null(parked->parked);
+    cr_assert_eq(delete_fn("f", false)->error.status, KF_OK);
+    cr_assert_eq(a->error.status, KF_E_ABORTED, "%s", a->error.message);
+    cr_assert(strstr(a->error.message, "deleted") != NULL, "%s", a->error.message);
+    cr_assert_eq(b->error.status, KF_E_ABORTED);
+    cr_assert_eq(parked->error.status, KF_E_NOT_FOUND, "%s", parked->error.message);
+    cr_assert_null(parked->parked);
+    sim_pump(&sim); /* nothing is out any more */
+    cr_assert_eq(function_records(), 0);
+    register_ok(descriptor("f", "f.v1"));
+    kf_cmd_t *c = push("f", "p", 1, "[{\"k\":\"a\",\"ts\":10,\"mode\":\"ok\",\"amount\":3}]");
+    sim_pump(&sim);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    cr_assert_eq(((Keyflow__V1__PushBatchResponse *)c->response)->first_output_seq, 1);
+}
+
+Test(retire, delete_producer_forgets_its_sequence) {
+    register_ok(descriptor("f", "f.v1"));
+    push_rows("f", 5, 1, 1);
+    cr_assert_eq(info("f")->producers, 1);
+    kf_cmd_t *d = delete_producer("f", "p", false);
+    cr_assert_eq(d->error.status, KF_OK, "%s", d->error.message);
+    cr_assert_eq(((Keyflow__V1__DeleteProducerResponse *)d->response)->last_sequence, 5);
+    cr_assert_eq(stored(KF_CF_PRODUCERS), 0);
+    cr_assert_eq(info("f")->producers, 0);
+    cr_assert_eq(delete_producer("f", "p", false)->error.status, KF_E_NOT_FOUND);
+    cr_assert_eq(delete_producer("f", "p", true)->error.status, KF_OK);
+    cr_assert_eq(delete_producer("f", "", true)->error.status, KF_E_INVALID);
+    cr_assert_eq(delete_producer("g", "p", true)->error.status, KF_E_NOT_FOUND);
+    sim_crash(&sim);
+    cr_assert_eq(info("f")->producers, 0);
+    kf_cmd_t *c = push("f", "p", 1, "[{\"k\":\"a\",\"ts\":10,\"mode\":\"ok\",\"amount\":3}]");
+    cr_assert_eq(c->error.status, KF_OK, "a new producer starts at any sequence");
+    cr_assert_not(((Keyflow__V1__PushBatchResponse *)c->response)->duplicate);
+}
+
+Test(retire, idle_producers_expire_oldest_first_across_restarts) {
+    sim.config.producer_idle_expiry_ms = 60000;
+    sim_crash(&sim);
+    register_ok(descriptor("f", "f.v1"));
+    cr_assert_eq(push("f", "old", 1, "[]")->error.status, KF_OK);
+    sim_advance(&sim, sim.now_ms + 30000);
+    cr_assert_eq(push("f", "new", 1, "[]")->error.status, KF_OK);
+    cr_assert_eq(push("f", "old", 1, "[]")->error.status, KF_OK, "a retry");
+    sim_advance(&sim, sim.now_ms + 29000);
+    cr_assert_eq(info("f")->producers, 2, "a retry keeps a producer alive too");
+    sim_crash(&sim); /* the retry was not written: "old" is idle since t0 */
+    sim_advance(&sim, sim.now_ms + 1000);
+    cr_assert_eq(info("f")->producers, 1);
+    cr_assert_eq(delete_producer("f", "old", false)->error.status, KF_E_NOT_FOUND);
+    cr_assert_eq(stored(KF_CF_PRODUCERS), 1);
+    sim_advance(&sim, sim.now_ms + 30000);
+    cr_assert_eq(info("f")->producers, 0);
+    cr_assert_eq(stored(KF_CF_PRODUCERS), 0);
+}

@@ -144,8 +144,10 @@ def check_routes(routes, rows, messages):
         if where in seen:
             problems.append(f"{where}: listed twice")
         seen.add(where)
-        if r["http_method"] not in ("GET", "POST"):
+        if r["http_method"] not in ("GET", "POST", "DELETE"):
             problems.append(f"{where}: method {r['http_method']}")
+        if r["http_method"] in ("GET", "DELETE") and r["body"] is not None:
+            problems.append(f"{where}: a {r['http_method']} route takes no body")
         row = rows.get(r["rpc"])
         if row is None:
             problems.append(f"{where}: names {r['rpc']}, which is not in the RPC table")
