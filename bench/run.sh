@@ -7,6 +7,8 @@
 #   2. for each concurrency: Health/Check (the no-op gRPC baseline), then
 #      SendEvent (debounce, 60 s window, uniform keys), each with a warm-up;
 #   3. the HTTP gateway under wrk at 64 connections: POST events, GET /healthz;
+#   4. SendEvents: BATCH_EVENTS-event calls at BATCH_CONCURRENCY in flight,
+#      against single-event SendEvent at the same concurrency (suite "events");
 # and prints a markdown table with the ratios the performance targets ask
 # for. It reports; it never asserts (exit 0 unless the setup itself fails).
 # keyflowd is stopped with SIGTERM on every exit path. Then, unless SUITES
@@ -26,7 +28,10 @@
 #   KEYFLOWD_ARGS  extra keyflowd flags, e.g. "--grpc-threads 2"
 #   RESULTS_DIR    where the logs and JSON lines go (default <build>/bench-results)
 #   KEEP_DATA=1    keep the RocksDB directory afterwards
-#   SUITES         what to run: "coordinators", "functions" or both (default both)
+#   SUITES         what to run: "coordinators" (steps 1-3), "events" (step 4),
+#                  "functions" (default all three)
+#   BATCH_EVENTS / BATCH_CONCURRENCY   step 4's events per call and calls in
+#                  flight (default 100 / 16)
 set -euo pipefail
 
 s_lib="$(dirname "$0")/lib.sh"
@@ -39,7 +44,10 @@ THREADS=${THREADS:-1}
 HTTP_CONNECTIONS=${HTTP_CONNECTIONS:-64}
 WRK_THREADS=${WRK_THREADS:-1}
 FSYNC_GAP_US=${FSYNC_GAP_US:-300}
-SUITES=${SUITES:-"coordinators functions"}
+SUITES=${SUITES:-"coordinators events functions"}
+BATCH_EVENTS=${BATCH_EVENTS:-100}
+BATCH_CONCURRENCY=${BATCH_CONCURRENCY:-16}
+has_suite() { case " $SUITES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 
@@ -90,6 +98,7 @@ machine_ticks() {  # busy clock ticks of all CPUs: user nice system irq softirq 
     awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
 }
 
+if has_suite coordinators; then
 # ---- 1. fdatasync probe -------------------------------------------------------
 # "append" is the reference the c=1 target is measured against; the other two
 # layouts show what RocksDB's WAL options could buy (kf_load.c explains them).
@@ -157,6 +166,25 @@ for mode in healthz send; do
         }' >>"$RESULTS"
     server_delta "http-$mode" "$g0" "$e0"
 done
+fi
+
+# ---- 4. SendEvents: many events per call --------------------------------------
+# The same server and the same key space: single-event SendEvent, then
+# SendEvents of BATCH_EVENTS events (each on its own uniform key, debounce
+# windows that stay open), both at BATCH_CONCURRENCY calls in flight.
+if has_suite events; then
+    for rpc in send send-events; do
+        log "gRPC $rpc concurrency $BATCH_CONCURRENCY ($BATCH_EVENTS events per SendEvents call)"
+        g0=$(metric keyflow_commit_groups_total)
+        e0=$(metric keyflow_events_accepted_total)
+        "$KF_LOAD" --target "127.0.0.1:$GRPC_PORT" --rpc "$rpc" --concurrency "$BATCH_CONCURRENCY" \
+            --batch-events "$BATCH_EVENTS" --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" \
+            --keys "$KEYS" --channels 1 --threads "$THREADS" \
+            --workflow "bench-$STAMP-batch-$rpc" --server-pid "$SERVER_PID" | collect ||
+            log "kf_load failed (status $?)"
+        server_delta "batch-$rpc" "$g0" "$e0"
+    done
+fi
 curl -s --max-time 5 "http://127.0.0.1:$HTTP_PORT/metrics" >"$RESULTS_DIR/$STAMP.metrics.txt" ||
     true
 stop_server
@@ -200,16 +228,21 @@ function fmt_int(x,    s, r) {  # 12345.6 -> 12,346
     }
 }
 /"kind":"grpc_load"/ {
-    key = "grpc " field($0, "rpc") " " field($0, "concurrency")
+    rpc = field($0, "rpc")
+    batch = field($0, "workflow") ~ /-batch-/
+    key = (batch ? "batch " : "grpc ") rpc " " field($0, "concurrency")
     order[++n] = key
-    label[key] = "gRPC | " (field($0, "rpc") == "send" ? "SendEvent" : "Health/Check") " | " \
+    label[key] = "gRPC | " (rpc == "send" ? "SendEvent" : rpc == "send-events" ? \
+                 "SendEvents (" field($0, "batch_events") " events)" : "Health/Check") " | " \
                  field($0, "concurrency")
+    events_rate[key] = num(field($0, "events_per_s")); bev[key] = field($0, "batch_events")
+    event_errors[key] = num(field($0, "event_errors"))
     rate[key] = num(field($0, "throughput_per_s")); p50[key] = num(field($0, "p50_us"))
     p99[key] = num(field($0, "p99_us")); p999[key] = num(field($0, "p999_us"))
     mx[key] = num(field($0, "max_us")); err[key] = num(field($0, "errors"))
     scpu[key] = field($0, "server_cpu_pct") "%"; ccpu[key] = field($0, "client_cpu_pct") "%"
     ocpu[key] = field($0, "other_cpu_pct") "%"
-    delta_of["grpc-" field($0, "rpc") "-c" field($0, "concurrency")] = key
+    delta_of[(batch ? "batch-" rpc : "grpc-" rpc "-c" field($0, "concurrency"))] = key
 }
 /"kind":"http_load"/ {
     key = "http " field($0, "mode")
@@ -292,6 +325,20 @@ END {
         printf "| c=64: SendEvent / Health throughput | %s / %s = %.1f%% | >= 80%% | %s |\n", \
                fmt_int(rate[k]), fmt_int(rate[h]), r, \
                (r >= 80 ? "met" : sprintf("missed by %.1f points", 80 - r))
+    }
+    for (k in events_rate) {
+        if (k ~ /^batch send-events/) { kb = k; cb = substr(k, length("batch send-events ") + 1) }
+    }
+    if (kb != "") {
+        k1 = "batch send " cb
+        printf "| c=%s: durable events/s with SendEvents of %s events (refused: %d) | %s " \
+               "| >= 200,000 | %s |\n", cb, bev[kb], event_errors[kb], \
+               fmt_int(events_rate[kb]), (events_rate[kb] >= 200000 ? "met" : \
+               sprintf("missed (%.0f%% of goal)", 100 * events_rate[kb] / 200000))
+        if (k1 in rate && rate[k1] > 0) {
+            printf "| c=%s: the same with single-event SendEvent | %s (SendEvents: %.1fx) " \
+                   "| (context) | - |\n", cb, fmt_int(rate[k1]), events_rate[kb] / rate[k1]
+        }
     }
     k = "http send"; h = "http healthz"
     if ((k in rate) && (h in rate) && rate[h] > 0) {

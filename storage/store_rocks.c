@@ -279,6 +279,17 @@ static rocksdb_options_t *family_options(const kf_rocks_options_t *o, kf_cf_t cf
          * be a linear scan of the memtable, so nothing does one. */
         rocksdb_options_set_memtable_vector_rep(opt);
     }
+    if (cf == KF_CF_COORD_JOURNAL) {
+        /* One journal entry per event, keyed by coordinator, so in random
+         * order; read only by DescribeCoordinator's listing (a range of one
+         * coordinator) and recovery's scan, never by a point Get. Vectors
+         * make every insert an append; limits.h says how the sizes bound
+         * the sort a read of the mutable memtable costs. */
+        rocksdb_options_set_memtable_vector_rep(opt);
+        rocksdb_options_set_write_buffer_size(opt, KF_ROCKS_JOURNAL_MEMTABLE_BYTES);
+        rocksdb_options_set_max_write_buffer_number(opt, KF_ROCKS_JOURNAL_MEMTABLES);
+        rocksdb_options_set_min_write_buffer_number_to_merge(opt, KF_ROCKS_JOURNAL_FLUSH_MERGE);
+    }
     return opt;
 }
 

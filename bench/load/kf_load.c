@@ -3,7 +3,7 @@
  * fdatasync probe, so that one run reports the server's latency next to the
  * disk's own floor (bench/README.md explains the method).
  *
- * Load mode (--rpc health | send):
+ * Load mode (--rpc health | send | send-events):
  *   * --concurrency calls are kept outstanding: a slot starts its next call
  *     as soon as its previous one completes (closed loop), so the offered
  *     load adapts to the server and never queues up inside the client;
@@ -12,6 +12,11 @@
  *     connection (a local subchannel pool stops gRPC from sharing one);
  *   * SendEvent requests are packed once per key before the run; a call
  *     only wraps the packed slice in a byte buffer (a reference, no copy);
+ *   * SendEvents (--rpc send-events): BATCH_REQUESTS requests of
+ *     --batch-events events each, every event on a key drawn uniformly,
+ *     packed before the run; each answer is scanned for per-event errors
+ *     (a call that is OK may still refuse some of its events), so events/s
+ *     counts accepted events only;
  *   * every call completing inside the measurement window [warmup end,
  *     warmup end + duration) is counted: its latency (monotonic clock, from
  *     just before the call is created to its completion) goes into a
@@ -57,6 +62,7 @@
 #include <unistd.h>
 
 #include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
@@ -77,6 +83,10 @@
 #define DURATION_S_MAX     3600
 #define FSYNC_COUNT_MAX    1000000
 #define FSYNC_RECORD_BYTES 100
+/* Distinct packed SendEvents requests the calls pick from: enough that
+ * consecutive calls hit different keys, few enough to pack in a moment. */
+#define BATCH_REQUESTS   256
+#define BATCH_EVENTS_MAX 1000 /* KF_SEND_EVENTS_MAX */
 
 /* A call still outstanding this long after its deadline is cancelled. */
 #define DRAIN_GRACE_MS 2000
@@ -194,6 +204,7 @@ static int run_fsync_probe(const char *dir, long count, fsync_mode_t mode, long 
 typedef enum rpc_kind {
     RPC_HEALTH,
     RPC_SEND,
+    RPC_SEND_EVENTS,
 } rpc_kind_t;
 
 typedef struct options {
@@ -203,7 +214,8 @@ typedef struct options {
     double duration_s;
     double warmup_s;
     long keys;
-    long input_bytes; /* SendEvent input padded to about this size; 0 = tiny */
+    long input_bytes;  /* SendEvent input padded to about this size; 0 = tiny */
+    long batch_events; /* events per SendEvents call */
     long channels;
     long threads;
     long deadline_ms;
@@ -251,6 +263,8 @@ struct worker {
     uint64_t rng;
     uint64_t statuses[KF_BENCH_STATUS_SLOTS]; /* calls completed in the window, by status */
     uint64_t abandoned;                       /* calls cancelled by the drain timeout */
+    uint64_t events_ok;                       /* SendEvents: events accepted in the window */
+    uint64_t event_errors;                    /* SendEvents: events refused in OK calls */
     kf_bench_hist_t hist;
 };
 
@@ -266,55 +280,155 @@ struct run {
     worker_t *workers;
 };
 
-/* Packs every request once. SendEvent: one per key, a debounce rule whose
- * window stays open for the whole run, so each call is one durable event
- * append to an open window. Health/Check: one empty request. */
+/* The event of key `i`: a debounce rule whose window stays open for the
+ * whole run, so each event is one durable append to an open window, and
+ * the input {"n":i} (padded to --input-bytes). Strings point into `key`
+ * and `input`, which the caller keeps until the request is packed. */
+static void fill_event(const options_t *o, size_t i, Keyflow__V1__SendEventRequest *send,
+                       Keyflow__V1__Event *event, Keyflow__V1__Rule *rule, char key[32],
+                       char input[INPUT_BYTES_MAX + 64]) {
+    snprintf(key, 32, "key-%06zu", i);
+    size_t cap = INPUT_BYTES_MAX + 64;
+    int n = snprintf(input, cap, "{\"n\":%zu", i);
+    if (o->input_bytes > 0) {
+        /* {"n":I,"pad":"xxx..."}: a bigger event makes the WAL and the
+         * memtables grow faster (bench/restart.sh). */
+        long pad = o->input_bytes - n - 10;
+        n += snprintf(input + n, cap - (size_t)n, ",\"pad\":\"");
+        for (long p = 0; p < pad; p++) {
+            input[n++] = 'x';
+        }
+        input[n++] = '"';
+    }
+    snprintf(input + n, cap - (size_t)n, "}");
+    keyflow__v1__rule__init(rule);
+    rule->kind = KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE;
+    rule->window_ms_present_case = KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS;
+    rule->window_ms = 60000;
+    keyflow__v1__event__init(event);
+    event->rule = rule;
+    event->input_json = input;
+    keyflow__v1__send_event_request__init(send);
+    send->workflow = (char *)o->workflow;
+    send->key = key;
+    send->event = event;
+}
+
+static grpc_slice pack(const ProtobufCMessage *m) {
+    size_t len = protobuf_c_message_get_packed_size(m);
+    grpc_slice slice = grpc_slice_malloc(len);
+    protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(slice));
+    return slice;
+}
+
+/* BATCH_REQUESTS SendEvents requests of --batch-events events, each on a
+ * key drawn uniformly (a fixed seed: every run sends the same requests). */
+static bool build_batches(run_t *r) {
+    const options_t *o = r->options;
+    size_t n = (size_t)o->batch_events;
+    Keyflow__V1__SendEventRequest *sends = calloc(n, sizeof *sends);
+    Keyflow__V1__SendEventRequest **ptrs = calloc(n, sizeof *ptrs);
+    Keyflow__V1__Event *events = calloc(n, sizeof *events);
+    Keyflow__V1__Rule *rules = calloc(n, sizeof *rules);
+    char(*keys)[32] = calloc(n, sizeof *keys);
+    char(*inputs)[INPUT_BYTES_MAX + 64] = calloc(n, sizeof *inputs);
+    bool ok = sends && ptrs && events && rules && keys && inputs;
+    uint64_t rng = UINT64_C(0x2545F4914F6CDD1D);
+    for (size_t b = 0; ok && b < r->request_count; b++) {
+        for (size_t e = 0; e < n; e++) {
+            size_t key = (size_t)(kf_bench_rng_next(&rng) % (uint64_t)o->keys);
+            fill_event(o, key, &sends[e], &events[e], &rules[e], keys[e], inputs[e]);
+            ptrs[e] = &sends[e];
+        }
+        Keyflow__V1__SendEventsRequest req = KEYFLOW__V1__SEND_EVENTS_REQUEST__INIT;
+        req.events = ptrs;
+        req.n_events = n;
+        r->requests[b] = pack(&req.base);
+    }
+    free(sends);
+    free(ptrs);
+    free(events);
+    free(rules);
+    free(keys);
+    free(inputs);
+    return ok;
+}
+
+/* Packs every request once. SendEvent: one per key (fill_event).
+ * SendEvents: build_batches. Health/Check: one empty request. */
 static bool build_requests(run_t *r) {
     const options_t *o = r->options;
-    r->request_count = o->rpc == RPC_SEND ? (size_t)o->keys : 1;
+    r->request_count = o->rpc == RPC_SEND          ? (size_t)o->keys
+                       : o->rpc == RPC_SEND_EVENTS ? BATCH_REQUESTS
+                                                   : 1;
     r->requests = calloc(r->request_count, sizeof *r->requests);
     if (r->requests == NULL) {
         return false;
     }
+    if (o->rpc == RPC_SEND_EVENTS) {
+        return build_batches(r);
+    }
     for (size_t i = 0; i < r->request_count; i++) {
-        ProtobufCMessage *m;
-        Grpc__Health__V1__HealthCheckRequest health = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-        Keyflow__V1__SendEventRequest send = KEYFLOW__V1__SEND_EVENT_REQUEST__INIT;
-        Keyflow__V1__Event event = KEYFLOW__V1__EVENT__INIT;
-        Keyflow__V1__Rule rule = KEYFLOW__V1__RULE__INIT;
-        char key[32];
-        char input[INPUT_BYTES_MAX + 64];
         if (o->rpc == RPC_SEND) {
-            snprintf(key, sizeof key, "key-%06zu", i);
-            int n = snprintf(input, sizeof input, "{\"n\":%zu", i);
-            if (o->input_bytes > 0) {
-                /* {"n":I,"pad":"xxx..."}: a bigger event makes the WAL and
-                 * the memtables grow faster (bench/restart.sh). */
-                long pad = o->input_bytes - n - 10;
-                n += snprintf(input + n, sizeof input - (size_t)n, ",\"pad\":\"");
-                for (long p = 0; p < pad; p++) {
-                    input[n++] = 'x';
-                }
-                input[n++] = '"';
-            }
-            snprintf(input + n, sizeof input - (size_t)n, "}");
-            rule.kind = KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE;
-            rule.window_ms_present_case = KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS;
-            rule.window_ms = 60000;
-            event.rule = &rule;
-            event.input_json = input;
-            send.workflow = (char *)o->workflow;
-            send.key = key;
-            send.event = &event;
-            m = &send.base;
+            Keyflow__V1__SendEventRequest send;
+            Keyflow__V1__Event event;
+            Keyflow__V1__Rule rule;
+            char key[32];
+            char input[INPUT_BYTES_MAX + 64];
+            fill_event(o, i, &send, &event, &rule, key, input);
+            r->requests[i] = pack(&send.base);
         } else {
-            m = &health.base;
+            Grpc__Health__V1__HealthCheckRequest health =
+                GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+            r->requests[i] = pack(&health.base);
         }
-        size_t len = protobuf_c_message_get_packed_size(m);
-        r->requests[i] = grpc_slice_malloc(len);
-        protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(r->requests[i]));
     }
     return true;
+}
+
+/* Counts the accepted and refused events of a SendEventsResponse without
+ * unpacking it: results is field 1 (length-delimited); each result holds
+ * its outcome as field 1 (response) or field 2 (error). A malformed answer
+ * counts all its events as refused. */
+static void count_events(const grpc_byte_buffer *bb, size_t expected, uint64_t *ok_out,
+                         uint64_t *errors_out) {
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, (grpc_byte_buffer *)bb)) {
+        *errors_out += expected;
+        return;
+    }
+    grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    const uint8_t *p = GRPC_SLICE_START_PTR(all);
+    const uint8_t *end = p + GRPC_SLICE_LENGTH(all);
+    uint64_t ok = 0, errors = 0;
+    bool malformed = false;
+    while (p < end && !malformed) {
+        uint64_t len = 0;
+        int shift = 0;
+        malformed = *p++ != 0x0a;
+        while (!malformed && p < end && shift < 64) {
+            uint8_t b = *p++;
+            len |= (uint64_t)(b & 0x7f) << shift;
+            shift += 7;
+            if ((b & 0x80) == 0) {
+                break;
+            }
+        }
+        malformed = malformed || len == 0 || len > (uint64_t)(end - p);
+        if (!malformed) {
+            ok += p[0] == 0x0a;
+            errors += p[0] != 0x0a;
+            p += len;
+        }
+    }
+    grpc_slice_unref(all);
+    if (malformed || ok + errors != expected) {
+        *errors_out += expected;
+        return;
+    }
+    *ok_out += ok;
+    *errors_out += errors;
 }
 
 static void slot_start(slot_t *s) {
@@ -355,6 +469,9 @@ static void slot_finish(slot_t *s, bool ok, int64_t now_ns) {
         w->statuses[slot]++;
         if (slot != GRPC_STATUS_OK) {
             report_status_once(slot, s);
+        } else if (r->options->rpc == RPC_SEND_EVENTS) {
+            count_events(s->unary.response, (size_t)r->options->batch_events, &w->events_ok,
+                         &w->event_errors);
         }
         kf_bench_hist_record(&w->hist, (uint64_t)(now_ns - s->start_ns));
     }
@@ -404,15 +521,32 @@ static void *worker_main(void *arg) {
 }
 
 static const char *rpc_name(rpc_kind_t rpc) {
-    return rpc == RPC_SEND ? "send" : "health";
+    switch (rpc) {
+    case RPC_HEALTH: return "health";
+    case RPC_SEND: return "send";
+    case RPC_SEND_EVENTS: return "send-events";
+    }
+    return "?";
 }
 
 static void print_results(const run_t *r, const kf_bench_hist_t *hist, const uint64_t *statuses,
-                          uint64_t abandoned, const kf_bench_cpu_pct_t *cpu) {
+                          uint64_t abandoned, uint64_t events_ok, uint64_t event_errors,
+                          const kf_bench_cpu_pct_t *cpu) {
     const options_t *o = r->options;
     double window_s = (double)(r->measure_end_ns - r->measure_start_ns) / 1e9;
     uint64_t errors = hist->count - statuses[GRPC_STATUS_OK];
     double rate = window_s > 0 ? (double)statuses[GRPC_STATUS_OK] / window_s : 0.0;
+    /* Durable events per second: SendEvent's OK calls, SendEvents' accepted
+     * events (0 for health). */
+    double events_rate = o->rpc == RPC_SEND_EVENTS ? (window_s > 0 ? events_ok / window_s : 0.0)
+                         : o->rpc == RPC_SEND      ? rate
+                                                   : 0.0;
+    char events_text[96] = "";
+    if (o->rpc == RPC_SEND_EVENTS) {
+        snprintf(events_text, sizeof events_text,
+                 " (%ld events each: %.0f events/s, %" PRIu64 " events refused)", o->batch_events,
+                 events_rate, event_errors);
+    }
     double p50 = kf_bench_hist_quantile_us(hist, 0.50);
     double p99 = kf_bench_hist_quantile_us(hist, 0.99);
     double p999 = kf_bench_hist_quantile_us(hist, 0.999);
@@ -429,10 +563,10 @@ static void print_results(const run_t *r, const kf_bench_hist_t *hist, const uin
         snprintf(server_text, sizeof server_text, " server %.0f%% other %.0f%%", cpu->server,
                  cpu->other);
     }
-    printf("%s c=%ld ch=%ld th=%ld: %" PRIu64 " calls in %.1f s, %.0f ok/s; latency us p50 %.1f"
+    printf("%s c=%ld ch=%ld th=%ld: %" PRIu64 " calls in %.1f s, %.0f ok/s%s; latency us p50 %.1f"
            " p99 %.1f p999 %.1f max %.1f; errors %" PRIu64 "%s; cpu client %.0f%%%s\n",
            rpc_name(o->rpc), o->concurrency, o->channels, o->threads, hist->count, window_s, rate,
-           p50, p99, p999, max_us, errors, errtext, cpu->client, server_text);
+           events_text, p50, p99, p999, max_us, errors, errtext, cpu->client, server_text);
 
     printf("{\"kind\":\"grpc_load\",\"rpc\":\"%s\",\"target\":\"%s\",\"concurrency\":%ld,"
            "\"channels\":%ld,\"threads\":%ld,\"keys\":%ld,\"workflow\":\"%s\","
@@ -441,7 +575,12 @@ static void print_results(const run_t *r, const kf_bench_hist_t *hist, const uin
            rpc_name(o->rpc), o->target, o->concurrency, o->channels, o->threads, o->keys,
            o->workflow, window_s, o->warmup_s, hist->count, statuses[GRPC_STATUS_OK], errors,
            errjson);
-    printf("},\"abandoned\":%" PRIu64 ",\"throughput_per_s\":%.1f,\"p50_us\":%.1f,"
+    printf("},\"batch_events\":%ld,\"events_ok\":%" PRIu64 ",\"event_errors\":%" PRIu64
+           ",\"events_per_s\":%.1f",
+           o->rpc == RPC_SEND_EVENTS ? o->batch_events : (o->rpc == RPC_SEND ? 1L : 0L),
+           o->rpc == RPC_SEND_EVENTS ? events_ok : (o->rpc == RPC_SEND ? statuses[0] : 0),
+           event_errors, events_rate);
+    printf(",\"abandoned\":%" PRIu64 ",\"throughput_per_s\":%.1f,\"p50_us\":%.1f,"
            "\"p99_us\":%.1f,\"p999_us\":%.1f,\"max_us\":%.1f,\"mean_us\":%.1f,"
            "\"client_cpu_pct\":%.1f,\"server_cpu_pct\":%.1f,\"machine_cpu_pct\":%.1f,"
            "\"other_cpu_pct\":%.1f}\n",
@@ -454,8 +593,9 @@ static int run_load(const options_t *o) {
     static run_t run; /* static: zeroed, and too large to want on a stack */
     run_t *r = &run;
     r->options = o;
-    r->method_path =
-        o->rpc == RPC_SEND ? "/keyflow.v1.Coordinators/SendEvent" : "/grpc.health.v1.Health/Check";
+    r->method_path = o->rpc == RPC_SEND          ? "/keyflow.v1.Coordinators/SendEvent"
+                     : o->rpc == RPC_SEND_EVENTS ? "/keyflow.v1.Coordinators/SendEvents"
+                                                 : "/grpc.health.v1.Health/Check";
     grpc_init();
     gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
     if (!kf_bench_security_set(o->tls_ca, o->api_key)) {
@@ -515,6 +655,8 @@ static int run_load(const options_t *o) {
     static kf_bench_hist_t hist;
     uint64_t statuses[KF_BENCH_STATUS_SLOTS] = {0};
     uint64_t abandoned = 0;
+    uint64_t events_ok = 0;
+    uint64_t event_errors = 0;
     for (long t = 0; t < o->threads; t++) {
         worker_t *w = &r->workers[t];
         pthread_join(w->thread, NULL);
@@ -523,10 +665,12 @@ static int run_load(const options_t *o) {
             statuses[i] += w->statuses[i];
         }
         abandoned += w->abandoned;
+        events_ok += w->events_ok;
+        event_errors += w->event_errors;
     }
     kf_bench_cpu_pct_t cpu;
     kf_bench_cpu_pct(&cpu0, &cpu1, (double)(r->measure_end_ns - r->measure_start_ns) / 1e9, &cpu);
-    print_results(r, &hist, statuses, abandoned, &cpu);
+    print_results(r, &hist, statuses, abandoned, events_ok, event_errors, &cpu);
 
     for (long i = 0; i < o->channels; i++) {
         grpc_channel_destroy(r->channels[i]);
@@ -543,12 +687,14 @@ static int run_load(const options_t *o) {
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: kf_load --target HOST:PORT --rpc health|send [options]\n"
+            "usage: kf_load --target HOST:PORT --rpc health|send|send-events [options]\n"
             "       kf_load --fsync-probe DIR [--count N] [--fsync-mode M] [--gap-us N]\n"
             "  --concurrency N   calls kept outstanding (default 1, max %d)\n"
             "  --duration-s S    measurement window (default 10)\n"
             "  --warmup-s S      load before the window, not counted (default 2)\n"
             "  --keys N          SendEvent keys, drawn uniformly (default 10000)\n"
+            "  --batch-events N  send-events: events per SendEvents call (default 100,\n"
+            "                    max %d)\n"
             "  --input-bytes N   SendEvent input padded to about N bytes (default: tiny,\n"
             "                    max %d; the client holds one request per key)\n"
             "  --channels N      channels = TCP connections (default 1, max %d)\n"
@@ -562,7 +708,7 @@ static void usage(FILE *out) {
             "  --count N         fsync probe records (default 2000)\n"
             "  --fsync-mode M    append (default), fallocate or overwrite (see the source)\n"
             "  --gap-us N        fsync probe: idle this long before each record (default 0)\n",
-            CONCURRENCY_MAX, INPUT_BYTES_MAX, CHANNELS_MAX);
+            CONCURRENCY_MAX, BATCH_EVENTS_MAX, INPUT_BYTES_MAX, CHANNELS_MAX);
 }
 
 static bool parse_args(int argc, char **argv, options_t *o) {
@@ -574,6 +720,7 @@ static bool parse_args(int argc, char **argv, options_t *o) {
         .duration_s = 10.0,
         .warmup_s = 2.0,
         .keys = 10000,
+        .batch_events = 100,
         .channels = 1,
         .threads = 1,
         .deadline_ms = 10000,
@@ -603,8 +750,10 @@ static bool parse_args(int argc, char **argv, options_t *o) {
                 o->rpc = RPC_HEALTH;
             } else if (strcmp(v, "send") == 0) {
                 o->rpc = RPC_SEND;
+            } else if (strcmp(v, "send-events") == 0) {
+                o->rpc = RPC_SEND_EVENTS;
             } else {
-                fprintf(stderr, "kf_load: --rpc must be health or send\n");
+                fprintf(stderr, "kf_load: --rpc must be health, send or send-events\n");
                 ok = false;
             }
         } else if (strcmp(a, "--concurrency") == 0) {
@@ -615,6 +764,8 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             ok = kf_bench_parse_seconds("kf_load", a, v, DURATION_S_MAX, &o->warmup_s);
         } else if (strcmp(a, "--keys") == 0) {
             ok = kf_bench_parse_long("kf_load", a, v, 1, KEYS_MAX, &o->keys);
+        } else if (strcmp(a, "--batch-events") == 0) {
+            ok = kf_bench_parse_long("kf_load", a, v, 1, BATCH_EVENTS_MAX, &o->batch_events);
         } else if (strcmp(a, "--input-bytes") == 0) {
             ok = kf_bench_parse_long("kf_load", a, v, 0, INPUT_BYTES_MAX, &o->input_bytes);
         } else if (strcmp(a, "--channels") == 0) {

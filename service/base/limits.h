@@ -231,6 +231,16 @@
  * on the reference machine, so about 1 s); lower means more, smaller
  * flushes. */
 #define KF_ROCKS_WAL_BYTES_MAX (64 * 1024 * 1024)
+/* The coordinator journal's memtables are unsorted vectors (one append per
+ * event, where a skiplist insert at a random place cost the committer about
+ * 5 us; bench/README.md, "SendEvents"), so a read of the family sorts the
+ * mutable one first: a small mutable memtable bounds what a
+ * DescribeCoordinator sorts (about 8k entries, a few ms), and merging
+ * several of them per flush keeps level-0 files as large as a flush of one
+ * 8 MiB memtable would make them. */
+#define KF_ROCKS_JOURNAL_MEMTABLE_BYTES (1024 * 1024)
+#define KF_ROCKS_JOURNAL_MEMTABLES      10
+#define KF_ROCKS_JOURNAL_FLUSH_MERGE    8
 
 /* Free space kept on the data directory's filesystem (--disk-reserve): below
  * it, commands that grow the store (new events, batches, functions) are
@@ -326,6 +336,8 @@
 #define KF_LOG_LINE_BYTES_MAX 8192
 
 _Static_assert(KF_BATCH_EVENTS_DEFAULT <= KF_BATCH_EVENTS_MAX, "default within bound");
+_Static_assert(KF_ROCKS_JOURNAL_FLUSH_MERGE < KF_ROCKS_JOURNAL_MEMTABLES,
+               "a mutable journal memtable remains while a merged flush waits");
 _Static_assert(KF_EVENT_INPUT_BYTES_MAX * 2 <= KF_WINDOW_INPUT_BYTES_MAX,
                "a window holds more than one maximal input");
 _Static_assert(KF_WINDOW_INPUT_BYTES_MAX < KF_REQUEST_BYTES_MAX,

@@ -744,9 +744,15 @@ static coord_t *close_if_overdue(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, con
     return coord_find(cs, ckey);
 }
 
+/* "<key>@<uuid>" in the arena (once per receipt: no printf). */
 static char *run_id_in(kf_arena_t *arena, const char *key, const char *uuid) {
-    char *s = kf_arena_printf(arena, "%s@%s", key, uuid);
+    size_t key_len = strlen(key);
+    size_t uuid_len = strlen(uuid);
+    char *s = kf_arena_alloc(arena, key_len + 1 + uuid_len + 1);
     KF_ASSERT(s != NULL);
+    memcpy(s, key, key_len);
+    s[key_len] = '@';
+    memcpy(s + key_len + 1, uuid, uuid_len + 1);
     return s;
 }
 

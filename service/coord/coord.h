@@ -21,11 +21,13 @@
  *   2. A window's run is created in the write that closes it (runs.h, 1).
  *   3. After KF_JOURNAL_ENTRIES_MAX entries the coordinator writes a snapshot
  *      and deletes the folded entries in the same batch (continue-as-new).
- *   4. The in-memory timer is at the coordinator's due time: the open
- *      window's, else the expiry of its last remembered ID. The stored
- *      wake-up is at or before it (a later move writes nothing while the
+ *   4. The in-memory timer is at or before the coordinator's due time: the
+ *      open window's, else the expiry of its last remembered ID (a debounce
+ *      event that moves the due time later leaves it; it fires early and
+ *      kf_coords_fire, finding nothing due, re-arms it). The stored
+ *      wake-up is at or before it too (a later move writes nothing while the
  *      stored one is still ahead; after a restart it fires early and is
- *      re-armed), so no window is ever closed late after a crash.
+ *      re-armed), so no window is ever closed late, crash or not.
  *
  * Engine-thread only.
  */

@@ -61,7 +61,9 @@ void kf_ctx_delete_range(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *begin, const
  * (if not INT64_MIN) and writes one at new_due_ms (if not INT64_MIN), and
  * arms or disarms the in-memory timer to match. Coordinator wake-ups are
  * only ever stored at or before the in-memory due time: moving one later
- * while the stored one is still in the future writes nothing. */
+ * while the stored one is still in the future writes nothing, and leaves
+ * an armed timer that is not later than the new due time where it is (it
+ * fires early; the owner must then re-check its due time and move again). */
 void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,
                         const void *identity, size_t identity_len, int64_t *stored_due_ms,
                         int64_t new_due_ms);
