@@ -69,7 +69,9 @@ KF_LOAD=$BUILD_DIR/bench/load/kf_load
 KEYFLOWD=$BUILD_DIR/service/main/keyflowd
 IDLE_BEFORE=$(idle_pct)
 log "CPU idle before the run: $IDLE_BEFORE%"
-command -v wrk >/dev/null || { log "wrk is not installed (apt-get install wrk)"; exit 1; }
+if has_suite coordinators; then
+    command -v wrk >/dev/null || { log "wrk is not installed (apt-get install wrk)"; exit 1; }
+fi
 command -v curl >/dev/null || { log "curl is not installed"; exit 1; }
 
 # ---- server -----------------------------------------------------------------
