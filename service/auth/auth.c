@@ -380,6 +380,30 @@ static const ProtobufCFieldDescriptor *field_named(const ProtobufCMessage *msg, 
     return f;
 }
 
+/* Whether `f` of `msg` holds a value: a member of a oneof does only while
+ * the oneof's case names it (the members share one union, so reading an
+ * unset member reads another member's value). */
+static bool field_present(const ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f) {
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) == 0) {
+        return true;
+    }
+    uint32_t set = *(const uint32_t *)((const char *)msg + f->quantifier_offset);
+    return set == f->id;
+}
+
+/* A request whose resource path runs through an unset oneof member names
+ * no resource at all: refused, whatever the key's grants. */
+static kf_status_t absent_member(const kf_method_t *m, const ProtobufCMessage *msg,
+                                 const ProtobufCFieldDescriptor *f, kf_error_t *err) {
+    uint32_t set = *(const uint32_t *)((const char *)msg + f->quantifier_offset);
+    const ProtobufCFieldDescriptor *holds =
+        set != 0 ? protobuf_c_message_descriptor_get_field(msg->descriptor, set) : NULL;
+    return kf_error_set(err, KF_E_INVALID,
+                        "%s: absent: this %s holds %s%s%s, not %s, so it names no %s", m->resource,
+                        msg->descriptor->name, holds ? "\"" : "nothing", holds ? holds->name : "",
+                        holds ? "\"" : "", f->name, resource_word(m->scope));
+}
+
 /* Checks the names at the dotted `path` of `msg`, through singular messages
  * to a string or repeated string field. */
 static kf_status_t authorize_path(const kf_principal_t *p, const kf_method_t *m,
@@ -387,6 +411,9 @@ static kf_status_t authorize_path(const kf_principal_t *p, const kf_method_t *m,
     for (;;) {
         const char *dot = strchr(path, '.');
         const ProtobufCFieldDescriptor *f = field_named(msg, path, dot);
+        if (!field_present(msg, f)) {
+            return absent_member(m, msg, f, err);
+        }
         const char *base = (const char *)msg + f->offset;
         if (dot != NULL) {
             KF_ASSERT(f->type == PROTOBUF_C_TYPE_MESSAGE && f->label != PROTOBUF_C_LABEL_REPEATED);

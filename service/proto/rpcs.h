@@ -50,6 +50,12 @@
  *     value means "all" in the optional filters (ListRuns' workflow,
  *     PollRuns' workflows), so it matches only a key without a prefix: a
  *     prefix-limited key must narrow the filter to its prefix.
+ *   - a path through a member of a oneof (Serve's "hello.function_id")
+ *     names nothing when the message holds another member (a result sent
+ *     before the hello): the request is refused INVALID_ARGUMENT whatever
+ *     the key. test_rpc_table.py reports such a path unless its
+ *     ONEOF_RESOURCES lists it (after checking its front end ends only that
+ *     call on the refusal).
  *   - NULL: the request names no resource (a run id, whose workflow only the
  *     engine knows; a list of everything). The engine checks what the
  *     request resolves to (kf_principal_allows on the run's workflow) or

@@ -480,6 +480,30 @@ class AuthTest(unittest.TestCase):
                 self.create_key("bad", [grant])
             self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
 
+    # --- malformed streams ------------------------------------------------------
+    def test_a_result_before_any_hello_ends_only_that_stream(self):
+        """Workers/Serve's resource is hello.function_id, a oneof member: a
+        first message holding a result names no function. It is refused
+        INVALID_ARGUMENT (it used to abort keyflowd), for a key with or
+        without a prefix, and the server goes on serving."""
+        _, anyfn = self.create_key("serve all", [("functions:serve", "")])
+        _, some = self.create_key("serve fa", [("functions:serve", "fa")])
+        path = "/keyflow.v1.Workers/Serve"
+        for key in (anyfn, some):
+            stream = self.admin.channel.stream_stream(
+                path, request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=W.ServerMessage.FromString)(
+                iter([W.WorkerMessage(result=W.CallResult())]),
+                metadata=[("authorization", bearer(key))], timeout=TIMEOUT_S)
+            with self.assertRaises(grpc.RpcError) as cm:
+                next(stream)
+            self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT,
+                             cm.exception.details())
+            self.assertIn("hello.function_id", cm.exception.details())
+            self.assertIsNone(self.server.proc.poll(), self.server.read_log())
+        self.assertEqual(self.admin.code("/keyflow.v1.Keys/ListKeys", K.ListKeysRequest()),
+                         grpc.StatusCode.OK)
+
     # --- ownership ---------------------------------------------------------------
     def test_a_producer_belongs_to_the_key_that_first_used_it(self):
         with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:

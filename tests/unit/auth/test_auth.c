@@ -11,6 +11,7 @@
 #include "auth/auth.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
+#include "keyflow/v1/workers.pb-c.h"
 
 static const uint8_t store_secret[KF_AUTH_STORE_SECRET_BYTES] = {1, 2, 3};
 
@@ -203,6 +204,63 @@ Test(auth, scope_names) {
     cr_assert_eq(kf_scope_resource(KF_SCOPE_METRICS_READ), KF_SCOPE_RESOURCE_NONE);
     cr_assert_eq(kf_scope_resource(KF_SCOPE_FUNCTIONS_PUSH), KF_SCOPE_RESOURCE_FUNCTION);
     cr_assert_eq(kf_scope_resource(KF_SCOPE_COORDINATORS_WRITE), KF_SCOPE_RESOURCE_WORKFLOW);
+}
+
+/* Workers/Serve's resource is "hello.function_id", a member of the
+ * WorkerMessage oneof: a message holding another member (a result sent
+ * before any hello) names no function. The walk must see that the member is
+ * not set rather than read the union as a hello, and refuse with a status
+ * every key gets, prefix or not (it used to abort the process). */
+Test(auth, a_resource_path_through_an_unset_oneof_member_is_refused) {
+    kf_grant_t grants[2] = {
+        {.scope = KF_SCOPE_FUNCTIONS_SERVE, .prefix = ""},
+        {.scope = KF_SCOPE_FUNCTIONS_READ, .prefix = "fa"},
+    };
+    char text[KF_API_KEY_TEXT_BYTES + 1];
+    kf_auth_t *auth = registry(grants, 2, text);
+    char header[200];
+    snprintf(header, sizeof header, "Bearer %s", text);
+    kf_principal_t *p;
+    kf_error_t err;
+    cr_assert_eq(
+        kf_auth_authenticate(auth, KF_SCOPE_FUNCTIONS_SERVE, header, strlen(header), &p, &err),
+        KF_OK);
+    const kf_method_t *serve = method("/keyflow.v1.Workers/Serve");
+    Keyflow__V1__CallResult result = KEYFLOW__V1__CALL_RESULT__INIT;
+    Keyflow__V1__WorkerMessage m = KEYFLOW__V1__WORKER_MESSAGE__INIT;
+    m.message_case = KEYFLOW__V1__WORKER_MESSAGE__MESSAGE_RESULT;
+    m.result = &result;
+    cr_assert_eq(kf_auth_authorize(p, serve, &m.base, &err), KF_E_INVALID);
+    cr_assert(strstr(err.message, "hello.function_id") != NULL, "%s", err.message);
+    cr_assert(strstr(err.message, "result") != NULL, "%s", err.message);
+    /* Nothing set at all: absent too. */
+    Keyflow__V1__WorkerMessage empty = KEYFLOW__V1__WORKER_MESSAGE__INIT;
+    cr_assert_eq(kf_auth_authorize(p, serve, &empty.base, &err), KF_E_INVALID);
+    /* The hello itself is checked as before. */
+    Keyflow__V1__WorkerHello hello = KEYFLOW__V1__WORKER_HELLO__INIT;
+    hello.function_id = "anything";
+    m.message_case = KEYFLOW__V1__WORKER_MESSAGE__MESSAGE_HELLO;
+    m.hello = &hello;
+    cr_assert_eq(kf_auth_authorize(p, serve, &m.base, &err), KF_OK, "%s", err.message);
+    kf_principal_unref(p);
+    kf_auth_destroy(auth);
+
+    kf_grant_t limited = {.scope = KF_SCOPE_FUNCTIONS_SERVE, .prefix = "fa"};
+    auth = registry(&limited, 1, text);
+    snprintf(header, sizeof header, "Bearer %s", text);
+    cr_assert_eq(
+        kf_auth_authenticate(auth, KF_SCOPE_FUNCTIONS_SERVE, header, strlen(header), &p, &err),
+        KF_OK);
+    m.message_case = KEYFLOW__V1__WORKER_MESSAGE__MESSAGE_RESULT;
+    m.result = &result;
+    cr_assert_eq(kf_auth_authorize(p, serve, &m.base, &err), KF_E_INVALID);
+    m.message_case = KEYFLOW__V1__WORKER_MESSAGE__MESSAGE_HELLO;
+    m.hello = &hello;
+    cr_assert_eq(kf_auth_authorize(p, serve, &m.base, &err), KF_E_PERMISSION);
+    hello.function_id = "fa_r";
+    cr_assert_eq(kf_auth_authorize(p, serve, &m.base, &err), KF_OK, "%s", err.message);
+    kf_principal_unref(p);
+    kf_auth_destroy(auth);
 }
 
 /* Auth is on whenever a listener is anything but these. */

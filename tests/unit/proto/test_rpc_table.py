@@ -72,6 +72,33 @@ def field(messages, message_name, dotted):
     return f, None
 
 
+# Resource paths that run through a member of a oneof, each checked by hand:
+# a request holding another member of that oneof names no resource, and
+# auth.c (field_present) refuses it INVALID_ARGUMENT whatever the key.
+# A row belongs here only once its front end ends just that call on the
+# refusal (Workers/Serve: a result before the hello ends only that stream,
+# tests/e2e/test_auth.py). Any other path through a oneof is reported.
+ONEOF_RESOURCES = {("/keyflow.v1.Workers/Serve", "hello.function_id")}
+
+
+def path_shape(messages, message_name, dotted):
+    """(oneof members on the path, repeated messages after its first segment)
+    as dotted prefixes: what auth.c's walk has to know about."""
+    msg = messages[message_name]
+    oneofs, repeated = [], []
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        f = next(f for f in msg.field if f.name == part)
+        here = ".".join(parts[:i + 1])
+        if f.HasField("oneof_index"):
+            oneofs.append(here)
+        if i < len(parts) - 1:
+            if i > 0 and f.label == FDP.LABEL_REPEATED:
+                repeated.append(here)
+            msg = messages[f.type_name.lstrip(".")]
+    return oneofs, repeated
+
+
 def check(tables, messages, rpcs):
     """Every problem found, as sentences; [] when the tables are right."""
     problems = []
@@ -125,6 +152,16 @@ def check(tables, messages, rpcs):
                     problems.append(f"{path}: resource {row['resource']}: {err}")
                 elif f.type != FDP.TYPE_STRING:
                     problems.append(f"{path}: resource {row['resource']} is not a string field")
+                else:
+                    oneofs, repeated = path_shape(messages, row["request"], row["resource"])
+                    if oneofs and (path, row["resource"]) not in ONEOF_RESOURCES:
+                        problems.append(f"{path}: resource {row['resource']} runs through the "
+                                        f"oneof member {oneofs[0]}: a request holding another "
+                                        f"member names nothing (see ONEOF_RESOURCES)")
+                    if repeated:
+                        problems.append(f"{path}: resource {row['resource']} runs through the "
+                                        f"repeated message {repeated[0]}: only the first "
+                                        f"segment may repeat")
         if row["scope"] not in scopes:
             problems.append(f"{path}: scope {row['scope']} is not in KF_SCOPE_TABLE")
         if row["scope"] == "none" and not path.startswith(("/grpc.health.v1.Health/",
@@ -246,6 +283,19 @@ class RpcTableTest(unittest.TestCase):
         found = self.mutated(wrong)
         self.assertTrue(any("no field workflw" in p for p in found), found)
         self.assertTrue(any("runs:everything" in p for p in found), found)
+
+    def test_a_resource_through_a_oneof_is_reported_unless_listed(self):
+        found = self.mutated(lambda t: self.row(t, "/keyflow.v1.Functions/PushBatch")
+                             .update(resource="rows_json"))
+        self.assertTrue(any("PushBatch: resource rows_json runs through the oneof member "
+                            "rows_json" in p for p in found), found)
+        self.assertEqual(self.problems(self.tables), [])  # Serve's hello is listed
+
+    def test_a_resource_through_a_nested_repeated_message_is_reported(self):
+        found = self.mutated(lambda t: self.row(t, "/keyflow.v1.Functions/RegisterFunction")
+                             .update(resource="descriptor.input_schema.fields.name"))
+        self.assertTrue(any("repeated message descriptor.input_schema.fields" in p for p in found),
+                        found)
 
     def test_a_route_to_an_unknown_or_unserved_rpc_is_reported(self):
         def wrong(t):
