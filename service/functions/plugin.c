@@ -6,6 +6,8 @@
  *      O_NOFOLLOW: never through a symlink), owned by root or by the user
  *      keyflowd runs as, and not writable by group or others: nobody else
  *      can have put code there. Files that fail are skipped and logged.
+ *      Candidates are opened with O_NONBLOCK, so a FIFO or a device never
+ *      stalls the engine thread that looks for a plugin.
  *   2. Messages that go back to clients name digests, never server paths;
  *      the paths go to the server's log.
  */
@@ -87,9 +89,14 @@ static const char *untrusted(const struct stat *st) {
     return NULL;
 }
 
-/* Reads a whole trusted regular file of at most KF_PLUGIN_BYTES_MAX. */
+/* Reads a whole trusted regular file of at most KF_PLUGIN_BYTES_MAX. The
+ * open never blocks: this runs on the engine thread (at registration and at
+ * start), and opening a FIFO for reading without O_NONBLOCK waits for a
+ * writer that may never come. The type is checked on the open descriptor
+ * (fstat), so nothing can be swapped in between; only a regular file is
+ * then read, in blocking mode again. */
 static uint8_t *read_file(const char *path, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         if (errno == ELOOP) {
             kf_log(KF_LOG_WARN, "plugin", "skipping %s: a symbolic link", path);
@@ -103,6 +110,12 @@ static uint8_t *read_file(const char *path, size_t *len) {
         if (why != NULL) {
             kf_log(KF_LOG_WARN, "plugin", "skipping %s: %s", path, why);
         }
+        close(fd);
+        return NULL;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        kf_log(KF_LOG_WARN, "plugin", "skipping %s: %s", path, strerror(errno));
         close(fd);
         return NULL;
     }

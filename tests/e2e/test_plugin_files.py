@@ -2,7 +2,9 @@
 "Plugins"): only regular files, owned by root or keyflowd's user, not
 writable by group or others. A symlink to a good plugin, or a copy anyone
 may write, is skipped (the log says which and why), and the error a client
-gets names the digest, never a path on the server.
+gets names the digest, never a path on the server. A FIFO named like a
+plugin is skipped without blocking, at registration and at start (opening
+one for reading used to wait for a writer forever, with the engine).
 """
 
 import json
@@ -63,6 +65,36 @@ class PluginFilesTest(unittest.TestCase):
         status, body = self.register("fn-trusted")
         self.assertEqual(status, 200, body)
         self.assertTrue(stat.S_ISREG(os.lstat(writable).st_mode))
+        self.assertEqual(self.server.stop(), 0)
+
+    def test_a_fifo_is_skipped_without_blocking_the_engine(self):
+        fifo = os.path.join(self.dir, "fifo.so")
+        os.mkfifo(fifo, 0o644)
+        status, body = self.register("fn-fifo")
+        self.assertEqual(status, 409, body)  # no plugin has the digest
+        self.assertIn("skipping %s: not a regular file" % fifo, self.server.read_log())
+        # The engine goes on: a write after it answers.
+        status, _ = self.server.http("POST", "/v1/workflows/wf/keys/k/events",
+                                     {"rule": {"kind": "batch"}, "input": 1})
+        self.assertEqual(status, 200)
+        self.assertEqual(self.server.stop(), 0)
+
+    def test_a_fifo_does_not_block_the_start(self):
+        # A function whose plugin was there when it was registered ...
+        shutil.copy(self.so, os.path.join(self.dir, "running_sum.so"))
+        status, body = self.register("fn-before")
+        self.assertEqual(status, 200, body)
+        self.assertEqual(self.server.stop(), 0)
+        # ... and at the next start only a FIFO: the start looks for the
+        # plugin, skips the FIFO and comes up with the function unavailable.
+        os.unlink(os.path.join(self.dir, "running_sum.so"))
+        fifo = os.path.join(self.dir, "running_sum.so")
+        os.mkfifo(fifo, 0o644)
+        self.server.start()
+        self.assertIn("skipping %s: not a regular file" % fifo, self.server.read_log())
+        status, body = self.server.http("GET", "/v1/functions/fn-before")
+        self.assertEqual(status, 200, body)
+        self.assertEqual(self.server.http("GET", "/readyz")[0], 200)
         self.assertEqual(self.server.stop(), 0)
 
 
