@@ -60,7 +60,7 @@ static void update(const char *reason, bool stops) {
         return;
     }
     atomic_store(&serving, to);
-    kf_gauge_set(KF_G_READY, to ? 1 : 0);
+    kf_gauge_set_in(0, KF_G_READY, to ? 1 : 0); /* the process, not a partition */
     kf_log_kv(KF_LOG_INFO, "health", to ? "serving" : "not serving", KF_LOG_STR("reason", reason));
     announce();
 }
@@ -85,7 +85,7 @@ void kf_health_fail(const char *reason) {
     atomic_store(&serving, false);
     if (first) {
         snprintf(why, sizeof why, "failed: %s", reason);
-        kf_gauge_set(KF_G_READY, 0);
+        kf_gauge_set_in(0, KF_G_READY, 0);
         kf_log_kv(KF_LOG_ERROR, "health", "not serving: failed", KF_LOG_STR("reason", reason));
         announce();
     }

@@ -330,6 +330,24 @@
  * enough that a stop never looks hung (Kubernetes' default grace is 30 s). */
 #define KF_DRAIN_GRACE_MS_MAX (5LL * 60 * 1000)
 
+/* ---- partitions (docs/scaling.md) ------------------------------------ */
+
+/* Partitions of a data set. Each served partition is an engine thread, a
+ * committer, a replier and a RocksDB instance; 256 covers a machine with
+ * 256 cores, and the partition a run belongs to is written in its run ID's
+ * 12 spare UUID bits (base/partition.h), which hold up to 4096. */
+#define KF_PARTITION_COUNT_MAX 256
+/* The count a new data set gets when --partition-count is not given. */
+#define KF_PARTITION_COUNT_DEFAULT 1
+/* One line of a placement file (a node name, a partition set, two
+ * addresses) and the nodes one file may name. */
+#define KF_PLACEMENT_LINE_BYTES_MAX 1024
+#define KF_PLACEMENT_NODES_MAX      KF_PARTITION_COUNT_MAX
+#define KF_ADDRESS_BYTES_MAX        256
+/* A merged output cursor: "kfo1:P:" then "partition=seq" for every
+ * partition with a position (docs/scaling.md). */
+#define KF_OUTPUT_CURSOR_BYTES_MAX (16 + KF_PARTITION_COUNT_MAX * 26)
+
 /* One log line, built on the stack and written with one write(2) (which
  * keeps concurrent lines whole): room for a function key, the longest
  * identifier a line carries, escaped, plus the rest; longer values are cut. */
@@ -375,6 +393,11 @@ _Static_assert(KF_GRANT_PREFIX_BYTES_MAX >= KF_WORKFLOW_BYTES_MAX &&
                "a prefix can be a whole workflow or function name");
 _Static_assert(KF_OUTPUT_RETENTION_MS_DEFAULT <= KF_OUTPUT_RETENTION_MS_MAX,
                "default retention within bound");
+_Static_assert(KF_PARTITION_COUNT_DEFAULT >= 1 &&
+                   KF_PARTITION_COUNT_DEFAULT <= KF_PARTITION_COUNT_MAX,
+               "default partition count within bound");
+_Static_assert(KF_PARTITION_COUNT_MAX <= 4096, "a run ID's 12 tag bits name every partition");
+_Static_assert(KF_PARTITION_COUNT_MAX % 64 == 0, "partition sets are whole 64-bit words");
 _Static_assert(KF_DISK_RESERVE_BYTES_MIN <= KF_DISK_RESERVE_BYTES_DEFAULT &&
                    KF_DISK_RESERVE_BYTES_DEFAULT <= KF_DISK_RESERVE_BYTES_MAX,
                "default reserve within bounds");

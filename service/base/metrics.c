@@ -47,7 +47,11 @@ static const struct {
   counter_info[] = {KF_COUNTER_TABLE(ROW_)};
 #undef ROW_
 
-static atomic_int_fast64_t gauges[KF_GAUGE_COUNT];
+/* A gauge per slot: each partition's engine sets its own (its coordinators,
+ * its queue), and the exposition adds them up, so partitions never
+ * overwrite each other's values. Slot 0 is everything else. */
+static atomic_int_fast64_t gauges[KF_METRICS_SLOTS][KF_GAUGE_COUNT];
+static _Thread_local int thread_slot;
 static atomic_uint_fast64_t counters[KF_COUNTER_COUNT];
 static histogram_t histograms[KF_HISTOGRAM_COUNT] = {
 #define H_ROW_(id, name, help, buckets) {name, help, &buckets, {0}, 0},
@@ -71,14 +75,37 @@ void kf_metrics_set_build_info(const char *version, const char *commit) {
     build_commit = commit;
 }
 
+int kf_metrics_bind_slot(int slot) {
+    KF_ASSERT(slot >= 0 && slot < KF_METRICS_SLOTS);
+    int before = thread_slot;
+    thread_slot = slot;
+    return before;
+}
+void kf_gauge_set_in(int slot, kf_gauge_t g, int64_t v) {
+    KF_ASSERT(slot >= 0 && slot < KF_METRICS_SLOTS);
+    atomic_store_explicit(&gauges[slot][g], v, memory_order_relaxed);
+}
 void kf_gauge_set(kf_gauge_t g, int64_t v) {
-    atomic_store_explicit(&gauges[g], v, memory_order_relaxed);
+    kf_gauge_set_in(thread_slot, g, v);
 }
 void kf_gauge_add(kf_gauge_t g, int64_t d) {
-    atomic_fetch_add_explicit(&gauges[g], d, memory_order_relaxed);
+    atomic_fetch_add_explicit(&gauges[thread_slot][g], d, memory_order_relaxed);
+}
+/* What every slot holds the same of (the functions registered in every
+ * partition and their workers, the one filesystem's free space, readiness)
+ * is their largest
+ * value; the rest is a sum over the partitions. */
+static bool gauge_is_shared(kf_gauge_t g) {
+    return g == KF_G_FUNCTIONS || g == KF_G_FUNCTION_WORKERS || g == KF_G_DISK_FREE_BYTES ||
+           g == KF_G_DISK_RESERVE_REACHED || g == KF_G_READY;
 }
 int64_t kf_gauge_get(kf_gauge_t g) {
-    return atomic_load_explicit(&gauges[g], memory_order_relaxed);
+    int64_t v = 0;
+    for (int slot = 0; slot < KF_METRICS_SLOTS; slot++) {
+        int64_t x = atomic_load_explicit(&gauges[slot][g], memory_order_relaxed);
+        v = gauge_is_shared(g) ? (x > v ? x : v) : v + x;
+    }
+    return v;
 }
 void kf_counter_add(kf_counter_t c, uint64_t d) {
     atomic_fetch_add_explicit(&counters[c], d, memory_order_relaxed);
@@ -131,8 +158,9 @@ void kf_metrics_request(int method, kf_transport_t transport, int grpc_code, int
 }
 
 void kf_metrics_reset(void) {
-    for (int i = 0; i < KF_GAUGE_COUNT; i++)
-        atomic_store(&gauges[i], 0);
+    for (int slot = 0; slot < KF_METRICS_SLOTS; slot++)
+        for (int i = 0; i < KF_GAUGE_COUNT; i++)
+            atomic_store(&gauges[slot][i], 0);
     for (int i = 0; i < KF_COUNTER_COUNT; i++)
         atomic_store(&counters[i], 0);
     for (int i = 0; i < KF_HISTOGRAM_COUNT; i++) {
@@ -332,8 +360,7 @@ char *kf_metrics_render(size_t *len) {
     render_process(&o);
     for (int i = 0; i < KF_GAUGE_COUNT; i++) {
         outf(&o, "# HELP %s %s\n# TYPE %s gauge\n%s %lld\n", gauge_info[i].name, gauge_info[i].help,
-             gauge_info[i].name, gauge_info[i].name,
-             (long long)atomic_load_explicit(&gauges[i], memory_order_relaxed));
+             gauge_info[i].name, gauge_info[i].name, (long long)kf_gauge_get((kf_gauge_t)i));
     }
     for (int i = 0; i < KF_COUNTER_COUNT; i++) {
         outf(&o, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", counter_info[i].name,

@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/limits.h"
+
 /* X(id, prometheus name, help) */
 #define KF_GAUGE_TABLE(X)                                                                          \
     X(KF_G_QUEUE_DEPTH, "keyflow_engine_queue_depth", "Commands waiting for the engine")           \
@@ -102,6 +104,15 @@ typedef enum kf_histogram {
 #undef KF_H_ENUM_
 } kf_histogram_t;
 
+/* Gauge slots: 0, and one per partition (index + 1), so that each
+ * partition's engine keeps its own value of a gauge (GET /metrics shows
+ * their sum, or their largest for what every partition holds alike).
+ * kf_metrics_bind_slot sets the calling thread's slot (an engine's threads
+ * bind theirs); kf_gauge_set/add write the calling thread's. Each slot is
+ * written by one engine, so a value is never the last of several writers. */
+#define KF_METRICS_SLOTS (KF_PARTITION_COUNT_MAX + 1)
+int kf_metrics_bind_slot(int slot); /* returns the slot bound before */
+void kf_gauge_set_in(int slot, kf_gauge_t g, int64_t value);
 void kf_gauge_set(kf_gauge_t g, int64_t value);
 void kf_gauge_add(kf_gauge_t g, int64_t delta);
 int64_t kf_gauge_get(kf_gauge_t g);

@@ -31,6 +31,10 @@
     X(KF_E_TOO_LARGE, 8, 413, "too large")                                                         \
     X(KF_E_NO_SPACE, 8, 507, "insufficient storage")                                               \
     X(KF_E_PRECONDITION, 9, 409, "failed precondition")                                            \
+    /* The key's partition is served by another process (docs/scaling.md):                         \
+     * HTTP 421 Misdirected Request, as for a server that cannot answer for                        \
+     * that authority. */                                                                          \
+    X(KF_E_NOT_OWNER, 9, 421, "partition served elsewhere")                                        \
     X(KF_E_ABORTED, 10, 409, "aborted")                                                            \
     X(KF_E_RANGE, 11, 400, "out of range")                                                         \
     X(KF_E_UNIMPLEMENTED, 12, 501, "unimplemented")                                                \

@@ -17,6 +17,7 @@
 
 #include "base/alloc.h"
 #include "base/assert.h"
+#include "base/partition.h"
 #include "base/json.h"
 #include "base/log.h"
 #include "base/map.h"
@@ -842,6 +843,13 @@ static kf_status_t admit(const kf_coords_t *cs, const coord_t *c, size_t input_l
     }
     return KF_OK;
 }
+/* A new window's run UUID: a UUIDv7 whose spare bits name this engine's
+ * partition, so that a call naming only the run ID (GetRun, CompleteRun)
+ * finds its partition (base/partition.h). */
+static void new_run_uuid(kf_ctx_t *ctx, int64_t now, char uuid[KF_UUID_TEXT_BYTES + 1]) {
+    kf_uuid7(ctx->rng, now, uuid);
+    kf_partition_tag_uuid(uuid, ctx->config->partition_index);
+}
 
 /* One SendEvent: the response (in `arena`) or an error, in which case
  * nothing changed but an overdue window closing, as its timer would have. */
@@ -911,9 +919,9 @@ static kf_status_t send_one(kf_coords_t *cs, kf_ctx_t *ctx,
     switch (join) {
     case KF_JOIN_OPEN:
         opened_ms = now;
-        kf_uuid7(ctx->rng, now, uuid);
+        new_run_uuid(ctx, now, uuid);
         break;
-    case KF_JOIN_NEXT_RUN: kf_uuid7(ctx->rng, now, uuid); break;
+    case KF_JOIN_NEXT_RUN: new_run_uuid(ctx, now, uuid); break;
     case KF_JOIN_RUN:
         memcpy(uuid, c->run_uuid, sizeof uuid);
         count = c->event_count + 1;

@@ -254,7 +254,7 @@ void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd) {
     /* One case per ENGINE row of proto/rpcs.h, which names the module and
      * its handler. No default: -Wswitch names an op without a case. */
     switch (cmd->op) {
-#define DISPATCH_(op, svc, meth, label, req, resp, shape, scope, resource, module, handler)        \
+#define DISPATCH_(op, svc, meth, label, req, resp, shape, scope, resource, module, handler, ...)   \
     case KF_OP_##op: handler(core->module, ctx, cmd); return;
         KF_RPC_TABLE(DISPATCH_, KF_RPC_IGNORE)
 #undef DISPATCH_

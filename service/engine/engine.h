@@ -43,6 +43,12 @@ struct kf_cmd {
     /* Set by the engine before done. */
     ProtobufCMessage *response; /* in arena; NULL when error.status != KF_OK */
     kf_error_t error;
+    /* With error.status KF_E_NOT_OWNER (set by the router, runtime/router.h):
+     * the partition the call's key belongs to, which this process does not
+     * serve; kf_router_owner names who does. */
+    int32_t foreign_partition;
+    /* Router-private: where the command went (runtime/router.c). */
+    void *routed;
     /* Engine-private. */
     kf_cmd_t *next;
     int64_t submitted_ns;
@@ -145,6 +151,13 @@ typedef struct kf_engine_config {
      * then stops it. */
     void (*on_fatal)(const kf_error_t *err, void *ctx);
     void *on_fatal_ctx;
+    /* The partition this engine is (docs/scaling.md): run IDs it makes carry
+     * partition_index (base/partition.h). 0 of 1 when the data set has one. */
+    uint32_t partition_index;
+    uint32_t partition_count;
+    /* Where this engine's gauges go (base/metrics.h): partition + 1, or 0 for
+     * the home engine and a single store. */
+    uint32_t metrics_slot;
 } kf_engine_config_t;
 
 #endif

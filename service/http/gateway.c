@@ -63,7 +63,7 @@ typedef struct http_call http_call_t;
 typedef struct req_hook {
     http_call_t *call; /* cleared when the reply was sent */
     http_call_t *keep; /* freed with the request: its body was sent from it */
-    kf_engine_t *engine;
+    kf_router_t *router;
 } req_hook_t;
 
 struct http_call {
@@ -114,7 +114,7 @@ struct kf_gateway {
     int probe_port;
     h2o_multithread_receiver_t replies; /* engine, workers -> main loop: finished calls */
     kf_workers_t *workers;              /* decode and render large JSON */
-    kf_engine_t *engine;
+    kf_router_t *router;
     kf_auth_t *auth; /* NULL: requests are not checked */
     atomic_bool stopping;
     atomic_int in_flight;
@@ -147,6 +147,7 @@ static const char *reason(int status) {
     case 405: return "Method Not Allowed";
     case 409: return "Conflict";
     case 413: return "Payload Too Large";
+    case 421: return "Misdirected Request";
     case 429: return "Too Many Requests";
     case 499: return "Client Closed Request";
     case 500: return "Internal Server Error";
@@ -170,9 +171,14 @@ static void send_body(h2o_req_t *req, int status, const char *content_type, cons
 
 /* Returns the HTTP status sent (read it here: h2o may dispose `req` once
  * the reply is out). */
-static int send_error(h2o_req_t *req, kf_status_t status, const char *message, int http_status) {
+static int send_error_with(h2o_req_t *req, kf_status_t status, const char *message, int http_status,
+                           json_t *extra) {
     json_t *body = json_pack("{s:i, s:s, s:s}", "code", kf_status_grpc_code(status), "status",
                              kf_status_grpc_name(status), "message", message);
+    if (body != NULL && extra != NULL) {
+        json_object_update(body, extra);
+    }
+    json_decref(extra);
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     const char *out = text ? text : "{\"code\":13,\"status\":\"INTERNAL\",\"message\":\"\"}";
@@ -180,6 +186,29 @@ static int send_error(h2o_req_t *req, kf_status_t status, const char *message, i
     send_body(req, sent, "application/json", out, strlen(out));
     free(text);
     return sent;
+}
+
+static int send_error(h2o_req_t *req, kf_status_t status, const char *message, int http_status) {
+    return send_error_with(req, status, message, http_status, NULL);
+}
+
+/* A command's error. One for a key whose partition is served elsewhere
+ * also names the partition and, when the placement knows it, its owner:
+ * {"partition": 5, "owner": {"node": ..., "grpc": ..., "http": ...}}
+ * (docs/scaling.md). */
+static int send_cmd_error(kf_gateway_t *gw, h2o_req_t *req, const kf_cmd_t *cmd) {
+    json_t *extra = NULL;
+    if (cmd->error.status == KF_E_NOT_OWNER && cmd->foreign_partition >= 0) {
+        extra = json_pack("{s:i}", "partition", (int)cmd->foreign_partition);
+        const kf_placement_node_t *owner =
+            kf_router_owner(gw->router, (uint32_t)cmd->foreign_partition);
+        if (extra != NULL && owner != NULL) {
+            json_object_set_new(extra, "owner",
+                                json_pack("{s:s, s:s, s:s}", "node", owner->name, "grpc",
+                                          owner->grpc_address, "http", owner->http_address));
+        }
+    }
+    return send_error_with(req, cmd->error.status, cmd->error.message, 0, extra);
 }
 
 /* 405 with the Allow header RFC 9110 requires: the methods the path does
@@ -219,7 +248,7 @@ static void on_watch_tick(h2o_timeout_entry_t *entry) {
         int n = poll(&p, 1, 0);
         if (n > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
             watch_unlink(gw, c);
-            kf_engine_cancel(gw->engine, &c->cmd);
+            kf_router_cancel(gw->router, &c->cmd);
         }
         c = next;
     }
@@ -292,7 +321,7 @@ static void on_req_dispose(void *p) {
     req_hook_t *hook = p;
     if (hook->call != NULL) {
         hook->call->req = NULL;
-        kf_engine_cancel(hook->engine, &hook->call->cmd);
+        kf_router_cancel(hook->router, &hook->call->cmd);
     }
     if (hook->keep != NULL) {
         call_memory_free(hook->keep);
@@ -331,7 +360,7 @@ static void finish_call(http_call_t *call) {
         h2o_req_t *req = call->req;
         call->hook->call = NULL;
         if (cmd->error.status != KF_OK) {
-            http_status = send_error(req, cmd->error.status, cmd->error.message, 0);
+            http_status = send_cmd_error(call->gw, req, cmd);
         } else if (call->rendered && call->json != NULL) {
             http_status = 200;
             kept = true;
@@ -489,7 +518,7 @@ static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
          * space again (at most every KF_DISK_CHECK_INTERVAL_MS), so a disk
          * that was freed shows here at once. */
         char why[KF_ERROR_MESSAGE_BYTES_MAX];
-        bool unready = kf_engine_unready(gw->engine, why, sizeof why);
+        bool unready = kf_router_unready(gw->router, why, sizeof why);
         if (!unready && kf_health_serving()) {
             static const char ok[] = "{\"status\":\"ready\"}";
             send_body(req, 200, "application/json", ok, sizeof ok - 1);
@@ -537,7 +566,7 @@ static bool submit(http_call_t *call, ProtobufCMessage *msg) {
     cmd->arena = &call->arena;
     cmd->done = engine_done;
     cmd->owner = call;
-    return kf_engine_submit(call->gw->engine, cmd) == KF_OK;
+    return kf_router_submit(call->gw->router, cmd) == KF_OK;
 }
 
 /* Worker thread: decodes a large body into the request message (what the
@@ -670,7 +699,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     call->hook = h2o_mem_alloc_shared(&req->pool, sizeof *call->hook, on_req_dispose);
     call->hook->call = call;
     call->hook->keep = NULL;
-    call->hook->engine = gw->engine;
+    call->hook->router = gw->router;
     if (offload) {
         /* A worker owns the call until it hands it back (to_loop) or to the
          * engine. */
@@ -701,7 +730,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     }
     if (!submit(call, msg)) {
         call->hook->call = NULL;
-        int sent = send_error(req, call->cmd.error.status, call->cmd.error.message, 0);
+        int sent = send_cmd_error(gw, req, &call->cmd);
         record_request(call, call->metrics_id, kf_status_grpc_code(call->cmd.error.status), sent,
                        msg);
         call_free(call);
@@ -971,10 +1000,10 @@ static int64_t or_default(int64_t value, int64_t fallback) {
     return value > 0 ? value : fallback;
 }
 
-kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *engine,
+kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_router_t *router,
                               kf_gateway_t **out, int *port, kf_error_t *err) {
     kf_gateway_t *gw = kf_xcalloc(1, sizeof *gw);
-    gw->engine = engine;
+    gw->router = router;
     gw->auth = options->auth;
     SSL_CTX *ssl_ctx = NULL;
     kf_status_t st = KF_OK;

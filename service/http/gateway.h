@@ -23,7 +23,7 @@
 
 #include "base/status.h"
 #include "auth/auth.h"
-#include "runtime/engine.h"
+#include "runtime/router.h"
 #include "tls/tls.h"
 
 typedef struct kf_gateway kf_gateway_t;
@@ -46,7 +46,7 @@ typedef struct kf_gateway_options {
 
 /* Binds; *port receives the bound port. The engine is borrowed. Errors:
  * KF_E_IO (bind), KF_E_INVALID (address), KF_E_INTERNAL (TLS context). */
-kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_engine_t *engine,
+kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_router_t *router,
                               kf_gateway_t **out, int *port, kf_error_t *err) KF_MUST_USE;
 /* New TLS material for connections accepted from now on (a SIGHUP reload);
  * open connections keep theirs. Only for a gateway created with TLS. The

@@ -32,7 +32,7 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/version.h"
-#include "runtime/engine.h"
+#include "runtime/partitions.h"
 #include "http/gateway.h"
 #include "main/notify.h"
 #include "rpc/grpc_server.h"
@@ -74,6 +74,10 @@ typedef struct options {
     int64_t output_retention_rows;
     int64_t output_retention_bytes;
     int64_t producer_idle_expiry_ms; /* --producer-idle-expiry-ms */
+    int64_t partition_count;         /* --partition-count; 0: the data set's */
+    const char *partitions;          /* --partitions; NULL: all (or the node's) */
+    const char *placement_file;      /* --placement */
+    const char *node;                /* --node */
 } options_t;
 
 /* Numeric flags of the engine's retention: each is also read from its
@@ -107,8 +111,15 @@ static void usage(FILE *out) {
     fprintf(
         out,
         "usage: keyflowd [options]\n"
-        "  --data DIR            RocksDB directory (default " DEFAULT_DATA_DIR
-        ", env KEYFLOW_DATA)\n"
+        "  --data DIR            data directory (default " DEFAULT_DATA_DIR ", env KEYFLOW_DATA)\n"
+        "  --partition-count N   partitions of a new data set (default %d, max %d); an\n"
+        "                        existing data set keeps its own (docs/scaling.md)\n"
+        "  --partitions SET      the partitions this process serves: \"all\" (default) or\n"
+        "                        a list such as 0-3,6; a call for another one's key fails\n"
+        "                        FAILED_PRECONDITION naming its owner\n"
+        "  --placement FILE      which node serves which partitions, and where (names the\n"
+        "                        owners of partitions served elsewhere)\n"
+        "  --node NAME           this process's node in --placement: serves its partitions\n"
         "  --grpc HOST:PORT      gRPC address (default " DEFAULT_GRPC_ADDRESS
         ", env KEYFLOW_GRPC_ADDRESS; port 0 = any)\n"
         "  --http HOST:PORT      HTTP gateway address (default " DEFAULT_HTTP_ADDRESS
@@ -161,7 +172,8 @@ static void usage(FILE *out) {
         "                        one in the bootstrap file (a Kubernetes or compose secret)\n"
         "API keys are required whenever a listener is not loopback (docs/security.md).\n"
         "SIGHUP re-reads the TLS files (new connections get the new certificate).\n"
-        "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_GRPC_ADDRESS,\n"
+        "Each flag also reads an environment variable: KEYFLOW_DATA, KEYFLOW_PARTITION_COUNT,\n"
+        "KEYFLOW_PARTITIONS, KEYFLOW_PLACEMENT, KEYFLOW_NODE, KEYFLOW_GRPC_ADDRESS,\n"
         "KEYFLOW_HTTP_ADDRESS, KEYFLOW_PROBE_ADDRESS, KEYFLOW_PORT_FILE, KEYFLOW_PLUGIN_DIR,\n"
         "KEYFLOW_HTTP_CONNECTIONS_PER_ADDRESS, KEYFLOW_HTTP_HEADER_TIMEOUT_MS,\n"
         "KEYFLOW_HTTP_BODY_TIMEOUT_MS, KEYFLOW_RUN_RETENTION_MS,\n"
@@ -171,9 +183,9 @@ static void usage(FILE *out) {
         "KEYFLOW_LOG_LEVEL, KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
         "KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1,\n"
         "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE, KEYFLOW_ADMIN_KEY_FILE.\n",
-        KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT, KF_HTTP_CONNECTIONS_MAX,
-        KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT, KF_HTTP_TIMEOUT_MS_MIN, KF_HTTP_HEADER_TIMEOUT_MS_MAX,
-        KF_HTTP_BODY_TIMEOUT_MS_DEFAULT, KF_HTTP_BODY_TIMEOUT_MS_MAX,
+        KF_PARTITION_COUNT_DEFAULT, KF_PARTITION_COUNT_MAX, KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT,
+        KF_HTTP_CONNECTIONS_MAX, KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT, KF_HTTP_TIMEOUT_MS_MIN,
+        KF_HTTP_HEADER_TIMEOUT_MS_MAX, KF_HTTP_BODY_TIMEOUT_MS_DEFAULT, KF_HTTP_BODY_TIMEOUT_MS_MAX,
         (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
         KF_QUEUE_DEPTH_MAX, (long long)KF_OUTPUT_RETENTION_MS_DEFAULT,
         (long long)KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT, (long long)KF_DRAIN_GRACE_MS_MAX);
@@ -283,6 +295,12 @@ static bool parse_env(options_t *o) {
     o->no_auth = env_switch("KEYFLOW_INSECURE_NO_AUTH");
     o->bootstrap_key_file = env_or("KEYFLOW_BOOTSTRAP_KEY_FILE", NULL);
     o->admin_key_file = env_or("KEYFLOW_ADMIN_KEY_FILE", NULL);
+    o->partitions = env_or("KEYFLOW_PARTITIONS", NULL);
+    o->placement_file = env_or("KEYFLOW_PLACEMENT", NULL);
+    o->node = env_or("KEYFLOW_NODE", NULL);
+    if ((v = env_or("KEYFLOW_PARTITION_COUNT", NULL)) != NULL &&
+        !parse_int("KEYFLOW_PARTITION_COUNT", v, 1, KF_PARTITION_COUNT_MAX, &o->partition_count))
+        return false;
     o->log_level = KF_LOG_INFO;
     o->log_format = KF_LOG_FORMAT_TEXT;
     o->grpc_threads = 1;
@@ -359,6 +377,10 @@ static bool known_flag(const char *a) {
         "--http-connections-per-address",
         "--http-header-timeout-ms",
         "--http-body-timeout-ms",
+        "--partition-count",
+        "--partitions",
+        "--placement",
+        "--node",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         if (strcmp(a, flags[i]) == 0) {
@@ -493,6 +515,15 @@ static bool parse_args(int argc, char **argv, options_t *o) {
         } else if (strcmp(a, "--drain-grace-ms") == 0) {
             if (!parse_int(a, v, 0, KF_DRAIN_GRACE_MS_MAX, &o->drain_grace_ms))
                 return false;
+        } else if (strcmp(a, "--partition-count") == 0) {
+            if (!parse_int(a, v, 1, KF_PARTITION_COUNT_MAX, &o->partition_count))
+                return false;
+        } else if (strcmp(a, "--partitions") == 0) {
+            o->partitions = v;
+        } else if (strcmp(a, "--placement") == 0) {
+            o->placement_file = v;
+        } else if (strcmp(a, "--node") == 0) {
+            o->node = v;
         } else if (strcmp(a, "--bootstrap-key-file") == 0) {
             o->bootstrap_key_file = v;
         } else if (strcmp(a, "--admin-key-file") == 0) {
@@ -508,6 +539,10 @@ static bool parse_args(int argc, char **argv, options_t *o) {
     }
     if (o->tls.client_ca_path != NULL && o->tls.cert_path == NULL) {
         fprintf(stderr, "keyflowd: --tls-client-ca needs --tls-cert and --tls-key (mTLS is TLS)\n");
+        return false;
+    }
+    if (o->node != NULL && o->placement_file == NULL) {
+        fprintf(stderr, "keyflowd: --node names a node of --placement, which is missing\n");
         return false;
     }
     if (o->auth_required && o->no_auth) {
@@ -642,12 +677,12 @@ static void on_engine_fatal(const kf_error_t *err, void *ctx) {
  * to finish. Stop accepting, let those answers and the health watchers'
  * NOT_SERVING go out (bounded), and exit 1; the store is left to RocksDB's
  * recovery at the next start, which replays exactly what was synced. */
-static _Noreturn void fail_stop(kf_engine_t *engine, kf_grpc_server_t *grpc,
+static _Noreturn void fail_stop(kf_partitions_t *partitions, kf_grpc_server_t *grpc,
                                 kf_gateway_t *gateway) {
     kf_gateway_shutdown(gateway);
     kf_grpc_server_shutdown(grpc);
     kf_notify_stopping("fail-stop: a durable write failed");
-    kf_engine_stop(engine); /* the replier hands the failure answers to the front ends */
+    kf_partitions_stop(partitions); /* the repliers hand the failure answers to the front ends */
     kf_grpc_server_wait_watches(grpc, FAIL_STOP_WATCH_FLUSH_MS);
     kf_grpc_server_destroy(grpc, FAIL_STOP_WATCH_FLUSH_MS);
     kf_gateway_destroy(gateway);
@@ -725,61 +760,70 @@ int main(int argc, char **argv) {
     const char *tls_mode = tls == NULL                        ? "off"
                            : kf_tls_requires_client_cert(tls) ? "on (mTLS)"
                                                               : "on";
-    kf_store_t *store;
-    kf_rocks_options_t ro = {.path = o.data_dir};
-    /* Start-up cost is logged in two parts: opening the store (RocksDB
-     * replays its WAL) and recovering the engine (loading what it keeps in
-     * memory). bench/restart.sh reads them. */
-    int64_t open_begin_us = kf_mono_us();
-    kf_notify_status("opening the store and recovering");
-    if (kf_store_open_rocks(&ro, &store, &err) != KF_OK) {
-        kf_log(KF_LOG_ERROR, "main", "cannot open the store: %s", err.message);
+    kf_placement_t *placement = NULL;
+    if (o.placement_file != NULL &&
+        kf_placement_load(o.placement_file, &placement, &err) != KF_OK) {
+        kf_log(KF_LOG_ERROR, "main", "%s", err.message);
         kf_tls_unref(tls);
         return 1;
     }
-    int64_t recover_begin_us = kf_mono_us();
     bool auth_on = decide_auth(&o);
     kf_auth_t *auth = kf_auth_create(auth_on);
     char bootstrap_path[4096];
     snprintf(bootstrap_path, sizeof bootstrap_path, "%s/bootstrap-admin.key", o.data_dir);
-    kf_engine_config_t ec = {
-        .clock = kf_clock_system(),
-        .run_retention_ms = o.retention_ms,
-        .run_attempts_max = o.attempts_max,
-        .queue_depth_max = o.queue_depth,
-        .disk_reserve_bytes = (uint64_t)o.disk_reserve_bytes,
-        .output_retention_set = true,
-        .output_retention = {o.output_retention_ms, o.output_retention_rows,
-                             o.output_retention_bytes},
-        .producer_idle_expiry_ms = o.producer_idle_expiry_ms,
-        .plugin_dir = o.plugin_dir,
-        .auth = auth,
-        .bootstrap_key_path = o.bootstrap_key_file != NULL ? o.bootstrap_key_file : bootstrap_path,
-        .new_admin_key = o.new_admin_key,
-        .admin_key_path = o.admin_key_file,
-        .on_fatal = on_engine_fatal,
+    kf_partitions_options_t po = {
+        .data_dir = o.data_dir,
+        .partition_count = (uint32_t)o.partition_count,
+        .serve = o.partitions,
+        .placement = placement,
+        .node = o.node,
+        .engine =
+            {
+                .clock = kf_clock_system(),
+                .run_retention_ms = o.retention_ms,
+                .run_attempts_max = o.attempts_max,
+                .queue_depth_max = o.queue_depth,
+                .disk_reserve_bytes = (uint64_t)o.disk_reserve_bytes,
+                .output_retention_set = true,
+                .output_retention = {o.output_retention_ms, o.output_retention_rows,
+                                     o.output_retention_bytes},
+                .producer_idle_expiry_ms = o.producer_idle_expiry_ms,
+                .plugin_dir = o.plugin_dir,
+                .auth = auth,
+                .bootstrap_key_path =
+                    o.bootstrap_key_file != NULL ? o.bootstrap_key_file : bootstrap_path,
+                .new_admin_key = o.new_admin_key,
+                .admin_key_path = o.admin_key_file,
+                .on_fatal = on_engine_fatal,
+            },
     };
-    kf_engine_t *engine;
-    if (auth == NULL || kf_engine_create(&ec, store, &engine, &err) != KF_OK) {
-        kf_log(KF_LOG_ERROR, "main", "cannot recover the engine: %s",
+    kf_partitions_t *partitions;
+    kf_notify_status("opening the store and recovering");
+    if (auth == NULL || kf_partitions_open(&po, &partitions, &err) != KF_OK) {
+        kf_log(KF_LOG_ERROR, "main", "cannot open the data set: %s",
                auth == NULL ? "out of memory" : err.message);
         kf_auth_destroy(auth);
-        kf_store_close(store);
+        kf_placement_destroy(placement);
         kf_tls_unref(tls);
         return 1;
     }
-    kf_log(KF_LOG_INFO, "main", "store opened in %lld ms, engine recovered in %lld ms",
-           (long long)(recover_begin_us - open_begin_us) / 1000,
-           (long long)(kf_mono_us() - recover_begin_us) / 1000);
+    kf_router_t *router = kf_partitions_router(partitions);
+    /* Start-up cost in two parts: opening the stores (RocksDB replays its
+     * WAL) and recovering the engines (loading what they keep in memory).
+     * bench/restart.sh reads them. */
+    int64_t open_ms, recover_ms;
+    kf_partitions_timing(partitions, &open_ms, &recover_ms);
+    kf_log(KF_LOG_INFO, "main", "store opened in %lld ms, engine recovered in %lld ms; %s",
+           (long long)open_ms, (long long)recover_ms, kf_partitions_describe(partitions));
     kf_grpc_options_t go = {
         .address = o.grpc_address, .threads = o.grpc_threads, .tls = tls, .auth = auth};
     kf_grpc_server_t *grpc;
     int grpc_port;
-    if (kf_grpc_server_create(&go, engine, &grpc, &grpc_port, &err) != KF_OK) {
+    if (kf_grpc_server_create(&go, router, &grpc, &grpc_port, &err) != KF_OK) {
         kf_log(KF_LOG_ERROR, "main", "%s", err.message);
-        kf_engine_destroy(engine);
+        kf_partitions_close(partitions);
         kf_auth_destroy(auth);
-        kf_store_close(store);
+        kf_placement_destroy(placement);
         kf_tls_unref(tls);
         return 1;
     }
@@ -795,18 +839,18 @@ int main(int argc, char **argv) {
     };
     kf_gateway_t *gateway;
     int http_port;
-    kf_status_t gateway_st = kf_gateway_create(&ho, engine, &gateway, &http_port, &err);
+    kf_status_t gateway_st = kf_gateway_create(&ho, router, &gateway, &http_port, &err);
     kf_tls_unref(tls); /* the front ends hold what they need */
     if (gateway_st != KF_OK) {
         kf_log(KF_LOG_ERROR, "main", "%s", err.message);
         kf_grpc_server_destroy(grpc, 0);
-        kf_engine_destroy(engine);
+        kf_partitions_close(partitions);
         kf_auth_destroy(auth);
-        kf_store_close(store);
+        kf_placement_destroy(placement);
         return 1;
     }
-    if (kf_engine_start(engine, &err) != KF_OK || kf_grpc_server_start(grpc, &err) != KF_OK ||
-        kf_gateway_start(gateway, &err) != KF_OK) {
+    if (kf_partitions_start(partitions, &err) != KF_OK ||
+        kf_grpc_server_start(grpc, &err) != KF_OK || kf_gateway_start(gateway, &err) != KF_OK) {
         kf_log(KF_LOG_ERROR, "main", "cannot start: %s", err.message);
         return 1;
     }
@@ -844,19 +888,19 @@ int main(int argc, char **argv) {
         }
     }
     if (kf_health_failed()) {
-        fail_stop(engine, grpc, gateway);
+        fail_stop(partitions, grpc, gateway);
     }
     kf_log_kv(KF_LOG_INFO, "main", "stopping", KF_LOG_INT("signal", sig));
     kf_notify_stopping("stopping: finishing and syncing what was accepted");
     kf_gateway_shutdown(gateway);
     kf_grpc_server_shutdown(grpc);
-    kf_engine_stop(engine); /* finishes and syncs everything accepted */
+    kf_partitions_stop(partitions); /* each finishes and syncs everything accepted */
     kf_grpc_server_destroy(grpc, 2000);
     kf_gateway_destroy(gateway);
-    bool failed = kf_engine_failed(engine);
-    kf_engine_destroy(engine);
+    bool failed = kf_router_failed(router);
+    kf_partitions_close(partitions);
     kf_auth_destroy(auth); /* after every call that could hold a principal */
-    kf_store_close(store);
+    kf_placement_destroy(placement);
     kf_log(KF_LOG_INFO, "main", "stopped");
     return failed ? 1 : 0;
 }

@@ -21,24 +21,95 @@
 KF_RPC_TABLE(ENGINE_SHAPE_CHECK_, KF_RPC_IGNORE)
 #undef ENGINE_SHAPE_CHECK_
 
-#define ROW_(svc_, meth_, label_, req_, resp_, exec_, shape_, op_, front_, scope_, resource_)      \
+/* The route column's words, as data. */
+#define BY_COORDINATOR(workflow, key)                                                              \
+    { KF_ROUTE_BY_COORDINATOR, {workflow, key}, NULL }
+#define BY_RUN_ID(field)                                                                           \
+    { KF_ROUTE_BY_RUN_ID, {field, NULL}, NULL }
+#define BY_FUNCTION_KEY(function, key)                                                             \
+    { KF_ROUTE_BY_FUNCTION_KEY, {function, key}, NULL }
+#define SPLIT(plan)                                                                                \
+    { KF_ROUTE_SPLIT, {NULL, NULL}, #plan }
+#define ALL(plan)                                                                                  \
+    { KF_ROUTE_ALL, {NULL, NULL}, #plan }
+#define MERGE(plan)                                                                                \
+    { KF_ROUTE_MERGE, {NULL, NULL}, #plan }
+#define FIRST(plan)                                                                                \
+    { KF_ROUTE_FIRST, {NULL, NULL}, #plan }
+#define HOME()                                                                                     \
+    { KF_ROUTE_HOME, {NULL, NULL}, NULL }
+#define LOCAL()                                                                                    \
+    { KF_ROUTE_LOCAL, {NULL, NULL}, NULL }
+
+/* The route goes last and variadic: expanded, it holds commas. */
+#define ROW_(svc_, meth_, label_, req_, resp_, exec_, shape_, op_, front_, scope_, resource_, ...) \
     {                                                                                              \
         .path = "/" svc_ "/" meth_, .service = svc_, .name = label_,                               \
         .request = &req_##__descriptor, .response = &resp_##__descriptor, .executor = exec_,       \
         .shape = KF_RPC_##shape_, .op = op_, .front = front_, .scope = KF_SCOPE_##scope_,          \
-        .resource = resource_,                                                                     \
+        .resource = resource_, .route = __VA_ARGS__,                                               \
     }
-#define ENGINE_ROW_(op, svc, meth, label, req, resp, shape, scope, resource, module, handler)      \
-    ROW_(svc, meth, label, req, resp, KF_RPC_ENGINE, shape, KF_OP_##op, 0, scope, resource),
-#define FRONT_ROW_(front, svc, meth, label, req, resp, shape, scope, resource)                     \
+#define ENGINE_ROW_(op, svc, meth, label, req, resp, shape, scope, resource, module, handler,      \
+                    route)                                                                         \
+    ROW_(svc, meth, label, req, resp, KF_RPC_ENGINE, shape, KF_OP_##op, 0, scope, resource, route),
+#define FRONT_ROW_(front, svc, meth, label, req, resp, shape, scope, resource, route)              \
     ROW_(svc, meth, label, req, resp, KF_RPC_FRONT_END, shape, 0, KF_FRONT_##front, scope,         \
-         resource),
+         resource, route),
 
 const kf_method_t kf_methods[KF_METHOD_COUNT] = {KF_RPC_TABLE(ENGINE_ROW_, FRONT_ROW_)};
 
 #undef ROW_
 #undef ENGINE_ROW_
 #undef FRONT_ROW_
+#undef BY_COORDINATOR
+#undef BY_RUN_ID
+#undef BY_FUNCTION_KEY
+#undef SPLIT
+#undef ALL
+#undef MERGE
+#undef FIRST
+#undef HOME
+#undef LOCAL
+
+const char *kf_route_kind_name(kf_route_kind_t kind) {
+    switch (kind) {
+    case KF_ROUTE_LOCAL: return "local";
+    case KF_ROUTE_HOME: return "home";
+    case KF_ROUTE_BY_COORDINATOR: return "by_coordinator";
+    case KF_ROUTE_BY_RUN_ID: return "by_run_id";
+    case KF_ROUTE_BY_FUNCTION_KEY: return "by_function_key";
+    case KF_ROUTE_SPLIT: return "split";
+    case KF_ROUTE_ALL: return "all";
+    case KF_ROUTE_MERGE: return "merge";
+    case KF_ROUTE_FIRST: return "first";
+    }
+    KF_UNREACHABLE();
+}
+
+const char *kf_method_string_at(const ProtobufCMessage *msg, const char *path) {
+    for (;;) {
+        const char *dot = strchr(path, '.');
+        size_t len = dot != NULL ? (size_t)(dot - path) : strlen(path);
+        char name[64];
+        KF_ASSERT(len < sizeof name);
+        memcpy(name, path, len);
+        name[len] = '\0';
+        const ProtobufCFieldDescriptor *f =
+            protobuf_c_message_descriptor_get_field_by_name(msg->descriptor, name);
+        KF_ASSERT(f != NULL && f->label != PROTOBUF_C_LABEL_REPEATED);
+        const void *at = (const char *)msg + f->offset;
+        if (dot == NULL) {
+            KF_ASSERT(f->type == PROTOBUF_C_TYPE_STRING);
+            return *(const char *const *)at;
+        }
+        KF_ASSERT(f->type == PROTOBUF_C_TYPE_MESSAGE);
+        msg = *(const ProtobufCMessage *const *)at;
+        if (msg == NULL) {
+            return NULL;
+        }
+        path = dot + 1;
+    }
+}
 
 const kf_method_t *kf_method_by_path(const char *path) {
     for (size_t i = 0; i < KF_METHOD_COUNT; i++) {

@@ -69,6 +69,25 @@ typedef enum kf_scope {
 enum { KF_SCOPE_COUNT = 0 KF_SCOPE_TABLE(KF_SCOPE_ONE_) };
 #undef KF_SCOPE_ONE_
 
+/* See "route" in proto/rpcs.h. */
+typedef enum kf_route_kind {
+    KF_ROUTE_LOCAL,
+    KF_ROUTE_HOME,
+    KF_ROUTE_BY_COORDINATOR,
+    KF_ROUTE_BY_RUN_ID,
+    KF_ROUTE_BY_FUNCTION_KEY,
+    KF_ROUTE_SPLIT,
+    KF_ROUTE_ALL,
+    KF_ROUTE_MERGE,
+    KF_ROUTE_FIRST,
+} kf_route_kind_t;
+
+typedef struct kf_route {
+    kf_route_kind_t kind;
+    const char *fields[2]; /* BY_*: the request fields (dotted paths) */
+    const char *plan;      /* SPLIT, ALL, MERGE, FIRST: the router's plan */
+} kf_route_t;
+
 typedef struct kf_method {
     const char *path;    /* "/keyflow.v1.Coordinators/SendEvent" */
     const char *service; /* "keyflow.v1.Coordinators" */
@@ -84,6 +103,7 @@ typedef struct kf_method {
     kf_scope_t scope;     /* the scope a caller's key needs */
     const char *resource; /* request field (dotted path) a key's name prefix
                              applies to; NULL: the request names none */
+    kf_route_t route;     /* which partitions a call goes to */
 } kf_method_t;
 
 /* Every row, in table order. */
@@ -102,6 +122,13 @@ int64_t *kf_method_wait_ms(const kf_method_t *m, ProtobufCMessage *request);
 /* Whether the RPC streams (SERVER_STREAM, BIDI_STREAM): more than one
  * request or response per call. */
 bool kf_method_streams(const kf_method_t *m);
+
+/* The string at a dotted `path` of `msg` (through singular messages), or
+ * NULL when a message on the way is absent. The path must name a string
+ * field (the table's routes do; tests/unit/proto checks them). */
+const char *kf_method_string_at(const ProtobufCMessage *msg, const char *path);
+/* "by_coordinator", "split", ... */
+const char *kf_route_kind_name(kf_route_kind_t kind);
 
 /* "KF_OP_SEND_EVENT" */
 const char *kf_op_name(kf_op_t op);

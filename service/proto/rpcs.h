@@ -8,12 +8,12 @@
  * Two kinds of row:
  *
  *   ENGINE(op, service, method, name, request, response, shape, scope,
- *          resource, module, handler)
+ *          resource, module, handler, route)
  *       executed by the engine: a command KF_OP_<op> that engine/core.c
  *       hands to `handler(core-><module>, ctx, cmd)`. Shape UNARY or
  *       LONG_POLL (the engine answers each command once).
  *   FRONT(front, service, method, name, request, response, shape, scope,
- *         resource)
+ *         resource, route)
  *       answered by the front end itself (health, or a stream it drives):
  *       KF_FRONT_<front>, which each front end that serves it handles in a
  *       switch without `default:`. The HTTP gateway serves ENGINE rows only.
@@ -39,6 +39,25 @@
  *             messages such as "coordinator.workflow"; through a repeated
  *             message, "events.workflow", it names that field of every
  *             element), or NULL
+ *
+ *   route     which partition(s) of the data set a call goes to
+ *             (docs/scaling.md; runtime/router.c does it):
+ *             BY_COORDINATOR(workflow, key)  the partition of the
+ *                            coordinator the two string fields name
+ *             BY_RUN_ID(field)   the partition written in the run ID
+ *             BY_FUNCTION_KEY(function, key)  the partition of the
+ *                            function's key (its text, as GetKeyState takes it)
+ *             SPLIT(plan)    the request's items (events, rows) go to their
+ *                            own partitions; the answers are put back in order
+ *             ALL(plan)      every served partition, the answers combined
+ *                            (registration reaches every partition)
+ *             MERGE(plan)    partitions in turn behind one cursor
+ *             FIRST(plan)    every served partition; the first with
+ *                            something to hand out answers (long polls)
+ *             HOME()         the process's own store (API keys)
+ *             LOCAL()        the process itself, no partition (health)
+ *             The fields are dotted paths, like resource; a plan names the
+ *             router's code for that RPC (plan_<name> in runtime/router.c).
  *
  * scope and resource are enforced by auth/auth.h (kf_auth_authorize):
  *   - scope: the caller's key holds the row's scope; KF_SCOPE_NONE needs no
@@ -69,96 +88,105 @@
 #define KF_RPC_TABLE(ENGINE, FRONT)                                                                \
     ENGINE(SEND_EVENT, "keyflow.v1.Coordinators", "SendEvent", "SendEvent",                        \
            keyflow__v1__send_event_request, keyflow__v1__send_event_response, UNARY, EVENTS_SEND,  \
-           "workflow", coords, kf_coords_send_event)                                               \
+           "workflow", coords, kf_coords_send_event, BY_COORDINATOR("workflow", "key"))            \
     ENGINE(SEND_EVENTS, "keyflow.v1.Coordinators", "SendEvents", "SendEvents",                     \
            keyflow__v1__send_events_request, keyflow__v1__send_events_response, UNARY,             \
-           EVENTS_SEND, "events.workflow", coords, kf_coords_send_events)                          \
+           EVENTS_SEND, "events.workflow", coords, kf_coords_send_events, SPLIT(send_events))      \
     ENGINE(DESCRIBE_COORDINATOR, "keyflow.v1.Coordinators", "DescribeCoordinator",                 \
            "DescribeCoordinator", keyflow__v1__describe_coordinator_request,                       \
            keyflow__v1__describe_coordinator_response, UNARY, COORDINATORS_READ,                   \
-           "coordinator.workflow", coords, kf_coords_describe)                                     \
+           "coordinator.workflow", coords, kf_coords_describe,                                     \
+           BY_COORDINATOR("coordinator.workflow", "coordinator.key"))                              \
     ENGINE(FLUSH_WINDOW, "keyflow.v1.Coordinators", "FlushWindow", "FlushWindow",                  \
            keyflow__v1__flush_window_request, keyflow__v1__flush_window_response, UNARY,           \
-           COORDINATORS_WRITE, "coordinator.workflow", coords, kf_coords_flush)                    \
+           COORDINATORS_WRITE, "coordinator.workflow", coords, kf_coords_flush,                    \
+           BY_COORDINATOR("coordinator.workflow", "coordinator.key"))                              \
     ENGINE(CANCEL_WINDOW, "keyflow.v1.Coordinators", "CancelWindow", "CancelWindow",               \
            keyflow__v1__cancel_window_request, keyflow__v1__cancel_window_response, UNARY,         \
-           COORDINATORS_WRITE, "coordinator.workflow", coords, kf_coords_cancel)                   \
+           COORDINATORS_WRITE, "coordinator.workflow", coords, kf_coords_cancel,                   \
+           BY_COORDINATOR("coordinator.workflow", "coordinator.key"))                              \
     ENGINE(POLL_RUNS, "keyflow.v1.Runs", "PollRuns", "PollRuns", keyflow__v1__poll_runs_request,   \
-           keyflow__v1__poll_runs_response, LONG_POLL, RUNS_WORK, "workflows", runs, kf_runs_poll) \
+           keyflow__v1__poll_runs_response, LONG_POLL, RUNS_WORK, "workflows", runs, kf_runs_poll, \
+           FIRST(poll_runs))                                                                       \
     ENGINE(HEARTBEAT_RUN, "keyflow.v1.Runs", "HeartbeatRun", "HeartbeatRun",                       \
            keyflow__v1__heartbeat_run_request, keyflow__v1__heartbeat_run_response, UNARY,         \
-           RUNS_WORK, NULL, runs, kf_runs_heartbeat)                                               \
+           RUNS_WORK, NULL, runs, kf_runs_heartbeat, BY_RUN_ID("run_id"))                          \
     ENGINE(COMPLETE_RUN, "keyflow.v1.Runs", "CompleteRun", "CompleteRun",                          \
            keyflow__v1__complete_run_request, keyflow__v1__complete_run_response, UNARY,           \
-           RUNS_WORK, NULL, runs, kf_runs_complete)                                                \
+           RUNS_WORK, NULL, runs, kf_runs_complete, BY_RUN_ID("run_id"))                           \
     ENGINE(RELEASE_RUN, "keyflow.v1.Runs", "ReleaseRun", "ReleaseRun",                             \
            keyflow__v1__release_run_request, keyflow__v1__release_run_response, UNARY, RUNS_WORK,  \
-           NULL, runs, kf_runs_release)                                                            \
+           NULL, runs, kf_runs_release, BY_RUN_ID("run_id"))                                       \
     ENGINE(GET_RUN, "keyflow.v1.Runs", "GetRun", "GetRun", keyflow__v1__get_run_request,           \
-           keyflow__v1__run, LONG_POLL, RUNS_READ, NULL, runs, kf_runs_get)                        \
+           keyflow__v1__run, LONG_POLL, RUNS_READ, NULL, runs, kf_runs_get, BY_RUN_ID("run_id"))   \
     ENGINE(LIST_RUNS, "keyflow.v1.Runs", "ListRuns", "ListRuns", keyflow__v1__list_runs_request,   \
-           keyflow__v1__list_runs_response, UNARY, RUNS_READ, "workflow", runs, kf_runs_list)      \
+           keyflow__v1__list_runs_response, UNARY, RUNS_READ, "workflow", runs, kf_runs_list,      \
+           MERGE(list_runs))                                                                       \
     /* Cancelling is a control-plane act, like CancelWindow: coordinators:write. */                \
     ENGINE(CANCEL_RUN, "keyflow.v1.Runs", "CancelRun", "CancelRun",                                \
            keyflow__v1__cancel_run_request, keyflow__v1__cancel_run_response, UNARY,               \
-           COORDINATORS_WRITE, NULL, runs, kf_runs_cancel)                                         \
+           COORDINATORS_WRITE, NULL, runs, kf_runs_cancel, BY_RUN_ID("run_id"))                    \
     ENGINE(REGISTER_FUNCTION, "keyflow.v1.Functions", "RegisterFunction", "RegisterFunction",      \
            keyflow__v1__register_function_request, keyflow__v1__register_function_response, UNARY, \
-           FUNCTIONS_ADMIN, "descriptor.function_id", functions, kf_functions_register)            \
+           FUNCTIONS_ADMIN, "descriptor.function_id", functions, kf_functions_register,            \
+           ALL(register_function))                                                                 \
     ENGINE(GET_FUNCTION, "keyflow.v1.Functions", "GetFunction", "GetFunction",                     \
            keyflow__v1__get_function_request, keyflow__v1__function_info, UNARY, FUNCTIONS_READ,   \
-           "function_id", functions, kf_functions_get)                                             \
+           "function_id", functions, kf_functions_get, ALL(get_function))                          \
     ENGINE(LIST_FUNCTIONS, "keyflow.v1.Functions", "ListFunctions", "ListFunctions",               \
            keyflow__v1__list_functions_request, keyflow__v1__list_functions_response, UNARY,       \
-           FUNCTIONS_READ, NULL, functions, kf_functions_list)                                     \
+           FUNCTIONS_READ, NULL, functions, kf_functions_list, ALL(list_functions))                \
     ENGINE(PUSH_BATCH, "keyflow.v1.Functions", "PushBatch", "PushBatch",                           \
            keyflow__v1__push_batch_request, keyflow__v1__push_batch_response, UNARY,               \
-           FUNCTIONS_PUSH, "function_id", functions, kf_functions_push)                            \
+           FUNCTIONS_PUSH, "function_id", functions, kf_functions_push, SPLIT(push_batch))         \
     ENGINE(READ_OUTPUT, "keyflow.v1.Functions", "ReadOutput", "ReadOutput",                        \
            keyflow__v1__read_output_request, keyflow__v1__read_output_response, LONG_POLL,         \
-           FUNCTIONS_READ, "function_id", functions, kf_functions_read)                            \
+           FUNCTIONS_READ, "function_id", functions, kf_functions_read, MERGE(read_output))        \
     ENGINE(GET_KEY_STATE, "keyflow.v1.Functions", "GetKeyState", "GetKeyState",                    \
            keyflow__v1__get_key_state_request, keyflow__v1__get_key_state_response, UNARY,         \
-           FUNCTIONS_READ, "function_id", functions, kf_functions_key_state)                       \
+           FUNCTIONS_READ, "function_id", functions, kf_functions_key_state,                       \
+           BY_FUNCTION_KEY("function_id", "key"))                                                  \
     ENGINE(TRIM_OUTPUT, "keyflow.v1.Functions", "TrimOutput", "TrimOutput",                        \
            keyflow__v1__trim_output_request, keyflow__v1__trim_output_response, UNARY,             \
-           FUNCTIONS_READ, "function_id", functions, kf_functions_trim)                            \
+           FUNCTIONS_READ, "function_id", functions, kf_functions_trim, ALL(trim_output))          \
     ENGINE(DELETE_FUNCTION, "keyflow.v1.Functions", "DeleteFunction", "DeleteFunction",            \
            keyflow__v1__delete_function_request, keyflow__v1__delete_function_response, UNARY,     \
-           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_delete)                         \
+           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_delete, ALL(delete_function))   \
     ENGINE(DELETE_PRODUCER, "keyflow.v1.Functions", "DeleteProducer", "DeleteProducer",            \
            keyflow__v1__delete_producer_request, keyflow__v1__delete_producer_response, UNARY,     \
-           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_delete_producer)                \
+           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_delete_producer,                \
+           ALL(delete_producer))                                                                   \
     ENGINE(CREATE_KEY, "keyflow.v1.Keys", "CreateKey", "CreateKey",                                \
            keyflow__v1__create_key_request, keyflow__v1__create_key_response, UNARY, KEYS_ADMIN,   \
-           NULL, keys, kf_keys_create_key)                                                         \
+           NULL, keys, kf_keys_create_key, HOME())                                                 \
     ENGINE(LIST_KEYS, "keyflow.v1.Keys", "ListKeys", "ListKeys", keyflow__v1__list_keys_request,   \
-           keyflow__v1__list_keys_response, UNARY, KEYS_ADMIN, NULL, keys, kf_keys_list)           \
+           keyflow__v1__list_keys_response, UNARY, KEYS_ADMIN, NULL, keys, kf_keys_list, HOME())   \
     ENGINE(REVOKE_KEY, "keyflow.v1.Keys", "RevokeKey", "RevokeKey",                                \
            keyflow__v1__revoke_key_request, keyflow__v1__revoke_key_response, UNARY, KEYS_ADMIN,   \
-           NULL, keys, kf_keys_revoke)                                                             \
+           NULL, keys, kf_keys_revoke, HOME())                                                     \
     /* A loop of ReadOutput commands the gRPC front end drives (rpc/grpc_server.c). */             \
     FRONT(TAIL_OUTPUT, "keyflow.v1.Functions", "TailOutput", "TailOutput",                         \
           keyflow__v1__tail_output_request, keyflow__v1__read_output_response, SERVER_STREAM,      \
-          FUNCTIONS_READ, "function_id")                                                           \
+          FUNCTIONS_READ, "function_id", MERGE(read_output))                                       \
     FRONT(HEALTH_CHECK, "grpc.health.v1.Health", "Check", "HealthCheck",                           \
           grpc__health__v1__health_check_request, grpc__health__v1__health_check_response, UNARY,  \
-          NONE, NULL)                                                                              \
+          NONE, NULL, LOCAL())                                                                     \
     FRONT(HEALTH_WATCH, "grpc.health.v1.Health", "Watch", "HealthWatch",                           \
           grpc__health__v1__health_check_request, grpc__health__v1__health_check_response,         \
-          SERVER_STREAM, NONE, NULL)                                                               \
+          SERVER_STREAM, NONE, NULL, LOCAL())                                                      \
     /* A remote handler's stream (api/keyflow/v1/workers.proto): the gRPC front end relays         \
      * calls and results between the worker and the engine (kf_engine_worker_post). */             \
     FRONT(WORKER_SERVE, "keyflow.v1.Workers", "Serve", "WorkerServe", keyflow__v1__worker_message, \
-          keyflow__v1__server_message, BIDI_STREAM, FUNCTIONS_SERVE, "hello.function_id")          \
+          keyflow__v1__server_message, BIDI_STREAM, FUNCTIONS_SERVE, "hello.function_id",          \
+          ALL(workers))                                                                            \
     /* gRPC server reflection, answered from the embedded descriptor set                           \
      * (rpc/reflection.h); v1alpha is the same protocol under its older name. */                   \
     FRONT(REFLECTION_V1, "grpc.reflection.v1.ServerReflection", "ServerReflectionInfo",            \
           "ServerReflectionInfo", grpc__reflection__v1__server_reflection_request,                 \
-          grpc__reflection__v1__server_reflection_response, BIDI_STREAM, NONE, NULL)               \
+          grpc__reflection__v1__server_reflection_response, BIDI_STREAM, NONE, NULL, LOCAL())      \
     FRONT(REFLECTION_V1ALPHA, "grpc.reflection.v1alpha.ServerReflection", "ServerReflectionInfo",  \
           "ServerReflectionInfoV1alpha", grpc__reflection__v1alpha__server_reflection_request,     \
-          grpc__reflection__v1alpha__server_reflection_response, BIDI_STREAM, NONE, NULL)
+          grpc__reflection__v1alpha__server_reflection_response, BIDI_STREAM, NONE, NULL, LOCAL())
 
 /* X(scope, name): the API-key scopes (docs/security.md). metrics:read
  * guards GET /metrics, which is not an RPC. */

@@ -53,7 +53,7 @@
 #include "base/health.h"
 #include "base/log.h"
 #include "base/metrics.h"
-#include "runtime/engine.h"
+#include "runtime/router.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
@@ -100,6 +100,10 @@ struct call {
     grpc_byte_buffer *reply;
     grpc_slice details;
     bool has_details;
+    /* With KF_E_NOT_OWNER: keyflow-partition and the owner's node and
+     * addresses (docs/scaling.md), sent as trailing metadata. */
+    grpc_metadata trailers[4];
+    size_t ntrailers;
     int cancelled;
     atomic_int refs;       /* outstanding batches: the reply, plus a close
                               watch (long polls: the engine's hold on the
@@ -143,7 +147,7 @@ struct call {
 struct kf_grpc_server {
     grpc_server *server;
     grpc_completion_queue *cq;
-    kf_engine_t *engine;
+    kf_router_t *router;
     kf_auth_t *auth; /* NULL: calls are not checked */
     void *registered[KF_METRICS_METHODS_MAX];
     int metrics_ids[KF_METRICS_METHODS_MAX];
@@ -202,6 +206,10 @@ static void call_free(call_t *c) {
     }
     if (c->has_details) {
         grpc_slice_unref(c->details);
+    }
+    for (size_t i = 0; i < c->ntrailers; i++) {
+        grpc_slice_unref(c->trailers[i].key);
+        grpc_slice_unref(c->trailers[i].value);
     }
     kf_arena_deinit(&c->arena);
     kf_arena_deinit(&c->page_arena);
@@ -278,6 +286,8 @@ static void put_status(call_t *c, grpc_op *op, kf_status_t status, const char *m
         c->has_details = true;
         op->data.send_status_from_server.status_details = &c->details;
     }
+    op->data.send_status_from_server.trailing_metadata_count = c->ntrailers;
+    op->data.send_status_from_server.trailing_metadata = c->trailers;
 }
 
 /* One message of a server stream, as a batch of its own (with the initial
@@ -350,10 +360,39 @@ static void send_reply(call_t *c, kf_status_t status, const char *message,
     }
 }
 
+static void add_trailer(call_t *c, const char *key, const char *value) {
+    KF_ASSERT(c->ntrailers < sizeof c->trailers / sizeof c->trailers[0]);
+    if (value != NULL && value[0] != '\0') {
+        c->trailers[c->ntrailers].key = grpc_slice_from_static_string(key);
+        c->trailers[c->ntrailers].value = grpc_slice_from_copied_string(value);
+        c->ntrailers++;
+    }
+}
+
+/* A command refused because its key's partition is served elsewhere: the
+ * trailers name the partition and, when the placement knows it, the owner
+ * (docs/scaling.md). */
+static void add_owner_trailers(call_t *c, const kf_cmd_t *cmd) {
+    if (cmd->error.status != KF_E_NOT_OWNER || cmd->foreign_partition < 0 || c->ntrailers > 0) {
+        return;
+    }
+    char partition[16];
+    snprintf(partition, sizeof partition, "%d", (int)cmd->foreign_partition);
+    add_trailer(c, "keyflow-partition", partition);
+    const kf_placement_node_t *owner =
+        kf_router_owner(c->server->router, (uint32_t)cmd->foreign_partition);
+    if (owner != NULL) {
+        add_trailer(c, "keyflow-owner-node", owner->name);
+        add_trailer(c, "keyflow-owner-grpc", owner->grpc_address);
+        add_trailer(c, "keyflow-owner-http", owner->http_address);
+    }
+}
+
 /* The engine finished the command (its group is durable). Replier thread. */
 static void engine_done(kf_cmd_t *cmd) {
     call_t *c = cmd->owner;
     atomic_store(&c->in_engine, false);
+    add_owner_trailers(c, cmd);
     send_reply(c, cmd->error.status, cmd->error.message, cmd->response);
 }
 
@@ -393,7 +432,7 @@ static ProtobufCMessage *unpack_payload(call_t *c, const ProtobufCMessageDescrip
  * open: the service could appear). */
 
 static bool health_serving(const kf_grpc_server_t *s) {
-    return kf_health_serving() && !kf_engine_failed(s->engine);
+    return kf_health_serving() && !kf_router_failed(s->router);
 }
 
 /* Known: "" (the whole server), or a service with an RPC here other than
@@ -558,14 +597,14 @@ static void tail_next(call_t *c) {
      * client leave, before the check below. */
     atomic_fetch_add(&c->tail_refs, 1);
     atomic_store(&c->in_engine, true);
-    if (kf_engine_submit(c->server->engine, cmd) != KF_OK) {
+    if (kf_router_submit(c->server->router, cmd) != KF_OK) {
         atomic_store(&c->in_engine, false);
         tail_finish(c, cmd->error.status, cmd->error.message);
     } else if (atomic_load(&c->tail_closed)) {
         /* The client left while this read was being submitted, and the
          * close may have missed it (in_engine was not yet set): cancel it
          * here, or it would hold a parked read until its wait ends. */
-        kf_engine_cancel(c->server->engine, cmd);
+        kf_router_cancel(c->server->router, cmd);
     }
     tail_unref(c);
 }
@@ -802,7 +841,8 @@ static void link_post_gone(kf_worker_link_t *link, const char *reason) {
     ev->kind = KF_WORKER_GONE;
     ev->link = link;
     snprintf(ev->reason, sizeof ev->reason, "%s", reason);
-    if (kf_engine_worker_post(link->call->server->engine, ev) != KF_OK) {
+    kf_error_t err;
+    if (kf_router_worker_post(link->call->server->router, ev, &err) != KF_OK) {
         /* Stopping: the engine releases the link itself (engine.h). */
         kf_worker_event_free(ev);
     }
@@ -918,13 +958,13 @@ static bool link_received(kf_worker_link_t *link, grpc_byte_buffer *buffer) {
         pthread_mutex_lock(&link->lock);
         link->hello_posted = true;
         pthread_mutex_unlock(&link->lock);
-        if (kf_engine_worker_post(link->call->server->engine, ev) != KF_OK) {
+        if (kf_router_worker_post(link->call->server->router, ev, &err) != KF_OK) {
             pthread_mutex_lock(&link->lock);
             link->hello_posted = false;
             pthread_mutex_unlock(&link->lock);
             kf_worker_event_free(ev);
             atomic_fetch_sub(&link->refs, 1); /* never the last: recv holds one */
-            link_close(link, KF_E_UNAVAILABLE, "keyflowd is shutting down");
+            link_close(link, err.status, err.message);
             return false;
         }
         return true;
@@ -950,9 +990,9 @@ static bool link_received(kf_worker_link_t *link, grpc_byte_buffer *buffer) {
         return true; /* the engine closed the stream: the rest is dropped */
     }
     ev->kind = KF_WORKER_RESULT;
-    if (kf_engine_worker_post(link->call->server->engine, ev) != KF_OK) {
+    if (kf_router_worker_post(link->call->server->router, ev, &err) != KF_OK) {
         kf_worker_event_free(ev);
-        link_close(link, KF_E_UNAVAILABLE, "keyflowd is shutting down");
+        link_close(link, err.status, err.message);
         return false;
     }
     return true;
@@ -1285,12 +1325,13 @@ static void on_arrival(kf_grpc_server_t *s, call_t *c) {
         atomic_store(&c->refs, 2); /* the close watch, and the command in the engine */
     }
     atomic_store(&c->in_engine, true);
-    if (kf_engine_submit(s->engine, cmd) != KF_OK) {
+    if (kf_router_submit(s->router, cmd) != KF_OK) {
         atomic_store(&c->in_engine, false);
         if (long_poll) {
             c->close_watched = false; /* not submitted: no other thread has the call */
             atomic_store(&c->refs, 0);
         }
+        add_owner_trailers(c, cmd);
         send_reply(c, cmd->error.status, cmd->error.message, NULL);
         return;
     }
@@ -1340,7 +1381,7 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
         /* The client left while its long poll may still wait in the engine:
          * tell the engine, so that no run is leased to nobody. */
         if (c->cancelled && atomic_load(&c->in_engine)) {
-            kf_engine_cancel(s->engine, &c->cmd);
+            kf_router_cancel(s->router, &c->cmd);
         }
         if (atomic_fetch_sub(&c->refs, 1) == 1) {
             call_free(c);
@@ -1358,7 +1399,7 @@ static void on_event(kf_grpc_server_t *s, call_tag_t *tag, bool ok) {
          * out its full wait (holding a parked-read slot); cancel it. */
         atomic_store(&c->tail_closed, true);
         if (atomic_load(&c->in_engine)) {
-            kf_engine_cancel(s->engine, &c->cmd);
+            kf_router_cancel(s->router, &c->cmd);
         }
         tail_unref(c);
         return;
@@ -1479,7 +1520,7 @@ static grpc_server_credentials *server_credentials(kf_grpc_server_t *s, kf_tls_t
     return grpc_ssl_server_credentials_create_with_options(options); /* takes the options */
 }
 
-kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t *engine,
+kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_router_t *router,
                                   kf_grpc_server_t **out, int *port, kf_error_t *err) {
     absl_deadlock_detection_off();
     grpc_init();
@@ -1488,7 +1529,7 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t 
     if (s == NULL) {
         return kf_error_set(err, KF_E_NOMEM, "cannot allocate the gRPC server");
     }
-    s->engine = engine;
+    s->router = router;
     s->auth = options->auth;
     s->thread_count = options->threads > 0 ? options->threads : 1;
     if (s->thread_count > KF_GRPC_THREADS_MAX) {

@@ -19,7 +19,7 @@
 
 #include "base/status.h"
 #include "auth/auth.h"
-#include "runtime/engine.h"
+#include "runtime/router.h"
 #include "tls/tls.h"
 
 typedef struct kf_grpc_server kf_grpc_server_t;
@@ -36,7 +36,7 @@ typedef struct kf_grpc_options {
 
 /* Binds the address; *port receives the bound port. The engine is borrowed
  * and must outlive the server. Errors: KF_E_IO (bind failed). */
-kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_engine_t *engine,
+kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_router_t *router,
                                   kf_grpc_server_t **out, int *port, kf_error_t *err) KF_MUST_USE;
 kf_status_t kf_grpc_server_start(kf_grpc_server_t *server, kf_error_t *err) KF_MUST_USE;
 /* New TLS material for connections accepted from now on (a SIGHUP reload);

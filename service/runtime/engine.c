@@ -158,11 +158,12 @@ static uint64_t disk_refresh(kf_engine_t *e, bool force) {
                    "disk reserve clear again: %llu bytes free (reserve %llu); accepting writes",
                    (unsigned long long)estimate, (unsigned long long)e->disk_reserve_bytes);
         }
-        kf_gauge_set(KF_G_DISK_RESERVE_REACHED, low ? 1 : 0);
+        kf_gauge_set_in(e->config.metrics_slot, KF_G_DISK_RESERVE_REACHED, low ? 1 : 0);
         /* Not ready while it lasts: gRPC health and /readyz say so. */
         kf_health_degrade(low, low ? e->disk_why : "disk reserve clear again");
     }
-    kf_gauge_set(KF_G_DISK_FREE_BYTES, (int64_t)(estimate > INT64_MAX ? INT64_MAX : estimate));
+    kf_gauge_set_in(e->config.metrics_slot, KF_G_DISK_FREE_BYTES,
+                    (int64_t)(estimate > INT64_MAX ? INT64_MAX : estimate));
     pthread_mutex_unlock(&e->disk_lock);
     return estimate;
 }
@@ -212,7 +213,10 @@ kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store
         e->groups[i].batch = kf_batch_create(store);
         KF_ASSERT(e->groups[i].batch != NULL);
     }
+    /* Recovery sets this engine's gauges (its coordinators, its timers). */
+    int caller_slot = kf_metrics_bind_slot((int)e->config.metrics_slot);
     kf_status_t st = kf_core_create(&e->config, store, &e->core, err);
+    kf_metrics_bind_slot(caller_slot);
     if (st != KF_OK) {
         kf_engine_destroy(e);
         return st;
@@ -270,7 +274,7 @@ kf_status_t kf_engine_submit(kf_engine_t *e, kf_cmd_t *cmd) {
     }
     e->inbox_tail = cmd;
     e->inbox_count++;
-    kf_gauge_set(KF_G_QUEUE_DEPTH, (int64_t)e->inbox_count);
+    kf_gauge_set_in(e->config.metrics_slot, KF_G_QUEUE_DEPTH, (int64_t)e->inbox_count);
     bool wake = e->engine_sleeping;
     pthread_mutex_unlock(&e->lock);
     if (wake) {
@@ -401,6 +405,7 @@ static void fail_held(kf_engine_t *e, group_t *open) {
 static void *engine_main(void *arg) {
     kf_engine_t *e = arg;
     pthread_setname_np(pthread_self(), "kf-engine");
+    kf_metrics_bind_slot((int)e->config.metrics_slot);
     uint64_t durable_seen = 0;
     bool shutdown_done = false;
     for (;;) {
@@ -428,7 +433,7 @@ static void *engine_main(void *arg) {
                     e->inbox_tail = NULL;
                 }
                 e->inbox_count -= n;
-                kf_gauge_set(KF_G_QUEUE_DEPTH, (int64_t)e->inbox_count);
+                kf_gauge_set_in(e->config.metrics_slot, KF_G_QUEUE_DEPTH, (int64_t)e->inbox_count);
             } else {
                 cmds = NULL;
             }
@@ -681,6 +686,7 @@ static void release_replies(kf_engine_t *e, kf_cmd_t *replies, bool reply_here) 
 static void *committer_main(void *arg) {
     kf_engine_t *e = arg;
     pthread_setname_np(pthread_self(), "kf-commit");
+    kf_metrics_bind_slot((int)e->config.metrics_slot);
     for (;;) {
         pthread_mutex_lock(&e->lock);
         while (e->handed == NULL && !e->committer_exit) {

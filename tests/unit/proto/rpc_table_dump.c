@@ -31,6 +31,17 @@ static json_t *methods(void) {
         json_object_set_new(row, "scope", json_string(kf_scope_name(m->scope)));
         json_object_set_new(row, "resource", text_or_null(m->resource));
         json_object_set_new(row, "http", json_boolean(kf_http_serves(m)));
+        json_t *route = json_object();
+        json_object_set_new(route, "kind", json_string(kf_route_kind_name(m->route.kind)));
+        json_t *fields = json_array();
+        for (int f = 0; f < 2; f++) {
+            if (m->route.fields[f] != NULL) {
+                json_array_append_new(fields, json_string(m->route.fields[f]));
+            }
+        }
+        json_object_set_new(route, "fields", fields);
+        json_object_set_new(route, "plan", text_or_null(m->route.plan));
+        json_object_set_new(row, "route", route);
         if (m->executor == KF_RPC_ENGINE) {
             json_object_set_new(row, "op", json_string(kf_op_name(m->op)));
             /* The op's row is this one (kf_method_by_op agrees with the table). */

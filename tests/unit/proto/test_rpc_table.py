@@ -162,6 +162,24 @@ def check(tables, messages, rpcs):
                         problems.append(f"{path}: resource {row['resource']} runs through the "
                                         f"repeated message {repeated[0]}: only the first "
                                         f"segment may repeat")
+        route = row["route"]
+        want_fields = {"by_coordinator": 2, "by_run_id": 1, "by_function_key": 2}.get(
+            route["kind"], 0)
+        if len(route["fields"]) != want_fields:
+            problems.append(f"{path}: route {route['kind']} names {len(route['fields'])} "
+                            f"fields, want {want_fields}")
+        for name in route["fields"]:
+            f, err = field(messages, row["request"], name) if row["request"] in messages \
+                else (None, None)
+            if err:
+                problems.append(f"{path}: route field {name}: {err}")
+            elif f is not None and (f.type != FDP.TYPE_STRING or
+                                    f.label == FDP.LABEL_REPEATED):
+                problems.append(f"{path}: route field {name} is not a string field")
+        if (route["plan"] is None) != (route["kind"] not in ("split", "all", "merge", "first")):
+            problems.append(f"{path}: route {route['kind']} and plan {route['plan']} disagree")
+        if row["executor"] == "engine" and route["kind"] == "local":
+            problems.append(f"{path}: the engine runs in partitions: a route is needed")
         if row["scope"] not in scopes:
             problems.append(f"{path}: scope {row['scope']} is not in KF_SCOPE_TABLE")
         if row["scope"] == "none" and not path.startswith(("/grpc.health.v1.Health/",

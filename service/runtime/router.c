@@ -1,0 +1,1052 @@
+/*
+ * router.c - commands to partitions (see router.h).
+ *
+ * A keyed command goes to its partition's engine as it is. A command the
+ * table routes SPLIT, ALL, MERGE or FIRST becomes a fan-out: a series of
+ * rounds, each a set of sub-commands (one per partition asked) submitted
+ * together; when every sub-command of a round has answered, the RPC's plan
+ * either sets up another round or builds the call's answer.
+ *
+ *   kf_router_submit --plan->begin--> round --all answered--> plan->next
+ *                                       ^                        |
+ *                                       +------ another round ---+
+ *                                                                | done
+ *                                               finish: cmd->done(cmd)
+ *
+ * FIRST plans settle a round early: the first sub-command with something to
+ * hand out cancels the others still parked (kf_engine_cancel), which answer
+ * at once; anything they took in the same instant is handed out too.
+ *
+ * Locks, always in this order: router->lock (a command's `routed` pointer
+ * while a fan-out is in flight, so that a cancel never meets a freed one) ->
+ * fanout->lock (its round) -> an engine's own lock (kf_engine_cancel).
+ * Sub-commands' done() runs on the engines' replier threads, which hold no
+ * engine lock then.
+ *
+ * A round's `pending` counts its unanswered sub-commands plus one for the
+ * thread submitting them, so the round cannot end (and the fan-out cannot
+ * be freed) while that thread still walks it.
+ */
+#include "runtime/router.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/arena.h"
+#include "base/assert.h"
+#include "base/log.h"
+#include "keyflow/v1/coordinators.pb-c.h"
+#include "keyflow/v1/functions.pb-c.h"
+#include "keyflow/v1/runs.pb-c.h"
+
+struct kf_router {
+    uint32_t count;
+    kf_engine_t *engines[KF_PARTITION_COUNT_MAX];
+    kf_engine_t *home;
+    uint32_t served[KF_PARTITION_COUNT_MAX]; /* served partitions, ascending */
+    uint32_t served_count;
+    kf_partition_set_t served_set;
+    char served_text[64];
+    const kf_placement_t *placement;
+    const char *node;
+    pthread_mutex_t lock; /* see the top of the file */
+    atomic_uint rotation; /* where PollRuns starts looking */
+};
+
+/* ---- fan-outs ----------------------------------------------------------- */
+
+typedef struct fanout fanout_t;
+
+typedef struct sub {
+    kf_cmd_t cmd;
+    kf_arena_t arena; /* the sub-command's response */
+    fanout_t *fanout;
+    uint32_t partition;
+    bool in_engine; /* fanout->lock */
+} sub_t;
+
+typedef struct plan {
+    const char *name;
+    /* Sets up the first round (fanout_add) and returns KF_OK; or refuses the
+     * call (cmd->error, nothing submitted); or sets *direct to a served
+     * partition that can take the call as it is. */
+    kf_status_t (*begin)(fanout_t *f, int32_t *direct);
+    /* FIRST plans: whether an answer settles the round (the rest are
+     * cancelled). NULL: never. fanout->lock held. */
+    bool (*settles)(const sub_t *s);
+    /* Every sub-command of the round answered: set up another round and
+     * return true, or set the call's answer (response or error) and return
+     * false. */
+    bool (*next)(fanout_t *f);
+} plan_t;
+
+struct fanout {
+    kf_router_t *router;
+    kf_cmd_t *parent;
+    const plan_t *plan;
+    pthread_mutex_t lock;
+    uint32_t nsubs;   /* this round's */
+    uint32_t pending; /* see the top of the file */
+    bool cancelled;   /* the caller left */
+    bool settled;     /* a FIRST round was answered */
+    void *state;      /* the plan's, in the parent's arena */
+    sub_t subs[];     /* router->served_count */
+};
+
+static void *routed_fanout(const fanout_t *f) {
+    return (void *)((uintptr_t)f | 1);
+}
+
+/* The next sub-command of the round being set up: partition and request
+ * (borrowed until the round ends); its response goes to its own arena. */
+static sub_t *fanout_add(fanout_t *f, uint32_t partition, const ProtobufCMessage *request) {
+    KF_ASSERT(f->nsubs < f->router->served_count);
+    KF_ASSERT(f->router->engines[partition] != NULL);
+    sub_t *s = &f->subs[f->nsubs++];
+    kf_arena_reset(&s->arena);
+    memset(&s->cmd, 0, sizeof s->cmd);
+    s->cmd.op = f->parent->op;
+    s->cmd.request = request;
+    s->cmd.arena = &s->arena;
+    s->cmd.principal = f->parent->principal;
+    s->cmd.owner = s;
+    s->partition = partition;
+    s->in_engine = false;
+    return s;
+}
+
+static void fanout_free(fanout_t *f) {
+    for (uint32_t i = 0; i < f->router->served_count; i++) {
+        kf_arena_deinit(&f->subs[i].arena);
+    }
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+}
+
+static void finish(fanout_t *f) {
+    kf_cmd_t *parent = f->parent;
+    pthread_mutex_lock(&f->router->lock);
+    __atomic_store_n(&parent->routed, NULL, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&f->router->lock);
+    fanout_free(f);
+    parent->done(parent);
+}
+
+static bool round_run(fanout_t *f);
+
+/* A round ended: the next one, or the answer. Any thread, no lock. */
+static void round_ended(fanout_t *f) {
+    while (f->plan->next(f)) {
+        if (!round_run(f)) {
+            return; /* a sub-command's done() ends this round */
+        }
+    }
+    finish(f);
+}
+
+/* One unit of the round's pending count is gone; the last one ends it. */
+static void round_release(fanout_t *f) {
+    pthread_mutex_lock(&f->lock);
+    KF_ASSERT(f->pending > 0);
+    bool last = --f->pending == 0;
+    pthread_mutex_unlock(&f->lock);
+    if (last) {
+        round_ended(f);
+    }
+}
+
+/* A sub-command answered (its engine's replier thread, or the submitter
+ * when the engine refused it). */
+static void sub_answered(sub_t *s) {
+    fanout_t *f = s->fanout;
+    kf_router_t *r = f->router;
+    pthread_mutex_lock(&f->lock);
+    s->in_engine = false;
+    if (!f->settled && f->plan->settles != NULL && f->plan->settles(s)) {
+        f->settled = true;
+        for (uint32_t i = 0; i < f->nsubs; i++) {
+            if (f->subs[i].in_engine) {
+                kf_engine_cancel(r->engines[f->subs[i].partition], &f->subs[i].cmd);
+            }
+        }
+    }
+    pthread_mutex_unlock(&f->lock);
+    round_release(f);
+}
+
+static void sub_done(kf_cmd_t *cmd) {
+    sub_answered(cmd->owner);
+}
+
+/* Submits the round set up by fanout_add. True when this thread ended the
+ * round (every sub-command answered before it let go), false when a
+ * sub-command's done() will. */
+static bool round_run(fanout_t *f) {
+    kf_router_t *r = f->router;
+    pthread_mutex_lock(&f->lock);
+    KF_ASSERT(f->nsubs > 0);
+    f->pending = f->nsubs + 1; /* + this thread */
+    f->settled = false;
+    pthread_mutex_unlock(&f->lock);
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        sub_t *s = &f->subs[i];
+        s->fanout = f;
+        s->cmd.done = sub_done;
+        s->cmd.owner = s;
+        pthread_mutex_lock(&f->lock);
+        bool skip = f->cancelled || f->settled;
+        s->in_engine = !skip;
+        pthread_mutex_unlock(&f->lock);
+        if (skip) {
+            kf_error_set(&s->cmd.error, KF_E_CANCELLED, "cancelled");
+            sub_answered(s);
+            continue;
+        }
+        kf_engine_t *e = r->engines[s->partition];
+        if (kf_engine_submit(e, &s->cmd) != KF_OK) {
+            sub_answered(s); /* cmd.error says why */
+            continue;
+        }
+        /* A cancel that came while this one was being submitted missed it. */
+        pthread_mutex_lock(&f->lock);
+        if ((f->cancelled || f->settled) && s->in_engine) {
+            kf_engine_cancel(e, &s->cmd);
+        }
+        pthread_mutex_unlock(&f->lock);
+    }
+    pthread_mutex_lock(&f->lock);
+    bool last = --f->pending == 0;
+    pthread_mutex_unlock(&f->lock);
+    return last;
+}
+
+/* Sets up the next round: forget the last one's sub-commands. */
+static void round_reset(fanout_t *f) {
+    f->nsubs = 0;
+}
+
+/* ---- helpers the plans share -------------------------------------------- */
+
+/* A deep copy of `msg` in `arena` (a sub-command's answer into the call's
+ * arena, which outlives the fan-out). NULL past the arena's limit. */
+static ProtobufCMessage *copy_message(const ProtobufCMessage *msg, kf_arena_t *arena) {
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = kf_xmalloc(len > 0 ? len : 1);
+    protobuf_c_message_pack(msg, buf);
+    ProtobufCMessage *copy =
+        protobuf_c_message_unpack(msg->descriptor, kf_arena_pb(arena), len, buf);
+    free(buf);
+    return copy;
+}
+
+static void *copy_into_parent(fanout_t *f, const ProtobufCMessage *msg) {
+    ProtobufCMessage *copy = copy_message(msg, f->parent->arena);
+    if (copy == NULL) {
+        kf_error_set(&f->parent->error, KF_E_LIMIT,
+                     "response: the partitions' answers together are larger than a call may "
+                     "hold; ask for less (page_size, max_runs)");
+    }
+    return copy;
+}
+
+/* The call fails as the sub-command did, naming its partition when there
+ * are several. */
+static void fail_as(fanout_t *f, const sub_t *s) {
+    f->parent->response = NULL;
+    if (f->router->count > 1 && s->cmd.error.status != KF_E_CANCELLED) {
+        kf_error_set(&f->parent->error, s->cmd.error.status, "partition %u: %s", s->partition,
+                     s->cmd.error.message);
+    } else {
+        f->parent->error = s->cmd.error;
+    }
+}
+
+/* Every served partition gets the call's own request. */
+static void add_all_served(fanout_t *f) {
+    for (uint32_t i = 0; i < f->router->served_count; i++) {
+        fanout_add(f, f->router->served[i], f->parent->request);
+    }
+}
+
+static void set_not_owner(kf_router_t *r, kf_cmd_t *cmd, uint32_t partition, const char *what) {
+    const kf_placement_node_t *owner = kf_router_owner(r, partition);
+    cmd->foreign_partition = (int32_t)partition;
+    if (owner != NULL) {
+        kf_error_set(&cmd->error, KF_E_NOT_OWNER,
+                     "%s belongs to partition %u of %u, served by %s at %s, not by this process "
+                     "(it serves %s): send the call there (docs/scaling.md)",
+                     what, partition, r->count, owner->name, owner->grpc_address, r->served_text);
+    } else {
+        kf_error_set(&cmd->error, KF_E_NOT_OWNER,
+                     "%s belongs to partition %u of %u, which this process does not serve (it "
+                     "serves %s); its owner is not in this process's placement (docs/scaling.md)",
+                     what, partition, r->count, r->served_text);
+    }
+}
+
+/* ---- SendEvents: each event to its coordinator's partition --------------- */
+
+typedef struct send_events_state {
+    int32_t *partition_of;                  /* per event */
+    uint32_t *index_in_sub;                 /* per event: its place in its partition's request */
+    int32_t sub_of[KF_PARTITION_COUNT_MAX]; /* partition -> sub index, -1 */
+} send_events_state_t;
+
+static kf_status_t send_events_begin(fanout_t *f, int32_t *direct) {
+    kf_router_t *r = f->router;
+    const Keyflow__V1__SendEventsRequest *req = (const void *)f->parent->request;
+    kf_arena_t *arena = f->parent->arena;
+    send_events_state_t *st = kf_arena_new(arena, sizeof *st);
+    size_t n = req->n_events;
+    st->partition_of = kf_arena_new(arena, (n + 1) * sizeof *st->partition_of);
+    st->index_in_sub = kf_arena_new(arena, (n + 1) * sizeof *st->index_in_sub);
+    uint32_t events_in[KF_PARTITION_COUNT_MAX] = {0};
+    int32_t first = -1;
+    bool one = true;
+    for (size_t i = 0; i < n; i++) {
+        const Keyflow__V1__SendEventRequest *e = req->events[i];
+        uint32_t p = kf_partition_of_coordinator(e->workflow, strlen(e->workflow), e->key,
+                                                 strlen(e->key), r->count);
+        st->partition_of[i] = (int32_t)p;
+        st->index_in_sub[i] = events_in[p]++;
+        one = one && (first < 0 || first == (int32_t)p);
+        first = first < 0 ? (int32_t)p : first;
+    }
+    if (n == 0 || (one && r->engines[first] != NULL)) {
+        *direct = n == 0 ? (int32_t)r->served[0] : first; /* the engine answers as it is */
+        return KF_OK;
+    }
+    for (uint32_t p = 0; p < r->count; p++) {
+        st->sub_of[p] = -1;
+        if (events_in[p] == 0 || r->engines[p] == NULL) {
+            continue;
+        }
+        Keyflow__V1__SendEventsRequest *part = kf_arena_new(arena, sizeof *part);
+        keyflow__v1__send_events_request__init(part);
+        part->events = kf_arena_new(arena, events_in[p] * sizeof *part->events);
+        for (size_t i = 0; i < n; i++) {
+            if (st->partition_of[i] == (int32_t)p) {
+                part->events[part->n_events++] = req->events[i];
+            }
+        }
+        st->sub_of[p] = (int32_t)f->nsubs;
+        fanout_add(f, p, &part->base);
+    }
+    f->state = st;
+    if (f->nsubs == 0) {
+        /* Every event belongs elsewhere: say so for the first. */
+        const Keyflow__V1__SendEventRequest *e = req->events[0];
+        char what[KF_WORKFLOW_BYTES_MAX + KF_KEY_BYTES_MAX + 64];
+        snprintf(what, sizeof what, "events[0] (workflow \"%.128s\", key \"%.256s\")", e->workflow,
+                 e->key);
+        set_not_owner(r, f->parent, (uint32_t)st->partition_of[0], what);
+        return KF_E_NOT_OWNER;
+    }
+    return KF_OK;
+}
+
+static Keyflow__V1__SendEventsResult *event_error(kf_arena_t *arena, kf_status_t status,
+                                                  const char *message) {
+    Keyflow__V1__SendEventsResult *res = kf_arena_new(arena, sizeof *res);
+    keyflow__v1__send_events_result__init(res);
+    Keyflow__V1__EventError *e = kf_arena_new(arena, sizeof *e);
+    keyflow__v1__event_error__init(e);
+    e->code = kf_status_grpc_code(status);
+    e->status = (char *)kf_status_grpc_name(status);
+    e->message = kf_arena_strdup(arena, message);
+    res->outcome_case = KEYFLOW__V1__SEND_EVENTS_RESULT__OUTCOME_ERROR;
+    res->error = e;
+    return res;
+}
+
+static bool send_events_next(fanout_t *f) {
+    kf_router_t *r = f->router;
+    send_events_state_t *st = f->state;
+    const Keyflow__V1__SendEventsRequest *req = (const void *)f->parent->request;
+    kf_arena_t *arena = f->parent->arena;
+    const Keyflow__V1__SendEventsResponse *answers[KF_PARTITION_COUNT_MAX] = {0};
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        if (f->subs[i].cmd.error.status == KF_OK) {
+            answers[i] = copy_into_parent(f, f->subs[i].cmd.response);
+            if (answers[i] == NULL) {
+                return false;
+            }
+        }
+    }
+    Keyflow__V1__SendEventsResponse *resp = kf_arena_new(arena, sizeof *resp);
+    keyflow__v1__send_events_response__init(resp);
+    resp->results = kf_arena_new(arena, (req->n_events + 1) * sizeof *resp->results);
+    for (size_t i = 0; i < req->n_events; i++) {
+        uint32_t p = (uint32_t)st->partition_of[i];
+        int32_t sub = st->sub_of[p];
+        Keyflow__V1__SendEventsResult *res;
+        if (sub < 0) {
+            kf_cmd_t probe;
+            char what[64];
+            snprintf(what, sizeof what, "events[%zu]", i);
+            set_not_owner(r, &probe, p, what);
+            res = event_error(arena, probe.error.status, probe.error.message);
+        } else if (answers[sub] == NULL) {
+            const kf_error_t *e = &f->subs[sub].cmd.error;
+            res = event_error(arena, e->status, e->message);
+        } else {
+            KF_ASSERT(st->index_in_sub[i] < answers[sub]->n_results);
+            res = answers[sub]->results[st->index_in_sub[i]];
+        }
+        resp->results[resp->n_results++] = res;
+    }
+    f->parent->response = &resp->base;
+    kf_error_clear(&f->parent->error);
+    return false;
+}
+
+static const plan_t plan_send_events = {"send_events", send_events_begin, NULL, send_events_next};
+
+/* ---- PollRuns: partitions in turn, then parked on all -------------------
+ * First every served partition is asked in turn, without waiting, for what
+ * is still wanted (starting at a rotating partition, so that no partition's
+ * runs wait behind another's); if none had a run and the call may wait, it
+ * parks in every partition and the first to hand out runs answers. */
+
+typedef struct poll_state {
+    Keyflow__V1__PollRunsResponse *gathered; /* in the parent's arena */
+    size_t gathered_cap;
+    int64_t want; /* max_runs */
+    uint32_t start;
+    uint32_t asked;
+    bool parked;
+} poll_state_t;
+
+static Keyflow__V1__PollRunsRequest *poll_request(fanout_t *f, int64_t max_runs, int64_t wait_ms) {
+    const Keyflow__V1__PollRunsRequest *req = (const void *)f->parent->request;
+    Keyflow__V1__PollRunsRequest *sub = kf_arena_new(f->parent->arena, sizeof *sub);
+    *sub = *req;
+    sub->max_runs = max_runs;
+    sub->wait_ms = wait_ms;
+    return sub;
+}
+
+static kf_status_t poll_begin(fanout_t *f, int32_t *direct) {
+    (void)direct;
+    kf_router_t *r = f->router;
+    const Keyflow__V1__PollRunsRequest *req = (const void *)f->parent->request;
+    poll_state_t *st = kf_arena_new(f->parent->arena, sizeof *st);
+    st->gathered = kf_arena_new(f->parent->arena, sizeof *st->gathered);
+    keyflow__v1__poll_runs_response__init(st->gathered);
+    st->want = req->max_runs > 0 ? req->max_runs : 1;
+    st->start = atomic_fetch_add(&r->rotation, 1) % r->served_count;
+    f->state = st;
+    /* The first partition gets the request as it came (but no wait): its
+     * engine checks it, and refuses it for all of them. */
+    fanout_add(f, r->served[st->start], &poll_request(f, req->max_runs, 0)->base);
+    st->asked = 1;
+    return KF_OK;
+}
+
+static bool poll_settles(const sub_t *s) {
+    const Keyflow__V1__PollRunsResponse *resp = (const void *)s->cmd.response;
+    return s->cmd.error.status == KF_OK && resp->n_runs > 0;
+}
+
+/* Adds a sub-command's runs to what the call hands out. */
+static bool poll_gather(fanout_t *f, const sub_t *s) {
+    poll_state_t *st = f->state;
+    const Keyflow__V1__PollRunsResponse *resp = (const void *)s->cmd.response;
+    if (resp->n_runs == 0) {
+        return true;
+    }
+    Keyflow__V1__PollRunsResponse *copy = copy_into_parent(f, &resp->base);
+    if (copy == NULL) {
+        return false;
+    }
+    Keyflow__V1__PollRunsResponse *g = st->gathered;
+    if (g->n_runs + copy->n_runs > st->gathered_cap) {
+        size_t cap = (g->n_runs + copy->n_runs) * 2;
+        Keyflow__V1__Run **runs = kf_arena_new(f->parent->arena, cap * sizeof *runs);
+        if (g->n_runs > 0) {
+            memcpy(runs, g->runs, g->n_runs * sizeof *runs);
+        }
+        g->runs = runs;
+        st->gathered_cap = cap;
+    }
+    memcpy(g->runs + g->n_runs, copy->runs, copy->n_runs * sizeof *copy->runs);
+    g->n_runs += copy->n_runs;
+    return true;
+}
+
+static bool poll_next(fanout_t *f) {
+    kf_router_t *r = f->router;
+    poll_state_t *st = f->state;
+    const Keyflow__V1__PollRunsRequest *req = (const void *)f->parent->request;
+    const sub_t *failed = NULL;
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        const sub_t *s = &f->subs[i];
+        if (s->cmd.error.status != KF_OK) {
+            failed = failed != NULL ? failed : s;
+        } else if (!poll_gather(f, s)) {
+            return false; /* parent->error is set */
+        }
+    }
+    bool have = st->gathered->n_runs > 0;
+    if (!have && failed != NULL &&
+        (!st->parked || failed->cmd.error.status != KF_E_CANCELLED || f->cancelled)) {
+        fail_as(f, failed);
+        return false;
+    }
+    if (!st->parked && !f->cancelled && (int64_t)st->gathered->n_runs < st->want &&
+        st->asked < r->served_count) {
+        round_reset(f);
+        uint32_t p = r->served[(st->start + st->asked++) % r->served_count];
+        int64_t left = st->want - (int64_t)st->gathered->n_runs;
+        fanout_add(f, p, &poll_request(f, left, 0)->base);
+        return true;
+    }
+    if (!have && !st->parked && !f->cancelled && req->wait_ms > 0) {
+        round_reset(f);
+        st->parked = true;
+        Keyflow__V1__PollRunsRequest *parked = poll_request(f, st->want, req->wait_ms);
+        for (uint32_t i = 0; i < r->served_count; i++) {
+            fanout_add(f, r->served[(st->start + i) % r->served_count], &parked->base);
+        }
+        return true;
+    }
+    f->parent->response = &st->gathered->base;
+    kf_error_clear(&f->parent->error);
+    return false;
+}
+
+static const plan_t plan_poll_runs = {"poll_runs", poll_begin, poll_settles, poll_next};
+
+/* ---- ListRuns: one partition after the other behind one page token ------
+ * A token is "p<partition>:<that partition's token>"; a page comes from one
+ * partition (it may hold fewer than page_size runs; the end is an empty
+ * next_page_token, as always). */
+
+typedef struct list_state {
+    uint32_t at; /* index into router->served */
+} list_state_t;
+
+static Keyflow__V1__ListRunsRequest *list_request(fanout_t *f, const char *token) {
+    const Keyflow__V1__ListRunsRequest *req = (const void *)f->parent->request;
+    Keyflow__V1__ListRunsRequest *sub = kf_arena_new(f->parent->arena, sizeof *sub);
+    *sub = *req;
+    sub->page_token = (char *)token;
+    return sub;
+}
+
+static kf_status_t list_runs_begin(fanout_t *f, int32_t *direct) {
+    (void)direct;
+    kf_router_t *r = f->router;
+    const Keyflow__V1__ListRunsRequest *req = (const void *)f->parent->request;
+    list_state_t *st = kf_arena_new(f->parent->arena, sizeof *st);
+    f->state = st;
+    const char *inner = "";
+    if (req->page_token[0] != '\0') {
+        char *end = NULL;
+        unsigned long p = req->page_token[0] == 'p' ? strtoul(req->page_token + 1, &end, 10) : 0;
+        if (end == NULL || end == req->page_token + 1 || *end != ':' || p >= r->count) {
+            return kf_error_set(&f->parent->error, KF_E_INVALID,
+                                "page_token: not a token ListRuns gave (they start with "
+                                "p<partition>:)");
+        }
+        if (r->engines[p] == NULL) {
+            set_not_owner(r, f->parent, (uint32_t)p, "page_token");
+            return KF_E_NOT_OWNER;
+        }
+        while (r->served[st->at] != p) {
+            st->at++;
+        }
+        inner = end + 1;
+    }
+    fanout_add(f, r->served[st->at], &list_request(f, inner)->base);
+    return KF_OK;
+}
+
+static bool list_runs_next(fanout_t *f) {
+    kf_router_t *r = f->router;
+    list_state_t *st = f->state;
+    const sub_t *s = &f->subs[0];
+    if (s->cmd.error.status != KF_OK) {
+        fail_as(f, s);
+        return false;
+    }
+    const Keyflow__V1__ListRunsResponse *resp = (const void *)s->cmd.response;
+    bool more_here = resp->next_page_token[0] != '\0';
+    bool last_partition = st->at + 1 >= r->served_count;
+    if (resp->n_runs == 0 && !more_here && !last_partition) {
+        round_reset(f);
+        st->at++;
+        fanout_add(f, r->served[st->at], &list_request(f, "")->base);
+        return true;
+    }
+    Keyflow__V1__ListRunsResponse *out = copy_into_parent(f, &resp->base);
+    if (out == NULL) {
+        return false;
+    }
+    if (more_here) {
+        out->next_page_token =
+            kf_arena_printf(f->parent->arena, "p%u:%s", s->partition, resp->next_page_token);
+    } else if (!last_partition) {
+        out->next_page_token = kf_arena_printf(f->parent->arena, "p%u:", r->served[st->at + 1]);
+    }
+    f->parent->response = &out->base;
+    kf_error_clear(&f->parent->error);
+    return false;
+}
+
+static const plan_t plan_list_runs = {"list_runs", list_runs_begin, NULL, list_runs_next};
+
+/* ---- functions: registration everywhere, descriptions combined ---------- */
+
+/* Adds `b`'s counters to `a`, the same function in another partition. */
+static void function_info_add(Keyflow__V1__FunctionInfo *a, const Keyflow__V1__FunctionInfo *b) {
+    a->keys += b->keys;
+    a->timers += b->timers;
+    a->state_bytes += b->state_bytes;
+    a->output_seq += b->output_seq;
+    a->watermark_us = b->watermark_us < a->watermark_us ? b->watermark_us : a->watermark_us;
+    if (a->available && !b->available) {
+        a->available = false;
+        a->unavailable_reason = b->unavailable_reason;
+    }
+}
+
+/* Every partition's answer OK: the combined info (first partition's
+ * descriptor, every partition's counters), or false with parent->error set
+ * when the partitions hold different descriptors. */
+static Keyflow__V1__FunctionInfo *
+function_info_combine(fanout_t *f, const Keyflow__V1__FunctionInfo *const *infos,
+                      const uint32_t *partitions, size_t n) {
+    Keyflow__V1__FunctionInfo *out = copy_into_parent(f, &infos[0]->base);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (size_t i = 1; i < n; i++) {
+        if (strcmp(infos[i]->descriptor_sha256, out->descriptor_sha256) != 0) {
+            kf_error_set(&f->parent->error, KF_E_INTERNAL,
+                         "function %s: partition %u holds descriptor %.16s..., partition %u "
+                         "holds %.16s...: the partitions disagree (docs/scaling.md)",
+                         out->descriptor->function_id, partitions[0], out->descriptor_sha256,
+                         partitions[i], infos[i]->descriptor_sha256);
+            return NULL;
+        }
+        function_info_add(out, infos[i]);
+    }
+    return out;
+}
+
+static kf_status_t all_begin(fanout_t *f, int32_t *direct) {
+    (void)direct;
+    add_all_served(f);
+    return KF_OK;
+}
+
+/* The first failed sub-command, or NULL. */
+static const sub_t *first_failure(const fanout_t *f) {
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        if (f->subs[i].cmd.error.status != KF_OK) {
+            return &f->subs[i];
+        }
+    }
+    return NULL;
+}
+
+static bool register_next(fanout_t *f) {
+    const sub_t *failed = first_failure(f);
+    if (failed != NULL) {
+        /* Registering again is idempotent: partitions that took it answer
+         * already_registered next time. */
+        fail_as(f, failed);
+        return false;
+    }
+    const Keyflow__V1__FunctionInfo *infos[KF_PARTITION_COUNT_MAX];
+    uint32_t partitions[KF_PARTITION_COUNT_MAX];
+    bool already = true;
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        const Keyflow__V1__RegisterFunctionResponse *resp = (const void *)f->subs[i].cmd.response;
+        infos[i] = resp->function;
+        partitions[i] = f->subs[i].partition;
+        already = already && resp->already_registered;
+    }
+    Keyflow__V1__FunctionInfo *info = function_info_combine(f, infos, partitions, f->nsubs);
+    if (info == NULL) {
+        return false;
+    }
+    Keyflow__V1__RegisterFunctionResponse *out = kf_arena_new(f->parent->arena, sizeof *out);
+    keyflow__v1__register_function_response__init(out);
+    out->function = info;
+    out->already_registered = already;
+    f->parent->response = &out->base;
+    kf_error_clear(&f->parent->error);
+    return false;
+}
+
+static const plan_t plan_register_function = {"register_function", all_begin, NULL, register_next};
+
+static bool get_function_next(fanout_t *f) {
+    const Keyflow__V1__FunctionInfo *infos[KF_PARTITION_COUNT_MAX];
+    uint32_t partitions[KF_PARTITION_COUNT_MAX];
+    size_t n = 0;
+    const sub_t *missing = NULL;
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        const sub_t *s = &f->subs[i];
+        if (s->cmd.error.status == KF_E_NOT_FOUND) {
+            missing = missing != NULL ? missing : s;
+        } else if (s->cmd.error.status != KF_OK) {
+            fail_as(f, s);
+            return false;
+        } else {
+            infos[n] = (const void *)s->cmd.response;
+            partitions[n++] = s->partition;
+        }
+    }
+    if (n == 0) {
+        f->parent->error = missing->cmd.error; /* the same everywhere: not found */
+        return false;
+    }
+    Keyflow__V1__FunctionInfo *info = function_info_combine(f, infos, partitions, n);
+    if (info == NULL) {
+        return false;
+    }
+    if (missing != NULL) {
+        info->available = false;
+        info->unavailable_reason = kf_arena_printf(
+            f->parent->arena,
+            "not registered in partition %u: register it again (registration is idempotent and "
+            "reaches every partition)",
+            missing->partition);
+    }
+    f->parent->response = &info->base;
+    kf_error_clear(&f->parent->error);
+    return false;
+}
+
+static const plan_t plan_get_function = {"get_function", all_begin, NULL, get_function_next};
+
+/* Every partition lists the same page (they hold the same functions); the
+ * pages are combined function by function. */
+static bool list_functions_next(fanout_t *f) {
+    const sub_t *failed = first_failure(f);
+    if (failed != NULL) {
+        fail_as(f, failed);
+        return false;
+    }
+    const Keyflow__V1__ListFunctionsResponse *first = (const void *)f->subs[0].cmd.response;
+    Keyflow__V1__ListFunctionsResponse *out = copy_into_parent(f, &first->base);
+    if (out == NULL) {
+        return false;
+    }
+    for (size_t k = 0; k < out->n_functions; k++) {
+        Keyflow__V1__FunctionInfo *fn = out->functions[k];
+        for (uint32_t i = 1; i < f->nsubs; i++) {
+            const Keyflow__V1__ListFunctionsResponse *other = (const void *)f->subs[i].cmd.response;
+            bool found = false;
+            for (size_t j = 0; j < other->n_functions && !found; j++) {
+                const Keyflow__V1__FunctionInfo *o = other->functions[j];
+                if (strcmp(o->descriptor->function_id, fn->descriptor->function_id) == 0) {
+                    function_info_add(fn, o);
+                    found = true;
+                }
+            }
+            if (!found && fn->available) {
+                fn->available = false;
+                fn->unavailable_reason = kf_arena_printf(
+                    f->parent->arena, "not registered in partition %u: register it again",
+                    f->subs[i].partition);
+            }
+        }
+    }
+    f->parent->response = &out->base;
+    kf_error_clear(&f->parent->error);
+    return false;
+}
+
+static const plan_t plan_list_functions = {"list_functions", all_begin, NULL, list_functions_next};
+
+/* Every served partition does the same (deleting a function, a producer):
+ * the call succeeds when each partition did it or had nothing to do; it is
+ * NOT_FOUND only when no partition knew the thing. A failure names its
+ * partition; the call is safe to repeat. */
+static bool everywhere_next(fanout_t *f) {
+    const sub_t *done = NULL, *missing = NULL;
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        const sub_t *s = &f->subs[i];
+        if (s->cmd.error.status == KF_E_NOT_FOUND) {
+            missing = missing != NULL ? missing : s;
+        } else if (s->cmd.error.status != KF_OK) {
+            fail_as(f, s);
+            return false;
+        } else if (done == NULL) {
+            done = s;
+        }
+    }
+    if (done == NULL) {
+        f->parent->error = missing->cmd.error;
+        return false;
+    }
+    f->parent->response = copy_into_parent(f, done->cmd.response);
+    if (f->parent->response != NULL) {
+        kf_error_clear(&f->parent->error);
+    }
+    return false;
+}
+
+static const plan_t plan_delete_function = {"delete_function", all_begin, NULL, everywhere_next};
+static const plan_t plan_delete_producer = {"delete_producer", all_begin, NULL, everywhere_next};
+
+/* ---- not yet across partitions ------------------------------------------ */
+
+static kf_status_t not_yet_begin(fanout_t *f, int32_t *direct) {
+    (void)direct;
+    return kf_error_set(&f->parent->error, KF_E_UNIMPLEMENTED,
+                        "%s on a data set of %u partitions is not implemented yet "
+                        "(docs/scaling.md)",
+                        kf_method_by_op(f->parent->op)->name, f->router->count);
+}
+
+static bool never_next(fanout_t *f) {
+    (void)f;
+    KF_UNREACHABLE();
+}
+
+static const plan_t plan_push_batch = {"push_batch", not_yet_begin, NULL, never_next};
+static const plan_t plan_read_output = {"read_output", not_yet_begin, NULL, never_next};
+static const plan_t plan_get_key_state = {"get_key_state", not_yet_begin, NULL, never_next};
+static const plan_t plan_trim_output = {"trim_output", not_yet_begin, NULL, never_next};
+
+/* The plan of each fanned-out op, from the table's route column. */
+static const plan_t *plan_of(kf_op_t op) {
+    switch (op) {
+#define SPLIT(plan)          &plan_##plan
+#define ALL(plan)            &plan_##plan
+#define MERGE(plan)          &plan_##plan
+#define FIRST(plan)          &plan_##plan
+#define BY_COORDINATOR(...)  NULL
+#define BY_RUN_ID(...)       NULL
+#define BY_FUNCTION_KEY(...) &plan_get_key_state
+#define HOME()               NULL
+#define PLAN_OF_(op, s, m, n, rq, rs, sh, sc, res, module, handler, route)                         \
+    case KF_OP_##op: return route;
+        KF_RPC_TABLE(PLAN_OF_, KF_RPC_IGNORE)
+#undef PLAN_OF_
+#undef SPLIT
+#undef ALL
+#undef MERGE
+#undef FIRST
+#undef BY_COORDINATOR
+#undef BY_RUN_ID
+#undef BY_FUNCTION_KEY
+#undef HOME
+    }
+    KF_UNREACHABLE();
+}
+
+static kf_status_t fan_out(kf_router_t *r, kf_cmd_t *cmd, const plan_t *plan) {
+    fanout_t *f = kf_xcalloc(1, sizeof *f + r->served_count * sizeof f->subs[0]);
+    f->router = r;
+    f->parent = cmd;
+    f->plan = plan;
+    pthread_mutex_init(&f->lock, NULL);
+    for (uint32_t i = 0; i < r->served_count; i++) {
+        kf_arena_init(&f->subs[i].arena, 0);
+    }
+    int32_t direct = -1;
+    kf_error_clear(&cmd->error);
+    kf_status_t st = plan->begin(f, &direct);
+    if (st != KF_OK || direct >= 0) {
+        fanout_free(f);
+        if (st != KF_OK) {
+            return st;
+        }
+        KF_ASSERT(r->engines[direct] != NULL);
+        __atomic_store_n(&cmd->routed, (void *)r->engines[direct], __ATOMIC_RELEASE);
+        return kf_engine_submit(r->engines[direct], cmd);
+    }
+    pthread_mutex_lock(&r->lock);
+    __atomic_store_n(&cmd->routed, routed_fanout(f), __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&r->lock);
+    if (round_run(f)) {
+        round_ended(f);
+    }
+    return KF_OK;
+}
+
+/* ---- the router --------------------------------------------------------- */
+
+kf_status_t kf_router_create(const kf_router_config_t *config, kf_router_t **out, kf_error_t *err) {
+    KF_ASSERT(config->partition_count >= 1 && config->partition_count <= KF_PARTITION_COUNT_MAX);
+    kf_router_t *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate the router");
+    }
+    r->count = config->partition_count;
+    r->home = config->home;
+    r->placement = config->placement;
+    r->node = config->node;
+    memset(&r->served_set, 0, sizeof r->served_set);
+    r->served_set.count = r->count;
+    for (uint32_t p = 0; p < r->count; p++) {
+        r->engines[p] = config->engines[p];
+        if (r->engines[p] != NULL) {
+            r->served[r->served_count++] = p;
+            kf_partition_set_add(&r->served_set, p);
+        }
+    }
+    KF_ASSERT(r->served_count > 0 && r->home != NULL);
+    kf_partition_set_format(&r->served_set, r->served_text, sizeof r->served_text);
+    pthread_mutex_init(&r->lock, NULL);
+    *out = r;
+    return KF_OK;
+}
+
+void kf_router_destroy(kf_router_t *r) {
+    if (r != NULL) {
+        pthread_mutex_destroy(&r->lock);
+        free(r);
+    }
+}
+
+static kf_status_t submit_to(kf_engine_t *e, kf_cmd_t *cmd) {
+    __atomic_store_n(&cmd->routed, (void *)e, __ATOMIC_RELEASE);
+    return kf_engine_submit(e, cmd);
+}
+
+static kf_status_t submit_partition(kf_router_t *r, kf_cmd_t *cmd, uint32_t p, const char *what) {
+    if (r->engines[p] == NULL) {
+        set_not_owner(r, cmd, p, what);
+        return KF_E_NOT_OWNER;
+    }
+    return submit_to(r->engines[p], cmd);
+}
+
+kf_status_t kf_router_submit(kf_router_t *r, kf_cmd_t *cmd) {
+    cmd->foreign_partition = -1;
+    const kf_method_t *m = kf_method_by_op(cmd->op);
+    if (m->route.kind == KF_ROUTE_HOME) {
+        return submit_to(r->home, cmd);
+    }
+    if (r->count == 1) {
+        return submit_to(r->engines[0], cmd); /* one partition: nothing to route */
+    }
+    switch (m->route.kind) {
+    case KF_ROUTE_BY_COORDINATOR: {
+        const char *wf = kf_method_string_at(cmd->request, m->route.fields[0]);
+        const char *key = kf_method_string_at(cmd->request, m->route.fields[1]);
+        wf = wf != NULL ? wf : "";
+        key = key != NULL ? key : "";
+        char what[KF_WORKFLOW_BYTES_MAX + KF_KEY_BYTES_MAX + 64];
+        snprintf(what, sizeof what, "the coordinator of workflow \"%.128s\", key \"%.256s\"", wf,
+                 key);
+        return submit_partition(
+            r, cmd, kf_partition_of_coordinator(wf, strlen(wf), key, strlen(key), r->count), what);
+    }
+    case KF_ROUTE_BY_RUN_ID: {
+        const char *id = kf_method_string_at(cmd->request, m->route.fields[0]);
+        int32_t p = kf_partition_of_run_id(id != NULL ? id : "", r->count);
+        if (p < 0) {
+            /* Not a run ID of this data set: its engine says what is wrong
+             * with it, as with one partition. */
+            return submit_to(r->engines[r->served[0]], cmd);
+        }
+        char what[KF_RUN_ID_BYTES_MAX + 32];
+        snprintf(what, sizeof what, "run %.300s", id);
+        return submit_partition(r, cmd, (uint32_t)p, what);
+    }
+    case KF_ROUTE_BY_FUNCTION_KEY:
+    case KF_ROUTE_SPLIT:
+    case KF_ROUTE_ALL:
+    case KF_ROUTE_MERGE:
+    case KF_ROUTE_FIRST: return fan_out(r, cmd, plan_of(cmd->op));
+    case KF_ROUTE_HOME:
+    case KF_ROUTE_LOCAL: break;
+    }
+    KF_UNREACHABLE(); /* tests/unit/proto: every ENGINE row has a route */
+}
+
+void kf_router_cancel(kf_router_t *r, kf_cmd_t *cmd) {
+    pthread_mutex_lock(&r->lock);
+    uintptr_t routed = (uintptr_t)__atomic_load_n(&cmd->routed, __ATOMIC_ACQUIRE);
+    if (routed & 1) {
+        fanout_t *f = (fanout_t *)(routed & ~(uintptr_t)1);
+        pthread_mutex_lock(&f->lock);
+        f->cancelled = true;
+        for (uint32_t i = 0; i < f->nsubs; i++) {
+            if (f->subs[i].in_engine) {
+                kf_engine_cancel(r->engines[f->subs[i].partition], &f->subs[i].cmd);
+            }
+        }
+        pthread_mutex_unlock(&f->lock);
+    } else if (routed != 0) {
+        kf_engine_cancel((kf_engine_t *)routed, cmd);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+kf_status_t kf_router_worker_post(kf_router_t *r, kf_worker_event_t *ev, kf_error_t *err) {
+    if (r->count == 1) {
+        if (kf_engine_worker_post(r->engines[0], ev) != KF_OK) {
+            return kf_error_set(err, KF_E_UNAVAILABLE, "keyflowd is shutting down");
+        }
+        return KF_OK;
+    }
+    return kf_error_set(err, KF_E_UNIMPLEMENTED,
+                        "Workers/Serve on a data set of %u partitions is not implemented yet "
+                        "(docs/scaling.md)",
+                        r->count);
+}
+
+bool kf_router_failed(const kf_router_t *r) {
+    if (kf_engine_failed(r->home)) {
+        return true;
+    }
+    for (uint32_t i = 0; i < r->served_count; i++) {
+        if (kf_engine_failed(r->engines[r->served[i]])) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool kf_router_unready(kf_router_t *r, char *why, size_t cap) {
+    if (kf_engine_unready(r->home, why, cap)) {
+        return true;
+    }
+    for (uint32_t i = 0; i < r->served_count; i++) {
+        kf_engine_t *e = r->engines[r->served[i]];
+        if (e != r->home && kf_engine_unready(e, why, cap)) {
+            if (r->count > 1) {
+                char inner[KF_ERROR_MESSAGE_BYTES_MAX];
+                snprintf(inner, sizeof inner, "%s", why);
+                snprintf(why, cap, "partition %u: %s", r->served[i], inner);
+            }
+            return true;
+        }
+    }
+    return false;
+}
+
+uint32_t kf_router_partition_count(const kf_router_t *r) {
+    return r->count;
+}
+
+const kf_partition_set_t *kf_router_served(const kf_router_t *r) {
+    return &r->served_set;
+}
+
+const kf_placement_node_t *kf_router_owner(const kf_router_t *r, uint32_t partition) {
+    return r->placement != NULL && r->placement->partition_count == r->count
+               ? kf_placement_owner(r->placement, partition)
+               : NULL;
+}
+
+kf_engine_t *kf_router_engine(const kf_router_t *r, uint32_t partition) {
+    return partition < r->count ? r->engines[partition] : NULL;
+}
+
+const char *kf_router_node(const kf_router_t *r) {
+    return r->node;
+}
