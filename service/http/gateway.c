@@ -105,6 +105,7 @@ typedef struct http_server {
     pthread_t thread;
     bool created;
     bool started;
+    bool tls;       /* serves TLS (fixed at init: read by any thread) */
     bool exit_loop; /* loop thread only */
 } http_server_t;
 
@@ -131,10 +132,21 @@ struct kf_gateway {
 
 #define WATCH_INTERVAL_MS 200
 
+/* A TLS swap that kf_gateway_set_tls waits for: each loop takes its new
+ * context, then counts itself done, so that when the call returns every
+ * connection accepted afterwards gets the new certificate (a client told
+ * "reloaded" must never be handed the old one). */
+typedef struct tls_swap {
+    pthread_mutex_t lock;
+    pthread_cond_t done;
+    int pending; /* loops that have not taken their context yet */
+} tls_swap_t;
+
 typedef struct control_msg {
     h2o_multithread_message_t msg;
     int what;         /* 1: close the listener, 2: exit the loop, 3: new TLS */
     SSL_CTX *ssl_ctx; /* what == 3: the context new connections get */
+    tls_swap_t *swap; /* what == 3: borrowed; signalled once ssl_ctx is in place */
 } control_msg_t;
 
 static const char *reason(int status) {
@@ -410,6 +422,10 @@ static void on_control(h2o_multithread_receiver_t *receiver, h2o_linklist_t *mes
         } else if (c->what == 3) {
             SSL_CTX_free(srv->accept_ctx.ssl_ctx); /* connections hold their own */
             srv->accept_ctx.ssl_ctx = c->ssl_ctx;
+            pthread_mutex_lock(&c->swap->lock);
+            c->swap->pending--;
+            pthread_cond_signal(&c->swap->done);
+            pthread_mutex_unlock(&c->swap->lock);
         }
         free(c);
     }
@@ -892,6 +908,7 @@ static kf_status_t server_init(http_server_t *srv, kf_gateway_t *gw, const char 
     srv->accept_ctx.ctx = &srv->ctx;
     srv->accept_ctx.hosts = srv->config.hosts;
     srv->accept_ctx.ssl_ctx = ssl_ctx; /* the server's reference */
+    srv->tls = ssl_ctx != NULL;
     srv->queue = h2o_multithread_create_queue(srv->loop);
     h2o_multithread_register_receiver(srv->queue, &srv->control, on_control);
     h2o_socket_t *listener =
@@ -976,22 +993,42 @@ static void server_dispose(http_server_t *srv) {
 /* ---- the gateway ----------------------------------------------------------- */
 
 kf_status_t kf_gateway_set_tls(kf_gateway_t *gw, const kf_tls_t *tls, kf_error_t *err) {
-    KF_ASSERT(gw->main.accept_ctx.ssl_ctx != NULL);
+    KF_ASSERT(gw->main.tls);
     SSL_CTX *ctx;
     kf_status_t st = make_ssl_ctx(tls, &ctx, err);
     if (st != KF_OK) {
         return st;
     }
+    tls_swap_t swap = {.lock = PTHREAD_MUTEX_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
     http_server_t *servers[] = {&gw->main, &gw->probe};
     for (size_t i = 0; i < 2; i++) {
-        if (servers[i]->created && servers[i]->accept_ctx.ssl_ctx != NULL) {
-            control_msg_t *c = kf_xcalloc(1, sizeof *c);
-            c->what = 3;
-            c->ssl_ctx = ctx;
-            SSL_CTX_up_ref(ctx); /* each server holds its own */
-            h2o_multithread_send_message(&servers[i]->control, &c->msg);
+        http_server_t *srv = servers[i];
+        if (!srv->created || !srv->tls) {
+            continue;
         }
+        SSL_CTX_up_ref(ctx); /* each server holds its own */
+        if (!srv->started) { /* no loop thread reads it yet */
+            SSL_CTX_free(srv->accept_ctx.ssl_ctx);
+            srv->accept_ctx.ssl_ctx = ctx;
+            continue;
+        }
+        control_msg_t *c = kf_xcalloc(1, sizeof *c);
+        c->what = 3;
+        c->ssl_ctx = ctx;
+        c->swap = &swap;
+        pthread_mutex_lock(&swap.lock);
+        swap.pending++;
+        pthread_mutex_unlock(&swap.lock);
+        h2o_multithread_send_message(&srv->control, &c->msg);
     }
+    /* The loops never block for long: this returns within a loop turn. */
+    pthread_mutex_lock(&swap.lock);
+    while (swap.pending > 0) {
+        pthread_cond_wait(&swap.done, &swap.lock);
+    }
+    pthread_mutex_unlock(&swap.lock);
+    pthread_mutex_destroy(&swap.lock);
+    pthread_cond_destroy(&swap.done);
     SSL_CTX_free(ctx);
     return KF_OK;
 }

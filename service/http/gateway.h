@@ -49,8 +49,11 @@ typedef struct kf_gateway_options {
 kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_router_t *router,
                               kf_gateway_t **out, int *port, kf_error_t *err) KF_MUST_USE;
 /* New TLS material for connections accepted from now on (a SIGHUP reload);
- * open connections keep theirs. Only for a gateway created with TLS. The
- * material is only read here. On error nothing changes. Any thread. */
+ * open connections keep theirs. Returns once every listener uses it, so a
+ * connection accepted after the call never gets the old certificate. Only
+ * for a gateway created with TLS. The material is only read here. On error
+ * nothing changes. Any thread but the gateway's own loops, before
+ * kf_gateway_destroy. */
 kf_status_t kf_gateway_set_tls(kf_gateway_t *gateway, const kf_tls_t *tls,
                                kf_error_t *err) KF_MUST_USE;
 /* The probe listener's bound port, or 0 when there is none. */
