@@ -163,7 +163,8 @@ class OpenApiTest(unittest.TestCase):
         coordinator = {"kind": "RULE_KIND_DEBOUNCE", "workflow": wf, "key": "k"}
         path_values = {"workflow": wf, "key": "k", "coordinator.kind": "debounce",
                        "coordinator.workflow": wf, "coordinator.key": "k", "run_id": run_id,
-                       "function_id": "running_sum", "key_id": key_id}
+                       "function_id": "running_sum", "producer_id": "doc-" + wf,
+                       "key_id": key_id}
         bodies = {  # by operationId; the generic routes take the whole request
             "SendEvent": event,
             "SendEvents": [{"workflow": wf, "key": "b1", "event": event}],
@@ -198,33 +199,37 @@ class OpenApiTest(unittest.TestCase):
         # The few that may answer an error (the state they act on is gone by
         # the time the generic twin runs); every other one must be a 200.
         may_fail = {"keyflow.v1.Keys.RevokeKey", "keyflow.v1.Runs.HeartbeatRun"}
+        # Deletions go last, the deepest path first (a producer before its
+        # function): what they delete is what the other operations act on.
+        operations = sorted(((path, method, op) for path, item in doc["paths"].items()
+                             for method, op in item.items()),
+                            key=lambda o: (o[1] == "delete", -len(o[0]) if o[1] == "delete" else 0))
         samples, seen = [], 0
-        for path, item in doc["paths"].items():
-            for method, op in item.items():
-                seen += 1
-                url = path
-                values = dict(path_values)
-                if op["operationId"] in ("HeartbeatRun", "CompleteRun"):
-                    values["run_id"] = leased
-                for name, value in values.items():
-                    url = url.replace("{%s}" % name, urllib.parse.quote(value, safe=""))
-                self.assertNotIn("{", url, "a path parameter without a value: " + path)
-                body = bodies.get(op["operationId"])
-                example = body is not None or "requestBody" not in op
-                if body is None and "requestBody" in op:
-                    # An operation this test has no example for (a new RPC):
-                    # the emptiest body its schema allows. It must still
-                    # reach its route, and its answer must validate.
-                    schema = op["requestBody"]["content"]["application/json"]["schema"]
-                    body = [] if schema.get("type") == "array" else {}
-                status, ctype, text, _ = self.request(method, url, body)
-                self.assertNotEqual(status, 405, (method, path, text))
-                self.assertNotIn("no such route", text, (method, path))
-                if example and op["operationId"] not in may_fail:
-                    self.assertEqual(status, 200, (method, url, body, text))
-                if ctype == "application/json":
-                    samples.append({"path": path, "method": method, "status": status,
-                                    "body": json.loads(text)})
+        for path, method, op in operations:
+            seen += 1
+            url = path
+            values = dict(path_values)
+            if op["operationId"] in ("HeartbeatRun", "CompleteRun"):
+                values["run_id"] = leased
+            for name, value in values.items():
+                url = url.replace("{%s}" % name, urllib.parse.quote(value, safe=""))
+            self.assertNotIn("{", url, "a path parameter without a value: " + path)
+            body = bodies.get(op["operationId"])
+            example = body is not None or "requestBody" not in op
+            if body is None and "requestBody" in op:
+                # An operation this test has no example for (a new RPC):
+                # the emptiest body its schema allows. It must still
+                # reach its route, and its answer must validate.
+                schema = op["requestBody"]["content"]["application/json"]["schema"]
+                body = [] if schema.get("type") == "array" else {}
+            status, ctype, text, _ = self.request(method, url, body)
+            self.assertNotEqual(status, 405, (method, path, text))
+            self.assertNotIn("no such route", text, (method, path))
+            if example and op["operationId"] not in may_fail:
+                self.assertEqual(status, 200, (method, url, body, text))
+            if ctype == "application/json":
+                samples.append({"path": path, "method": method, "status": status,
+                                "body": json.loads(text)})
         self.assertEqual(seen, sum(len(item) for item in doc["paths"].values()))
         self.assertGreaterEqual(seen, 38)
         code, out, err = check_with_node(doc, samples)
