@@ -12,7 +12,10 @@
  *
  * Contract
  *   - invoke() runs on the engine thread: it must be bounded and must never
- *     block (no I/O, no locks held across calls, no sleeping).
+ *     block (no I/O, no locks held across calls, no sleeping). A call that
+ *     has not returned after the descriptor's limits.call_timeout_ms (10 s
+ *     by default) ends keyflowd (the watchdog; the batch is not
+ *     acknowledged, docs/semantics.md).
  *   - One call carries up to max_batch_rows activations, at most one per
  *     key, each with the key's value state as it was before the activation.
  *   - The host owns every byte the handler sees. Pointers passed in (keys,

@@ -209,6 +209,10 @@
  * (DEADLINE_EXCEEDED) and ends the worker's stream. */
 #define KF_FN_CALL_TIMEOUT_MS_DEFAULT 10000
 #define KF_FN_CALL_TIMEOUT_MS_MAX     300000
+/* How often the watchdog (base/watchdog.h) looks at the call it watches: a
+ * native handler that overruns its call_timeout_ms is caught within this
+ * much more. */
+#define KF_WATCHDOG_POLL_MS 20
 /* Calls one worker takes at once (its hello's max_concurrent_calls): enough
  * to keep a worker busy while results and the next calls travel; each call
  * out costs the step a call buffer (max_batch_rows activations). */

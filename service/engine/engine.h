@@ -133,6 +133,9 @@ typedef struct kf_engine_config {
     const char *admin_key_path;     /* the admin key to adopt instead of making one, or NULL */
     bool defer_handler_calls;       /* tests only: handler calls answer on
                                        kf_core_pump(), like remote ones */
+    /* Watches native handler calls (base/watchdog.h); borrowed. NULL: none
+     * (deterministic tests); kf_engine_create makes one when it is NULL. */
+    struct kf_watchdog *watchdog;
     /* Free bytes kept on the store's filesystem (--disk-reserve); 0 =
      * KF_DISK_RESERVE_BYTES_DEFAULT. */
     uint64_t disk_reserve_bytes;

@@ -385,25 +385,22 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
         *out_slots[i].value = v;
     }
 
-    /* The call timeout bounds a worker's answer: NATIVE handlers answer
-     * inside the engine's turn, so only REMOTE functions have (and carry in
-     * their canonical form) one. */
+    /* The call timeout bounds one handler call: a REMOTE worker's answer
+     * (the batch fails), a NATIVE handler's return (the watchdog ends the
+     * process, base/watchdog.h). REMOTE functions always carry it in their
+     * canonical form; NATIVE ones only when it is not the default, so the
+     * descriptors registered before NATIVE had one keep their identity. */
     bool remote = d->runtime == KEYFLOW__V1__RUNTIME__RUNTIME_REMOTE;
     bool timeout_given = d->limits != NULL &&
                          d->limits->call_timeout_ms_present_case ==
                              KEYFLOW__V1__FUNCTION_LIMITS__CALL_TIMEOUT_MS_PRESENT_CALL_TIMEOUT_MS;
-    if (timeout_given && !remote) {
-        return kf_error_set(err, KF_E_INVALID,
-                            "descriptor.limits.call_timeout_ms: applies to REMOTE functions only "
-                            "(a NATIVE handler answers in process)");
-    }
     if (timeout_given && (d->limits->call_timeout_ms < 1 ||
                           d->limits->call_timeout_ms > KF_FN_CALL_TIMEOUT_MS_MAX)) {
         return kf_error_set(err, KF_E_INVALID,
                             "descriptor.limits.call_timeout_ms: must be in 1..%d, got %lld",
                             KF_FN_CALL_TIMEOUT_MS_MAX, (long long)d->limits->call_timeout_ms);
     }
-    if (remote) {
+    if (remote || (timeout_given && d->limits->call_timeout_ms != KF_FN_CALL_TIMEOUT_MS_DEFAULT)) {
         limits->call_timeout_ms_present_case =
             KEYFLOW__V1__FUNCTION_LIMITS__CALL_TIMEOUT_MS_PRESENT_CALL_TIMEOUT_MS;
         limits->call_timeout_ms =
@@ -478,5 +475,9 @@ void kf_descriptor_limits(const Keyflow__V1__FunctionDescriptor *c, kf_fn_limits
     out->max_output_rows = l->max_output_rows;
     out->max_output_bytes = l->max_output_bytes;
     out->max_timer_callbacks = l->max_timer_callbacks_per_step;
-    out->call_timeout_ms = l->call_timeout_ms; /* 0 for NATIVE */
+    out->call_timeout_ms =
+        l->call_timeout_ms_present_case ==
+                KEYFLOW__V1__FUNCTION_LIMITS__CALL_TIMEOUT_MS_PRESENT_CALL_TIMEOUT_MS
+            ? l->call_timeout_ms
+            : KF_FN_CALL_TIMEOUT_MS_DEFAULT; /* a NATIVE one left out */
 }

@@ -29,7 +29,7 @@ typedef struct kf_fn_limits {
     int64_t max_output_rows;
     int64_t max_output_bytes;
     int64_t max_timer_callbacks;
-    int64_t call_timeout_ms; /* REMOTE only; 0 for NATIVE */
+    int64_t call_timeout_ms; /* a REMOTE worker's answer, a NATIVE call's return */
 } kf_fn_limits_t;
 
 /* Validates `in` (every rule of DESIGN.md section 1, each error naming the

@@ -158,6 +158,7 @@ struct function {
     struct kf__worker *workers;     /* REMOTE: workers serving it (remote.c) */
     uint32_t nworkers;
     const kf_handler_t *handler; /* the native handler the host invokes */
+    const char *watch_what;      /* names its calls to the watchdog (in `arena`) */
     char unavailable[KF_ERROR_MESSAGE_BYTES_MAX];
     kf_map_t keys;
     uint64_t live_keys; /* keys with state or timers */

@@ -35,6 +35,7 @@
 
 #include "base/metrics.h"
 #include "base/text.h"
+#include "base/watchdog.h"
 #include "functions/functions_int.h"
 
 /* ---- kf__host_abi: recording a response -------------------------------- */
@@ -457,8 +458,18 @@ void kf__call_add(kf_call_t *call, fn_key_t *k, uint64_t id, int32_t callback, u
 
 /* ---- handler hosts ----------------------------------------------------- */
 
-static void native_invoke(function_t *fn, kf_call_t *call) {
+/* The call runs on the engine thread, under the watchdog (base/watchdog.h):
+ * a handler that does not return within call_timeout_ms ends the process
+ * before its step commits. */
+static void native_invoke(kf_functions_t *fns, function_t *fn, kf_call_t *call) {
+    kf_watchdog_t *wd = fns->config->watchdog;
+    if (wd != NULL) {
+        kf_watchdog_arm(wd, fn->watch_what, "limits.call_timeout_ms", fn->limits.call_timeout_ms);
+    }
     int rc = fn->handler->invoke(&kf__host_abi, call, call->acts, call->count);
+    if (wd != NULL) {
+        kf_watchdog_disarm(wd);
+    }
     if (rc != 0) {
         kf__call_fail(call, KF_E_PRECONDITION, "handler returned %d", rc);
     }
@@ -473,7 +484,7 @@ static int native_room(kf_functions_t *fns, function_t *fn) {
 
 static kf__call_sent_t native_send(kf_functions_t *fns, function_t *fn, kf_call_t *call) {
     (void)fns;
-    native_invoke(fn, call);
+    native_invoke(fns, fn, call);
     return KF__CALL_ANSWERED;
 }
 
@@ -567,7 +578,7 @@ void kf_functions_pump(kf_functions_t *fns, kf_ctx_t *ctx) {
         for (uint32_t i = 0; i < s->nout; i++) {
             kf_call_t *call = s->calls_out[(s->out_head + i) % KF_FN_CALLS_IN_FLIGHT_MAX];
             if (!call->answered) {
-                native_invoke(fn, call);
+                native_invoke(fns, fn, call);
                 call->answered = true;
             }
         }

@@ -63,6 +63,7 @@ function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescripto
     fn->next_activation = 1;
     kf_map_init(&fn->keys);
     kf_map_init(&fn->producers);
+    fn->watch_what = kf_arena_printf(&fn->arena, "the native handler of function %s", fn->id);
     kf_ostree_init(&fn->timers, kf__timer_cmp, fn);
     kf_pq_init(&fn->expiries, kf__expiry_before, fn);
     for (size_t i = 0; i < fn->desc->n_timer_names; i++) {

@@ -31,6 +31,7 @@
 #include "base/health.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/watchdog.h"
 #include "engine/core.h"
 
 typedef struct group {
@@ -42,6 +43,7 @@ typedef struct group {
 } group_t;
 
 struct kf_engine {
+    kf_watchdog_t *watchdog; /* made here when the config had none; else NULL */
     kf_engine_config_t config;
     kf_store_t *store;
     kf_core_t *core;
@@ -215,7 +217,15 @@ kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store
     }
     /* Recovery sets this engine's gauges (its coordinators, its timers). */
     int caller_slot = kf_metrics_bind_slot((int)e->config.metrics_slot);
-    kf_status_t st = kf_core_create(&e->config, store, &e->core, err);
+    kf_status_t st = KF_OK;
+    if (e->config.watchdog == NULL) {
+        /* One per engine: each watches its own engine thread's calls. */
+        st = kf_watchdog_create(&e->watchdog, err);
+        e->config.watchdog = e->watchdog;
+    }
+    if (st == KF_OK) {
+        st = kf_core_create(&e->config, store, &e->core, err);
+    }
     kf_metrics_bind_slot(caller_slot);
     if (st != KF_OK) {
         kf_engine_destroy(e);
@@ -809,6 +819,7 @@ void kf_engine_destroy(kf_engine_t *e) {
     }
     kf_engine_stop(e);
     kf_core_destroy(e->core);
+    kf_watchdog_destroy(e->watchdog); /* after the engine thread: no call is armed */
     for (int i = 0; i < 2; i++) {
         kf_batch_destroy(e->groups[i].batch);
     }
