@@ -261,6 +261,19 @@
  * otherwise (readiness, recovery from a low disk) at most this often. */
 #define KF_DISK_CHECK_INTERVAL_MS 100
 
+/* ---- memory ----------------------------------------------------------- */
+
+/* --memory-budget: the engine's tables (windows, runs, keys, producers,
+ * functions, remembered IDs; docs/semantics.md, "Memory budget") may grow
+ * past it only in entries that already exist. Its default is this share
+ * of the cgroup's memory limit, else of the machine's memory: the rest is
+ * for RocksDB (memtables bounded by the WAL cap, the block cache), request
+ * buffers, threads and the allocator's slack. */
+#define KF_MEMORY_BUDGET_SHARE_PERCENT 50
+/* Small values are for tests; a real budget is hundreds of MiB. */
+#define KF_MEMORY_BUDGET_BYTES_MIN (64LL * 1024)
+#define KF_MEMORY_BUDGET_BYTES_MAX (1LL << 50)
+
 /* ---- API keys ---------------------------------------------------------- */
 
 /* Live keys: each is a few hundred bytes in memory and looked up on every

@@ -39,6 +39,10 @@
       "PushBatch calls waiting behind a function's step")                                          \
     X(KF_G_FUNCTION_WORKERS, "keyflow_function_workers", "Remote handler workers serving")         \
     X(KF_G_READY, "keyflow_ready", "1 when the service is ready to serve")                         \
+    X(KF_G_MEMORY_BUDGET_BYTES, "keyflow_memory_budget_bytes",                                     \
+      "--memory-budget: the engine's tables may not pass it with new entries (0: none)")           \
+    X(KF_G_MEMORY_USED_BYTES, "keyflow_memory_used_bytes",                                         \
+      "Estimated bytes of the engine's tables (windows, runs, keys, producers, functions)")        \
     X(KF_G_DISK_FREE_BYTES, "keyflow_disk_free_bytes",                                             \
       "Free bytes on the data directory's filesystem, last measured")                              \
     X(KF_G_DISK_RESERVE_REACHED, "keyflow_disk_reserve_reached",                                   \
@@ -69,6 +73,8 @@
       "Producers forgotten after --producer-idle-expiry-ms")                                       \
     X(KF_C_REJECTED_QUEUE_FULL, "keyflow_rejected_queue_full_total",                               \
       "Commands refused: queue full")                                                              \
+    X(KF_C_REJECTED_MEMORY_BUDGET, "keyflow_rejected_memory_budget_total",                         \
+      "New windows, keys, producers or functions refused: memory budget reached")                  \
     X(KF_C_REJECTED_DISK_RESERVE, "keyflow_rejected_disk_reserve_total",                           \
       "Commands refused: disk reserve reached")                                                    \
     X(KF_C_HTTP_CONNECTIONS_REFUSED, "keyflow_http_connections_refused_total",                     \

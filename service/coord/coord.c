@@ -91,7 +91,25 @@ struct kf_coords {
     kf_runs_t *runs;
     uint64_t open_windows;
     int64_t window_bytes; /* input buffer bytes of open windows */
+    uint64_t id_slots;    /* remembered ID ring slots, over every coordinator */
+    uint64_t remembered;  /* remembered IDs, over every coordinator */
 };
+
+/* Estimated bytes (engine/ctx.h, kf_memory_t; docs/semantics.md, "Memory
+ * budget"), each allocation with malloc's 16-byte header: a coordinator is
+ * its struct, three strings (its storage key, workflow and key: taken as
+ * 64 bytes each) and its map slot; an open window adds its index entry and
+ * event ID list (its input buffer counts as allocated: window_bytes); a
+ * remembered ID is a ring slot and its string (taken as 48 bytes). */
+#define COORD_BYTES         (sizeof(coord_t) + 16 + 3 * 64 + 2 * sizeof(void *))
+#define WINDOW_BYTES        128
+#define REMEMBERED_ID_BYTES 48
+
+uint64_t kf_coords_memory_bytes(const kf_coords_t *cs) {
+    return cs->map.count * COORD_BYTES + cs->open_windows * WINDOW_BYTES +
+           (uint64_t)cs->window_bytes + cs->id_slots * sizeof(remembered_t) +
+           cs->remembered * REMEMBERED_ID_BYTES;
+}
 
 static void publish_gauges(const kf_coords_t *cs) {
     kf_gauge_set(KF_G_COORDINATORS, (int64_t)cs->map.count);
@@ -194,6 +212,8 @@ static void coord_free(kf_coords_t *cs, coord_t *c) {
     for (uint32_t i = 0; i < c->ids_count; i++) {
         free(c->ids[(c->ids_head + i) % c->ids_cap].id);
     }
+    cs->remembered -= c->ids_count;
+    cs->id_slots -= c->ids_cap;
     free(c->ids);
     free(c->ckey);
     free(c->workflow);
@@ -230,16 +250,17 @@ static remembered_t *id_find(coord_t *c, const char *id, int64_t now_ms) {
     return NULL;
 }
 
-static void id_pop_oldest(coord_t *c) {
+static void id_pop_oldest(kf_coords_t *cs, coord_t *c) {
     KF_ASSERT(c->ids_count > 0);
     free(c->ids[c->ids_head].id);
     c->ids_head = (c->ids_head + 1) % c->ids_cap;
     c->ids_count--;
+    cs->remembered--;
 }
 
 /* Drops IDs expired at at_ms, keeping order. Runs inside apply functions
  * only (with the entry's time), so live and replay agree. */
-static void ids_prune(coord_t *c, int64_t at_ms) {
+static void ids_prune(kf_coords_t *cs, coord_t *c, int64_t at_ms) {
     uint32_t kept = 0;
     for (uint32_t i = 0; i < c->ids_count; i++) {
         remembered_t *r = id_at(c, i);
@@ -249,12 +270,13 @@ static void ids_prune(coord_t *c, int64_t at_ms) {
             free(r->id);
         }
     }
+    cs->remembered -= c->ids_count - kept;
     c->ids_count = kept;
 }
 
-static void id_push(coord_t *c, const remembered_spec_t *spec) {
+static void id_push(kf_coords_t *cs, coord_t *c, const remembered_spec_t *spec) {
     if (c->ids_count == KF_REMEMBERED_IDS_MAX) {
-        id_pop_oldest(c); /* DESIGN.md: at most 1024 per key, oldest forgotten first */
+        id_pop_oldest(cs, c); /* DESIGN.md: at most 1024 per key, oldest forgotten first */
     }
     if (c->ids_count == c->ids_cap) {
         uint32_t cap = c->ids_cap ? c->ids_cap * 2 : 4;
@@ -266,6 +288,7 @@ static void id_push(coord_t *c, const remembered_spec_t *spec) {
             ids[i] = *id_at(c, i);
         }
         free(c->ids);
+        cs->id_slots += cap - c->ids_cap;
         c->ids = ids;
         c->ids_head = 0;
         c->ids_cap = cap;
@@ -281,6 +304,7 @@ static void id_push(coord_t *c, const remembered_spec_t *spec) {
     r->expires_ms = spec->expires_ms;
     r->commit_seq = spec->commit_seq;
     c->ids_count++;
+    cs->remembered++;
 }
 
 static int64_t ids_last_expiry(coord_t *c) {
@@ -453,7 +477,7 @@ static kf_status_t apply_accepted(kf_coords_t *cs, coord_t *c, int64_t at_ms,
     if (e->event_id[0] != '\0' && !e->absorbed) {
         kf_event_ids_push(&c->event_ids, e->event_id); /* absorbed ones are in no run */
     }
-    ids_prune(c, at_ms);
+    ids_prune(cs, c, at_ms);
     if (e->event_id[0] != '\0') {
         remembered_spec_t spec = {
             .id = e->event_id,
@@ -463,7 +487,7 @@ static kf_status_t apply_accepted(kf_coords_t *cs, coord_t *c, int64_t at_ms,
             .expires_ms = kf_dedup_expires_ms(&rule, at_ms),
             .commit_seq = e->commit_seq,
         };
-        id_push(c, &spec);
+        id_push(cs, c, &spec);
     }
     return KF_OK;
 }
@@ -821,7 +845,7 @@ static kf_status_t answer_duplicate(const coord_t *c, const remembered_t *r, con
 }
 
 /* Refuses an event that cannot be taken now, before anything changes. */
-static kf_status_t admit(const kf_coords_t *cs, const coord_t *c, size_t input_len,
+static kf_status_t admit(const kf_coords_t *cs, kf_ctx_t *ctx, const coord_t *c, size_t input_len,
                          kf_error_t *err) {
     if (c == NULL && cs->map.count >= KF_COORDINATORS_MAX) {
         return kf_error_set(err, KF_E_LIMIT,
@@ -840,6 +864,14 @@ static kf_status_t admit(const kf_coords_t *cs, const coord_t *c, size_t input_l
         return kf_error_set(err, KF_E_LIMIT,
                             "windows: open windows hold %lld bytes (KF_OPEN_WINDOW_BYTES_MAX)",
                             (long long)cs->window_bytes);
+    }
+    /* The memory budget admits new coordinators and windows; an event for
+     * an open window is always taken. */
+    if (c == NULL) {
+        return kf_ctx_admit(ctx, COORD_BYTES + WINDOW_BYTES + input_len, "a new coordinator", err);
+    }
+    if (!c->open) {
+        return kf_ctx_admit(ctx, WINDOW_BYTES + input_len, "a new window", err);
     }
     return KF_OK;
 }
@@ -900,7 +932,7 @@ static kf_status_t send_one(kf_coords_t *cs, kf_ctx_t *ctx,
         *out = resp;
         return st;
     }
-    kf_status_t st = admit(cs, c, input_len, err);
+    kf_status_t st = admit(cs, ctx, c, input_len, err);
     if (st != KF_OK) {
         return st;
     }
@@ -1309,7 +1341,7 @@ static kf_status_t load_snapshot(kf_coords_t *cs, coord_t *c,
             .expires_ms = r->expires_ms,
             .commit_seq = r->commit_seq,
         };
-        id_push(c, &spec);
+        id_push(cs, c, &spec);
     }
     if (s->window != NULL) {
         const Keyflow__Records__WindowRec *w = s->window;

@@ -69,6 +69,9 @@ void kf_coords_cancel(kf_coords_t *coords, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_coords_fire(kf_coords_t *coords, kf_ctx_t *ctx, kf_timer_t *timer);
 
 uint64_t kf_coords_count(const kf_coords_t *coords);
+/* Estimated bytes of the coordinators in memory (the memory budget):
+ * whoever changes what a coordinator holds keeps this true. */
+uint64_t kf_coords_memory_bytes(const kf_coords_t *coords);
 uint64_t kf_coords_open_windows(const kf_coords_t *coords);
 
 #endif

@@ -157,6 +157,8 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
     ctx->config = config;
     ctx->store = store;
     kf_heap_init(&ctx->heap);
+    ctx->memory.budget_bytes = config->memory_budget_bytes;
+    kf_gauge_set(KF_G_MEMORY_BUDGET_BYTES, (int64_t)config->memory_budget_bytes);
     ctx->rng = kf_rng_create(config->rng_seed, config->rng_seed_len);
     core->runs = kf_runs_create();
     core->coords = kf_coords_create(core->runs);
@@ -233,10 +235,21 @@ void kf_core_destroy(kf_core_t *core) {
     free(core);
 }
 
+/* The engine's tables as the modules estimate them now (engine/ctx.h,
+ * kf_memory_t): once per group and turn, since the functions' share walks
+ * every function. */
+static void memory_refresh(kf_core_t *core) {
+    kf_memory_t *m = &core->ctx.memory;
+    m->used_bytes = kf_coords_memory_bytes(core->coords) + kf_runs_memory_bytes(core->runs) +
+                    kf_functions_memory_bytes(core->functions);
+    kf_gauge_set(KF_G_MEMORY_USED_BYTES, (int64_t)m->used_bytes);
+}
+
 void kf_core_begin(kf_core_t *core, kf_batch_t *batch, uint64_t group_id, int64_t now_ms) {
     core->ctx.batch = batch;
     core->ctx.group_id = group_id;
     core->ctx.now_ms = now_ms;
+    memory_refresh(core);
 }
 
 void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd) {
@@ -264,6 +277,7 @@ void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd) {
 
 uint32_t kf_core_tick(kf_core_t *core, uint32_t limit) {
     kf_ctx_t *ctx = &core->ctx;
+    memory_refresh(core);
     uint32_t fired = 0;
     while (fired < limit) {
         kf_timer_t *t = kf_heap_peek(&ctx->heap);

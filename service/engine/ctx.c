@@ -6,6 +6,7 @@
 #include "base/alloc.h"
 #include "base/assert.h"
 #include "base/bytes.h"
+#include "base/metrics.h"
 
 void kf_ctx_ready(kf_ctx_t *ctx, kf_cmd_t *cmd) {
     cmd->next = NULL;
@@ -104,4 +105,26 @@ void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,
         kf_heap_disarm(&ctx->heap, timer);
     }
     *stored_due_ms = new_due_ms;
+}
+
+kf_status_t kf_ctx_admit(kf_ctx_t *ctx, uint64_t bytes, const char *what, kf_error_t *err) {
+    kf_status_t st = kf_ctx_memory_check(ctx, bytes, what, err);
+    if (st == KF_OK) {
+        ctx->memory.used_bytes += bytes;
+    }
+    return st;
+}
+
+kf_status_t kf_ctx_memory_check(const kf_ctx_t *ctx, uint64_t bytes, const char *what,
+                                kf_error_t *err) {
+    const kf_memory_t *m = &ctx->memory;
+    if (m->budget_bytes == 0 || m->used_bytes + bytes <= m->budget_bytes) {
+        return KF_OK;
+    }
+    kf_counter_add(KF_C_REJECTED_MEMORY_BUDGET, 1);
+    return kf_error_set(err, KF_E_LIMIT,
+                        "memory budget: %s would take the engine's tables past --memory-budget "
+                        "%llu bytes (%llu in use); existing windows, runs and keys keep working",
+                        what, (unsigned long long)m->budget_bytes,
+                        (unsigned long long)m->used_bytes);
 }

@@ -29,6 +29,16 @@ enum {
     KF_TIMER_RUN_WAIT = 6,    /* a GetRun wait_ms deadline */
 };
 
+/* The memory budget (--memory-budget; DESIGN.md section 8): the engine's
+ * tables, in estimated bytes (docs/semantics.md, "Memory budget", lists the
+ * estimate of each kind of entry). The core sets used_bytes from the
+ * modules' estimates at the start of every group and turn; admissions in
+ * between add their own estimate, so the count only errs high. */
+typedef struct kf_memory {
+    uint64_t budget_bytes; /* 0: no budget */
+    uint64_t used_bytes;
+} kf_memory_t;
+
 typedef struct kf_ctx {
     const kf_engine_config_t *config;
     kf_store_t *store;
@@ -42,6 +52,7 @@ typedef struct kf_ctx {
     kf_cmd_t *ready_tail;
     uint8_t *scratch; /* record encoding buffer */
     size_t scratch_cap;
+    kf_memory_t memory;
 } kf_ctx_t;
 
 /* Appends a command to the ready list (its reply goes with this group). */
@@ -69,5 +80,16 @@ void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,
                         int64_t new_due_ms);
 
 #define KF_NO_WAKEUP INT64_MIN
+
+/* Admits a new entry of about `bytes` (`what` names it: "a new window"):
+ * KF_OK, counting the bytes as used until the next refresh, or KF_E_LIMIT
+ * naming the budget when they would pass it. Existing entries never come
+ * here: they keep working whatever the budget. */
+kf_status_t kf_ctx_admit(kf_ctx_t *ctx, uint64_t bytes, const char *what,
+                         kf_error_t *err) KF_MUST_USE;
+/* The same check without counting the bytes (a step checks its growth after
+ * every handler call, and counts it once it commits). */
+kf_status_t kf_ctx_memory_check(const kf_ctx_t *ctx, uint64_t bytes, const char *what,
+                                kf_error_t *err) KF_MUST_USE;
 
 #endif

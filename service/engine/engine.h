@@ -144,6 +144,9 @@ typedef struct kf_engine_config {
      * age, no bound on rows or bytes. */
     bool output_retention_set;
     kf_retention_t output_retention;
+    /* The memory budget of the engine's tables (--memory-budget, whose
+     * default main derives from the cgroup limit); 0 = none. */
+    uint64_t memory_budget_bytes;
     /* Producers idle this long are forgotten (--producer-idle-expiry-ms);
      * 0 = KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT. */
     int64_t producer_idle_expiry_ms;

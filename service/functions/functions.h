@@ -56,6 +56,9 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_trim(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+/* Estimated bytes of every function's tables (the memory budget); walks
+ * the functions (at most KF_FUNCTIONS_MAX). */
+uint64_t kf_functions_memory_bytes(const kf_functions_t *fns);
 void kf_functions_delete(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_delete_producer(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 

@@ -19,6 +19,7 @@
  *   output.c    ReadOutput: durable output, parked reads.
  *   retention.c output retention: TrimOutput, the sweep that trims.
  *   retire.c    DeleteFunction, DeleteProducer, producers' idle expiry.
+ *   memory.c    what functions hold in memory, for the memory budget.
  *   recovery.c  loading functions, state, timers and producers from the store.
  *
  * Stored layout (prefix = the function's index, u32 big-endian):
@@ -486,6 +487,19 @@ void kf__output_written(kf_functions_t *fns, function_t *fn, uint64_t group);
  * `message`, and nothing pending refers to it any more. */
 void kf__output_forget(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_status_t status,
                        const char *message);
+
+/* ---- memory.c ---------------------------------------------------------- */
+
+/* The memory budget admits a new function (its canonical descriptor's
+ * encoding is descriptor_bytes long) or a new producer: KF_E_LIMIT naming
+ * the budget when it would pass it. */
+kf_status_t kf__fn_admit(kf_ctx_t *ctx, size_t descriptor_bytes, kf_error_t *err) KF_MUST_USE;
+kf_status_t kf__producer_admit(kf_ctx_t *ctx, kf_error_t *err) KF_MUST_USE;
+/* After a handler call was applied: KF_E_LIMIT (in s->err) when the keys
+ * the step added would pass the budget. */
+kf_status_t kf__step_memory_check(const step_t *s) KF_MUST_USE;
+/* The step committed: count what it added until the next refresh. */
+void kf__step_memory_commit(step_t *s);
 
 /* ---- retire.c ---------------------------------------------------------- */
 

@@ -207,6 +207,10 @@ void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             return;
         }
     }
+    if (kf__fn_admit(ctx, len, err) != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
     function_t *fn = kf__fn_new(fns, canonical, sha, fns->next_index++, ctx->now_ms);
     Keyflow__Records__FunctionRec rec = KEYFLOW__RECORDS__FUNCTION_REC__INIT;
     rec.descriptor.data = bytes;

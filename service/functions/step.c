@@ -494,7 +494,7 @@ static kf_status_t check_limits(step_t *s) {
                             (unsigned long long)fn->state_bytes,
                             (long long)fn->limits.max_state_bytes);
     }
-    return KF_OK;
+    return kf__step_memory_check(s);
 }
 
 /* Remembers the input row of each output row a call added to the step's
@@ -935,6 +935,7 @@ static void step_finish(step_t *s, kf_status_t st) {
         fn->due_error[0] = '\0';
         int64_t first_seq, last_seq;
         commit(s, &first_seq, &last_seq);
+        kf__step_memory_commit(s);
         kf_counter_add(KF_C_EVENT_TIMERS_FIRED, (uint64_t)s->timer_callbacks);
         if (cmd != NULL) {
             Keyflow__V1__PushBatchResponse *ack = kf_arena_new(cmd->arena, sizeof *ack);
@@ -1084,6 +1085,10 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
         kf_error_set(err, KF_E_LIMIT,
                      "producer_id: at most %d producers per function (KF_PRODUCERS_MAX)",
                      KF_PRODUCERS_MAX);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (p == NULL && kf__producer_admit(ctx, err) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }

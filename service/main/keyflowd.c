@@ -31,6 +31,7 @@
 #include "base/limits.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/sysmem.h"
 #include "base/version.h"
 #include "runtime/partitions.h"
 #include "http/gateway.h"
@@ -78,6 +79,7 @@ typedef struct options {
     const char *partitions;          /* --partitions; NULL: all (or the node's) */
     const char *placement_file;      /* --placement */
     const char *node;                /* --node */
+    int64_t memory_budget_bytes;     /* --memory-budget; 0: derive the default */
 } options_t;
 
 /* Numeric flags of the engine's retention: each is also read from its
@@ -91,7 +93,7 @@ typedef struct number_flag {
     int64_t *value;
 } number_flag_t;
 
-#define NUMBER_FLAGS 4
+#define NUMBER_FLAGS 5
 
 static void number_flags(options_t *o, number_flag_t out[NUMBER_FLAGS]) {
     out[0] = (number_flag_t){"--output-retention-ms",    "KEYFLOW_OUTPUT_RETENTION_MS", false, 0,
@@ -105,6 +107,9 @@ static void number_flags(options_t *o, number_flag_t out[NUMBER_FLAGS]) {
     out[3] =
         (number_flag_t){"--producer-idle-expiry-ms",    "KEYFLOW_PRODUCER_IDLE_EXPIRY_MS", false, 1,
                         KF_PRODUCER_IDLE_EXPIRY_MS_MAX, &o->producer_idle_expiry_ms};
+    out[4] = (number_flag_t){
+        "--memory-budget",          "KEYFLOW_MEMORY_BUDGET",    true,
+        KF_MEMORY_BUDGET_BYTES_MIN, KF_MEMORY_BUDGET_BYTES_MAX, &o->memory_budget_bytes};
 }
 
 static void usage(FILE *out) {
@@ -151,6 +156,11 @@ static void usage(FILE *out) {
         "                        (default 0 = no bound)\n"
         "  --output-retention-bytes BYTES  keep at most this many stored bytes of output per\n"
         "                        function (default 0 = no bound; suffixes KiB, MiB, GiB)\n"
+        "  --memory-budget BYTES the engine's tables (windows, runs, keys, producers,\n"
+        "                        functions) in estimated bytes: a new one that would pass it\n"
+        "                        is refused RESOURCE_EXHAUSTED (HTTP 429) while existing ones\n"
+        "                        keep working (default: half the cgroup's memory limit, else\n"
+        "                        half the machine's memory; suffixes KiB, MiB, GiB)\n"
         "  --producer-idle-expiry-ms N  forget a producer (its sequence and kept acks) when\n"
         "                        no batch used it for N ms (default %lld, a week)\n"
         "  --log-level LEVEL     debug (adds a line per request), info (lifecycle events),\n"
@@ -179,7 +189,7 @@ static void usage(FILE *out) {
         "KEYFLOW_HTTP_BODY_TIMEOUT_MS, KEYFLOW_RUN_RETENTION_MS,\n"
         "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_DISK_RESERVE,\n"
         "KEYFLOW_OUTPUT_RETENTION_MS, KEYFLOW_OUTPUT_RETENTION_ROWS,\n"
-        "KEYFLOW_OUTPUT_RETENTION_BYTES, KEYFLOW_PRODUCER_IDLE_EXPIRY_MS,\n"
+        "KEYFLOW_OUTPUT_RETENTION_BYTES, KEYFLOW_PRODUCER_IDLE_EXPIRY_MS, KEYFLOW_MEMORY_BUDGET,\n"
         "KEYFLOW_LOG_LEVEL, KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
         "KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1,\n"
         "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE, KEYFLOW_ADMIN_KEY_FILE.\n",
@@ -556,6 +566,30 @@ static bool parse_args(int argc, char **argv, options_t *o) {
                           o->probe_address));
 }
 
+/* --memory-budget, or its default: a share of the cgroup's memory limit,
+ * else of the machine's memory (limits.h), logged with where it came from. */
+static uint64_t memory_budget(const options_t *o) {
+    if (o->memory_budget_bytes > 0) {
+        kf_log_kv(KF_LOG_INFO, "main", "memory budget", KF_LOG_INT("bytes", o->memory_budget_bytes),
+                  KF_LOG_STR("from", "--memory-budget"));
+        return (uint64_t)o->memory_budget_bytes;
+    }
+    char source[256];
+    uint64_t limit =
+        kf_cgroup_memory_limit("/proc/self/cgroup", "/sys/fs/cgroup", source, sizeof source);
+    if (limit == 0) {
+        limit = kf_physical_memory_bytes();
+        snprintf(source, sizeof source, "the machine's memory (no cgroup limit)");
+    }
+    uint64_t budget = limit / 100 * KF_MEMORY_BUDGET_SHARE_PERCENT;
+    if (budget < (uint64_t)KF_MEMORY_BUDGET_BYTES_MIN) {
+        budget = KF_MEMORY_BUDGET_BYTES_MIN;
+    }
+    kf_log_kv(KF_LOG_INFO, "main", "memory budget", KF_LOG_INT("bytes", (int64_t)budget),
+              KF_LOG_INT("limit_bytes", (int64_t)limit), KF_LOG_STR("from", source));
+    return budget;
+}
+
 /* API keys are required when anyone but this machine can reach a listener,
  * unless the operator says otherwise in so many words (and the log says
  * so at every start). */
@@ -788,6 +822,7 @@ int main(int argc, char **argv) {
                 .output_retention = {o.output_retention_ms, o.output_retention_rows,
                                      o.output_retention_bytes},
                 .producer_idle_expiry_ms = o.producer_idle_expiry_ms,
+                .memory_budget_bytes = memory_budget(&o),
                 .plugin_dir = o.plugin_dir,
                 .auth = auth,
                 .bootstrap_key_path =

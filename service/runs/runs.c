@@ -355,6 +355,30 @@ static run_t *run_from_rec(const Keyflow__Records__RunRec *rec) {
     return r;
 }
 
+/* Estimated bytes a run holds (the memory budget; docs/semantics.md,
+ * "Memory budget"): its struct and map slot, and each string with
+ * malloc's 16-byte header. A result or error comes with the run's end,
+ * after which the run leaves memory once its write is durable. */
+static size_t run_bytes(const run_t *r) {
+    size_t n = sizeof *r + 2 * sizeof(void *) + 4 * 16 + strlen(r->run_id) + strlen(r->workflow) +
+               strlen(r->key) + strlen(r->input);
+    for (uint32_t i = 0; i < r->event_id_count; i++) {
+        n += 16 + sizeof(char *) + strlen(r->event_ids[i]);
+    }
+    return n;
+}
+
+/* Enters a run in the table, counting its memory. */
+static void run_insert(kf_runs_t *rs, run_t *r) {
+    kf_map_insert(&rs->by_id, &r->node, r->run_id, strlen(r->run_id));
+    r->memory_bytes = run_bytes(r);
+    rs->memory_bytes += r->memory_bytes;
+}
+
+uint64_t kf_runs_memory_bytes(const kf_runs_t *rs) {
+    return rs->memory_bytes;
+}
+
 static void run_free(run_t *r) {
     free(r->run_id);
     free(r->workflow);
@@ -643,7 +667,7 @@ uint64_t kf_runs_start(kf_runs_t *rs, kf_ctx_t *ctx, const kf_run_spec_t *spec) 
     set_event_ids(r, spec->event_ids, spec->event_id_count, spec->event_ids_dropped);
     r->created_ms = r->updated_ms = ctx->now_ms;
     r->seq = rs->next_seq++;
-    kf_map_insert(&rs->by_id, &r->node, r->run_id, strlen(r->run_id));
+    run_insert(rs, r);
     group_join(rs, r);
 
     uint8_t seq_be[8];
@@ -675,6 +699,7 @@ static void run_forget(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
     kf_heap_disarm(&ctx->heap, &r->timer);
     evict_unlink(rs, r);
     kf_map_remove(&rs->by_id, &r->node);
+    rs->memory_bytes -= r->memory_bytes;
     run_free(r);
 }
 
@@ -866,7 +891,7 @@ kf_status_t kf_runs_recover(kf_runs_t *rs, kf_ctx_t *ctx, kf_error_t *err) {
         }
         run_t *r = run_from_rec(rec);
         keyflow__records__run_rec__free_unpacked(rec, NULL);
-        kf_map_insert(&rs->by_id, &r->node, r->run_id, strlen(r->run_id));
+        run_insert(rs, r);
         group_join(rs, r);
         switch (r->status) {
         case ST_PENDING: enqueue(rs, r); break;

@@ -139,6 +139,10 @@ typedef struct kf_run_spec {
 } kf_run_spec_t;
 
 /* True when one more live run would pass KF_LIVE_RUNS_MAX. */
+/* Estimated bytes of the runs in memory (the memory budget): whoever
+ * changes what a run holds keeps this true. */
+uint64_t kf_runs_memory_bytes(const kf_runs_t *runs);
+
 bool kf_runs_full(const kf_runs_t *runs);
 /* True when `count` more live runs fit under KF_LIVE_RUNS_MAX. */
 bool kf_runs_room(const kf_runs_t *runs, uint32_t count);

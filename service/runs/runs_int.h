@@ -80,6 +80,7 @@ typedef struct run {
                                   a tombstone until the deletion is (kf_runs_fire) */
     struct run *evict_prev;    /* finished, waiting for durability */
     struct run *evict_next;
+    size_t memory_bytes; /* counted in kf_runs.memory_bytes while in by_id */
 } run_t;
 
 /* Ready pending runs of one workflow, oldest (lowest run sequence) first. */
@@ -148,6 +149,7 @@ struct kf_runs {
     run_t *evict_tail;
     kf_key_t sweep_cursor; /* wake-ups before it were swept */
     bool sweep_started;
+    uint64_t memory_bytes; /* of the runs in by_id (the memory budget) */
 };
 
 /* ---- runs.c: the table and its state changes ---------------------------- */

@@ -422,6 +422,9 @@ kf_status_t kf_partitions_open(const kf_partitions_options_t *o, kf_partitions_t
             }
             if (st == KF_OK) {
                 ps->configs[p] = o->engine;
+                /* The process's memory budget, shared by its partitions. */
+                ps->configs[p].memory_budget_bytes =
+                    o->engine.memory_budget_bytes / kf_partition_set_size(&served);
                 ps->configs[p].partition_index = p;
                 ps->configs[p].partition_count = ps->count;
                 ps->configs[p].metrics_slot = p + 1;
@@ -436,6 +439,7 @@ kf_status_t kf_partitions_open(const kf_partitions_options_t *o, kf_partitions_t
         if (st == KF_OK) {
             path_of(path, sizeof path, "%s/home", o->data_dir);
             st = open_store(ps, path, &ps->home_store, err);
+            ps->home_config.memory_budget_bytes = 0; /* API keys only: nothing to budget */
         }
         if (st == KF_OK) {
             st = open_engine(ps, &ps->home_config, ps->home_store, &ps->home, err);

@@ -12,6 +12,7 @@
 
 #include "../engine/sim.h"
 #include "base/crypto.h"
+#include "base/metrics.h"
 #include "keyflow/v1/functions.pb-c.h"
 
 static sim_t sim;
@@ -525,4 +526,50 @@ Test(retire, idle_producers_expire_oldest_first_across_restarts) {
     sim_advance(&sim, sim.now_ms + 30000);
     cr_assert_eq(info("f")->producers, 0);
     cr_assert_eq(stored(KF_CF_PRODUCERS), 0);
+}
+
+/* ---- the memory budget --------------------------------------------------- */
+
+static int64_t memory_used(void) {
+    sim_advance(&sim, sim.now_ms); /* a turn refreshes the count */
+    return kf_gauge_get(KF_G_MEMORY_USED_BYTES);
+}
+
+static kf_cmd_t *push_key(const char *producer, int64_t seq, int key) {
+    char rows[128];
+    snprintf(rows, sizeof rows, "[{\"k\":\"key%d\",\"ts\":10,\"mode\":\"ok\",\"amount\":1}]", key);
+    return push("f", producer, seq, rows);
+}
+
+Test(retire, the_memory_budget_admits_only_new_keys_producers_and_functions) {
+    register_ok(descriptor("f", "f.v1"));
+    cr_assert_eq(push_key("p", 1, 0)->error.status, KF_OK);
+    int64_t one_key = memory_used();
+    cr_assert_eq(push_key("p", 2, 1)->error.status, KF_OK);
+    int64_t per_key = memory_used() - one_key;
+    cr_assert_gt(per_key, 0);
+    /* Room for about three more keys. */
+    sim.config.memory_budget_bytes = (uint64_t)(memory_used() + 3 * per_key + per_key / 2);
+    sim_crash(&sim);
+    cr_assert_eq(kf_gauge_get(KF_G_MEMORY_BUDGET_BYTES), (int64_t)sim.config.memory_budget_bytes);
+    int64_t seq = 3, key = 2;
+    kf_cmd_t *c;
+    while ((c = push_key("p", seq, (int)key))->error.status == KF_OK) {
+        seq++, key++;
+        cr_assert_lt(key, 100, "the budget never refused a key");
+    }
+    cr_assert_eq(key, 5, "three more keys fit");
+    cr_assert_eq(c->error.status, KF_E_LIMIT);
+    cr_assert(strstr(c->error.message, "memory budget: new keys") != NULL, "%s", c->error.message);
+    cr_assert_eq(info("f")->keys, 5, "the refused batch applied nothing");
+    cr_assert_eq(push_key("p", seq, 0)->error.status, KF_OK, "an existing key keeps working");
+    c = push_key("q", 1, 1);
+    cr_assert_eq(c->error.status, KF_E_LIMIT);
+    cr_assert(strstr(c->error.message, "a new producer") != NULL, "%s", c->error.message);
+    c = register_fn(descriptor("g", "g.v1"));
+    cr_assert_eq(c->error.status, KF_E_LIMIT);
+    cr_assert(strstr(c->error.message, "a new function") != NULL, "%s", c->error.message);
+    /* Retiring makes room again. */
+    cr_assert_eq(delete_fn("f", false)->error.status, KF_OK);
+    register_ok(descriptor("g", "g.v1"));
 }
