@@ -56,7 +56,7 @@ int main(void) {
     double t0 = now_s();
     for (int i = 0; i < CALLS; i++) {
         kf_principal_t *p;
-        if (kf_auth_authenticate(auth, send->scope, header, len, &p, &err) != KF_OK ||
+        if (kf_auth_authenticate(auth, send->scope, header, len, 1, &p, &err) != KF_OK ||
             kf_auth_authorize(p, send, NULL, &err) != KF_OK ||
             kf_auth_authorize(p, send, &req.base, &err) != KF_OK) {
             fprintf(stderr, "kf_authbench: refused: %s\n", err.message);

@@ -297,14 +297,20 @@ bool kf_api_key_parse(const char *text, size_t len, char id[KF_API_KEY_ID_CHARS 
 }
 
 kf_status_t kf_auth_authenticate(kf_auth_t *auth, kf_scope_t scope, const char *authorization,
-                                 size_t len, kf_principal_t **out, kf_error_t *err) {
+                                 size_t len, size_t count, kf_principal_t **out, kf_error_t *err) {
     *out = NULL;
     if (!auth->enabled || scope == KF_SCOPE_NONE) {
         return KF_OK;
     }
-    if (authorization == NULL) {
+    if (authorization == NULL || count == 0) {
         return kf_error_set(err, KF_E_UNAUTHENTICATED,
                             "authorization: missing; send \"authorization: Bearer <API key>\"");
+    }
+    if (count > 1) {
+        return kf_error_set(err, KF_E_UNAUTHENTICATED,
+                            "authorization: sent %zu times; send exactly one "
+                            "\"authorization: Bearer <API key>\"",
+                            count);
     }
     /* RFC 7235: the scheme is case-insensitive; one space before the token. */
     static const char scheme[] = "Bearer ";

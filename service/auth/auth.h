@@ -128,15 +128,20 @@ void kf_api_key_format(const char *key_id, const uint8_t secret[KF_API_KEY_SECRE
 
 /*
  * Authentication for a call of an RPC that needs `scope`. `authorization`
- * is the header's value (len bytes, not NUL-terminated; NULL when absent).
+ * is the first authorization header's value (len bytes, not NUL-terminated;
+ * NULL when absent) and `count` how many authorization headers the call
+ * carried: more than one is refused, never resolved by taking one of them
+ * (a proxy and a client that disagree on which one counts must not make
+ * two different callers of one request).
  * On KF_OK *out is the caller's principal with a reference the caller
  * drops (kf_principal_unref), or NULL when auth is off or the scope is
- * KF_SCOPE_NONE. Errors: KF_E_UNAUTHENTICATED (no header, not a bearer
- * keyflow key, unknown or revoked key: the message says which, without
- * telling an unknown key from a wrong secret). Any thread.
+ * KF_SCOPE_NONE. Errors: KF_E_UNAUTHENTICATED (no header, several, not a
+ * bearer keyflow key, unknown or revoked key: the message says which,
+ * without telling an unknown key from a wrong secret). Any thread.
  */
 kf_status_t kf_auth_authenticate(kf_auth_t *auth, kf_scope_t scope, const char *authorization,
-                                 size_t len, kf_principal_t **out, kf_error_t *err) KF_MUST_USE;
+                                 size_t len, size_t count, kf_principal_t **out,
+                                 kf_error_t *err) KF_MUST_USE;
 
 /*
  * Authorization of a decoded request of `method` (its row's scope and

@@ -471,8 +471,13 @@ static bool authenticate(kf_gateway_t *gw, h2o_req_t *req, kf_scope_t scope,
     ssize_t i = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, -1);
     const char *value = i >= 0 ? req->headers.entries[i].value.base : NULL;
     size_t len = i >= 0 ? req->headers.entries[i].value.len : 0;
+    size_t count = 0;
+    for (ssize_t at = i; at >= 0;
+         at = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, at)) {
+        count++;
+    }
     kf_error_t err;
-    if (kf_auth_authenticate(gw->auth, scope, value, len, principal, &err) != KF_OK) {
+    if (kf_auth_authenticate(gw->auth, scope, value, len, count, principal, &err) != KF_OK) {
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_WWW_AUTHENTICATE, NULL,
                        H2O_STRLIT("Bearer realm=\"keyflow\""));
         send_error(req, err.status, err.message, 0);

@@ -1158,16 +1158,16 @@ static bool authenticate(call_t *c) {
         return true;
     }
     const char *value = NULL;
-    size_t len = 0;
+    size_t len = 0, count = 0;
     for (size_t i = 0; i < c->metadata.count; i++) {
-        if (grpc_slice_str_cmp(c->metadata.metadata[i].key, "authorization") == 0) {
+        if (grpc_slice_str_cmp(c->metadata.metadata[i].key, "authorization") == 0 && count++ == 0) {
             value = (const char *)GRPC_SLICE_START_PTR(c->metadata.metadata[i].value);
             len = GRPC_SLICE_LENGTH(c->metadata.metadata[i].value);
-            break;
         }
     }
     kf_error_t err;
-    if (kf_auth_authenticate(auth, c->method->scope, value, len, &c->principal, &err) != KF_OK ||
+    if (kf_auth_authenticate(auth, c->method->scope, value, len, count, &c->principal, &err) !=
+            KF_OK ||
         kf_auth_authorize(c->principal, c->method, NULL, &err) != KF_OK) {
         send_reply(c, err.status, err.message, NULL);
         return false;

@@ -480,6 +480,34 @@ class AuthTest(unittest.TestCase):
                 self.create_key("bad", [grant])
             self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
 
+    # --- malformed headers ------------------------------------------------------
+    def test_two_authorization_headers_are_refused(self):
+        """Two keys in one request: refused (401), never first- or last-wins,
+        whichever of them is the good one."""
+        import http.client
+        _, reader = self.create_key("reader", [("runs:read", "")])
+        bad = "kf_%s_%s" % (secrets.token_hex(8), secrets.token_hex(32))
+        for pair in ((reader, bad), (bad, reader), (reader, reader)):
+            conn = http.client.HTTPConnection("127.0.0.1", self.server.http_port, timeout=10)
+            conn.putrequest("GET", "/v1/runs")
+            for key in pair:
+                conn.putheader("Authorization", bearer(key))
+            conn.endheaders()
+            resp = conn.getresponse()
+            body = json.loads(resp.read())
+            conn.close()
+            self.assertEqual(resp.status, 401, body)
+            self.assertIn("sent 2 times", body["message"])
+            md = [("authorization", bearer(k)) for k in pair]
+            with self.assertRaises(grpc.RpcError) as cm:
+                self.admin.channel.unary_unary(
+                    "/keyflow.v1.Runs/ListRuns", request_serializer=lambda m: m.SerializeToString(),
+                    response_deserializer=R.ListRunsResponse.FromString)(
+                    R.ListRunsRequest(), metadata=md, timeout=TIMEOUT_S)
+            self.assertEqual(cm.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+            self.assertIn("sent 2 times", cm.exception.details())
+        self.assertEqual(self.http("GET", "/v1/runs", None, reader), 200)
+
     # --- malformed streams ------------------------------------------------------
     def test_a_result_before_any_hello_ends_only_that_stream(self):
         """Workers/Serve's resource is hello.function_id, a oneof member: a

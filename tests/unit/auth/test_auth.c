@@ -45,8 +45,8 @@ static kf_auth_t *registry(const kf_grant_t *grants, size_t n,
 
 static kf_status_t authenticate(kf_auth_t *auth, const char *header, kf_principal_t **p,
                                 kf_error_t *err) {
-    return kf_auth_authenticate(auth, KF_SCOPE_RUNS_READ, header, header ? strlen(header) : 0, p,
-                                err);
+    return kf_auth_authenticate(auth, KF_SCOPE_RUNS_READ, header, header ? strlen(header) : 0,
+                                header ? 1 : 0, p, err);
 }
 
 Test(auth, authentication_accepts_only_the_right_bearer_key) {
@@ -82,6 +82,14 @@ Test(auth, authentication_accepts_only_the_right_bearer_key) {
     cr_assert_eq(authenticate(auth, wrong, &p, &err), KF_E_UNAUTHENTICATED);
     cr_assert(strstr(err.message, "unknown or revoked") != NULL);
     cr_assert_null(p);
+    /* Two authorization headers, even two good ones: refused, never one of
+     * them picked. */
+    snprintf(header, sizeof header, "Bearer %s", text);
+    cr_assert_eq(
+        kf_auth_authenticate(auth, KF_SCOPE_RUNS_READ, header, strlen(header), 2, &p, &err),
+        KF_E_UNAUTHENTICATED);
+    cr_assert(strstr(err.message, "sent 2 times") != NULL, "%s", err.message);
+    cr_assert_null(p);
     /* Revoked: the next call is refused. */
     cr_assert(kf_auth_remove(auth, "0123456789abcdef"));
     cr_assert_not(kf_auth_remove(auth, "0123456789abcdef"));
@@ -93,13 +101,13 @@ Test(auth, no_key_is_needed_when_off_or_for_health) {
     kf_auth_t *off = kf_auth_create(false);
     kf_principal_t *p = (kf_principal_t *)1;
     kf_error_t err;
-    cr_assert_eq(kf_auth_authenticate(off, KF_SCOPE_KEYS_ADMIN, NULL, 0, &p, &err), KF_OK);
+    cr_assert_eq(kf_auth_authenticate(off, KF_SCOPE_KEYS_ADMIN, NULL, 0, 0, &p, &err), KF_OK);
     cr_assert_null(p);
     kf_auth_destroy(off);
     kf_grant_t g = {.scope = KF_SCOPE_RUNS_READ};
     char text[KF_API_KEY_TEXT_BYTES + 1];
     kf_auth_t *on = registry(&g, 1, text);
-    cr_assert_eq(kf_auth_authenticate(on, KF_SCOPE_NONE, NULL, 0, &p, &err), KF_OK);
+    cr_assert_eq(kf_auth_authenticate(on, KF_SCOPE_NONE, NULL, 0, 0, &p, &err), KF_OK);
     cr_assert_null(p);
     kf_auth_destroy(on);
 }
@@ -132,8 +140,9 @@ Test(auth, grants_and_name_prefixes) {
     snprintf(header, sizeof header, "Bearer %s", text);
     kf_principal_t *p;
     kf_error_t err;
-    cr_assert_eq(kf_auth_authenticate(auth, KF_SCOPE_EVENTS_SEND, header, strlen(header), &p, &err),
-                 KF_OK);
+    cr_assert_eq(
+        kf_auth_authenticate(auth, KF_SCOPE_EVENTS_SEND, header, strlen(header), 1, &p, &err),
+        KF_OK);
     const kf_method_t *send = method("/keyflow.v1.Coordinators/SendEvent");
     Keyflow__V1__SendEventRequest req = KEYFLOW__V1__SEND_EVENT_REQUEST__INIT;
     req.workflow = "orders-eu";
@@ -181,8 +190,8 @@ Test(auth, grants_and_name_prefixes) {
     kf_grant_t limited = {.scope = KF_SCOPE_RUNS_WORK, .prefix = "jobs-"};
     auth = registry(&limited, 1, text);
     snprintf(header, sizeof header, "Bearer %s", text);
-    cr_assert_eq(kf_auth_authenticate(auth, KF_SCOPE_RUNS_WORK, header, strlen(header), &p, &err),
-                 KF_OK);
+    cr_assert_eq(
+        kf_auth_authenticate(auth, KF_SCOPE_RUNS_WORK, header, strlen(header), 1, &p, &err), KF_OK);
     cr_assert_eq(kf_auth_authorize(p, poll, &pr.base, &err), KF_E_PERMISSION);
     cr_assert(strstr(err.message, "empty means every") != NULL, "%s", err.message);
     char *workflows[2] = {"jobs-a", "other"};
@@ -223,7 +232,7 @@ Test(auth, a_resource_path_through_an_unset_oneof_member_is_refused) {
     kf_principal_t *p;
     kf_error_t err;
     cr_assert_eq(
-        kf_auth_authenticate(auth, KF_SCOPE_FUNCTIONS_SERVE, header, strlen(header), &p, &err),
+        kf_auth_authenticate(auth, KF_SCOPE_FUNCTIONS_SERVE, header, strlen(header), 1, &p, &err),
         KF_OK);
     const kf_method_t *serve = method("/keyflow.v1.Workers/Serve");
     Keyflow__V1__CallResult result = KEYFLOW__V1__CALL_RESULT__INIT;
@@ -249,7 +258,7 @@ Test(auth, a_resource_path_through_an_unset_oneof_member_is_refused) {
     auth = registry(&limited, 1, text);
     snprintf(header, sizeof header, "Bearer %s", text);
     cr_assert_eq(
-        kf_auth_authenticate(auth, KF_SCOPE_FUNCTIONS_SERVE, header, strlen(header), &p, &err),
+        kf_auth_authenticate(auth, KF_SCOPE_FUNCTIONS_SERVE, header, strlen(header), 1, &p, &err),
         KF_OK);
     m.message_case = KEYFLOW__V1__WORKER_MESSAGE__MESSAGE_RESULT;
     m.result = &result;
