@@ -208,15 +208,15 @@ static kf_status_t check_run_ref(const char *run_id, const char *lease, bool nee
 }
 
 /* The caller's grants cover the run's workflow (the request names only the
- * run). On refusal cmd->error is set. */
+ * run). On refusal cmd->error is set to exactly what an unknown run id gets
+ * (docs/security.md): a key limited to other workflows learns neither that
+ * the run exists nor which workflow it belongs to. */
 static bool workflow_allowed(kf_cmd_t *cmd, kf_scope_t scope, const char *run_id,
                              const char *workflow) {
     if (kf_principal_allows(cmd->principal, scope, workflow)) {
         return true;
     }
-    kf_error_set(&cmd->error, KF_E_PERMISSION,
-                 "run_id: run %s belongs to workflow \"%s\", outside this API key's %s grants",
-                 run_id, workflow, kf_scope_name(scope));
+    kf_error_set(&cmd->error, KF_E_NOT_FOUND, "run_id: no run %s", run_id);
     return false;
 }
 

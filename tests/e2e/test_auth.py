@@ -51,6 +51,7 @@ FN = "neg-fn"          # the function every rule aims at
 OTHER_PREFIX = "zz-"   # the prefix of the "other tenant" key
 DENIED = "denied"      # expected outcome of a call
 FILTERED = "filtered"
+HIDDEN = "hidden"      # NOT_FOUND, as for an id that does not exist
 
 
 def proto_rpcs():
@@ -90,8 +91,8 @@ class Ctx:
 # request(ctx) -> the request message; snapshot(ctx, admin) -> what an admin
 # reads before and after a refused call (None: a read, nothing to compare);
 # http: [(METHOD, path, body dict or None)] for each REST route of the RPC;
-# prefix: what a key limited to OTHER_PREFIX gets (DENIED, FILTERED, or None
-# when the scope takes no prefix).
+# prefix: what a key limited to OTHER_PREFIX gets (DENIED, FILTERED, HIDDEN
+# for a run id of another workflow, or None when the scope takes no prefix).
 
 def snap_coord(kind, key):
     def snap(ctx, admin):
@@ -173,24 +174,24 @@ RULES = {
         http=lambda c: [("POST", "/v1/runs:poll", {"workflows": [WF], "workerId": "mallory"})]),
     "/keyflow.v1.Runs/HeartbeatRun": dict(
         request=lambda c: R.HeartbeatRunRequest(run_id=c.leased_run, lease=c.lease),
-        snapshot=snap_run("leased_run"), prefix=DENIED,
+        snapshot=snap_run("leased_run"), prefix=HIDDEN,
         http=lambda c: [("POST", "/v1/runs/%s:heartbeat" % c.leased_run, {"lease": c.lease})]),
     "/keyflow.v1.Runs/CompleteRun": dict(
         request=lambda c: R.CompleteRunRequest(run_id=c.leased_run, lease=c.lease,
                                                result_json='"forged"'),
-        snapshot=snap_run("leased_run"), prefix=DENIED,
+        snapshot=snap_run("leased_run"), prefix=HIDDEN,
         http=lambda c: [("POST", "/v1/runs/%s:complete" % c.leased_run,
                          {"lease": c.lease, "result": "forged"})]),
     "/keyflow.v1.Runs/ReleaseRun": dict(
         request=lambda c: R.ReleaseRunRequest(run_id=c.leased_run, lease=c.lease),
-        snapshot=snap_run("leased_run"), prefix=DENIED,
+        snapshot=snap_run("leased_run"), prefix=HIDDEN,
         http=lambda c: [("POST", "/v1/runs/%s:release" % c.leased_run, {"lease": c.lease})]),
     "/keyflow.v1.Runs/CancelRun": dict(
         request=lambda c: R.CancelRunRequest(run_id=c.pending_run),
-        snapshot=snap_run("pending_run"), prefix=DENIED,
+        snapshot=snap_run("pending_run"), prefix=HIDDEN,
         http=lambda c: [("POST", "/v1/runs/%s:cancel" % c.pending_run, {})]),
     "/keyflow.v1.Runs/GetRun": dict(
-        request=lambda c: R.GetRunRequest(run_id=c.leased_run), snapshot=None, prefix=DENIED,
+        request=lambda c: R.GetRunRequest(run_id=c.leased_run), snapshot=None, prefix=HIDDEN,
         http=lambda c: [("GET", "/v1/runs/%s" % c.leased_run, None)]),
     "/keyflow.v1.Runs/ListRuns": dict(
         request=lambda c: R.ListRunsRequest(workflow=WF), snapshot=None, prefix=DENIED,
@@ -433,6 +434,8 @@ class AuthTest(unittest.TestCase):
                      (lacking[row["scope"]], grpc.StatusCode.PERMISSION_DENIED, 403)]
             if rule["prefix"] == DENIED:
                 cases.append((prefixed, grpc.StatusCode.PERMISSION_DENIED, 403))
+            elif rule["prefix"] == HIDDEN:
+                cases.append((prefixed, grpc.StatusCode.NOT_FOUND, 404))
             http_calls = rule["http"](ctx)
             for method, concrete, _ in http_calls:
                 matched = [r for r in self.routes if r["rpc"] == path and r["http_method"] == method
@@ -479,6 +482,43 @@ class AuthTest(unittest.TestCase):
             with self.assertRaises(grpc.RpcError) as cm:
                 self.create_key("bad", [grant])
             self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+
+    def test_another_workflows_run_answers_like_an_unknown_one(self):
+        """A key limited to other workflows learns neither that a run id
+        exists nor its workflow: the answer is the unknown id's NOT_FOUND."""
+        self.admin.call("/keyflow.v1.Coordinators/SendEvent", C.SendEventRequest(
+            workflow="b1-payroll", key="k", event=C.Event(input_json="1", rule=C.Rule(
+                kind=C.RULE_KIND_BATCH, max_events=1))))
+        run = self.admin.call("/keyflow.v1.Runs/PollRuns", R.PollRunsRequest(
+            workflows=["b1-payroll"], worker_id="admin", lease_ms=600000)).runs[0]
+        unknown_id = "k@00000000-0000-4000-8000-000000000000"
+        _, other = self.create_key("tenant a", [("runs:read", "a"), ("runs:work", "a"),
+                                                ("coordinators:write", "a")])
+        c = Client(self.server.grpc_target, self.rows, other)
+        self.addCleanup(c.close)
+        calls = [("/keyflow.v1.Runs/GetRun", lambda rid: R.GetRunRequest(run_id=rid)),
+                 ("/keyflow.v1.Runs/HeartbeatRun",
+                  lambda rid: R.HeartbeatRunRequest(run_id=rid, lease=run.lease)),
+                 ("/keyflow.v1.Runs/CompleteRun",
+                  lambda rid: R.CompleteRunRequest(run_id=rid, lease=run.lease, result_json="1")),
+                 ("/keyflow.v1.Runs/ReleaseRun",
+                  lambda rid: R.ReleaseRunRequest(run_id=rid, lease=run.lease)),
+                 ("/keyflow.v1.Runs/CancelRun", lambda rid: R.CancelRunRequest(run_id=rid))]
+        for path, request in calls:
+            answers = []
+            for rid in (run.run_id, unknown_id):
+                with self.assertRaises(grpc.RpcError) as cm:
+                    c.call(path, request(rid))
+                answers.append((cm.exception.code(), cm.exception.details().replace(rid, "ID")))
+                self.assertNotIn("payroll", cm.exception.details())
+            self.assertEqual(answers[0], answers[1], path)
+            self.assertEqual(answers[0][0], grpc.StatusCode.NOT_FOUND, path)
+            status, body = self.server.http("GET", "/v1/runs/%s" % run.run_id,
+                                            headers={"Authorization": bearer(other)})
+            self.assertEqual(status, 404, body)
+            self.assertNotIn("payroll", json.dumps(body))
+        leased = self.admin.call("/keyflow.v1.Runs/GetRun", R.GetRunRequest(run_id=run.run_id))
+        self.assertEqual(leased.status, R.RUN_STATUS_LEASED)
 
     # --- malformed headers ------------------------------------------------------
     def test_two_authorization_headers_are_refused(self):
