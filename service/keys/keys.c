@@ -472,6 +472,11 @@ static kf_status_t check_grants(const Keyflow__V1__CreateKeyRequest *req, kf_gra
     return KF_OK;
 }
 
+/* Who created or revoked a key, for the log. */
+static const char *by_whom(const kf_cmd_t *cmd) {
+    return cmd->principal != NULL ? kf_principal_id(cmd->principal) : "(no key: auth off)";
+}
+
 void kf_keys_create_key(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__CreateKeyRequest *req = (const void *)cmd->request;
     kf_error_t *err = &cmd->error;
@@ -501,8 +506,11 @@ void kf_keys_create_key(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
                                  kf_principal_id(cmd->principal), NULL, NULL, resp->api_key);
     resp->key = key_to_pb(cmd->arena, p);
     detach(cmd->arena, resp->key);
-    kf_log(KF_LOG_INFO, "keys", "created API key %s \"%s\" by %s", kf_principal_id(p), req->name,
-           cmd->principal != NULL ? kf_principal_id(cmd->principal) : "(no key: auth off)");
+    /* The name is the caller's text: a field, which the log quotes and
+     * escapes, so that no name can end its quotes and forge the rest of the
+     * line (or another line). */
+    kf_log_kv(KF_LOG_INFO, "keys", "created API key", KF_LOG_STR("key_id", kf_principal_id(p)),
+              KF_LOG_STR("name", req->name), KF_LOG_STR("by", by_whom(cmd)));
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);
 }
@@ -562,9 +570,8 @@ void kf_keys_revoke(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     keyflow__v1__revoke_key_response__init(resp);
     resp->key = key_to_pb(cmd->arena, p);
     detach(cmd->arena, resp->key);
-    kf_log(KF_LOG_INFO, "keys", "revoked API key %s \"%s\" by %s", kf_principal_id(p),
-           kf_principal_name(p),
-           cmd->principal != NULL ? kf_principal_id(cmd->principal) : "(no key: auth off)");
+    kf_log_kv(KF_LOG_INFO, "keys", "revoked API key", KF_LOG_STR("key_id", kf_principal_id(p)),
+              KF_LOG_STR("name", kf_principal_name(p)), KF_LOG_STR("by", by_whom(cmd)));
     KF_ASSERT(kf_auth_remove(keys->auth, kf_principal_id(p)));
     keys->list[index] = keys->list[--keys->count];
     /* Keep the list oldest first. */

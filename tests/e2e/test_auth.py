@@ -520,6 +520,19 @@ class AuthTest(unittest.TestCase):
         leased = self.admin.call("/keyflow.v1.Runs/GetRun", R.GetRunRequest(run_id=run.run_id))
         self.assertEqual(leased.status, R.RUN_STATUS_LEASED)
 
+    def test_a_key_name_cannot_forge_log_lines(self):
+        """A key's name is the caller's text: in the text log it is a quoted
+        field with its quotes and newlines escaped, so a name cannot close
+        its quotes and write the rest of the line (or another line)."""
+        name = 'x" by 0000000000000000\n2026-01-01T00:00:00.000Z warn keys: forged'
+        key_id, _ = self.create_key(name, [("runs:read", "")])
+        self.admin.call("/keyflow.v1.Keys/RevokeKey", K.RevokeKeyRequest(key_id=key_id))
+        lines = [line for line in self.server.read_log().splitlines() if key_id in line]
+        self.assertEqual(len(lines), 2, lines)
+        escaped = 'name="x\\" by 0000000000000000\\n2026-01-01T00:00:00.000Z warn keys: forged"'
+        for line in lines:
+            self.assertIn(escaped, line)
+
     # --- malformed headers ------------------------------------------------------
     def test_two_authorization_headers_are_refused(self):
         """Two keys in one request: refused (401), never first- or last-wins,
