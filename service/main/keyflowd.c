@@ -660,7 +660,8 @@ static bool write_port_file(const char *path, int grpc_port, int http_port, int 
     return ok && rename(tmp, path) == 0; /* readers never see a partial file */
 }
 
-/* mkdir -p: the data directory and any missing parents. */
+/* mkdir -p: the data directory (0700: it holds every input and the key
+ * hashes) and any missing parents (0755, as mkdir -p makes them). */
 static bool make_dirs(const char *path) {
     char buf[4096];
     size_t n = strlen(path);
@@ -673,7 +674,7 @@ static bool make_dirs(const char *path) {
         if (buf[i] == '/' || buf[i] == '\0') {
             char saved = buf[i];
             buf[i] = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+            if (mkdir(buf, saved == '\0' ? 0700 : 0755) != 0 && errno != EEXIST) {
                 return false;
             }
             buf[i] = saved;
@@ -781,9 +782,27 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     main_thread = pthread_self();
 
+    /* Every file keyflowd creates is its user's alone: RocksDB creates its
+     * files (tables, WAL, manifest, LOG) with 0644 less the umask, and has
+     * no option for a mode, so the umask is what makes them 0600. */
+    mode_t inherited = umask(0077);
+    umask(inherited | 0077);
     if (!make_dirs(o.data_dir)) {
         kf_log(KF_LOG_ERROR, "main", "cannot create %s: %s", o.data_dir, strerror(errno));
         return 1;
+    }
+    struct stat st_data;
+    if (stat(o.data_dir, &st_data) == 0 &&
+        ((st_data.st_mode & 0007) != 0 ||
+         ((st_data.st_mode & 0070) != 0 && st_data.st_gid != getegid()))) {
+        /* Not changed behind the operator's back (a volume may be shared on
+         * purpose), but said: other users can read what it holds. Access for
+         * keyflowd's own group (the image's 0750, a pod's fsGroup) is not
+         * "other users". */
+        kf_log(KF_LOG_WARN, "main",
+               "data directory %s is accessible to other users (mode %03o); "
+               "chmod 700 it unless that is intended",
+               o.data_dir, (unsigned)(st_data.st_mode & 0777));
     }
     kf_error_t err;
     kf_tls_t *tls = NULL;

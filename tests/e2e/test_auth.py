@@ -734,6 +734,42 @@ class AdminKeyFileTest(unittest.TestCase):
         self.assertIn("kf_<16 hex digits>", out.stderr)
 
 
+class DataDirectoryModeTest(unittest.TestCase):
+    """The data directory holds every input and the key hashes: keyflowd
+    creates it 0700 and its files 0600 (RocksDB's too), whatever umask it
+    was started with."""
+
+    def test_the_store_is_private_to_keyflowds_user(self):
+        old = os.umask(0o022)
+        self.addCleanup(os.umask, old)
+        server = harness.Keyflowd(args=["--auth"]).start()
+        self.addCleanup(server.cleanup)
+        db = os.path.join(server.data_dir, "db")
+        self.assertEqual(os.stat(db).st_mode & 0o777, 0o700)
+        self.assertEqual(server.http("GET", "/healthz")[0], 200)
+        self.assertEqual(server.stop(), 0)  # RocksDB has written its files
+        files = 0
+        for base, dirs, names in os.walk(db):
+            for d in dirs:
+                self.assertEqual(os.stat(os.path.join(base, d)).st_mode & 0o077, 0, d)
+            for n in names:
+                mode = os.stat(os.path.join(base, n)).st_mode & 0o777
+                self.assertEqual(mode & 0o077, 0, "%s is %o" % (n, mode))
+                files += 1
+        self.assertGreater(files, 5)
+
+    def test_an_existing_open_directory_is_warned_about(self):
+        data = tempfile.mkdtemp(prefix="kf-data-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", data]))
+        os.makedirs(os.path.join(data, "db"))
+        os.chmod(os.path.join(data, "db"), 0o755)
+        server = harness.Keyflowd(data_dir=data).start()
+        self.addCleanup(server.cleanup)
+        self.assertEqual(server.stop(), 0)
+        self.assertRegex(server.read_log(), r"warn main: data directory .*/db is accessible to "
+                                            r"other users \(mode 755\)")
+
+
 class AuthDefaultsTest(unittest.TestCase):
     def test_loopback_without_auth_needs_no_key(self):
         server = harness.Keyflowd().start()
