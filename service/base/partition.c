@@ -66,6 +66,25 @@ uint32_t kf_partition_of_coordinator(const char *workflow, size_t workflow_len, 
     return hash_end(&s) % count;
 }
 
+void kf_partition_hasher_init(kf_partition_hasher_t *hasher) {
+    hash_state_t s;
+    hash_begin(&s);
+    hasher->h = s.h;
+}
+
+void kf_partition_hasher_column(kf_partition_hasher_t *hasher, const void *bytes, size_t len) {
+    hash_state_t s = {hasher->h};
+    hash_update_length(&s, len);
+    hash_update(&s, bytes, len);
+    hasher->h = s.h;
+}
+
+uint32_t kf_partition_hasher_partition(const kf_partition_hasher_t *hasher, uint32_t count) {
+    KF_ASSERT(count >= 1);
+    hash_state_t s = {hasher->h};
+    return hash_end(&s) % count;
+}
+
 /* 8-4-4-4-12: the version digit is at 14, rand_a at 15..17. */
 enum { UUID_VERSION_AT = 14, UUID_RAND_A_AT = 15 };
 

@@ -48,6 +48,16 @@ uint32_t kf_partition_of_key(const void *canonical_key, size_t len, uint32_t cou
 uint32_t kf_partition_of_coordinator(const char *workflow, size_t workflow_len, const char *key,
                                      size_t key_len, uint32_t count);
 
+/* The same hash fed one key column at a time, for a key that is not one
+ * string in memory (a row's key columns): init, then per column its bytes
+ * (the length prefix is added here), then the partition. */
+typedef struct kf_partition_hasher {
+    uint32_t h;
+} kf_partition_hasher_t;
+void kf_partition_hasher_init(kf_partition_hasher_t *hasher);
+void kf_partition_hasher_column(kf_partition_hasher_t *hasher, const void *bytes, size_t len);
+uint32_t kf_partition_hasher_partition(const kf_partition_hasher_t *hasher, uint32_t count);
+
 /* Writes `partition` into a UUIDv7's text (8-4-4-4-12) as its rand_a. */
 void kf_partition_tag_uuid(char uuid[KF_UUID_TEXT_BYTES + 1], uint32_t partition);
 /* The partition a run ID names: always 0 when count == 1 (IDs written

@@ -651,7 +651,11 @@ static kf__call_sent_t remote_send(kf_functions_t *fns, function_t *fn, kf_call_
         }
     }
     KF_ASSERT(slot != NULL);
-    uint64_t id = ++fns->next_call_id;
+    /* A call ID names its partition (id mod partition_count): the worker
+     * stream serves every partition of the process, and the router sends a
+     * result back to the partition that made the call (runtime/router.c). */
+    uint64_t partitions = fns->config->partition_count > 1 ? fns->config->partition_count : 1;
+    uint64_t id = ++fns->next_call_id * partitions + fns->config->partition_index;
     kf_error_t err;
     size_t len = 0;
     uint8_t *buf = encode_call(call, id, &len, &err);

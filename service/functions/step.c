@@ -48,6 +48,7 @@
 #include "base/bytes.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/partition.h"
 #include "base/text.h"
 #include "functions/functions_int.h"
 
@@ -1040,16 +1041,30 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
     } else {
         rows->ncols = (uint32_t)schema->n_fields; /* a watermark-only batch */
     }
+    uint32_t partitions = fns->config->partition_count;
     for (uint32_t i = 0; st == KF_OK && i < rows->count; i++) {
         size_t klen = 0;
+        kf_partition_hasher_t hasher;
+        kf_partition_hasher_init(&hasher);
         for (int c = 0; c < fn->nkey_cols; c++) {
             kf_cell_t value; /* UTF8 */
             kf_rows_value(rows, i, (uint32_t)fn->key_cols[c], &value);
             klen += 4 + value.len;
+            kf_partition_hasher_column(&hasher, value.p, value.len);
         }
+        uint32_t partition =
+            partitions > 1 ? kf_partition_hasher_partition(&hasher, partitions) : 0;
         if (klen > KF_FUNCTION_KEY_BYTES_MAX) {
             st = kf_error_set(err, KF_E_TOO_LARGE, "rows[%u]: the key is %zu bytes (at most %d)", i,
                               klen, KF_FUNCTION_KEY_BYTES_MAX);
+        } else if (partition != fns->config->partition_index) {
+            /* The router splits a batch by key (docs/scaling.md); a row of
+             * another partition here would split its key's state. */
+            cmd->foreign_partition = (int32_t)partition;
+            st = kf_error_set(err, KF_E_NOT_OWNER,
+                              "rows[%u]: its key belongs to partition %u of %u, not to partition "
+                              "%u, which took the batch",
+                              i, partition, partitions, fns->config->partition_index);
         }
     }
     if (st != KF_OK) {

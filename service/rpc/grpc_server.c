@@ -139,6 +139,7 @@ struct call {
     bool tail_sent_metadata;
     kf_arena_t page_arena; /* one page's response; reset per read */
     Keyflow__V1__ReadOutputRequest tail_read;
+    char *tail_cursor;         /* tail_read.cursor: where the stream is, in every partition */
     kf_principal_t *principal; /* the caller's key (a reference), or NULL */
     /* Workers/Serve: the stream the engine knows as a kf_worker_link_t. */
     kf_worker_link_t *link;
@@ -213,6 +214,7 @@ static void call_free(call_t *c) {
     }
     kf_arena_deinit(&c->arena);
     kf_arena_deinit(&c->page_arena);
+    free(c->tail_cursor);
     kf_principal_unref(c->principal);
     if (c->link != NULL) {
         worker_link_free(c->link);
@@ -627,6 +629,11 @@ static void tail_done(kf_cmd_t *cmd) {
         return;
     }
     c->tail_read.after_seq = resp->last_seq;
+    if (resp->next_cursor[0] != '\0') {
+        /* Several partitions: the next read goes on from every one's
+         * position (docs/scaling.md). */
+        snprintf(c->tail_cursor, KF_OUTPUT_CURSOR_BYTES_MAX, "%s", resp->next_cursor);
+    }
     size_t len = protobuf_c_message_get_packed_size(cmd->response);
     grpc_slice slice = grpc_slice_malloc(len);
     protobuf_c_message_pack(cmd->response, GRPC_SLICE_START_PTR(slice));
@@ -663,6 +670,9 @@ static void start_tail(call_t *c, const Keyflow__V1__TailOutputRequest *req) {
     keyflow__v1__read_output_request__init(&c->tail_read);
     c->tail_read.function_id = req->function_id;
     c->tail_read.after_seq = req->after_seq;
+    c->tail_cursor = kf_xmalloc(KF_OUTPUT_CURSOR_BYTES_MAX);
+    snprintf(c->tail_cursor, KF_OUTPUT_CURSOR_BYTES_MAX, "%s", req->cursor);
+    c->tail_read.cursor = c->tail_cursor;
     c->tail_read.limit = req->max_rows_per_message;
     c->tail_read.format = req->format;
     c->tail_read.wait_ms = KF_POLL_WAIT_MS_MAX / 2;

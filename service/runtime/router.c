@@ -39,9 +39,12 @@
 #include "base/arena.h"
 #include "base/assert.h"
 #include "base/log.h"
+#include "base/map.h"
+#include "functions/rows.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
+#include "keyflow/v1/workers.pb-c.h"
 
 struct kf_router {
     uint32_t count;
@@ -55,6 +58,10 @@ struct kf_router {
     const char *node;
     pthread_mutex_t lock; /* see the top of the file */
     atomic_uint rotation; /* where PollRuns starts looking */
+    pthread_mutex_t fn_lock;
+    kf_map_t functions; /* function_id -> fn_entry_t (fn_lock) */
+    pthread_mutex_t fan_lock;
+    kf_map_t fans; /* worker streams: front end's link -> worker_fan_t (fan_lock) */
 };
 
 /* ---- fan-outs ----------------------------------------------------------- */
@@ -82,6 +89,9 @@ typedef struct plan {
      * return true, or set the call's answer (response or error) and return
      * false. */
     bool (*next)(fanout_t *f);
+    /* The plan sees the call even when the data set has one partition (it
+     * translates a cursor into what the engine reads). */
+    bool with_one_partition;
 } plan_t;
 
 struct fanout {
@@ -767,6 +777,610 @@ static bool list_functions_next(fanout_t *f) {
 
 static const plan_t plan_list_functions = {"list_functions", all_begin, NULL, list_functions_next};
 
+/* ---- process functions: the descriptors the router splits by ----------
+ * A batch is split by its rows' keys, so the router needs each function's
+ * input schema and key columns. It keeps the canonical descriptor of each
+ * function it has seen (packed; unpacked into a call's arena when used),
+ * fetched with a GetFunction from a served partition the first time. A
+ * descriptor never changes under its function_id; should a function be
+ * replaced by another of the same id with other key columns, every
+ * partition still checks that each row it takes is its own
+ * (functions/step.c), so a stale entry refuses a batch (and is dropped)
+ * rather than splitting a key. */
+
+typedef struct fn_entry {
+    kf_map_node_t node; /* by function_id */
+    uint8_t *packed;    /* the canonical FunctionDescriptor */
+    size_t len;
+} fn_entry_t;
+
+/* The descriptor of `function_id` in `arena`, or NULL when not known. */
+static Keyflow__V1__FunctionDescriptor *fn_lookup(kf_router_t *r, const char *function_id,
+                                                  kf_arena_t *arena) {
+    Keyflow__V1__FunctionDescriptor *d = NULL;
+    pthread_mutex_lock(&r->fn_lock);
+    kf_map_node_t *n = kf_map_get(&r->functions, function_id, strlen(function_id));
+    if (n != NULL) {
+        fn_entry_t *e = (fn_entry_t *)n;
+        d = keyflow__v1__function_descriptor__unpack(kf_arena_pb(arena), e->len, e->packed);
+    }
+    pthread_mutex_unlock(&r->fn_lock);
+    return d;
+}
+
+static void fn_forget_locked(kf_router_t *r, const char *function_id) {
+    kf_map_node_t *n = kf_map_get(&r->functions, function_id, strlen(function_id));
+    if (n != NULL) {
+        kf_map_remove(&r->functions, n);
+        free(((fn_entry_t *)n)->packed);
+        free(n);
+    }
+}
+
+static void fn_forget(kf_router_t *r, const char *function_id) {
+    pthread_mutex_lock(&r->fn_lock);
+    fn_forget_locked(r, function_id);
+    pthread_mutex_unlock(&r->fn_lock);
+}
+
+static void fn_remember(kf_router_t *r, const Keyflow__V1__FunctionDescriptor *d) {
+    fn_entry_t *e = kf_xcalloc(1, sizeof *e);
+    e->len = keyflow__v1__function_descriptor__get_packed_size(d);
+    e->packed = kf_xmalloc(e->len > 0 ? e->len : 1);
+    keyflow__v1__function_descriptor__pack(d, e->packed);
+    pthread_mutex_lock(&r->fn_lock);
+    fn_forget_locked(r, d->function_id);
+    if (r->functions.count < KF_FUNCTIONS_MAX) {
+        kf_map_insert(&r->functions, &e->node, d->function_id, strlen(d->function_id));
+        e = NULL;
+    }
+    pthread_mutex_unlock(&r->fn_lock);
+    if (e != NULL) { /* full: the next call fetches it again */
+        free(e->packed);
+        free(e);
+    }
+}
+
+/* The input-schema index of each key column. */
+static int key_columns(const Keyflow__V1__FunctionDescriptor *d,
+                       uint32_t cols[KF_KEY_COLUMNS_MAX]) {
+    int n = 0;
+    for (size_t k = 0; k < d->n_key_columns && n < KF_KEY_COLUMNS_MAX; k++) {
+        for (size_t i = 0; i < d->input_schema->n_fields; i++) {
+            if (strcmp(d->input_schema->fields[i]->name, d->key_columns[k]) == 0) {
+                cols[n++] = (uint32_t)i;
+                break;
+            }
+        }
+    }
+    return n;
+}
+
+/* A plan over one function's keys: first the descriptor (a GetFunction
+ * round when the router does not know it yet), then the plan's own rounds
+ * (`with_descriptor`). */
+typedef struct keyed_state {
+    Keyflow__V1__FunctionDescriptor *descriptor;
+    bool fetching;
+    void *plan_state;
+} keyed_state_t;
+
+static kf_status_t keyed_begin(fanout_t *f, const char *function_id, int32_t *direct,
+                               kf_status_t (*with_descriptor)(fanout_t *, int32_t *)) {
+    keyed_state_t *st = kf_arena_new(f->parent->arena, sizeof *st);
+    f->state = st;
+    st->descriptor = fn_lookup(f->router, function_id, f->parent->arena);
+    if (st->descriptor != NULL) {
+        return with_descriptor(f, direct);
+    }
+    Keyflow__V1__GetFunctionRequest *get = kf_arena_new(f->parent->arena, sizeof *get);
+    keyflow__v1__get_function_request__init(get);
+    get->function_id = (char *)function_id;
+    sub_t *s = fanout_add(f, f->router->served[0], &get->base);
+    s->cmd.op = KF_OP_GET_FUNCTION;
+    st->fetching = true;
+    return KF_OK;
+}
+
+/* After the GetFunction round: true when the plan may go on (its first
+ * round set up, or the answer set by with_descriptor). */
+static bool keyed_fetched(fanout_t *f, kf_status_t (*with_descriptor)(fanout_t *, int32_t *)) {
+    keyed_state_t *st = f->state;
+    const sub_t *s = &f->subs[0];
+    st->fetching = false;
+    if (s->cmd.error.status != KF_OK) {
+        fail_as(f, s); /* not found, permission: as the call itself would be */
+        return false;
+    }
+    const Keyflow__V1__FunctionInfo *info = (const void *)s->cmd.response;
+    fn_remember(f->router, info->descriptor);
+    st->descriptor = copy_into_parent(f, &info->descriptor->base);
+    if (st->descriptor == NULL) {
+        return false;
+    }
+    round_reset(f);
+    int32_t direct = -1;
+    kf_status_t status = with_descriptor(f, &direct);
+    if (status != KF_OK) {
+        f->parent->response = NULL;
+        return false; /* parent->error is set */
+    }
+    if (direct >= 0) {
+        /* Mid-plan the call cannot be handed over as it is: one round of
+         * its own request. */
+        fanout_add(f, (uint32_t)direct, f->parent->request);
+    }
+    return true;
+}
+
+/* ---- PushBatch: each row to its key's partition ------------------------
+ * The rows (columnar, or JSON converted to columnar) are grouped by the
+ * partition of their key; each partition gets its rows, in their order, as
+ * one batch with the call's producer and sequence (so a retry is a
+ * duplicate in every partition, as one call is in one). A watermark goes
+ * to every served partition, rows or not: their timers fire by it. The
+ * function's per-batch limits apply per partition. */
+
+static kf_status_t push_split(fanout_t *f, int32_t *direct) {
+    kf_router_t *r = f->router;
+    keyed_state_t *st = f->state;
+    const Keyflow__V1__PushBatchRequest *req = (const void *)f->parent->request;
+    const Keyflow__V1__FunctionDescriptor *d = st->descriptor;
+    kf_arena_t *arena = f->parent->arena;
+    kf_error_t *err = &f->parent->error;
+    kf_rows_t rows;
+    memset(&rows, 0, sizeof rows);
+    kf_status_t status = KF_OK;
+    if (req->rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH) {
+        status = kf_rows_from_batch(req->batch, d->input_schema, KF_FN_MAX_INPUT_ROWS_MAX,
+                                    KF_FN_MAX_INPUT_BYTES_MAX, arena, &rows, err);
+    } else if (req->rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON) {
+        status = kf_rows_from_json(req->rows_json, strlen(req->rows_json), d->input_schema,
+                                   KF_FN_MAX_INPUT_ROWS_MAX, KF_FN_MAX_INPUT_BYTES_MAX, arena,
+                                   &rows, err);
+    }
+    if (status != KF_OK) {
+        return status;
+    }
+    uint32_t cols[KF_KEY_COLUMNS_MAX];
+    int ncols = key_columns(d, cols);
+    uint32_t *partition_of = kf_arena_new(arena, ((size_t)rows.count + 1) * sizeof *partition_of);
+    uint32_t in[KF_PARTITION_COUNT_MAX] = {0};
+    for (uint32_t i = 0; i < rows.count; i++) {
+        kf_partition_hasher_t h;
+        kf_partition_hasher_init(&h);
+        for (int c = 0; c < ncols; c++) {
+            kf_cell_t v;
+            kf_rows_value(&rows, i, cols[c], &v);
+            kf_partition_hasher_column(&h, v.p, v.len);
+        }
+        partition_of[i] = kf_partition_hasher_partition(&h, r->count);
+        if (r->engines[partition_of[i]] == NULL) {
+            char what[64];
+            snprintf(what, sizeof what, "rows[%u]'s key", i);
+            set_not_owner(r, f->parent, partition_of[i], what);
+            return KF_E_NOT_OWNER; /* nothing of the batch is applied anywhere */
+        }
+        in[partition_of[i]]++;
+    }
+    bool watermark = req->watermark_present_case ==
+                     KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
+    uint32_t targets = 0;
+    int32_t only = -1;
+    for (uint32_t i = 0; i < r->served_count; i++) {
+        uint32_t p = r->served[i];
+        if (in[p] > 0 || watermark) {
+            targets++;
+            only = (int32_t)p;
+        }
+    }
+    if (targets <= 1) {
+        /* One partition (or none: the engine says what is wrong with an
+         * empty batch) takes the call as it is. */
+        *direct = targets == 1 ? only : (int32_t)r->served[0];
+        return KF_OK;
+    }
+    uint32_t *which = kf_arena_new(arena, ((size_t)rows.count + 1) * sizeof *which);
+    for (uint32_t i = 0; i < r->served_count; i++) {
+        uint32_t p = r->served[i];
+        if (in[p] == 0 && !watermark) {
+            continue;
+        }
+        Keyflow__V1__PushBatchRequest *part = kf_arena_new(arena, sizeof *part);
+        *part = *req;
+        part->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS__NOT_SET;
+        if (in[p] > 0) {
+            uint32_t n = 0;
+            for (uint32_t row = 0; row < rows.count; row++) {
+                if (partition_of[row] == p) {
+                    which[n++] = row;
+                }
+            }
+            part->batch = kf_rows_gather(&rows, which, n, arena);
+            if (part->batch == NULL) {
+                return kf_error_set(err, KF_E_LIMIT, "rows: out of memory for this batch");
+            }
+            part->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH;
+        }
+        fanout_add(f, p, &part->base);
+    }
+    return KF_OK;
+}
+
+static kf_status_t push_begin(fanout_t *f, int32_t *direct) {
+    const Keyflow__V1__PushBatchRequest *req = (const void *)f->parent->request;
+    return keyed_begin(f, req->function_id, direct, push_split);
+}
+
+static bool push_next(fanout_t *f) {
+    keyed_state_t *st = f->state;
+    if (st->fetching) {
+        return keyed_fetched(f, push_split);
+    }
+    const Keyflow__V1__PushBatchRequest *req = (const void *)f->parent->request;
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        const sub_t *s = &f->subs[i];
+        if (s->cmd.error.status == KF_E_NOT_OWNER) {
+            fn_forget(f->router, req->function_id); /* a stale descriptor */
+        }
+        if (s->cmd.error.status != KF_OK) {
+            /* Partitions that took their part answer a retry as a
+             * duplicate: the call is safe to repeat as it is. */
+            fail_as(f, s);
+            return false;
+        }
+    }
+    Keyflow__V1__PushBatchResponse *out = kf_arena_new(f->parent->arena, sizeof *out);
+    keyflow__v1__push_batch_response__init(out);
+    out->sequence = req->sequence;
+    out->duplicate = true;
+    out->output_ranges = kf_arena_new(f->parent->arena, f->nsubs * sizeof *out->output_ranges);
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        const Keyflow__V1__PushBatchResponse *a = (const void *)f->subs[i].cmd.response;
+        out->rows_accepted += a->rows_accepted;
+        out->activations += a->activations;
+        out->timer_callbacks += a->timer_callbacks;
+        out->handler_calls += a->handler_calls;
+        out->due_timers += a->due_timers;
+        out->duplicate = out->duplicate && a->duplicate;
+        out->watermark_us =
+            i == 0 || a->watermark_us < out->watermark_us ? a->watermark_us : out->watermark_us;
+        if (a->first_output_seq > 0) {
+            Keyflow__V1__OutputRange *range = kf_arena_new(f->parent->arena, sizeof *range);
+            keyflow__v1__output_range__init(range);
+            range->partition = (int32_t)f->subs[i].partition;
+            range->first_seq = a->first_output_seq;
+            range->last_seq = a->last_output_seq;
+            out->output_ranges[out->n_output_ranges++] = range;
+        }
+    }
+    if (out->n_output_ranges == 1) {
+        out->first_output_seq = out->output_ranges[0]->first_seq;
+        out->last_output_seq = out->output_ranges[0]->last_seq;
+    }
+    f->parent->response = &out->base;
+    kf_error_clear(&f->parent->error);
+    return false;
+}
+
+static const plan_t plan_push_batch = {"push_batch", push_begin, NULL, push_next};
+
+/* ---- GetKeyState: the key's partition ------------------------------------ */
+
+static kf_status_t key_state_route(fanout_t *f, int32_t *direct) {
+    kf_router_t *r = f->router;
+    keyed_state_t *st = f->state;
+    const Keyflow__V1__GetKeyStateRequest *req = (const void *)f->parent->request;
+    kf_partition_hasher_t h;
+    kf_partition_hasher_init(&h);
+    bool ok = true;
+    if (st->descriptor->n_key_columns == 1) {
+        kf_partition_hasher_column(&h, req->key, strlen(req->key));
+    } else {
+        /* Several key columns: the key text is a JSON array of them. */
+        json_t *arr = json_loads(req->key, 0, NULL);
+        ok = arr != NULL && json_is_array(arr) &&
+             json_array_size(arr) == st->descriptor->n_key_columns;
+        for (size_t i = 0; ok && i < json_array_size(arr); i++) {
+            json_t *v = json_array_get(arr, i);
+            ok = json_is_string(v);
+            if (ok) {
+                kf_partition_hasher_column(&h, json_string_value(v), json_string_length(v));
+            }
+        }
+        json_decref(arr);
+    }
+    if (!ok) {
+        *direct = (int32_t)r->served[0]; /* its engine says what is wrong with the key */
+        return KF_OK;
+    }
+    uint32_t p = kf_partition_hasher_partition(&h, r->count);
+    if (r->engines[p] == NULL) {
+        set_not_owner(r, f->parent, p, "the key");
+        return KF_E_NOT_OWNER;
+    }
+    *direct = (int32_t)p;
+    return KF_OK;
+}
+
+static kf_status_t key_state_begin(fanout_t *f, int32_t *direct) {
+    const Keyflow__V1__GetKeyStateRequest *req = (const void *)f->parent->request;
+    return keyed_begin(f, req->function_id, direct, key_state_route);
+}
+
+/* After the GetFunction round, or the key's own round. */
+static bool key_state_next(fanout_t *f) {
+    keyed_state_t *st = f->state;
+    if (st->fetching) {
+        return keyed_fetched(f, key_state_route);
+    }
+    const sub_t *s = &f->subs[0];
+    if (s->cmd.error.status != KF_OK) {
+        f->parent->error = s->cmd.error;
+        f->parent->foreign_partition = s->cmd.foreign_partition;
+        return false;
+    }
+    f->parent->response = copy_into_parent(f, s->cmd.response);
+    if (f->parent->response != NULL) {
+        kf_error_clear(&f->parent->error);
+    }
+    return false;
+}
+
+static const plan_t plan_get_key_state = {"get_key_state", key_state_begin, NULL, key_state_next};
+
+/* ---- ReadOutput: partitions in turn behind one cursor ---------------------
+ * Output sequences are per partition. A cursor holds a position in every
+ * partition and the partition read last:
+ *
+ *   "o1.<count>.<last>" then ".<partition>-<seq>" for each position > 0
+ *
+ * (URL-safe: it goes in query strings). A page holds rows of one partition
+ * (`partition` says which; first_seq..last_seq are its own) and the cursor
+ * moves past them (next_cursor). The partitions are asked in turn, from the
+ * one after the last read, without waiting; if none has rows after its
+ * position and the call may wait, the read parks in every served partition
+ * and the first to have rows answers (the others' rows stay unread: a read
+ * takes nothing). With one partition the cursor is just after_seq. */
+
+typedef struct cursor {
+    uint32_t last;
+    int64_t pos[KF_PARTITION_COUNT_MAX];
+} cursor_t;
+
+static kf_status_t cursor_parse(const char *text, uint32_t count, const char *field, cursor_t *c,
+                                kf_error_t *err) {
+    memset(c, 0, sizeof *c);
+    if (text[0] == '\0') {
+        return KF_OK;
+    }
+    char *end;
+    unsigned long n = 0, last = 0;
+    bool ok = strncmp(text, "o1.", 3) == 0;
+    if (ok) {
+        n = strtoul(text + 3, &end, 10);
+        ok = *end == '.' && n == count;
+    }
+    if (ok) {
+        last = strtoul(end + 1, &end, 10);
+        ok = last < count;
+    }
+    while (ok && *end == '.') {
+        unsigned long p = strtoul(end + 1, &end, 10);
+        long long seq = *end == '-' ? strtoll(end + 1, &end, 10) : -1;
+        ok = p < count && seq > 0 && c->pos[p] == 0;
+        if (ok) {
+            c->pos[p] = seq;
+        }
+    }
+    if (!ok || *end != '\0') {
+        return kf_error_set(err, KF_E_INVALID,
+                            "%s: not a cursor of this data set of %u partitions (pass the "
+                            "next_cursor a read of this function answered)",
+                            field, count);
+    }
+    c->last = (uint32_t)last;
+    return KF_OK;
+}
+
+static char *cursor_format(const cursor_t *c, uint32_t count, kf_arena_t *arena) {
+    char *out = kf_arena_new(arena, KF_OUTPUT_CURSOR_BYTES_MAX);
+    size_t n = (size_t)snprintf(out, KF_OUTPUT_CURSOR_BYTES_MAX, "o1.%u.%u", count, c->last);
+    for (uint32_t p = 0; p < count; p++) {
+        if (c->pos[p] > 0) {
+            n += (size_t)snprintf(out + n, KF_OUTPUT_CURSOR_BYTES_MAX - n, ".%u-%lld", p,
+                                  (long long)c->pos[p]);
+        }
+    }
+    KF_ASSERT(n < KF_OUTPUT_CURSOR_BYTES_MAX);
+    return out;
+}
+
+typedef struct read_state {
+    cursor_t cursor;
+    uint32_t start; /* index into served: where this call's turn began */
+    uint32_t asked;
+    bool parked;
+} read_state_t;
+
+static Keyflow__V1__ReadOutputRequest *read_request(fanout_t *f, uint32_t p, int64_t wait_ms) {
+    const Keyflow__V1__ReadOutputRequest *req = (const void *)f->parent->request;
+    read_state_t *st = f->state;
+    Keyflow__V1__ReadOutputRequest *sub = kf_arena_new(f->parent->arena, sizeof *sub);
+    *sub = *req;
+    sub->after_seq = st->cursor.pos[p];
+    sub->cursor = (char *)"";
+    sub->wait_ms = wait_ms;
+    return sub;
+}
+
+static kf_status_t read_begin(fanout_t *f, int32_t *direct) {
+    kf_router_t *r = f->router;
+    Keyflow__V1__ReadOutputRequest *req = (void *)f->parent->request;
+    read_state_t *st = kf_arena_new(f->parent->arena, sizeof *st);
+    f->state = st;
+    kf_status_t status =
+        cursor_parse(req->cursor, r->count, "cursor", &st->cursor, &f->parent->error);
+    if (status != KF_OK) {
+        return status;
+    }
+    if (r->count == 1) {
+        if (req->cursor[0] != '\0') {
+            /* The engine reads after_seq: a copy of the call's request
+             * carries the cursor's position. */
+            Keyflow__V1__ReadOutputRequest *copy = read_request(f, 0, req->wait_ms);
+            f->parent->request = &copy->base;
+        }
+        *direct = 0;
+        return KF_OK;
+    }
+    if (req->cursor[0] == '\0' && req->after_seq != 0) {
+        return kf_error_set(&f->parent->error, KF_E_INVALID,
+                            "after_seq: this function's output is in %u partitions, each with "
+                            "its own sequence; pass cursor (the last page's next_cursor) instead "
+                            "(docs/scaling.md)",
+                            r->count);
+    }
+    /* Start after the partition read last. */
+    while (st->start < r->served_count && r->served[st->start] <= st->cursor.last) {
+        st->start++;
+    }
+    st->start %= r->served_count;
+    fanout_add(f, r->served[st->start], &read_request(f, r->served[st->start], 0)->base);
+    st->asked = 1;
+    return KF_OK;
+}
+
+static bool read_settles(const sub_t *s) {
+    const Keyflow__V1__ReadOutputResponse *resp = (const void *)s->cmd.response;
+    return s->cmd.error.status == KF_OK && resp->first_seq != 0;
+}
+
+/* The call answers with partition p's page (or, with `resp` NULL, no rows). */
+static void read_answer(fanout_t *f, const sub_t *s) {
+    kf_router_t *r = f->router;
+    read_state_t *st = f->state;
+    Keyflow__V1__ReadOutputResponse *out;
+    if (s != NULL) {
+        out = copy_into_parent(f, s->cmd.response);
+        if (out == NULL) {
+            return;
+        }
+        out->partition = (int32_t)s->partition;
+        if (out->next_after_seq > st->cursor.pos[s->partition]) {
+            st->cursor.pos[s->partition] = out->next_after_seq;
+        }
+        st->cursor.last = s->partition;
+    } else {
+        out = kf_arena_new(f->parent->arena, sizeof *out);
+        keyflow__v1__read_output_response__init(out);
+    }
+    out->next_cursor = cursor_format(&st->cursor, r->count, f->parent->arena);
+    f->parent->response = &out->base;
+    kf_error_clear(&f->parent->error);
+}
+
+static bool read_next(fanout_t *f) {
+    kf_router_t *r = f->router;
+    read_state_t *st = f->state;
+    const Keyflow__V1__ReadOutputRequest *req = (const void *)f->parent->request;
+    const sub_t *failed = NULL, *rows = NULL;
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        const sub_t *s = &f->subs[i];
+        if (s->cmd.error.status != KF_OK) {
+            if (s->cmd.error.status != KF_E_CANCELLED || !st->parked || f->cancelled) {
+                failed = failed != NULL ? failed : s;
+            }
+        } else if (rows == NULL && read_settles(s)) {
+            rows = s;
+        }
+    }
+    if (rows != NULL) {
+        read_answer(f, rows);
+        return false;
+    }
+    if (failed != NULL) {
+        fail_as(f, failed);
+        return false;
+    }
+    if (!st->parked && !f->cancelled && st->asked < r->served_count) {
+        round_reset(f);
+        uint32_t p = r->served[(st->start + st->asked++) % r->served_count];
+        fanout_add(f, p, &read_request(f, p, 0)->base);
+        return true;
+    }
+    if (!st->parked && !f->cancelled && req->wait_ms > 0) {
+        round_reset(f);
+        st->parked = true;
+        for (uint32_t i = 0; i < r->served_count; i++) {
+            uint32_t p = r->served[(st->start + i) % r->served_count];
+            fanout_add(f, p, &read_request(f, p, req->wait_ms)->base);
+        }
+        return true;
+    }
+    read_answer(f, NULL);
+    return false;
+}
+
+static const plan_t plan_read_output = {"read_output", read_begin, read_settles, read_next, true};
+
+/* ---- TrimOutput: every partition up to its position in a cursor ---------- */
+
+static kf_status_t trim_begin(fanout_t *f, int32_t *direct) {
+    kf_router_t *r = f->router;
+    const Keyflow__V1__TrimOutputRequest *req = (const void *)f->parent->request;
+    cursor_t *c = kf_arena_new(f->parent->arena, sizeof *c);
+    kf_status_t status =
+        cursor_parse(req->before_cursor, r->count, "before_cursor", c, &f->parent->error);
+    if (status != KF_OK) {
+        return status;
+    }
+    if (req->before_cursor[0] == '\0') {
+        if (r->count > 1 && req->before_seq != 0) {
+            return kf_error_set(&f->parent->error, KF_E_INVALID,
+                                "before_seq: this function's output is in %u partitions; pass "
+                                "before_cursor (a ReadOutput cursor) instead (docs/scaling.md)",
+                                r->count);
+        }
+        *direct = r->count == 1 ? 0 : -1;
+        if (r->count == 1) {
+            return KF_OK;
+        }
+    }
+    if (req->before_seq != 0) {
+        return kf_error_set(&f->parent->error, KF_E_INVALID,
+                            "before_seq: give before_seq or before_cursor, not both");
+    }
+    for (uint32_t i = 0; i < r->served_count; i++) {
+        uint32_t p = r->served[i];
+        Keyflow__V1__TrimOutputRequest *part = kf_arena_new(f->parent->arena, sizeof *part);
+        *part = *req;
+        part->before_cursor = (char *)"";
+        part->before_seq = c->pos[p] + 1; /* the rows read: up to the position */
+        fanout_add(f, p, &part->base);
+    }
+    return KF_OK;
+}
+
+static bool trim_next(fanout_t *f) {
+    const sub_t *failed = first_failure(f);
+    if (failed != NULL) {
+        fail_as(f, failed);
+        return false;
+    }
+    Keyflow__V1__TrimOutputResponse *out = kf_arena_new(f->parent->arena, sizeof *out);
+    keyflow__v1__trim_output_response__init(out);
+    if (f->nsubs == 1) {
+        const Keyflow__V1__TrimOutputResponse *a = (const void *)f->subs[0].cmd.response;
+        *out = *a;
+    }
+    f->parent->response = &out->base;
+    kf_error_clear(&f->parent->error);
+    return false;
+}
+
+static const plan_t plan_trim_output = {"trim_output", trim_begin, NULL, trim_next, true};
+
 /* Every served partition does the same (deleting a function, a producer):
  * the call succeeds when each partition did it or had nothing to do; it is
  * NOT_FOUND only when no partition knew the thing. A failure names its
@@ -795,28 +1409,17 @@ static bool everywhere_next(fanout_t *f) {
     return false;
 }
 
-static const plan_t plan_delete_function = {"delete_function", all_begin, NULL, everywhere_next};
+/* A deleted function's descriptor is forgotten: the id may come back with
+ * another one. */
+static bool delete_function_next(fanout_t *f) {
+    const Keyflow__V1__DeleteFunctionRequest *req = (const void *)f->parent->request;
+    fn_forget(f->router, req->function_id);
+    return everywhere_next(f);
+}
+
+static const plan_t plan_delete_function = {"delete_function", all_begin, NULL,
+                                            delete_function_next};
 static const plan_t plan_delete_producer = {"delete_producer", all_begin, NULL, everywhere_next};
-
-/* ---- not yet across partitions ------------------------------------------ */
-
-static kf_status_t not_yet_begin(fanout_t *f, int32_t *direct) {
-    (void)direct;
-    return kf_error_set(&f->parent->error, KF_E_UNIMPLEMENTED,
-                        "%s on a data set of %u partitions is not implemented yet "
-                        "(docs/scaling.md)",
-                        kf_method_by_op(f->parent->op)->name, f->router->count);
-}
-
-static bool never_next(fanout_t *f) {
-    (void)f;
-    KF_UNREACHABLE();
-}
-
-static const plan_t plan_push_batch = {"push_batch", not_yet_begin, NULL, never_next};
-static const plan_t plan_read_output = {"read_output", not_yet_begin, NULL, never_next};
-static const plan_t plan_get_key_state = {"get_key_state", not_yet_begin, NULL, never_next};
-static const plan_t plan_trim_output = {"trim_output", not_yet_begin, NULL, never_next};
 
 /* The plan of each fanned-out op, from the table's route column. */
 static const plan_t *plan_of(kf_op_t op) {
@@ -899,15 +1502,34 @@ kf_status_t kf_router_create(const kf_router_config_t *config, kf_router_t **out
     KF_ASSERT(r->served_count > 0 && r->home != NULL);
     kf_partition_set_format(&r->served_set, r->served_text, sizeof r->served_text);
     pthread_mutex_init(&r->lock, NULL);
+    pthread_mutex_init(&r->fn_lock, NULL);
+    kf_map_init(&r->functions);
+    pthread_mutex_init(&r->fan_lock, NULL);
+    kf_map_init(&r->fans);
     *out = r;
     return KF_OK;
 }
 
 void kf_router_destroy(kf_router_t *r) {
-    if (r != NULL) {
-        pthread_mutex_destroy(&r->lock);
-        free(r);
+    if (r == NULL) {
+        return;
     }
+    size_t bucket;
+    kf_map_node_t *n = kf_map_first(&r->functions, &bucket);
+    while (n != NULL) {
+        kf_map_node_t *next = kf_map_next(&r->functions, &bucket, n);
+        kf_map_remove(&r->functions, n);
+        free(((fn_entry_t *)n)->packed);
+        free(n);
+        n = next;
+    }
+    kf_map_deinit(&r->functions);
+    pthread_mutex_destroy(&r->fn_lock);
+    KF_ASSERT(r->fans.count == 0); /* every engine released its worker links at its stop */
+    kf_map_deinit(&r->fans);
+    pthread_mutex_destroy(&r->fan_lock);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
 }
 
 static kf_status_t submit_to(kf_engine_t *e, kf_cmd_t *cmd) {
@@ -930,7 +1552,13 @@ kf_status_t kf_router_submit(kf_router_t *r, kf_cmd_t *cmd) {
         return submit_to(r->home, cmd);
     }
     if (r->count == 1) {
-        return submit_to(r->engines[0], cmd); /* one partition: nothing to route */
+        /* One partition: nothing to route, unless a cursor must become the
+         * sequence its engine reads. */
+        const plan_t *plan = m->route.plan != NULL ? plan_of(cmd->op) : NULL;
+        if (plan == NULL || !plan->with_one_partition) {
+            return submit_to(r->engines[0], cmd);
+        }
+        return fan_out(r, cmd, plan);
     }
     switch (m->route.kind) {
     case KF_ROUTE_BY_COORDINATOR: {
@@ -986,6 +1614,162 @@ void kf_router_cancel(kf_router_t *r, kf_cmd_t *cmd) {
     pthread_mutex_unlock(&r->lock);
 }
 
+/* ---- worker streams: one stream, every served partition ---------------
+ * A remote handler's stream serves the function in every partition of the
+ * process: its HELLO goes to each partition's engine, which knows the
+ * stream as a sub-link of its own (below); what the engines send goes out
+ * on the one stream (the first welcome only: the worker says hello once),
+ * a close from any of them closes it, and the front end's link is
+ * released once every engine released its sub-link. A result goes back to
+ * the partition whose engine made the call: call IDs are
+ * n * partition_count + partition (functions/remote.c). */
+
+typedef struct worker_fan worker_fan_t;
+
+typedef struct sub_link {
+    worker_fan_t *fan;
+    uint32_t partition;
+    bool accepted; /* its engine took the HELLO (and will release it) */
+} sub_link_t;
+
+struct worker_fan {
+    kf_map_node_t node; /* in router->fans, by `link` */
+    kf_router_t *router;
+    kf_worker_link_t *link; /* the front end's */
+    const kf_worker_ops_t *ops;
+    pthread_mutex_t lock;
+    bool welcomed;         /* a welcome went out (lock) */
+    uint32_t live;         /* sub-links not yet released (lock) */
+    bool release_upstream; /* the front end awaits its ops->release */
+    sub_link_t subs[];     /* router->served_count */
+};
+
+static void fan_send(kf_worker_link_t *link, uint8_t *message, size_t len, bool is_call) {
+    worker_fan_t *fan = ((sub_link_t *)(void *)link)->fan;
+    pthread_mutex_lock(&fan->lock);
+    if (!is_call && fan->welcomed) {
+        pthread_mutex_unlock(&fan->lock);
+        free(message); /* every partition welcomes; the worker hears it once */
+        return;
+    }
+    fan->welcomed = fan->welcomed || !is_call;
+    fan->ops->send(fan->link, message, len, is_call); /* in order: welcome first */
+    pthread_mutex_unlock(&fan->lock);
+}
+
+static void fan_close(kf_worker_link_t *link, kf_status_t status, const char *message) {
+    worker_fan_t *fan = ((sub_link_t *)(void *)link)->fan;
+    fan->ops->close(fan->link, status, message); /* the first decision wins */
+}
+
+static void fan_release(kf_worker_link_t *link) {
+    worker_fan_t *fan = ((sub_link_t *)(void *)link)->fan;
+    kf_router_t *r = fan->router;
+    pthread_mutex_lock(&fan->lock);
+    KF_ASSERT(fan->live > 0);
+    bool last = --fan->live == 0;
+    pthread_mutex_unlock(&fan->lock);
+    if (!last) {
+        return;
+    }
+    pthread_mutex_lock(&r->fan_lock);
+    kf_map_remove(&r->fans, &fan->node);
+    pthread_mutex_unlock(&r->fan_lock);
+    if (fan->release_upstream) {
+        fan->ops->release(fan->link);
+    }
+    pthread_mutex_destroy(&fan->lock);
+    free(fan);
+}
+
+static const kf_worker_ops_t fan_ops = {
+    .send = fan_send,
+    .close = fan_close,
+    .release = fan_release,
+};
+
+static kf_worker_event_t *fan_event(const kf_worker_event_t *ev, sub_link_t *sub) {
+    kf_worker_event_t *copy = kf_xcalloc(1, sizeof *copy);
+    copy->kind = ev->kind;
+    copy->link = (kf_worker_link_t *)(void *)sub;
+    copy->ops = &fan_ops;
+    memcpy(copy->peer, ev->peer, sizeof copy->peer);
+    memcpy(copy->reason, ev->reason, sizeof copy->reason);
+    if (ev->message != NULL) {
+        size_t len = protobuf_c_message_get_packed_size(ev->message);
+        uint8_t *buf = kf_xmalloc(len > 0 ? len : 1);
+        protobuf_c_message_pack(ev->message, buf);
+        copy->message = protobuf_c_message_unpack(ev->message->descriptor, NULL, len, buf);
+        free(buf);
+        KF_ASSERT(copy->message != NULL); /* it was packed from a valid message */
+    }
+    return copy;
+}
+
+static worker_fan_t *fan_find(kf_router_t *r, kf_worker_link_t *link) {
+    kf_map_node_t *n = kf_map_get(&r->fans, &link, sizeof link);
+    return n != NULL ? (worker_fan_t *)n : NULL;
+}
+
+static kf_status_t fan_hello(kf_router_t *r, kf_worker_event_t *ev, kf_error_t *err) {
+    worker_fan_t *fan = kf_xcalloc(1, sizeof *fan + r->served_count * sizeof fan->subs[0]);
+    fan->router = r;
+    fan->link = ev->link;
+    fan->ops = ev->ops;
+    pthread_mutex_init(&fan->lock, NULL);
+    pthread_mutex_lock(&r->fan_lock);
+    kf_map_insert(&r->fans, &fan->node, &fan->link, sizeof fan->link);
+    uint32_t accepted = 0;
+    for (uint32_t i = 0; i < r->served_count; i++) {
+        sub_link_t *sub = &fan->subs[i];
+        sub->fan = fan;
+        sub->partition = r->served[i];
+        kf_worker_event_t *copy = fan_event(ev, sub);
+        pthread_mutex_lock(&fan->lock);
+        fan->live++; /* before the engine can release it */
+        pthread_mutex_unlock(&fan->lock);
+        if (kf_engine_worker_post(r->engines[sub->partition], copy) == KF_OK) {
+            sub->accepted = true;
+            accepted++;
+        } else {
+            kf_worker_event_free(copy);
+            pthread_mutex_lock(&fan->lock);
+            fan->live--;
+            pthread_mutex_unlock(&fan->lock);
+        }
+    }
+    if (accepted < r->served_count) {
+        /* Stopping: the partitions that took it hear the stream is gone
+         * and release their sub-links; the front end gets no release (it
+         * keeps the event and drops the engine's reference itself). */
+        for (uint32_t i = 0; i < r->served_count; i++) {
+            if (fan->subs[i].accepted) {
+                kf_worker_event_t *gone = kf_xcalloc(1, sizeof *gone);
+                gone->kind = KF_WORKER_GONE;
+                gone->link = (kf_worker_link_t *)(void *)&fan->subs[i];
+                snprintf(gone->reason, sizeof gone->reason, "keyflowd is shutting down");
+                if (kf_engine_worker_post(r->engines[fan->subs[i].partition], gone) != KF_OK) {
+                    kf_worker_event_free(gone); /* that engine releases at its stop */
+                }
+            }
+        }
+        bool none = accepted == 0;
+        if (none) {
+            kf_map_remove(&r->fans, &fan->node);
+        }
+        pthread_mutex_unlock(&r->fan_lock);
+        if (none) {
+            pthread_mutex_destroy(&fan->lock);
+            free(fan);
+        }
+        return kf_error_set(err, KF_E_UNAVAILABLE, "keyflowd is shutting down");
+    }
+    fan->release_upstream = true;
+    pthread_mutex_unlock(&r->fan_lock);
+    kf_worker_event_free(ev);
+    return KF_OK;
+}
+
 kf_status_t kf_router_worker_post(kf_router_t *r, kf_worker_event_t *ev, kf_error_t *err) {
     if (r->count == 1) {
         if (kf_engine_worker_post(r->engines[0], ev) != KF_OK) {
@@ -993,10 +1777,42 @@ kf_status_t kf_router_worker_post(kf_router_t *r, kf_worker_event_t *ev, kf_erro
         }
         return KF_OK;
     }
-    return kf_error_set(err, KF_E_UNIMPLEMENTED,
-                        "Workers/Serve on a data set of %u partitions is not implemented yet "
-                        "(docs/scaling.md)",
-                        r->count);
+    if (ev->kind == KF_WORKER_HELLO) {
+        return fan_hello(r, ev, err);
+    }
+    pthread_mutex_lock(&r->fan_lock);
+    worker_fan_t *fan = fan_find(r, ev->link);
+    if (fan == NULL) { /* its HELLO was refused: nothing to tell */
+        pthread_mutex_unlock(&r->fan_lock);
+        return kf_error_set(err, KF_E_UNAVAILABLE, "keyflowd is shutting down");
+    }
+    kf_status_t status = KF_OK;
+    if (ev->kind == KF_WORKER_RESULT) {
+        const Keyflow__V1__WorkerMessage *m = (const void *)ev->message;
+        uint32_t p = (uint32_t)(m->result->call_id % r->count);
+        sub_link_t *sub = &fan->subs[0]; /* an unknown call: that engine says so */
+        for (uint32_t i = 0; i < r->served_count; i++) {
+            if (fan->subs[i].partition == p) {
+                sub = &fan->subs[i];
+            }
+        }
+        ev->link = (kf_worker_link_t *)(void *)sub;
+        if (kf_engine_worker_post(r->engines[sub->partition], ev) != KF_OK) {
+            ev->link = fan->link;
+            status = kf_error_set(err, KF_E_UNAVAILABLE, "keyflowd is shutting down");
+        }
+    } else {
+        KF_ASSERT(ev->kind == KF_WORKER_GONE);
+        for (uint32_t i = 0; i < r->served_count; i++) {
+            kf_worker_event_t *gone = fan_event(ev, &fan->subs[i]);
+            if (kf_engine_worker_post(r->engines[fan->subs[i].partition], gone) != KF_OK) {
+                kf_worker_event_free(gone); /* stopping: that engine releases by itself */
+            }
+        }
+        kf_worker_event_free(ev);
+    }
+    pthread_mutex_unlock(&r->fan_lock);
+    return status;
 }
 
 bool kf_router_failed(const kf_router_t *r) {

@@ -217,6 +217,168 @@ class OneProcessManyPartitions(unittest.TestCase):
                          ["running_sum"])
 
 
+class FunctionsAcrossPartitions(unittest.TestCase):
+    """Process functions on four partitions in one process: a batch splits by
+    key, output merges behind a cursor, key state routes by key, and one
+    worker stream serves every partition."""
+
+    COUNT = 4
+    BASE_US = 1700000000000000
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = harness.Keyflowd(args=["--partition-count", str(cls.COUNT),
+                                            "--plugin-dir", HANDLERS]).start()
+        with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
+            cls.descriptor = json.load(f)
+        status, body = cls.server.http("POST", "/v1/functions", cls.descriptor)
+        assert status == 200, body
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.server.cleanup()
+
+    def ok(self, method, path, body=None):
+        status, doc = self.server.http(method, path, body)
+        self.assertEqual(status, 200, doc)
+        return doc
+
+    def read_all(self, function_id, cursor="", page=7):
+        """Every output row after `cursor`, page by page; returns (rows, cursor)."""
+        rows = []
+        for _ in range(1000):
+            doc = self.ok("GET", "/v1/functions/%s/output?limit=%d&cursor=%s"
+                          % (function_id, page, cursor))
+            got = doc.get("rows", [])
+            self.assertTrue(doc.get("nextCursor"), doc)
+            cursor = doc["nextCursor"]
+            if not got:
+                return rows, cursor
+            p = doc.get("partition", 0)
+            for row in got:
+                self.assertEqual(partitions.of_key([row["key"]], self.COUNT), p,
+                                 "a page holds rows of its partition only")
+            self.assertEqual(doc["firstSeq"], got[0]["_seq"])
+            rows += [(p, row) for row in got]
+        self.fail("no end of output")
+
+    def test_a_batch_splits_by_key_and_its_output_merges_behind_one_cursor(self):
+        users = ["user-%d" % i for i in range(16)]
+        rows = [{"user": u, "ts": self.BASE_US + i, "amount": i} for i, u in enumerate(users)]
+        rows += [{"user": u, "ts": self.BASE_US + 100 + i, "amount": i}
+                 for i, u in enumerate(users)]
+        push = {"producerId": "split", "sequence": 1, "watermarkUs": self.BASE_US, "rows": rows}
+        ack = self.ok("POST", "/v1/functions/running_sum/batches", push)
+        self.assertEqual(ack["rowsAccepted"], str(len(rows)))
+        ranges = ack["outputRanges"]
+        self.assertEqual(sorted({r.get("partition", 0) for r in ranges}),
+                         sorted({partitions.of_key([u], self.COUNT) for u in users}))
+        self.assertEqual(sum(int(r["lastSeq"]) - int(r["firstSeq"]) + 1 for r in ranges),
+                         len(rows))
+        again = self.ok("POST", "/v1/functions/running_sum/batches", push)
+        self.assertTrue(again.get("duplicate"), again)
+        self.assertEqual(again["outputRanges"], ranges)
+        out, cursor = self.read_all("running_sum")
+        self.assertEqual(len(out), len(rows), "every output row once")
+        seen = {(p, r["_seq"]) for p, r in out}
+        self.assertEqual(len(seen), len(rows))
+        for i, u in enumerate(users):
+            mine = [r for _, r in out if r["key"] == u]
+            self.assertEqual([r["sum"] for r in mine], [str(i), str(2 * i)],
+                             "%s: its rows in order, its state whole" % u)
+            state = self.ok("GET", "/v1/functions/running_sum/keys/%s" % u)
+            self.assertEqual(state.get("value", "0"), str(2 * i), state)
+        # The cursor goes on from where it was: a new batch's rows only.
+        self.ok("POST", "/v1/functions/running_sum/batches",
+                {"producerId": "split", "sequence": 2,
+                 "rows": [{"user": users[0], "ts": self.BASE_US + 200, "amount": 5}]})
+        more, _ = self.read_all("running_sum", cursor)
+        self.assertEqual([(r["key"], r["sum"]) for _, r in more], [(users[0], "5")])
+        info = self.ok("GET", "/v1/functions/running_sum")
+        self.assertEqual(info["keys"], str(len(users)))
+        self.assertEqual(info["outputSeq"], str(len(rows) + 1), "rows written, all partitions")
+
+    def test_a_tail_follows_every_partition_and_a_trim_goes_by_the_cursor(self):
+        from keyflow.v1 import functions_pb2 as F
+        from keyflow.v1 import functions_pb2_grpc as FG
+        fid = "tail-" + uuid.uuid4().hex[:8]
+        self.ok("POST", "/v1/functions", dict(self.descriptor, functionId=fid,
+                                              pipelineStateId=fid + ".v1"))
+        users = ["t%d" % i for i in range(12)]
+        channel = grpc.insecure_channel(self.server.grpc_target)
+        stub = FG.FunctionsStub(channel)
+        call = stub.TailOutput(F.TailOutputRequest(function_id=fid, max_rows_per_message=3,
+                                                   format=F.ROW_FORMAT_JSON), timeout=60)
+        got, cursor = [], ""
+        try:
+            self.ok("POST", "/v1/functions/%s/batches" % fid, {
+                "producerId": "t", "sequence": 1,
+                "rows": [{"user": u, "ts": self.BASE_US, "amount": 1} for u in users]})
+            for msg in call:
+                page = json.loads(msg.rows_json)
+                for row in page:
+                    self.assertEqual(partitions.of_key([row["key"]], self.COUNT), msg.partition)
+                got += [row["key"] for row in page]
+                cursor = msg.next_cursor
+                if len(got) >= len(users):
+                    break
+        finally:
+            call.cancel()
+            channel.close()
+        self.assertEqual(sorted(got), sorted(users), "every partition's rows, once")
+        # Trimming up to the cursor drops what was read, in every partition.
+        self.ok("POST", "/v1/functions/%s/output:trim" % fid, {"beforeCursor": cursor})
+        left, _ = self.read_all(fid, cursor)
+        self.assertEqual(left, [])
+        status, doc = self.server.http("GET", "/v1/functions/%s/output" % fid)
+        self.assertEqual((status, doc["status"]), (400, "OUT_OF_RANGE"), doc)
+        status, doc = self.server.http("POST", "/v1/functions/%s/output:trim" % fid,
+                                       {"beforeSeq": "2"})
+        self.assertEqual(status, 400, doc)
+
+    def test_after_seq_is_refused_with_several_partitions(self):
+        status, doc = self.server.http("GET", "/v1/functions/running_sum/output?after=3")
+        self.assertEqual(status, 400, doc)
+        self.assertIn("cursor", doc["message"])
+
+    def test_one_worker_stream_serves_every_partition(self):
+        import test_remote_workers as rw
+        rw.load_stubs()
+        fid = "remote-" + uuid.uuid4().hex[:8]
+        d = dict(self.descriptor, functionId=fid, pipelineStateId=fid + ".v1",
+                 runtime="RUNTIME_REMOTE", implementationDigest="ab" * 32)
+        self.ok("POST", "/v1/functions", d)
+        worker = rw.FakeWorker(self.server.grpc_target, fid, "ab" * 32, concurrency=2)
+        try:
+            worker.welcome()
+            users = ["w%d" % i for i in range(12)]
+            self.assertEqual(len({partitions.of_key([u], self.COUNT) for u in users}), self.COUNT)
+            result = {}
+
+            def push():
+                result["ack"] = self.ok("POST", "/v1/functions/%s/batches" % fid, {
+                    "producerId": "w", "sequence": 1,
+                    "rows": [{"user": u, "ts": self.BASE_US + i, "amount": 1}
+                             for i, u in enumerate(users)]})
+
+            t = threading.Thread(target=push)
+            t.start()
+            served = set()
+            while len(served) < len(users):
+                call = worker.next()
+                for key in call.key_texts:
+                    served.add(key)
+                worker.send(rw.running_sum_result(call))
+            t.join(30)
+            self.assertEqual(result["ack"]["rowsAccepted"], str(len(users)))
+            self.assertEqual(served, set(users))
+            out, _ = self.read_all(fid)
+            self.assertEqual(sorted(r["key"] for _, r in out), sorted(users))
+        finally:
+            worker.shutdown()
+
+
 class Placement(unittest.TestCase):
     """Two processes serving disjoint halves of one data set."""
 
@@ -231,9 +393,10 @@ class Placement(unittest.TestCase):
                     "node node-a 0-1 a.example:50051 a.example:8070\n"
                     "node node-b 2-3 b.example:50051 b.example:8070\n")
         cls.a = harness.Keyflowd(args=["--partition-count", "4", "--placement", cls.placement,
-                                     "--node", "node-a"]).start()
+                                       "--node", "node-a", "--plugin-dir", HANDLERS]).start()
         cls.b = harness.Keyflowd(args=["--partition-count", "4", "--partitions", "2-3",
-                                     "--placement", cls.placement]).start()
+                                       "--placement", cls.placement,
+                                       "--plugin-dir", HANDLERS]).start()
         cls.sa, cls.sb = Stubs(cls.a), Stubs(cls.b)
 
     @classmethod
@@ -277,6 +440,28 @@ class Placement(unittest.TestCase):
         self.assertEqual(ctx.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
         got = self.sb.runs.GetRun(R.GetRunRequest(run_id=receipt.run_id), timeout=30)
         self.assertEqual(got.key, theirs)
+
+    def test_a_batch_with_a_row_of_another_process_changes_nothing(self):
+        with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
+            descriptor = json.load(f)
+        for srv in (self.a, self.b):
+            status, body = srv.http("POST", "/v1/functions", descriptor)
+            self.assertEqual(status, 200, body)
+        users = ["p-%d" % i for i in range(12)]
+        mine = [u for u in users if partitions.of_key([u], self.COUNT) in (0, 1)]
+        theirs = [u for u in users if partitions.of_key([u], self.COUNT) in (2, 3)]
+        self.assertTrue(mine and theirs)
+        status, body = self.a.http("POST", "/v1/functions/running_sum/batches", {
+            "producerId": "mixed", "sequence": 1,
+            "rows": [{"user": u, "ts": 1, "amount": 1} for u in users]})
+        self.assertEqual(status, 421, body)
+        self.assertIn(body["partition"], (2, 3))
+        self.assertEqual(body["owner"]["node"], "node-b")
+        for u in mine:
+            status, state = self.a.http("GET", "/v1/functions/running_sum/keys/%s" % u)
+            self.assertEqual(state.get("state"), "STATE_KIND_ABSENT", "%s: nothing applied" % u)
+        status, body = self.a.http("GET", "/v1/functions/running_sum/keys/%s" % theirs[0])
+        self.assertEqual(status, 421, body)
 
     def test_send_events_refuses_only_the_foreign_events(self):
         wf = "mixed-" + uuid.uuid4().hex[:8]

@@ -101,6 +101,20 @@ Test(partition, coordinator_is_a_two_column_key) {
     }
 }
 
+/* Column by column gives what the whole canonical key gives. */
+Test(partition, hasher_matches_the_canonical_key) {
+    const uint8_t key[] = {0, 0, 0, 3, 'a', 'n', 'n', 0, 0, 0, 0, 0, 0, 0, 2, 'x', 'y'};
+    kf_partition_hasher_t h;
+    kf_partition_hasher_init(&h);
+    kf_partition_hasher_column(&h, "ann", 3);
+    kf_partition_hasher_column(&h, "", 0);
+    kf_partition_hasher_column(&h, "xy", 2);
+    for (uint32_t count = 1; count <= 300; count++) {
+        cr_assert_eq(kf_partition_hasher_partition(&h, count),
+                     kf_partition_of_key(key, sizeof key, count));
+    }
+}
+
 Test(partition, tag_round_trips) {
     char uuid[KF_UUID_TEXT_BYTES + 1] = "0190f7a2-5b3c-7abc-8a4e-1c2d3e4f5a6b";
     char run_id[64];
