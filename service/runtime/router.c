@@ -1828,21 +1828,24 @@ bool kf_router_failed(const kf_router_t *r) {
 }
 
 bool kf_router_unready(kf_router_t *r, char *why, size_t cap) {
-    if (kf_engine_unready(r->home, why, cap)) {
-        return true;
-    }
+    /* Every engine is asked, not only until the first says no: asking is
+     * also what makes an engine measure the disk again (runtime/engine.h),
+     * and each partition refuses writes by its own measure. */
+    bool unready = kf_engine_unready(r->home, why, cap);
     for (uint32_t i = 0; i < r->served_count; i++) {
         kf_engine_t *e = r->engines[r->served[i]];
-        if (e != r->home && kf_engine_unready(e, why, cap)) {
-            if (r->count > 1) {
-                char inner[KF_ERROR_MESSAGE_BYTES_MAX];
-                snprintf(inner, sizeof inner, "%s", why);
-                snprintf(why, cap, "partition %u: %s", r->served[i], inner);
-            }
-            return true;
+        char inner[KF_ERROR_MESSAGE_BYTES_MAX];
+        if (e == r->home || !kf_engine_unready(e, inner, sizeof inner) || unready) {
+            continue;
+        }
+        unready = true;
+        if (r->count > 1) {
+            snprintf(why, cap, "partition %u: %s", r->served[i], inner);
+        } else {
+            snprintf(why, cap, "%s", inner);
         }
     }
-    return false;
+    return unready;
 }
 
 uint32_t kf_router_partition_count(const kf_router_t *r) {
