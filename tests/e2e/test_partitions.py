@@ -55,6 +55,14 @@ def keys_in(workflow, count, partition, n):
     return out
 
 
+def stopped(server):
+    """Stops a server, which must exit 0 (a sanitizer's report does not)."""
+    code = server.stop()
+    log = server.read_log()
+    server.cleanup()
+    assert code == 0, "keyflowd exited %s; log:\n%s" % (code, log)
+
+
 class Stubs:
     def __init__(self, server):
         self.channel = grpc.insecure_channel(server.grpc_target)
@@ -102,8 +110,7 @@ class OneProcessManyPartitions(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.stubs.close()
-        cls.server.stop()
-        cls.server.cleanup()
+        stopped(cls.server)
 
     def test_the_data_directory_holds_one_store_per_partition(self):
         db = os.path.join(self.server.data_dir, "db")
@@ -236,8 +243,7 @@ class FunctionsAcrossPartitions(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.stop()
-        cls.server.cleanup()
+        stopped(cls.server)
 
     def ok(self, method, path, body=None):
         status, doc = self.server.http(method, path, body)
@@ -404,8 +410,7 @@ class Placement(unittest.TestCase):
         for s in (cls.sa, cls.sb):
             s.close()
         for srv in (cls.a, cls.b):
-            srv.stop()
-            srv.cleanup()
+            stopped(srv)
         shutil.rmtree(cls.dir, ignore_errors=True)
 
     def test_a_key_of_another_process_is_refused_with_its_owner(self):
