@@ -269,6 +269,7 @@ struct step {
     kf_rows_t rows_storage;
     uint8_t digest[KF_SHA256_BYTES]; /* of the PushBatch's rows and watermark */
     bool timers_phase;               /* rows done, watermark advanced */
+    bool dry;                        /* DryRunBatch: answered with its effects, rolled back */
     uint32_t row_pos;                /* next input row (one call at a time) */
     bool awaiting;                   /* a call is out, or the host has no room: waiting */
     /* Calls out, oldest first (a ring); responses are taken in this order. */

@@ -898,8 +898,103 @@ static void due_refused(step_t *s) {
               KF_LOG_INT("due_timers", (int64_t)kf__due_timers(fn)));
 }
 
+/* ---- a dry run's answer ------------------------------------------------ */
+
+static Keyflow__V1__TimerState **timers_of(kf_arena_t *a, const function_t *fn, const int64_t *at,
+                                           size_t *n) {
+    Keyflow__V1__TimerState **out = kf_arena_new(a, (fn->desc->n_timer_names + 1) * sizeof *out);
+    *n = 0;
+    for (size_t t = 0; t < fn->desc->n_timer_names; t++) {
+        if (at[t] == KF__NO_TIME) {
+            continue;
+        }
+        Keyflow__V1__TimerState *ts = kf_arena_new(a, sizeof *ts);
+        keyflow__v1__timer_state__init(ts);
+        ts->name = fn->desc->timer_names[t];
+        ts->at_us = at[t];
+        out[(*n)++] = ts;
+    }
+    return out;
+}
+
+static int undo_key_cmp(const void *a, const void *b) {
+    const fn_key_t *x = (*(const undo_t *const *)a)->key, *y = (*(const undo_t *const *)b)->key;
+    uint32_t n = x->key_len < y->key_len ? x->key_len : y->key_len;
+    int c = memcmp(x->key, y->key, n);
+    return c != 0 ? c : (x->key_len > y->key_len) - (x->key_len < y->key_len);
+}
+
+/* What the step would write, read off its undo log and output before the
+ * rollback: the step's counters, its output, and every key it changed. */
+static kf_status_t dry_answer(step_t *s) {
+    function_t *fn = s->fn;
+    kf_cmd_t *cmd = s->cmd;
+    kf_arena_t *a = cmd->arena;
+    const Keyflow__V1__DryRunBatchRequest *dry =
+        (const Keyflow__V1__DryRunBatchRequest *)cmd->request;
+    Keyflow__V1__DryRunBatchResponse *r = kf_arena_new(a, sizeof *r);
+    keyflow__v1__dry_run_batch_response__init(r);
+    r->rows_accepted = s->rows->count;
+    r->activations = s->activations;
+    r->timer_callbacks = s->timer_callbacks;
+    r->handler_calls = s->calls;
+    r->watermark_us = s->has_watermark ? s->watermark : 0;
+    r->due_timers =
+        s->has_watermark ? kf_ostree_count_prefix(&fn->timers, at_or_before, &s->watermark) : 0;
+    if (s->out.rows > 0) {
+        r->first_output_seq = (int64_t)fn->output_seq + 1;
+        bool json = dry->format == KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON;
+        size_t len;
+        if (json) {
+            r->output_json =
+                kf_outbuf_to_json(&s->out, 0, s->out.rows, r->first_output_seq, a, &len);
+        } else {
+            r->output = kf_outbuf_to_batch(&s->out, 0, s->out.rows, a);
+        }
+        if ((json && r->output_json == NULL) || (!json && r->output == NULL)) {
+            return kf_error_set(s->err, KF_E_TOO_LARGE,
+                                "the dry run's output (%u rows) is too large to answer",
+                                s->out.rows);
+        }
+    }
+    const undo_t **order = kf_arena_new(a, (s->nundo + 1) * sizeof *order);
+    for (size_t i = 0; i < s->nundo; i++) {
+        order[i] = &s->undo[i];
+    }
+    qsort(order, s->nundo, sizeof *order, undo_key_cmp);
+    r->changes = kf_arena_new(a, (s->nundo + 1) * sizeof *r->changes);
+    for (size_t i = 0; i < s->nundo; i++) {
+        const undo_t *u = order[i];
+        const fn_key_t *k = u->key;
+        int64_t at[KF_TIMER_NAMES_MAX];
+        bool changed =
+            u->state != k->state || u->value != k->value || u->expires_us != k->expires_us;
+        for (size_t t = 0; t < fn->desc->n_timer_names; t++) {
+            at[t] = k->timers && k->timers[t] ? k->timers[t]->at_us : KF__NO_TIME;
+            changed = changed || at[t] != u->at[t];
+        }
+        if (!changed) {
+            continue;
+        }
+        Keyflow__V1__KeyChange *c = kf_arena_new(a, sizeof *c);
+        keyflow__v1__key_change__init(c);
+        c->key_text = kf_arena_strndup(a, k->key_text, k->key_text_len);
+        c->state_before = (Keyflow__V1__StateKind)u->state;
+        c->value_before = u->value;
+        c->state_after = (Keyflow__V1__StateKind)k->state;
+        c->value_after = k->value;
+        c->state_expires_us = k->expires_us != KF__NO_TIME ? k->expires_us : 0;
+        c->timers_before = timers_of(a, fn, u->at, &c->n_timers_before);
+        c->timers_after = timers_of(a, fn, at, &c->n_timers_after);
+        r->changes[r->n_changes++] = c;
+    }
+    cmd->response = &r->base;
+    return KF_OK;
+}
+
 /* Ends a step: commit (and acknowledge a PushBatch), or abandon the calls
- * out, roll back and refuse; then frees a follow-on step. */
+ * out, roll back and refuse; a dry run answers with its effects and rolls
+ * back either way. Then frees a follow-on step. */
 static void step_finish(step_t *s, kf_status_t st) {
     kf_functions_t *fns = s->fns;
     function_t *fn = s->fn;
@@ -909,7 +1004,17 @@ static void step_finish(step_t *s, kf_status_t st) {
     if (st == KF_OK && s->reordered) {
         st = restore_row_order(s);
     }
-    if (st != KF_OK) {
+    if (st == KF_OK && s->dry) {
+        KF_ASSERT(s->nout == 0);
+        st = dry_answer(s);
+        fn->active = NULL;
+        rollback(s);
+        if (st == KF_OK) {
+            kf_ctx_ready(ctx, cmd);
+        } else {
+            kf_ctx_fail(ctx, cmd);
+        }
+    } else if (st != KF_OK) {
         /* Calls still out are forgotten: their responses, if any come, are
          * dropped by the host; their keys are free before rollback frees
          * the keys this step made. */
@@ -1000,33 +1105,12 @@ static void step_start(step_t *s, kf_functions_t *fns, kf_ctx_t *ctx, function_t
     fn->active = s;
 }
 
-/* Checks a PushBatch and starts its step (the function is idle). */
-static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
-    const Keyflow__V1__PushBatchRequest *req = (const Keyflow__V1__PushBatchRequest *)cmd->request;
+/* Decodes a batch's rows against the input schema and checks its keys; the
+ * step (in the command's arena) holds them. NULL when they are refused
+ * (the command is answered). */
+static step_t *batch_rows(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd,
+                          const Keyflow__V1__PushBatchRequest *req) {
     kf_error_t *err = &cmd->error;
-    KF_ASSERT(fn->active == NULL);
-    if (kf_check_identifier("producer_id", req->producer_id, KF_PRODUCER_ID_BYTES_MAX, true, err) !=
-        KF_OK) {
-        kf_ctx_fail(ctx, cmd);
-        return;
-    }
-    if (req->sequence < 1) {
-        kf_error_set(err, KF_E_INVALID, "sequence: must be at least 1, got %lld",
-                     (long long)req->sequence);
-        kf_ctx_fail(ctx, cmd);
-        return;
-    }
-    producer_t *p = kf__producer_get(fn, req->producer_id, false);
-    if (p != NULL && cmd->principal != NULL && p->owner[0] != '\0' &&
-        strcmp(p->owner, kf_principal_id(cmd->principal)) != 0) {
-        /* Else another tenant could push sequence INT64_MAX under it and
-         * lock its producer out for good. */
-        kf_error_set(err, KF_E_PERMISSION,
-                     "producer_id: producer %s of function %s belongs to another API key", p->id,
-                     fn->id);
-        kf_ctx_fail(ctx, cmd);
-        return;
-    }
     step_t *s = kf_arena_new(cmd->arena, sizeof *s);
     kf_rows_t *rows = &s->rows_storage;
     kf_status_t st = KF_OK;
@@ -1069,9 +1153,76 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
     }
     if (st != KF_OK) {
         kf_ctx_fail(ctx, cmd);
+        return NULL;
+    }
+    s->rows = rows;
+    s->cmd = cmd;
+    s->req = req;
+    return s;
+}
+
+/* Starts the step of a decoded batch (the function is idle). */
+static void batch_run(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, step_t *s) {
+    kf_cmd_t *cmd = s->cmd;
+    kf_error_t *err = &cmd->error;
+    if (fn->host == NULL || fn->host->room(fns, fn) < 0) {
+        kf_error_set(err, KF_E_UNAVAILABLE, "function %s is unavailable: %s", fn->id,
+                     fn->unavailable);
+        kf_ctx_fail(ctx, cmd);
         return;
     }
-    batch_digest(rows, req, s->digest);
+    const kf_rows_t *rows = s->rows;
+    s->lookahead = fn->host->pipelines;
+    if (s->lookahead) {
+        /* The unassigned rows as a list: row i is followed by row i + 1. */
+        s->next_row = kf_arena_alloc(cmd->arena, ((size_t)rows->count + 1) * sizeof *s->next_row);
+        s->row_key = kf_arena_zalloc(cmd->arena, ((size_t)rows->count + 1) * sizeof *s->row_key);
+        if (s->next_row == NULL || s->row_key == NULL) {
+            kf_error_set(err, KF_E_LIMIT, "rows: out of memory for this batch");
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
+        for (uint32_t i = 0; i < rows->count; i++) {
+            s->next_row[i] = i + 1;
+        }
+        s->first_row = 0;
+    }
+    step_start(s, fns, ctx, fn, cmd->arena, err);
+    step_advance(s);
+}
+
+/* Checks a PushBatch and starts its step (the function is idle). */
+static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
+    const Keyflow__V1__PushBatchRequest *req = (const Keyflow__V1__PushBatchRequest *)cmd->request;
+    kf_error_t *err = &cmd->error;
+    KF_ASSERT(fn->active == NULL);
+    if (kf_check_identifier("producer_id", req->producer_id, KF_PRODUCER_ID_BYTES_MAX, true, err) !=
+        KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (req->sequence < 1) {
+        kf_error_set(err, KF_E_INVALID, "sequence: must be at least 1, got %lld",
+                     (long long)req->sequence);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    producer_t *p = kf__producer_get(fn, req->producer_id, false);
+    if (p != NULL && cmd->principal != NULL && p->owner[0] != '\0' &&
+        strcmp(p->owner, kf_principal_id(cmd->principal)) != 0) {
+        /* Else another tenant could push sequence INT64_MAX under it and
+         * lock its producer out for good. */
+        kf_error_set(err, KF_E_PERMISSION,
+                     "producer_id: producer %s of function %s belongs to another API key", p->id,
+                     fn->id);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    step_t *s = batch_rows(fns, ctx, fn, cmd, req);
+    if (s == NULL) {
+        return;
+    }
+    batch_digest(s->rows, req, s->digest);
     if (p != NULL && req->sequence <= p->last_sequence) {
         retry_t r = replay_ack(p, req->sequence, s->digest, cmd);
         if (r == RETRY_SAME) {
@@ -1107,32 +1258,53 @@ static void push_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cm
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    if (fn->host == NULL || fn->host->room(fns, fn) < 0) {
-        kf_error_set(err, KF_E_UNAVAILABLE, "function %s is unavailable: %s", fn->id,
-                     fn->unavailable);
+    batch_run(fns, ctx, fn, s);
+}
+
+/* A DryRunBatch: its rows and watermark as the PushBatch they would be
+ * (no producer: nothing is remembered), then the same step, marked dry
+ * (step_finish answers with its effects and rolls it back). */
+static void dry_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
+    const Keyflow__V1__DryRunBatchRequest *dry =
+        (const Keyflow__V1__DryRunBatchRequest *)cmd->request;
+    KF_ASSERT(fn->active == NULL);
+    if ((int)dry->format < 0 || dry->format > KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON) {
+        kf_error_set(&cmd->error, KF_E_INVALID, "format: must be COLUMNAR or JSON");
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    s->rows = rows;
-    s->cmd = cmd;
-    s->req = req;
-    s->lookahead = fn->host->pipelines;
-    if (s->lookahead) {
-        /* The unassigned rows as a list: row i is followed by row i + 1. */
-        s->next_row = kf_arena_alloc(cmd->arena, ((size_t)rows->count + 1) * sizeof *s->next_row);
-        s->row_key = kf_arena_zalloc(cmd->arena, ((size_t)rows->count + 1) * sizeof *s->row_key);
-        if (s->next_row == NULL || s->row_key == NULL) {
-            kf_error_set(err, KF_E_LIMIT, "rows: out of memory for this batch");
-            kf_ctx_fail(ctx, cmd);
-            return;
-        }
-        for (uint32_t i = 0; i < rows->count; i++) {
-            s->next_row[i] = i + 1;
-        }
-        s->first_row = 0;
+    Keyflow__V1__PushBatchRequest *req = kf_arena_new(cmd->arena, sizeof *req);
+    keyflow__v1__push_batch_request__init(req);
+    req->function_id = dry->function_id;
+    if (dry->rows_case == KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_BATCH) {
+        req->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH;
+        req->batch = dry->batch;
+    } else if (dry->rows_case == KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_ROWS_JSON) {
+        req->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON;
+        req->rows_json = dry->rows_json;
     }
-    step_start(s, fns, ctx, fn, cmd->arena, err);
-    step_advance(s);
+    if (dry->watermark_present_case ==
+        KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US) {
+        req->watermark_present_case =
+            KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
+        req->watermark_us = dry->watermark_us;
+    }
+    step_t *s = batch_rows(fns, ctx, fn, cmd, req);
+    if (s == NULL) {
+        return;
+    }
+    s->dry = true;
+    batch_run(fns, ctx, fn, s);
+}
+
+/* A queued command's step: a batch or a dry run. */
+static void cmd_begin(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
+    if (cmd->op == KF_OP_DRY_RUN_BATCH) {
+        dry_begin(fns, ctx, fn, cmd);
+    } else {
+        KF_ASSERT(cmd->op == KF_OP_PUSH_BATCH);
+        push_begin(fns, ctx, fn, cmd);
+    }
 }
 
 /* Starts queued batches while the function is free (a step that finishes
@@ -1148,16 +1320,15 @@ static void fn_drain(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
         kf_gauge_add(KF_G_BATCHES_QUEUED, -1);
         cmd->next = NULL;
         cmd->parked = NULL;
-        push_begin(fns, ctx, fn, cmd);
+        cmd_begin(fns, ctx, fn, cmd);
     }
 }
 
-/* A busy function (invariant 3) holds later batches: they wait in order
- * (bounded by KF_FN_QUEUED_MAX), since each step starts from the state the
- * previous one left. */
-void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
-    const Keyflow__V1__PushBatchRequest *req = (const Keyflow__V1__PushBatchRequest *)cmd->request;
-    function_t *fn = kf__fn_require(fns, req->function_id, &cmd->error);
+/* A busy function (invariant 3) holds later batches and dry runs: they
+ * wait in order (bounded by KF_FN_QUEUED_MAX), since each step starts from
+ * the state the previous one left. */
+static void enter(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd, const char *function_id) {
+    function_t *fn = kf__fn_require(fns, function_id, &cmd->error);
     if (fn == NULL) {
         kf_ctx_fail(ctx, cmd);
         return;
@@ -1183,8 +1354,16 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         kf_gauge_add(KF_G_BATCHES_QUEUED, 1);
         return;
     }
-    push_begin(fns, ctx, fn, cmd);
+    cmd_begin(fns, ctx, fn, cmd);
     fn_drain(fns, ctx, fn);
+}
+
+void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    enter(fns, ctx, cmd, ((const Keyflow__V1__PushBatchRequest *)cmd->request)->function_id);
+}
+
+void kf_functions_dry_run(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    enter(fns, ctx, cmd, ((const Keyflow__V1__DryRunBatchRequest *)cmd->request)->function_id);
 }
 
 /* ---- follow-on steps --------------------------------------------------- */

@@ -617,6 +617,10 @@ static void function_info_add(Keyflow__V1__FunctionInfo *a, const Keyflow__V1__F
     a->keys += b->keys;
     a->timers += b->timers;
     a->state_bytes += b->state_bytes;
+    a->due_timers += b->due_timers;
+    if (a->due_timers_error[0] == '\0') {
+        a->due_timers_error = b->due_timers_error;
+    }
     a->output_seq += b->output_seq;
     a->watermark_us = b->watermark_us < a->watermark_us ? b->watermark_us : a->watermark_us;
     if (a->available && !b->available) {
@@ -921,10 +925,13 @@ static bool keyed_fetched(fanout_t *f, kf_status_t (*with_descriptor)(fanout_t *
  * to every served partition, rows or not: their timers fire by it. The
  * function's per-batch limits apply per partition. */
 
-static kf_status_t push_split(fanout_t *f, int32_t *direct) {
+/* Groups `req`'s rows by partition (fan: one part each, or the whole call
+ * to one partition through *direct); without fan, a batch that reaches
+ * more than one partition is refused (a dry run is not split yet). */
+static kf_status_t split_rows(fanout_t *f, const Keyflow__V1__PushBatchRequest *req,
+                              int32_t *direct, bool fan) {
     kf_router_t *r = f->router;
     keyed_state_t *st = f->state;
-    const Keyflow__V1__PushBatchRequest *req = (const void *)f->parent->request;
     const Keyflow__V1__FunctionDescriptor *d = st->descriptor;
     kf_arena_t *arena = f->parent->arena;
     kf_error_t *err = &f->parent->error;
@@ -980,6 +987,12 @@ static kf_status_t push_split(fanout_t *f, int32_t *direct) {
         *direct = targets == 1 ? only : (int32_t)r->served[0];
         return KF_OK;
     }
+    if (!fan) {
+        return kf_error_set(err, KF_E_UNIMPLEMENTED,
+                            "%s: the rows' keys or the watermark reach %u partitions; a dry run "
+                            "is answered for one partition at a time (docs/scaling.md)",
+                            kf_method_by_op(f->parent->op)->name, targets);
+    }
     uint32_t *which = kf_arena_new(arena, ((size_t)rows.count + 1) * sizeof *which);
     for (uint32_t i = 0; i < r->served_count; i++) {
         uint32_t p = r->served[i];
@@ -1005,6 +1018,10 @@ static kf_status_t push_split(fanout_t *f, int32_t *direct) {
         fanout_add(f, p, &part->base);
     }
     return KF_OK;
+}
+
+static kf_status_t push_split(fanout_t *f, int32_t *direct) {
+    return split_rows(f, (const void *)f->parent->request, direct, true);
 }
 
 static kf_status_t push_begin(fanout_t *f, int32_t *direct) {
@@ -1064,6 +1081,57 @@ static bool push_next(fanout_t *f) {
 }
 
 static const plan_t plan_push_batch = {"push_batch", push_begin, NULL, push_next};
+
+/* ---- DryRunBatch: as PushBatch, in one partition ------------------------
+ * The rows and watermark route as a PushBatch's would; a dry run whose
+ * batch stays in one partition goes there as it is (the usual case: one
+ * partition, or rows of one key). */
+
+static kf_status_t dry_split(fanout_t *f, int32_t *direct) {
+    const Keyflow__V1__DryRunBatchRequest *dry = (const void *)f->parent->request;
+    Keyflow__V1__PushBatchRequest *req = kf_arena_new(f->parent->arena, sizeof *req);
+    keyflow__v1__push_batch_request__init(req);
+    req->function_id = dry->function_id;
+    if (dry->rows_case == KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_BATCH) {
+        req->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH;
+        req->batch = dry->batch;
+    } else if (dry->rows_case == KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_ROWS_JSON) {
+        req->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON;
+        req->rows_json = dry->rows_json;
+    }
+    if (dry->watermark_present_case ==
+        KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US) {
+        req->watermark_present_case =
+            KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
+        req->watermark_us = dry->watermark_us;
+    }
+    return split_rows(f, req, direct, false);
+}
+
+static kf_status_t dry_begin(fanout_t *f, int32_t *direct) {
+    const Keyflow__V1__DryRunBatchRequest *req = (const void *)f->parent->request;
+    return keyed_begin(f, req->function_id, direct, dry_split);
+}
+
+static bool dry_next(fanout_t *f) {
+    keyed_state_t *st = f->state;
+    if (st->fetching) {
+        return keyed_fetched(f, dry_split);
+    }
+    KF_ASSERT(f->nsubs == 1); /* one partition (dry_split) */
+    const sub_t *s = &f->subs[0];
+    if (s->cmd.error.status != KF_OK) {
+        fail_as(f, s);
+        return false;
+    }
+    f->parent->response = copy_into_parent(f, s->cmd.response);
+    if (f->parent->response != NULL) {
+        kf_error_clear(&f->parent->error);
+    }
+    return false;
+}
+
+static const plan_t plan_dry_run_batch = {"dry_run_batch", dry_begin, NULL, dry_next};
 
 /* ---- GetKeyState: the key's partition ------------------------------------ */
 

@@ -212,6 +212,12 @@ RULES = {
         http=lambda c: [("POST", "/v1/functions/%s/batches" % FN, {
             "producerId": "p-neg", "sequence": 1,
             "rows": [{"user": "mallory", "ts": 1, "amount": 1}]})]),
+    "/keyflow.v1.Functions/DryRunBatch": dict(
+        request=lambda c: F.DryRunBatchRequest(
+            function_id=FN, rows_json=json.dumps([{"user": "mallory", "ts": 1, "amount": 1}])),
+        snapshot=None, prefix=DENIED,
+        http=lambda c: [("POST", "/v1/functions/%s/dry-run" % FN, {
+            "rows": [{"user": "mallory", "ts": 1, "amount": 1}]})]),
     "/keyflow.v1.Functions/ReadOutput": dict(
         request=lambda c: F.ReadOutputRequest(function_id=FN), snapshot=None, prefix=DENIED,
         http=lambda c: [("GET", "/v1/functions/%s/output?after=0" % FN, None)]),

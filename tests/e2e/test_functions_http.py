@@ -318,6 +318,32 @@ class FunctionsHttpTest(unittest.TestCase):
         info = self.info(d)
         self.assertEqual((info["outputSeq"], info["keys"]), ("9", "3"))
 
+    def test_dry_run_answers_what_a_push_would_do_and_changes_nothing(self):
+        d = rs_descriptor()
+        self.register(d)
+        self.push(d, "p", 1, [{"user": "alice", "ts": 1, "amount": 5}])
+        path = "/v1/functions/%s/dry-run" % d["functionId"]
+        doc = self.ok("POST", path, {"rows": [{"user": "alice", "ts": 2, "amount": 3},
+                                              {"user": "bob", "ts": 2, "amount": 1}],
+                                     "watermarkUs": "2", "format": "ROW_FORMAT_JSON"})
+        self.assertEqual((doc["rowsAccepted"], doc["firstOutputSeq"], doc["watermarkUs"]),
+                         ("2", "2", "2"))
+        out = json.loads(doc["outputJson"]) if isinstance(doc["outputJson"], str) \
+            else doc["outputJson"]
+        self.assertEqual([(r["_seq"], r["key"], r["sum"]) for r in out],
+                         [("2", "alice", "8"), ("3", "bob", "1")])
+        # In canonical key order: the length-prefixed bytes put "bob" first.
+        self.assertEqual([(c["keyText"], c["stateBefore"], c.get("valueAfter"))
+                          for c in doc["changes"]],
+                         [("bob", "STATE_KIND_ABSENT", "1"), ("alice", "STATE_KIND_VALUE", "8")])
+        # Nothing was applied: the output and alice's sum are as they were.
+        self.assertEqual(len(self.read_all(d)), 1)
+        self.assertEqual(self.info(d)["outputSeq"], "1")
+        self.assertNotIn("watermarkUs", self.info(d))
+        # A batch the push would refuse is refused the same way.
+        self.error("POST", path, {"rows": [{"user": "alice", "ts": 3, "amount": "x"}]}, 400,
+                   "INVALID_ARGUMENT", "rows[0].amount")
+
     def test_one_activation_per_key_per_call(self):
         d = rs_descriptor()
         self.register(d)

@@ -463,3 +463,105 @@ Test(steps, a_negative_ttl_is_refused) {
     cr_assert_eq(c->error.status, KF_E_INVALID);
     cr_assert(strstr(c->error.message, "descriptor.state_ttl_us") != NULL, "%s", c->error.message);
 }
+
+/* ---- DryRunBatch ------------------------------------------------------- */
+
+static kf_cmd_t *dry_run(const char *rows, int64_t watermark, bool json) {
+    Keyflow__V1__DryRunBatchRequest *req =
+        kf_arena_zalloc(&sim.arena, sizeof(Keyflow__V1__DryRunBatchRequest));
+    keyflow__v1__dry_run_batch_request__init(req);
+    req->function_id = "f";
+    if (rows != NULL) {
+        req->rows_case = KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_ROWS_JSON;
+        req->rows_json = kf_arena_strdup(&sim.arena, rows);
+    }
+    if (watermark != INT64_MIN) {
+        req->watermark_present_case =
+            KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
+        req->watermark_us = watermark;
+    }
+    req->format = json ? KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON
+                       : KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_COLUMNAR;
+    return sim_exec(&sim, KF_OP_DRY_RUN_BATCH, &req->base);
+}
+
+/* A dry run answers what the step would write and writes nothing: the
+ * output (with the sequence numbers it would get), each key's value and
+ * timers before and after, fired timers and expired values included. */
+Test(steps, a_dry_run_answers_the_effects_and_applies_nothing) {
+    register_ttl(1000);
+    fnh_push_ok("f", 1, "[" ROW("a", 100, "ok", 5) "," ROW("b", 100, "timer", 50) "]", INT64_MIN);
+    Keyflow__V1__FunctionInfo before = *fnh_info("f");
+    uint64_t writes = kf_memdisk_writes(sim.disk);
+    kf_cmd_t *c = dry_run("[" ROW("a", 200, "ok", 7) "," ROW("c", 200, "ok", 1) "]", 160, true);
+    cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+    Keyflow__V1__DryRunBatchResponse *r = (Keyflow__V1__DryRunBatchResponse *)c->response;
+    cr_assert_eq(r->rows_accepted, 2);
+    cr_assert_eq(r->timer_callbacks, 1, "b's timer at 150 would fire");
+    cr_assert_eq(r->watermark_us, 160);
+    cr_assert_eq(r->due_timers, 0);
+    cr_assert_eq(r->first_output_seq, before.output_seq + 1);
+    json_t *rows = json_loads(r->output_json, 0, NULL);
+    cr_assert_eq(json_array_size(rows), 3, "%s", r->output_json);
+    cr_assert_str_eq(fnh_out_str(rows, 0, "key"), "a");
+    cr_assert_eq(fnh_out_int(rows, 0, "n"), 7);
+    cr_assert_str_eq(fnh_out_str(rows, 2, "key"), "b");
+    cr_assert_eq(fnh_out_int(rows, 2, "_seq"), before.output_seq + 3);
+    json_decref(rows);
+    cr_assert_eq(r->n_changes, 3, "a, b and c, in key order");
+    Keyflow__V1__KeyChange *a = r->changes[0], *b = r->changes[1], *cc = r->changes[2];
+    cr_assert_str_eq(a->key_text, "a");
+    cr_assert_eq(a->value_before, 5);
+    cr_assert_eq(a->value_after, 7);
+    cr_assert_eq(a->state_expires_us, 1200);
+    cr_assert_str_eq(b->key_text, "b");
+    cr_assert_eq(b->n_timers_before, 1);
+    cr_assert_eq(b->timers_before[0]->at_us, 150);
+    cr_assert_eq(b->n_timers_after, 0, "fired");
+    cr_assert_str_eq(cc->key_text, "c");
+    cr_assert_eq(cc->state_before, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+    cr_assert_eq(cc->state_after, KEYFLOW__V1__STATE_KIND__STATE_KIND_VALUE);
+    /* Nothing happened. */
+    cr_assert_eq(kf_memdisk_writes(sim.disk), writes);
+    Keyflow__V1__FunctionInfo *after = fnh_info("f");
+    cr_assert_eq(after->output_seq, before.output_seq);
+    cr_assert_eq(after->watermark_us, before.watermark_us);
+    cr_assert_eq(after->keys, before.keys);
+    cr_assert_eq(after->state_bytes, before.state_bytes);
+    cr_assert_eq(fnh_state("f", "a")->value, 5);
+    cr_assert_eq(fnh_state("f", "b")->n_timers, 1);
+    cr_assert_eq(fnh_state("f", "c")->state, KEYFLOW__V1__STATE_KIND__STATE_KIND_ABSENT);
+    /* The same batch pushed does what the dry run said. */
+    Keyflow__V1__PushBatchResponse *ack =
+        fnh_push_ok("f", 2, "[" ROW("a", 200, "ok", 7) "," ROW("c", 200, "ok", 1) "]", 160);
+    cr_assert_eq(ack->first_output_seq, r->first_output_seq);
+    cr_assert_eq(ack->timer_callbacks, r->timer_callbacks);
+    cr_assert_eq(fnh_state("f", "a")->value, 7);
+    /* Columnar output too. */
+    c = dry_run("[" ROW("a", 300, "ok", 1) "]", INT64_MIN, false);
+    r = (Keyflow__V1__DryRunBatchResponse *)c->response;
+    cr_assert_not_null(r->output);
+    cr_assert_eq(r->output->row_count, 1);
+}
+
+/* A dry run fails exactly when the push would: same status, same message,
+ * and still nothing applied. */
+Test(steps, a_dry_run_fails_like_the_push_would) {
+    Keyflow__V1__FunctionDescriptor *d = fnh_descriptor("f", "f.v1");
+    fnh_limit(d, "max_output_rows", 2);
+    cr_assert_eq(fnh_register(d)->error.status, KF_OK);
+    const char *bad[] = {
+        "[" ROW("a", 10, "ok", 1) "," ROW("a", 11, "fail", 0) "]",
+        "[" ROW("a", 10, "ok", 1) "," ROW("b", 10, "ok", 1) "," ROW("c", 10, "ok", 1) "]",
+        "[{\"k\":\"a\",\"ts\":\"soon\",\"mode\":\"ok\"}]",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kf_cmd_t *dry = dry_run(bad[i], INT64_MIN, true);
+        kf_cmd_t *push = fnh_push("f", "p", 1, bad[i], INT64_MIN);
+        cr_assert_neq(push->error.status, KF_OK);
+        cr_assert_eq(dry->error.status, push->error.status, "%zu: %s / %s", i, dry->error.message,
+                     push->error.message);
+        cr_assert_str_eq(dry->error.message, push->error.message);
+    }
+    cr_assert_eq(fnh_info("f")->keys, 0);
+}
