@@ -927,10 +927,11 @@ int main(int argc, char **argv) {
 
     int sig = wait_for_stop(&sigs, -1, &o.tls, grpc, gateway);
     if (!kf_health_failed()) {
-        kf_notify_stopping("draining: NOT_SERVING, still serving requests");
         /* Readiness first: load balancers stop sending new requests while
-         * both listeners still serve the ones that come. */
+         * both listeners still serve the ones that come. Then systemd hears
+         * it: whoever reads "NOT_SERVING" there must find it so. */
         kf_health_set(false, "draining");
+        kf_notify_stopping("draining: NOT_SERVING, still serving requests");
         kf_log_kv(KF_LOG_INFO, "main", "draining", KF_LOG_INT("signal", sig),
                   KF_LOG_INT("grace_ms", o.drain_grace_ms));
         if (o.drain_grace_ms > 0) {
