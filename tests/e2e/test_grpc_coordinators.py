@@ -23,6 +23,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import wait_until  # noqa: E402
 
 harness.stubs()
 import grpc  # noqa: E402
@@ -61,18 +62,6 @@ def batch(max_events=None, max_wait_ms=None, dedup_ms=None):
     if dedup_ms is not None:
         r.dedup_ms = dedup_ms
     return r
-
-
-def wait_until(fn, timeout, what, interval=0.02):
-    """Polls fn() until it returns a truthy value; fails clearly at the deadline."""
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out after %.1fs waiting for %s (last value: %r)" % (timeout, what, last))
 
 
 class ServerTest(unittest.TestCase):

@@ -10,20 +10,18 @@ Run (Debian's Python):
   KEYFLOW_BUILD_DIR=build PYENV_VERSION=system python3 -m unittest -v test_health
 """
 
-import json
 import os
 import queue
 import signal
 import sys
 import tempfile
 import threading
-import time
 import unittest
 import urllib.request
-import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import wait_until  # noqa: E402
 
 harness.stubs()
 import grpc  # noqa: E402
@@ -45,17 +43,6 @@ def built_with_systemd():
             return "SYSTEMD_FOUND:INTERNAL=1" in f.read()
     except OSError:
         return False
-
-
-def wait_until(fn, timeout, what, interval=0.02):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out after %.1fs waiting for %s (last: %r)" % (timeout, what, last))
 
 
 class Watcher:

@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import wait_until  # noqa: E402
 
 UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 CLOCK_SLACK_MS = 5
@@ -35,17 +36,6 @@ def now_ms():
 def enc(segment):
     """Percent-encodes one path segment (a '/' in a key becomes %2F)."""
     return quote(segment, safe="")
-
-
-def wait_until(fn, timeout, what, interval=0.02):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out after %.1fs waiting for %s (last value: %r)" % (timeout, what, last))
 
 
 class Response:

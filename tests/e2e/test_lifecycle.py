@@ -19,6 +19,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import wait_until  # noqa: E402
 
 harness.stubs()
 import grpc  # noqa: E402
@@ -33,17 +34,6 @@ BATCH = C.RULE_KIND_BATCH
 
 def now_ms():
     return int(time.time() * 1000)
-
-
-def wait_until(fn, timeout, what, interval=0.02):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out after %.1fs waiting for %s (last value: %r)" % (timeout, what, last))
 
 
 class LifecycleTest(unittest.TestCase):

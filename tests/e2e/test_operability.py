@@ -17,6 +17,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import wait_until  # noqa: E402
 
 harness.stubs()
 import grpc  # noqa: E402
@@ -31,17 +32,6 @@ HANDLERS = os.path.join(harness.BUILD, "handlers")
 def project_version():
     with open(os.path.join(harness.ROOT, "CMakeLists.txt")) as f:
         return re.search(r"project\(keyflow VERSION ([0-9.]+)", f.read()).group(1)
-
-
-def wait_until(fn, timeout, what, interval=0.02):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out after %.1fs waiting for %s (last: %r)" % (timeout, what, last))
 
 
 def metric(text, series):
