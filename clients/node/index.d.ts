@@ -336,6 +336,7 @@ export class Worker {
   handle(workflow: string, handler: Handler): this;
   /** resolves after stop() finished or released every held run */
   run(): Promise<void>;
+  /** graceMs counts from the first stop(); a later call may change it (0: release now) */
   stop(options?: { graceMs?: number }): Promise<void>;
 }
 

@@ -119,6 +119,8 @@ class Worker {
     this._pollBatchMin = Math.max(1, Math.min(16, Math.floor(this.concurrency / 4)));
     this._slotWaiters = [];
     this._idleWaiters = [];
+    this._stopStartedMs = 0; // performance.now() of the first stop()
+    this._graceChanged = null; // re-arms the grace timer of _shutdown
     this._done = null;
   }
 
@@ -156,12 +158,18 @@ class Worker {
 
   // Stops taking runs; held runs may finish for graceMs (default: the
   // worker's), then the rest are released. Resolves when run() is done.
+  // The grace counts from the first stop(); a later call may change it
+  // (stop({ graceMs: 0 }) releases what is still held at once).
   stop({ graceMs } = {}) {
     if (graceMs !== undefined) {
       this.graceMs = graceMs;
+      if (this._graceChanged) {
+        this._graceChanged();
+      }
     }
     if (!this.stopping) {
       this.stopping = true;
+      this._stopStartedMs = performance.now();
       this._abort.abort();
       for (const call of this._polls) {
         call.cancel();
@@ -265,10 +273,17 @@ class Worker {
     if (this._active.size > 0) {
       const idle = new Promise((resolve) => this._idleWaiters.push(resolve));
       let timer;
-      await Promise.race([idle, new Promise((resolve) => {
-        timer = setTimeout(resolve, this.graceMs);
-      })]);
+      const graceOver = new Promise((resolve) => {
+        this._graceChanged = () => {
+          clearTimeout(timer);
+          const leftMs = this._stopStartedMs + this.graceMs - performance.now();
+          timer = setTimeout(resolve, Math.max(0, leftMs));
+        };
+        this._graceChanged();
+      });
+      await Promise.race([idle, graceOver]);
       clearTimeout(timer);
+      this._graceChanged = null;
     }
     const held = [...this._active.values()].filter((ctx) => !ctx.leaseLost);
     await Promise.all(held.map(async (ctx) => {

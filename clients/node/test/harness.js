@@ -123,4 +123,4 @@ function unique(prefix) {
 
 const built = fs.existsSync(KEYFLOWD);
 
-module.exports = { Keyflowd, waitFor, sleep, unique, runningSumDescriptor, built, ROOT };
+module.exports = { Keyflowd, waitFor, sleep, unique, runningSumDescriptor, built, ROOT, WAIT_MS };

@@ -7,7 +7,7 @@ const assert = require('node:assert');
 const { spawn } = require('child_process');
 const path = require('path');
 const kf = require('..');
-const { Keyflowd, waitFor, unique, built } = require('./harness');
+const { Keyflowd, waitFor, unique, built, WAIT_MS } = require('./harness');
 
 const ONE = { rule: kf.batch({ maxEvents: 1 }) };
 
@@ -86,7 +86,9 @@ test('results, errors and N runs at once', opts, async (t) => {
 test('heartbeats keep a run past its lease', opts, async (t) => {
   const c = await start(t);
   const wf = unique('hb');
-  const w = c.worker({ concurrency: 1, leaseMs: 1000 });
+  // A heartbeat every 200 ms: the lease survives one that a loaded machine
+  // delays by up to 1.8 s.
+  const w = c.worker({ concurrency: 1, leaseMs: 2000, heartbeatFraction: 0.1 });
   const release = deferred();
   w.handle(wf, async () => {
     await release.promise;
@@ -95,10 +97,10 @@ test('heartbeats keep a run past its lease', opts, async (t) => {
   const runId = await c.send(wf, 'k');
   w.run();
   const first = (await c.waitStatus(runId, 'leased')).leaseExpiresMs;
-  // Without heartbeats the lease would have expired (and the run gone back
-  // to pending for a second attempt) long before this.
+  // A lease extended from its first expiry on: without heartbeats the run
+  // would have gone back to pending for a second attempt by then.
   await waitFor(async () => (await c.client.getRun(runId)).leaseExpiresMs >= first + 2000,
-    'heartbeats to move the lease 2 s past its first expiry');
+    'heartbeats to keep the lease past its first expiry');
   release.resolve();
   const run = await c.waitStatus(runId, 'completed');
   assert.deepStrictEqual([run.result, run.attempts], ['done', 1]);
@@ -126,7 +128,14 @@ test('stop finishes cooperative runs and releases the rest', opts, async (t) => 
   const stuckId = await c.send(wfStuck, 's');
   const done = w.run();
   await waitFor(() => started === 2, 'both handlers to start');
-  await w.stop({ graceMs: 500 });
+  // A grace no machine outlasts for the cooperative run; once it has
+  // finished, a second stop() ends the grace for the stuck one. (A short
+  // grace that runs out instead raced the cooperative run's completion on a
+  // loaded machine.)
+  const stopped = w.stop({ graceMs: 2 * WAIT_MS });
+  await waitFor(() => w.completed === 1, 'the cooperative run to finish during the grace');
+  await w.stop({ graceMs: 0 });
+  await stopped;
   await done;
   assert.strictEqual((await c.client.getRun(coopId)).result, 'finished');
   assert.deepStrictEqual([w.completed, w.released], [1, 1]);
@@ -141,7 +150,9 @@ test('retryable errors are retried and a cancel reaches the handler', opts, asyn
   const c = await start(t);
   const wfFlaky = unique('flaky');
   const wfLong = unique('long');
-  const w = c.worker({ concurrency: 2, leaseMs: 600 });
+  // Cancels reach the handler with heartbeats (every 300 ms); the lease
+  // outlives one that a loaded machine delays by up to 2.7 s.
+  const w = c.worker({ concurrency: 2, leaseMs: 3000, heartbeatFraction: 0.1 });
   const tries = [];
   w.handle(wfFlaky, (input, run) => {
     tries.push(run.attempts);

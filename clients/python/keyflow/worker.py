@@ -135,6 +135,7 @@ class Worker:
         self._active = {}           # run_id -> RunContext
         self._heap = []             # (next_heartbeat, run_id)
         self._stopping = threading.Event()
+        self._stop_started = None   # time.monotonic() of the first stop()
         self._done = threading.Event()
         self._polls = set()         # outstanding PollRuns futures
         self._reserved = 0          # slots promised to outstanding polls
@@ -193,24 +194,31 @@ class Worker:
 
     def stop(self, wait=True, grace_s=None):
         """Stops taking runs; held runs may finish for grace_s (default: the
-        worker's), then the rest are released. With wait, returns when done."""
-        if grace_s is not None:
-            self.grace_s = grace_s
-        if not self._stopping.is_set():
-            self._stopping.set()
-            with self._lock:
+        worker's), then the rest are released. With wait, returns when done.
+        The grace counts from the first stop(); a later call may change it
+        (stop(grace_s=0) releases what is still held at once)."""
+        with self._lock:
+            if grace_s is not None:
+                self.grace_s = grace_s
+            first = not self._stopping.is_set()
+            if first:
+                self._stop_started = time.monotonic()
+                self._stopping.set()
                 for future in list(self._polls):
                     future.cancel()
-                self._lock.notify_all()
+            self._lock.notify_all()  # a new grace reaches _shutdown
+        if first:
             threading.Thread(target=self._shutdown, name="keyflow-stop", daemon=True).start()
         if wait:
             self._done.wait()
 
     def _shutdown(self):
-        deadline = time.monotonic() + self.grace_s
         with self._lock:
-            while self._active and time.monotonic() < deadline:
-                self._lock.wait(deadline - time.monotonic())
+            while self._active:
+                left_s = self._stop_started + self.grace_s - time.monotonic()
+                if left_s <= 0:
+                    break
+                self._lock.wait(left_s)
             held = [ctx for ctx in self._active.values() if not ctx.lease_lost]
             for ctx in held:
                 ctx.released = True

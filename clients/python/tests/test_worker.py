@@ -12,7 +12,7 @@ import threading
 import unittest
 
 import keyflow
-from sdk_harness import restart_same_port, start_server, unique, wait_for
+from sdk_harness import WAIT_S, restart_same_port, start_server, unique, wait_for
 
 ONE = keyflow.batch(max_events=1)
 
@@ -87,15 +87,17 @@ class WorkerTest(unittest.TestCase):
 
     def test_heartbeats_keep_a_run_past_its_lease(self):
         wf = unique("hb")
-        w = self.worker(concurrency=1, lease_ms=1000)
-        w.handle(wf, lambda input, run: self.unblock.wait(30) and "done")
+        # A heartbeat every 200 ms: the lease survives one that a loaded
+        # machine delays by up to 1.8 s.
+        w = self.worker(concurrency=1, lease_ms=2000, heartbeat_fraction=0.1)
+        w.handle(wf, lambda input, run: self.unblock.wait(WAIT_S) and "done")
         run_id = self.send(wf, "k")
         w.start()
         first = self.wait_status(run_id, "leased").lease_expires_ms
-        # Without heartbeats the lease would have expired (and the run gone
-        # back to pending for a second attempt) long before this.
+        # A lease extended from its first expiry on: without heartbeats the
+        # run would have gone back to pending for a second attempt by then.
         wait_for(lambda: self.client.get_run(run_id).lease_expires_ms >= first + 2000,
-                 "heartbeats to move the lease 2 s past its first expiry")
+                 "heartbeats to keep the lease past its first expiry")
         self.unblock.set()
         run = self.wait_status(run_id, "completed")
         self.assertEqual((run.result, run.attempts), ("done", 1))
@@ -119,8 +121,14 @@ class WorkerTest(unittest.TestCase):
         w.handle(wf_stuck, stuck)
         coop_id, stuck_id = self.send(wf_coop, "c"), self.send(wf_stuck, "s")
         w.start()
-        self.assertTrue(started.acquire(timeout=30) and started.acquire(timeout=30))
-        w.stop(grace_s=0.5)
+        self.assertTrue(started.acquire(timeout=WAIT_S) and started.acquire(timeout=WAIT_S))
+        # A grace no machine outlasts for the cooperative run; once it has
+        # finished, a second stop() ends the grace for the stuck one. (A
+        # short grace that runs out instead raced the cooperative run's
+        # completion on a loaded machine.)
+        w.stop(wait=False, grace_s=2 * WAIT_S)
+        wait_for(lambda: w.completed == 1, "the cooperative run to finish during the grace")
+        w.stop(grace_s=0)
         self.assertEqual(self.client.get_run(coop_id).result, "finished")
         self.assertEqual((w.completed, w.released), (1, 1))
         # Released: pending again at once, and the attempt does not count.
@@ -131,7 +139,9 @@ class WorkerTest(unittest.TestCase):
 
     def test_retryable_errors_are_retried_and_cancel_reaches_the_handler(self):
         wf_flaky, wf_long = unique("flaky"), unique("long")
-        w = self.worker(concurrency=2, lease_ms=600)
+        # Cancels reach the handler with heartbeats (every 300 ms); the lease
+        # outlives one that a loaded machine delays by up to 2.7 s.
+        w = self.worker(concurrency=2, lease_ms=3000, heartbeat_fraction=0.1)
         tries = []
 
         @w.handle(wf_flaky)
