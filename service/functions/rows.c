@@ -413,6 +413,9 @@ typedef struct digest_buf {
 } digest_buf_t;
 
 static void digest_put(digest_buf_t *b, const void *p, size_t len) {
+    if (len == 0) {
+        return; /* an empty string's p may be NULL: memcpy must not see it */
+    }
     if (b->used + len > sizeof b->bytes) {
         kf_sha256_update(b->h, b->bytes, b->used);
         b->used = 0;
