@@ -535,9 +535,9 @@ static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
     }
     if (path_is(req, path_len, "/readyz")) {
         /* The same answer as gRPC Health/Check (base/health.h), with the
-         * reason when not ready. Asking the engine first also measures free
-         * space again (at most every KF_DISK_CHECK_INTERVAL_MS), so a disk
-         * that was freed shows here at once. */
+         * reason when not ready. Asking the engines first also measures free
+         * space again, so a disk that was filled or freed shows here at once
+         * (and every engine acts on it from then on). */
         char why[KF_ERROR_MESSAGE_BYTES_MAX];
         bool unready = kf_router_unready(gw->router, why, sizeof why);
         if (!unready && kf_health_serving()) {

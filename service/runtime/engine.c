@@ -120,8 +120,8 @@ static void default_fatal(const kf_error_t *err, void *ctx) {
  * more: WAL framing now, flushes and compactions later, which the reserve
  * is there for). Updates disk_low and says so in the log when it changes.
  * Returns the estimate. Any thread (engine, committer, front ends through
- * kf_engine_unready); statvfs does no I/O (about a microsecond, next to a
- * group's fsync of 100 us or more). */
+ * kf_engine_unready, which always measures); statvfs does no I/O (about a
+ * microsecond, next to a group's fsync of 100 us or more). */
 static uint64_t disk_refresh(kf_engine_t *e, bool force) {
     pthread_mutex_lock(&e->disk_lock);
     int64_t now_us = kf_mono_us();
@@ -251,7 +251,7 @@ bool kf_engine_unready(kf_engine_t *e, char *why, size_t cap) {
         pthread_mutex_unlock(&e->lock);
         return true;
     }
-    disk_refresh(e, false);
+    disk_refresh(e, true); /* a probe sees the disk as it is now */
     return disk_low_why(e, why, cap);
 }
 

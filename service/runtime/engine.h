@@ -74,9 +74,9 @@ void kf_engine_destroy(kf_engine_t *engine);
 /* True once a sync failed (the engine acknowledges nothing more). */
 bool kf_engine_failed(const kf_engine_t *engine);
 /* Why the engine does not take every command now, for /readyz: a storage
- * failure, or the disk reserve reached (measuring free space again when the
- * last measure is old). False, and `why` untouched, when it takes them all.
- * Any thread. */
+ * failure, or the disk reserve reached (free space measured by this call:
+ * once it says so, new writes are refused). False, and `why` untouched,
+ * when it takes them all. Any thread. */
 bool kf_engine_unready(kf_engine_t *engine, char *why, size_t why_cap);
 
 #endif
