@@ -514,13 +514,17 @@ static bool path_is(h2o_req_t *req, size_t path_len, const char *want) {
     return path_len == strlen(want) && memcmp(req->path.base, want, path_len) == 0;
 }
 
-/* GET /healthz, /readyz and /metrics, on either listener. False (nothing
- * sent) for any other path. */
-static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
+/* GET /healthz, /readyz and /metrics, on either listener, and (main: on
+ * the gateway's listener only) /openapi.json. The probe listener serves
+ * exactly the probes and /metrics: it is the port operators open to their
+ * monitoring, and the API's description belongs with the API. False
+ * (nothing sent) for any other path. */
+static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len, bool main) {
     bool is_get = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) ||
                   h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
     static const char *const probes[] = {"/healthz", "/readyz", "/metrics", "/openapi.json"};
-    for (size_t i = 0; i < sizeof probes / sizeof probes[0]; i++) {
+    size_t served = sizeof probes / sizeof probes[0] - (main ? 0 : 1);
+    for (size_t i = 0; i < served; i++) {
         if (!is_get && path_is(req, path_len, probes[i])) {
             char message[64];
             snprintf(message, sizeof message, "method: use GET for %s", probes[i]);
@@ -555,7 +559,7 @@ static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
         serve_metrics(gw, req);
         return true;
     }
-    if (path_is(req, path_len, "/openapi.json")) {
+    if (main && path_is(req, path_len, "/openapi.json")) {
         send_body(req, 200, "application/json", gw->openapi, gw->openapi_len);
         return true;
     }
@@ -569,7 +573,7 @@ static size_t path_length(const h2o_req_t *req) {
 static int on_probe_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
     kf_http_conn_request(req);
-    if (!serve_probe(gw, req, path_length(req))) {
+    if (!serve_probe(gw, req, path_length(req), false)) {
         send_error(req, KF_E_NOT_FOUND,
                    "path: the probe listener serves /healthz, /readyz and /metrics only", 0);
     }
@@ -642,7 +646,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
     kf_http_conn_t *conn = kf_http_conn_request(req);
     size_t path_len = path_length(req);
-    if (serve_probe(gw, req, path_len)) {
+    if (serve_probe(gw, req, path_len, true)) {
         return 0;
     }
     if (atomic_load(&gw->stopping)) {
@@ -813,9 +817,13 @@ static kf_status_t bind_listener(const char *what, const char *address, int *fd_
     return KF_OK;
 }
 
-/* A server context for the material, negotiating HTTP/2 by ALPN. */
-static kf_status_t make_ssl_ctx(const kf_tls_t *tls, SSL_CTX **out, kf_error_t *err) {
-    kf_status_t st = kf_tls_server_ctx_create(tls, out, err);
+/* A server context for the material, negotiating HTTP/2 by ALPN. The probe
+ * listener's never asks for a client certificate, even under mTLS: what it
+ * serves needs none (health answers anyone, /metrics takes an API key),
+ * and its clients (the kubelet's HTTPS probes, a container healthcheck)
+ * have none to give. */
+static kf_status_t make_ssl_ctx(const kf_tls_t *tls, bool probe, SSL_CTX **out, kf_error_t *err) {
+    kf_status_t st = kf_tls_server_ctx_create(tls, !probe, out, err);
     if (st == KF_OK) {
         h2o_ssl_register_alpn_protocols(*out, h2o_http2_alpn_protocols);
     }
@@ -999,19 +1007,24 @@ static void server_dispose(http_server_t *srv) {
 
 kf_status_t kf_gateway_set_tls(kf_gateway_t *gw, const kf_tls_t *tls, kf_error_t *err) {
     KF_ASSERT(gw->main.tls);
-    SSL_CTX *ctx;
-    kf_status_t st = make_ssl_ctx(tls, &ctx, err);
+    SSL_CTX *ctxs[2] = {NULL, NULL}; /* the main listener's, the probe's */
+    kf_status_t st = make_ssl_ctx(tls, false, &ctxs[0], err);
+    if (st == KF_OK && gw->probe.created && gw->probe.tls) {
+        st = make_ssl_ctx(tls, true, &ctxs[1], err);
+    }
     if (st != KF_OK) {
+        SSL_CTX_free(ctxs[0]);
         return st;
     }
     tls_swap_t swap = {.lock = PTHREAD_MUTEX_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
     http_server_t *servers[] = {&gw->main, &gw->probe};
     for (size_t i = 0; i < 2; i++) {
         http_server_t *srv = servers[i];
+        SSL_CTX *ctx = ctxs[i];
         if (!srv->created || !srv->tls) {
             continue;
         }
-        SSL_CTX_up_ref(ctx); /* each server holds its own */
+        SSL_CTX_up_ref(ctx); /* the server's own reference */
         if (!srv->started) { /* no loop thread reads it yet */
             SSL_CTX_free(srv->accept_ctx.ssl_ctx);
             srv->accept_ctx.ssl_ctx = ctx;
@@ -1034,7 +1047,8 @@ kf_status_t kf_gateway_set_tls(kf_gateway_t *gw, const kf_tls_t *tls, kf_error_t
     pthread_mutex_unlock(&swap.lock);
     pthread_mutex_destroy(&swap.lock);
     pthread_cond_destroy(&swap.done);
-    SSL_CTX_free(ctx);
+    SSL_CTX_free(ctxs[0]);
+    SSL_CTX_free(ctxs[1]);
     return KF_OK;
 }
 
@@ -1050,7 +1064,7 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_router_t *
     SSL_CTX *ssl_ctx = NULL;
     kf_status_t st = KF_OK;
     if (options->tls != NULL) {
-        st = make_ssl_ctx(options->tls, &ssl_ctx, err);
+        st = make_ssl_ctx(options->tls, false, &ssl_ctx, err);
         if (st != KF_OK) {
             free(gw);
             return st;
@@ -1091,13 +1105,17 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_router_t *
             .header_timeout_ms = KF_PROBE_TIMEOUT_MS,
             .body_timeout_ms = KF_PROBE_TIMEOUT_MS,
         };
-        if (ssl_ctx != NULL) {
-            SSL_CTX_up_ref(ssl_ctx); /* the probe server's reference */
+        SSL_CTX *probe_ctx = NULL;
+        if (options->tls != NULL) {
+            st = make_ssl_ctx(options->tls, true, &probe_ctx, err);
         }
-        st = server_init(&gw->probe, gw, "probe", options->probe_address, ssl_ctx, on_probe_req,
-                         &probe, KF_PROBE_REQUEST_BYTES_MAX, &gw->probe_port, err);
+        if (st == KF_OK) {
+            st =
+                server_init(&gw->probe, gw, "probe", options->probe_address, probe_ctx,
+                            on_probe_req, &probe, KF_PROBE_REQUEST_BYTES_MAX, &gw->probe_port, err);
+        }
         if (st != KF_OK) {
-            SSL_CTX_free(ssl_ctx);
+            SSL_CTX_free(probe_ctx);
         }
     }
     if (st != KF_OK) {

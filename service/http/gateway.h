@@ -36,7 +36,8 @@ typedef struct kf_gateway_options {
     kf_auth_t *auth;             /* API keys every request is checked against (borrowed;
                                     outlives the gateway); NULL: no checks. /healthz and
                                     /readyz never need a key; /metrics needs metrics:read */
-    const char *probe_address;   /* the probe listener, or NULL for none; same TLS */
+    const char *probe_address;   /* the probe listener, or NULL for none; same certificate, never a
+                                    client certificate */
     int connections_per_address; /* 0 = KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT */
     int64_t header_timeout_ms;   /* 0 = KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT */
     int64_t body_timeout_ms;     /* 0 = KF_HTTP_BODY_TIMEOUT_MS_DEFAULT */

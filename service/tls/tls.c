@@ -279,7 +279,8 @@ bool kf_tls_validity(const kf_tls_t *tls, char *out, size_t cap) {
     return problem == NULL;
 }
 
-kf_status_t kf_tls_server_ctx_create(const kf_tls_t *tls, SSL_CTX **out, kf_error_t *err) {
+kf_status_t kf_tls_server_ctx_create(const kf_tls_t *tls, bool verify_clients, SSL_CTX **out,
+                                     kf_error_t *err) {
     char reason[256];
     *out = NULL;
     ERR_clear_error();
@@ -300,7 +301,7 @@ kf_status_t kf_tls_server_ctx_create(const kf_tls_t *tls, SSL_CTX **out, kf_erro
         ok = SSL_CTX_add1_chain_cert(ctx, sk_X509_value(tls->certs, i)) == 1;
     }
     ok = ok && SSL_CTX_use_PrivateKey(ctx, tls->key) == 1 && SSL_CTX_check_private_key(ctx) == 1;
-    if (ok && tls->client_cas != NULL) {
+    if (ok && tls->client_cas != NULL && verify_clients) {
         X509_STORE *store = SSL_CTX_get_cert_store(ctx);
         STACK_OF(X509_NAME) *names = sk_X509_NAME_new_null();
         ok = names != NULL;

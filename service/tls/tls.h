@@ -65,11 +65,14 @@ bool kf_tls_validity(const kf_tls_t *tls, char *out, size_t cap);
 
 /*
  * A new OpenSSL server context (TLS 1.2 and later) serving the chain and
- * key and, with a client CA, requiring and verifying a client certificate.
- * The caller owns the context (SSL_CTX_free) and adds what its protocol
- * needs (ALPN). Errors: KF_E_INTERNAL (OpenSSL refused; message says what).
+ * key and, with a client CA and verify_clients, requiring and verifying a
+ * client certificate. verify_clients false is for the probe listener, whose
+ * clients (the kubelet, a container healthcheck) have no certificate and
+ * need none for what it serves. The caller owns the context (SSL_CTX_free)
+ * and adds what its protocol needs (ALPN). Errors: KF_E_INTERNAL (OpenSSL
+ * refused; message says what).
  */
-kf_status_t kf_tls_server_ctx_create(const kf_tls_t *tls, SSL_CTX **out,
+kf_status_t kf_tls_server_ctx_create(const kf_tls_t *tls, bool verify_clients, SSL_CTX **out,
                                      kf_error_t *err) KF_MUST_USE;
 
 #endif

@@ -191,6 +191,7 @@ class Keyflowd:
             ports = dict(line.split("=") for line in f.read().split())
         self.grpc_port = int(ports["grpc"])
         self.http_port = int(ports["http"])
+        self.probe_port = int(ports["probe"]) if "probe" in ports else None
         return self
 
     def read_log(self):
@@ -231,10 +232,11 @@ class Keyflowd:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     # --- HTTP helpers ---------------------------------------------------
-    def http(self, method, path, body=None, raw=None, headers=None):
-        """Returns (status, parsed JSON or text)."""
+    def http(self, method, path, body=None, raw=None, headers=None, base=None):
+        """Returns (status, parsed JSON or text). `base` replaces http_base
+        (the probe listener's, say)."""
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        req = urllib.request.Request(self.http_base + path, data=data, method=method)
+        req = urllib.request.Request((base or self.http_base) + path, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")
         for k, v in (headers or {}).items():

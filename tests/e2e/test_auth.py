@@ -338,7 +338,8 @@ class AuthTest(unittest.TestCase):
         cls.routes = table()["routes"]
 
     def setUp(self):
-        self.server = harness.Keyflowd(args=["--auth", "--plugin-dir", HANDLERS]).start()
+        self.server = harness.Keyflowd(args=["--auth", "--plugin-dir", HANDLERS,
+                                             "--probe-address", "127.0.0.1:0"]).start()
         self.addCleanup(self.server.cleanup)
         self.addCleanup(lambda: self.assertEqual(self.server.stop(), 0, self.server.read_log()))
         self.admin_key = self.bootstrap_key()
@@ -476,13 +477,22 @@ class AuthTest(unittest.TestCase):
 
     # --- metrics and probes ----------------------------------------------------
     def test_probes_need_no_key_and_metrics_need_metrics_read(self):
-        for path in ("/healthz", "/readyz"):
-            self.assertEqual(self.http("GET", path, None, None), 200)
-        self.assertEqual(self.http("GET", "/metrics", None, None), 401)
         _, other = self.create_key("no metrics", [("runs:read", "")])
-        self.assertEqual(self.http("GET", "/metrics", None, other), 403)
         _, reader = self.create_key("prometheus", [("metrics:read", "")])
-        self.assertEqual(self.http("GET", "/metrics", None, reader), 200)
+        probe_base = "http://127.0.0.1:%d" % self.server.probe_port
+        for base in (self.server.http_base, probe_base):
+            def get(path, key):
+                headers = {"Authorization": bearer(key)} if key else {}
+                return self.server.http("GET", path, None, headers=headers, base=base)[0]
+            for path in ("/healthz", "/readyz"):
+                self.assertEqual(get(path, None), 200, (base, path))
+            self.assertEqual(get("/metrics", None), 401, base)
+            self.assertEqual(get("/metrics", other), 403, base)
+            self.assertEqual(get("/metrics", reader), 200, base)
+        # The API's description is the gateway's, not the probe listener's.
+        self.assertEqual(self.server.http("GET", "/openapi.json")[0], 200)
+        status, body = self.server.http("GET", "/openapi.json", base=probe_base)
+        self.assertEqual(status, 404, body)
         # metrics:read takes no prefix; an unknown scope is no scope.
         for grant in (("metrics:read", "x"), ("metrics:write", ""), ("none", "")):
             with self.assertRaises(grpc.RpcError) as cm:

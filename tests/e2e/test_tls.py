@@ -223,6 +223,52 @@ class TlsTest(unittest.TestCase):
         self.assertEqual(out.returncode, 2)
         self.assertIn("--tls-key", out.stderr)
 
+    def probe_get(self, path, port, client=None):
+        """(status, body) of GET path over HTTPS to `port` (verified with the
+        CA; `client` an optional certificate pair)."""
+        ctx = ssl.create_default_context(cafile=self.ca[0])
+        if client:
+            ctx.load_cert_chain(*client)
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=TIMEOUT_S)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode()
+        finally:
+            conn.close()
+
+    def test_mtls_probe_listener_needs_no_client_certificate(self):
+        """The kubelet's HTTPS probes and the compose healthcheck carry no
+        client certificate: under mTLS the probe listener still answers them
+        (same server certificate), while the gateway's port does not, and it
+        serves the probes and /metrics only (no /openapi.json). A SIGHUP
+        reload keeps it that way."""
+        server = self.start(self.server_cert, client_ca=self.ca[0], tls_client=self.client_cert,
+                            extra=["--probe-address", "127.0.0.1:0"])
+        for round_ in ("start", "after SIGHUP"):
+            for path in ("/healthz", "/readyz", "/metrics"):
+                status, body = self.probe_get(path, server.probe_port)
+                self.assertEqual(status, 200, (round_, path, body))
+            status, body = self.probe_get("/openapi.json", server.probe_port)
+            self.assertEqual(status, 404, (round_, body))
+            self.assertIn("/healthz, /readyz and /metrics only", body)
+            # The certificate it serves is the server's.
+            self.assertEqual(served_cert(server.probe_port, self.ca[0]),
+                             pem_to_der(self.server_cert[0]))
+            # curl -k, as the compose healthcheck runs it.
+            out = subprocess.run(["curl", "-fsSk", "-o", "/dev/null", "-w", "%{http_code}",
+                                  "https://127.0.0.1:%d/readyz" % server.probe_port],
+                                 capture_output=True, text=True, timeout=60)
+            self.assertEqual((out.returncode, out.stdout), (0, "200"), out.stderr)
+            # The gateway's own port still demands a client certificate.
+            with self.assertRaises((ssl.SSLError, ConnectionError, OSError)):
+                self.probe_get("/healthz", server.http_port)
+            self.assertEqual(self.probe_get("/openapi.json", server.http_port,
+                                            self.client_cert)[0], 200)
+            server.proc.send_signal(signal.SIGHUP)
+            harness.wait_until(lambda: "SIGHUP: new connections get" in server.read_log(),
+                               TIMEOUT_S, "the reload")
+
     # --- SIGHUP --------------------------------------------------------------------
     def test_sighup_rotates_for_new_connections_and_keeps_open_ones(self):
         for path in (os.path.join(HANDLERS, "running_sum.so"),

@@ -82,7 +82,7 @@ Test(tls, loads_a_matching_pair_and_makes_a_context) {
     cr_assert(kf_tls_validity(tls, line, sizeof line), "%s", line);
     cr_assert(strstr(line, "CN=server") != NULL, "%s", line);
     SSL_CTX *ctx;
-    cr_assert_eq(kf_tls_server_ctx_create(tls, &ctx, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(kf_tls_server_ctx_create(tls, true, &ctx, &err), KF_OK, "%s", err.message);
     cr_assert_eq(SSL_CTX_get_verify_mode(ctx), SSL_VERIFY_NONE);
     SSL_CTX_free(ctx);
     kf_tls_ref(tls);
@@ -97,9 +97,14 @@ Test(tls, client_ca_turns_on_verification) {
                  "%s", err.message);
     cr_assert(kf_tls_requires_client_cert(tls));
     SSL_CTX *ctx;
-    cr_assert_eq(kf_tls_server_ctx_create(tls, &ctx, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(kf_tls_server_ctx_create(tls, true, &ctx, &err), KF_OK, "%s", err.message);
     cr_assert_eq(SSL_CTX_get_verify_mode(ctx), SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT);
     cr_assert_eq(sk_X509_NAME_num(SSL_CTX_get_client_CA_list(ctx)), 1);
+    SSL_CTX_free(ctx);
+    /* The probe listener's context asks for no client certificate. */
+    cr_assert_eq(kf_tls_server_ctx_create(tls, false, &ctx, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(SSL_CTX_get_verify_mode(ctx), SSL_VERIFY_NONE);
+    cr_assert_eq(sk_X509_NAME_num(SSL_CTX_get_client_CA_list(ctx)), 0);
     SSL_CTX_free(ctx);
     kf_tls_unref(tls);
 }
