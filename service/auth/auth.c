@@ -481,26 +481,73 @@ kf_status_t kf_auth_authorize(const kf_principal_t *p, const kf_method_t *m,
     return authorize_path(p, m, request, m->resource, err);
 }
 
-bool kf_address_is_loopback(const char *address) {
-    const char *colon = strrchr(address, ':');
-    size_t len = colon != NULL ? (size_t)(colon - address) : strlen(address);
-    if (len >= 2 && address[0] == '[' && address[len - 1] == ']') {
-        address++;
-        len -= 2;
-    }
-    char host[64];
-    if (len == 0 || len >= sizeof host) {
+/* Whether the host part (no brackets, no port) is a loopback literal: an
+ * IPv6 one only when it came in brackets, the others only without. */
+static bool loopback_literal(const char *host, size_t len, bool bracketed) {
+    char text[64];
+    if (len == 0 || len >= sizeof text) {
         return false;
     }
-    memcpy(host, address, len);
-    host[len] = '\0';
-    if (strcasecmp(host, "localhost") == 0) {
+    memcpy(text, host, len);
+    text[len] = '\0';
+    struct in6_addr v6;
+    if (bracketed) {
+        return inet_pton(AF_INET6, text, &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+    }
+    if (strcasecmp(text, "localhost") == 0) {
         return true;
     }
     struct in_addr v4;
-    if (inet_pton(AF_INET, host, &v4) == 1) {
-        return (ntohl(v4.s_addr) >> 24) == 127;
+    return inet_pton(AF_INET, text, &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
+}
+
+static bool all_digits(const char *p, const char *end) {
+    for (; p < end; p++) {
+        if (*p < '0' || *p > '9') {
+            return false;
+        }
     }
-    struct in6_addr v6;
-    return inet_pton(AF_INET6, host, &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+    return true;
+}
+
+bool kf_host_is_loopback(const char *host, size_t len) {
+    const char *end = host + len;
+    const char *name = host;
+    const char *name_end;
+    const char *rest;
+    bool bracketed = len > 0 && host[0] == '[';
+    if (bracketed) {
+        name_end = memchr(host, ']', len);
+        if (name_end == NULL) {
+            return false;
+        }
+        name = host + 1;
+        rest = name_end + 1;
+    } else {
+        name_end = memchr(host, ':', len);
+        if (name_end == NULL) {
+            name_end = end;
+        }
+        rest = name_end;
+    }
+    /* After the name: nothing, or ':' and a port. */
+    if (rest < end && (*rest != ':' || !all_digits(rest + 1, end))) {
+        return false;
+    }
+    return loopback_literal(name, (size_t)(name_end - name), bracketed);
+}
+
+bool kf_origin_is_loopback(const char *origin, size_t len) {
+    static const char *const schemes[] = {"http://", "https://"};
+    for (size_t i = 0; i < 2; i++) {
+        size_t n = strlen(schemes[i]);
+        if (len > n && strncasecmp(origin, schemes[i], n) == 0) {
+            return kf_host_is_loopback(origin + n, len - n);
+        }
+    }
+    return false;
+}
+
+bool kf_address_is_loopback(const char *address) {
+    return kf_host_is_loopback(address, strlen(address)); /* the same "host:port" form */
 }

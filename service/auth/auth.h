@@ -160,4 +160,16 @@ kf_status_t kf_auth_authorize(const kf_principal_t *p, const kf_method_t *method
  * 127.0.0.0/8, [::1] or localhost. Anything else, names included, is not. */
 bool kf_address_is_loopback(const char *address);
 
+/* An HTTP Host header (or HTTP/2 :authority) naming this machine by a
+ * loopback literal: "localhost", an IPv4 address in 127.0.0.0/8 or "[::1]",
+ * each with an optional ":port" (len bytes, not NUL-terminated). Other names
+ * are not, even if they resolve to 127.0.0.1 (that is what DNS rebinding
+ * relies on). */
+bool kf_host_is_loopback(const char *host, size_t len);
+
+/* An Origin header ("http://localhost:3000") whose scheme is http or https
+ * and whose host is a loopback literal as above. "null" and anything else
+ * are not. */
+bool kf_origin_is_loopback(const char *origin, size_t len);
+
 #endif

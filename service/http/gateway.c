@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -106,6 +107,7 @@ typedef struct http_server {
     bool created;
     bool started;
     bool tls;       /* serves TLS (fixed at init: read by any thread) */
+    bool loopback;  /* its address is a loopback one (fixed at init) */
     bool exit_loop; /* loop thread only */
 } http_server_t;
 
@@ -570,9 +572,77 @@ static size_t path_length(const h2o_req_t *req) {
     return req->query_at != SIZE_MAX ? req->query_at : req->path.len;
 }
 
+/*
+ * Without API keys, nothing tells keyflowd's clients from a web page that
+ * the person running keyflowd happens to visit: a browser sends a page's
+ * requests to 127.0.0.1 too. Two things set a browser's requests apart, and
+ * are refused (403, nothing done) while keys are off:
+ *   - Host: a page that rebinds its own name to 127.0.0.1 (DNS rebinding)
+ *     sends its own name. On a loopback listener only loopback literals
+ *     (localhost, 127.x, [::1]) are accepted; a request without a Host
+ *     (HTTP/1.0) comes from no browser.
+ *   - Origin: a browser sends it with every cross-origin request that can
+ *     change something (any POST, whatever its Content-Type: a CORS
+ *     "simple" text/plain POST included). It must be a loopback origin, or
+ *     on a listener others can reach (--insecure-no-auth) the request's own
+ *     Host. Clients that are not browsers send no Origin, so curl -d with
+ *     its form Content-Type keeps working.
+ * With keys on, a page has no key to send, and none of this is needed.
+ * docs/security.md, "Without keys".
+ */
+static bool refuse_browser_without_keys(kf_gateway_t *gw, h2o_req_t *req) {
+    if (kf_auth_enabled(gw->auth)) {
+        return false;
+    }
+    http_server_t *srv = H2O_STRUCT_FROM_MEMBER(http_server_t, ctx, req->conn->ctx);
+    h2o_iovec_t host = req->input.authority;
+    if (host.base == srv->config.hosts[0]->authority.hostport.base) {
+        host = h2o_iovec_init(NULL, 0); /* no Host: h2o filled in its host's name */
+    }
+    char message[KF_ERROR_MESSAGE_BYTES_MAX];
+    if (srv->loopback && host.base != NULL && !kf_host_is_loopback(host.base, host.len)) {
+        snprintf(message, sizeof message,
+                 "host: \"%.*s\" is not a loopback name; without API keys keyflowd answers only "
+                 "requests addressed to localhost, 127.0.0.1 or [::1] (a web page that points "
+                 "its own name at this machine must not drive it); start keyflowd with --auth to "
+                 "serve other names",
+                 (int)(host.len < 200 ? host.len : 200), host.base);
+        send_error(req, KF_E_PERMISSION, message, 0);
+        return true;
+    }
+    ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("origin"), -1);
+    if (i < 0) {
+        return false;
+    }
+    h2o_iovec_t origin = req->headers.entries[i].value;
+    bool allowed = kf_origin_is_loopback(origin.base, origin.len);
+    if (!allowed && !srv->loopback && host.base != NULL) {
+        /* Its own origin: http(s)://<the request's Host>. */
+        const char *sep = memchr(origin.base, ':', origin.len);
+        size_t skip = sep != NULL ? (size_t)(sep - origin.base) + 3 : origin.len;
+        allowed = sep != NULL && skip <= origin.len && origin.len - skip == host.len &&
+                  memcmp(sep, "://", 3) == 0 &&
+                  strncasecmp(origin.base + skip, host.base, host.len) == 0;
+    }
+    if (allowed) {
+        return false;
+    }
+    snprintf(message, sizeof message,
+             "origin: \"%.*s\" is another site; without API keys keyflowd refuses requests a "
+             "web page sends (they could create keys, send events or complete runs in the name "
+             "of whoever runs the browser); start keyflowd with --auth, or call it from a "
+             "client that is not a browser",
+             (int)(origin.len < 200 ? origin.len : 200), origin.base);
+    send_error(req, KF_E_PERMISSION, message, 0);
+    return true;
+}
+
 static int on_probe_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
     kf_http_conn_request(req);
+    if (refuse_browser_without_keys(gw, req)) {
+        return 0;
+    }
     if (!serve_probe(gw, req, path_length(req), false)) {
         send_error(req, KF_E_NOT_FOUND,
                    "path: the probe listener serves /healthz, /readyz and /metrics only", 0);
@@ -646,7 +716,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
     kf_http_conn_t *conn = kf_http_conn_request(req);
     size_t path_len = path_length(req);
-    if (serve_probe(gw, req, path_len, true)) {
+    if (refuse_browser_without_keys(gw, req) || serve_probe(gw, req, path_len, true)) {
         return 0;
     }
     if (atomic_load(&gw->stopping)) {
@@ -922,6 +992,7 @@ static kf_status_t server_init(http_server_t *srv, kf_gateway_t *gw, const char 
     srv->accept_ctx.hosts = srv->config.hosts;
     srv->accept_ctx.ssl_ctx = ssl_ctx; /* the server's reference */
     srv->tls = ssl_ctx != NULL;
+    srv->loopback = kf_address_is_loopback(address);
     srv->queue = h2o_multithread_create_queue(srv->loop);
     h2o_multithread_register_receiver(srv->queue, &srv->control, on_control);
     h2o_socket_t *listener =

@@ -477,9 +477,28 @@ static const char *by_whom(const kf_cmd_t *cmd) {
     return cmd->principal != NULL ? kf_principal_id(cmd->principal) : "(no key: auth off)";
 }
 
+/* The Keys service works only while keys are checked: a key made while they
+ * are off would be made by anyone who can reach the port (or a web page, on
+ * loopback), and would hold its grants at the first start with --auth. On
+ * refusal cmd is failed. */
+static bool keys_are_on(const kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    if (kf_auth_enabled(keys->auth)) {
+        return true;
+    }
+    kf_error_set(&cmd->error, KF_E_PRECONDITION,
+                 "API keys are off (a loopback listener without --auth, or "
+                 "--insecure-no-auth): keys are managed only while keyflowd checks them; "
+                 "restart it with --auth and use the bootstrap admin key");
+    kf_ctx_fail(ctx, cmd);
+    return false;
+}
+
 void kf_keys_create_key(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__CreateKeyRequest *req = (const void *)cmd->request;
     kf_error_t *err = &cmd->error;
+    if (!keys_are_on(keys, ctx, cmd)) {
+        return;
+    }
     kf_grant_t grants[KF_GRANTS_MAX];
     size_t name_len = strlen(req->name);
     if (name_len == 0 || name_len > KF_API_KEY_NAME_BYTES_MAX) {
@@ -516,6 +535,9 @@ void kf_keys_create_key(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
 }
 
 void kf_keys_list(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+    if (!keys_are_on(keys, ctx, cmd)) {
+        return;
+    }
     Keyflow__V1__ListKeysResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__list_keys_response__init(resp);
     resp->n_keys = keys->count;
@@ -542,6 +564,9 @@ static bool holds_scope(const kf_principal_t *p, kf_scope_t scope) {
 void kf_keys_revoke(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__RevokeKeyRequest *req = (const void *)cmd->request;
     kf_error_t *err = &cmd->error;
+    if (!keys_are_on(keys, ctx, cmd)) {
+        return;
+    }
     size_t index;
     kf_principal_t *p = find(keys, req->key_id, &index);
     if (p == NULL) {
@@ -555,7 +580,7 @@ void kf_keys_revoke(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     for (size_t i = 0; i < keys->count; i++) {
         admins += holds_scope(keys->list[i], KF_SCOPE_KEYS_ADMIN);
     }
-    if (admins == 1 && holds_scope(p, KF_SCOPE_KEYS_ADMIN) && kf_auth_enabled(keys->auth)) {
+    if (admins == 1 && holds_scope(p, KF_SCOPE_KEYS_ADMIN)) {
         kf_error_set(err, KF_E_PRECONDITION,
                      "key_id: %s is the last key with keys:admin; create another admin key "
                      "before revoking it",

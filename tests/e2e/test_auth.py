@@ -796,6 +796,123 @@ class AuthDefaultsTest(unittest.TestCase):
                                                      "bootstrap-admin.key")))
         self.assertEqual(server.stop(), 0)
 
+    def raw(self, port, method, path, headers, body=b"", version="HTTP/1.1"):
+        """(status, body text) of one request sent byte for byte (urllib
+        would add or fix headers)."""
+        import socket
+        lines = ["%s %s %s" % (method, path, version)] + ["%s: %s" % h for h in headers]
+        if body:
+            lines.append("Content-Length: %d" % len(body))
+        lines.append("Connection: close")
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as s:
+            s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        head, _, text = data.partition(b"\r\n\r\n")
+        return int(head.split()[1]), text.decode()
+
+    def test_without_keys_a_web_page_cannot_drive_keyflowd(self):
+        """Auth off on loopback: a cross-site page's requests (any Origin
+        but a loopback one, CORS-simple text/plain POSTs included) and DNS
+        rebinding (a Host that is not a loopback literal) are refused 403
+        and change nothing; curl and other clients that are not browsers
+        keep working, the README's curl -d (form Content-Type) too."""
+        server = harness.Keyflowd(args=["--probe-address", "127.0.0.1:0"]).start()
+        self.addCleanup(server.cleanup)
+        port = server.http_port
+        local = ("Host", "127.0.0.1:%d" % port)
+        event = json.dumps({"rule": {"kind": "batch"}, "input": 1}).encode()
+        send = "/v1/workflows/web/keys/k/events"
+        refused = [
+            [local, ("Origin", "http://evil.example"), ("Content-Type", "text/plain")],
+            [local, ("Origin", "null"), ("Content-Type", "text/plain")],
+            [local, ("Origin", "https://evil.example:%d" % port)],
+            [("Host", "evil.example:%d" % port), ("Content-Type", "application/json")],
+            [("Host", "rebind.evil.example")],
+        ]
+        for headers in refused:
+            status, text = self.raw(port, "POST", send, headers, event)
+            self.assertEqual(status, 403, (headers, text))
+            body = json.loads(text)
+            self.assertEqual(body["status"], "PERMISSION_DENIED")
+            self.assertRegex(body["message"], r"^(origin|host): .*--auth")
+        for path in ("/v1/runs", "/healthz", "/metrics"):  # reads and probes too
+            self.assertEqual(self.raw(port, "GET", path, [("Host", "evil.example")])[0], 403)
+        self.assertEqual(self.raw(server.probe_port, "GET", "/metrics",
+                                  [("Host", "evil.example")])[0], 403)
+        status, body = server.http("GET", "/v1/coordinators/batch/web/k")
+        self.assertEqual(status, 200, body)
+        self.assertFalse(body.get("exists"), body)  # nothing was sent
+        # What keeps working: a loopback page, any loopback Host, no Host at
+        # all (HTTP/1.0), and curl -d with its default form Content-Type.
+        allowed = [
+            [local, ("Origin", "http://localhost:3000"), ("Content-Type", "application/json")],
+            [("Host", "localhost:%d" % port)],
+            [("Host", "[::1]:%d" % port)],
+        ]
+        for headers in allowed:
+            status, text = self.raw(port, "POST", send, headers, event)
+            self.assertEqual(status, 200, (headers, text))
+        self.assertEqual(self.raw(port, "GET", "/healthz", [], version="HTTP/1.0")[0], 200)
+        out = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-d",
+                              event.decode(), server.http_base + send],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.stdout, "200", out.stderr)
+        self.assertEqual(server.stop(), 0)
+
+    def test_without_keys_the_origin_must_be_the_listeners_own(self):
+        """--insecure-no-auth on a listener other machines reach: any Host
+        (clients use the server's names), but a browser's Origin must be
+        the request's own (a page served elsewhere cannot drive it).
+        [::ffff:127.0.0.1] is such a listener to keyflowd (not a loopback
+        literal), yet reachable from this test."""
+        server = harness.Keyflowd(args=["--http", "[::ffff:127.0.0.1]:0",
+                                        "--insecure-no-auth"]).start()
+        self.addCleanup(server.cleanup)
+        port = server.http_port
+        host = ("Host", "keyflow.internal:%d" % port)
+        self.assertEqual(self.raw(port, "GET", "/v1/runs", [host])[0], 200)
+        self.assertEqual(self.raw(port, "GET", "/v1/runs", [
+            host, ("Origin", "http://keyflow.internal:%d" % port)])[0], 200)
+        status, text = self.raw(port, "POST", "/v1/workflows/web/keys/k/events", [
+            host, ("Origin", "http://evil.example"), ("Content-Type", "text/plain")],
+            json.dumps({"input": 1}).encode())
+        self.assertEqual(status, 403, text)
+        self.assertIn("origin:", text)
+        self.assertEqual(server.stop(), 0)
+
+    def test_keys_cannot_be_managed_while_auth_is_off(self):
+        """A key made while keys are off would be anyone's (or a web
+        page's), and would hold its grants at the first start with --auth:
+        the Keys service refuses until keyflowd checks keys."""
+        server = harness.Keyflowd().start()
+        self.addCleanup(server.cleanup)
+        status, body = server.http("POST", "/v1/keys", {
+            "name": "sneaky", "grants": [{"scope": "keys:admin"}]})
+        self.assertEqual(status, 409, body)
+        self.assertIn("--auth", body["message"])
+        self.assertEqual(server.http("GET", "/v1/keys")[0], 409)
+        rows = {r["path"]: r for r in table()["methods"]}
+        c = Client(server.grpc_target, rows)
+        self.addCleanup(c.close)
+        self.assertEqual(c.code("/keyflow.v1.Keys/CreateKey", K.CreateKeyRequest(
+            name="sneaky", grants=[K.Grant(scope="keys:admin")])),
+            grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertEqual(server.stop(), 0)
+        # With --auth, the bootstrap admin is the only key there is.
+        server.args = ["--auth"]
+        server.start()
+        with open(os.path.join(server.data_dir, "db", "bootstrap-admin.key")) as f:
+            admin = Client(server.grpc_target, rows, f.read().strip())
+        self.addCleanup(admin.close)
+        keys = admin.call("/keyflow.v1.Keys/ListKeys", K.ListKeysRequest()).keys
+        self.assertEqual([k.name for k in keys], ["bootstrap admin"])
+        self.assertEqual(server.stop(), 0)
+
     def test_bootstrap_file_is_never_overwritten(self):
         data = tempfile.mkdtemp(prefix="kf-data-")
         self.addCleanup(lambda: subprocess.run(["rm", "-rf", data]))

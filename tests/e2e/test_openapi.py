@@ -62,7 +62,11 @@ def check_with_node(doc, samples=None):
 class OpenApiTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = harness.Keyflowd(args=["--plugin-dir", HANDLERS]).start()
+        # Keys on (the Keys operations work only then), every request with
+        # the bootstrap admin key.
+        cls.server = harness.Keyflowd(args=["--plugin-dir", HANDLERS, "--auth"]).start()
+        with open(os.path.join(cls.server.data_dir, "db", "bootstrap-admin.key")) as f:
+            cls.key = f.read().strip()
 
     @classmethod
     def tearDownClass(cls):
@@ -73,8 +77,10 @@ class OpenApiTest(unittest.TestCase):
         conn = http.client.HTTPConnection("127.0.0.1", self.server.http_port, timeout=30)
         try:
             data = json.dumps(body).encode() if body is not None else None
-            conn.request(method.upper(), path, body=data,
-                         headers={"Content-Type": "application/json"} if data else {})
+            headers = {"Authorization": "Bearer " + self.key}
+            if data:
+                headers["Content-Type"] = "application/json"
+            conn.request(method.upper(), path, body=data, headers=headers)
             r = conn.getresponse()
             text = r.read().decode()
             return r.status, r.getheader("Content-Type"), text, r.getheader("Allow")

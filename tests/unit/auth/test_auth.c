@@ -272,6 +272,48 @@ Test(auth, a_resource_path_through_an_unset_oneof_member_is_refused) {
     kf_auth_destroy(auth);
 }
 
+/* Without keys, the gateway answers only requests addressed to this
+ * machine by a loopback literal, from no web page or a loopback one (DNS
+ * rebinding and cross-site requests). */
+Test(auth, loopback_hosts_and_origins) {
+    const char *hosts[] = {"localhost",    "LOCALHOST:8070", "127.0.0.1",
+                           "127.1.2.3:80", "[::1]",          "[::1]:8070"};
+    for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++) {
+        cr_assert(kf_host_is_loopback(hosts[i], strlen(hosts[i])), "%s", hosts[i]);
+    }
+    const char *not_hosts[] = {"",
+                               "evil.example",
+                               "evil.example:8070",
+                               "localhost.evil.example",
+                               "127.0.0.1.nip.io",
+                               "128.0.0.1",
+                               "0.0.0.0:8070",
+                               "[::]:8070",
+                               "[127.0.0.1]",
+                               "::1",
+                               "[::1]x",
+                               "localhost:80x",
+                               "localhost:8070:1",
+                               "[::1",
+                               "10.0.0.1"};
+    for (size_t i = 0; i < sizeof not_hosts / sizeof not_hosts[0]; i++) {
+        cr_assert_not(kf_host_is_loopback(not_hosts[i], strlen(not_hosts[i])), "%s", not_hosts[i]);
+    }
+    /* Not NUL-terminated: only len bytes count. */
+    cr_assert(kf_host_is_loopback("localhost:80evil", 12));
+    const char *origins[] = {"http://localhost:3000", "https://127.0.0.1", "http://[::1]:8070"};
+    for (size_t i = 0; i < sizeof origins / sizeof origins[0]; i++) {
+        cr_assert(kf_origin_is_loopback(origins[i], strlen(origins[i])), "%s", origins[i]);
+    }
+    const char *not_origins[] = {"null",     "http://evil.example", "https://evil.example:8070",
+                                 "file://",  "ftp://localhost",     "http://localhost/path",
+                                 "localhost"};
+    for (size_t i = 0; i < sizeof not_origins / sizeof not_origins[0]; i++) {
+        cr_assert_not(kf_origin_is_loopback(not_origins[i], strlen(not_origins[i])), "%s",
+                      not_origins[i]);
+    }
+}
+
 /* Auth is on whenever a listener is anything but these. */
 Test(auth, loopback_addresses) {
     cr_assert(kf_address_is_loopback("127.0.0.1:50051"));
