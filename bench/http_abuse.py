@@ -49,7 +49,7 @@ def probe_once(port):
     s.settimeout(PROBE_TIMEOUT_S)
     try:
         s.connect(("127.0.0.1", port))
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = s.recv(4096)
@@ -129,7 +129,7 @@ class Slowloris(threading.Thread):
                     poller.register(n.fileno(), select.POLLOUT | select.POLLIN)
                 elif ev & select.POLLOUT and fd not in sent:
                     try:
-                        s.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                        s.send(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
                     except OSError:
                         pass
                     sent.add(fd)
@@ -148,7 +148,7 @@ class BigBodies(threading.Thread):
                                 "input": {"a": ["x" * 100] * 160000}}).encode()
 
     def run(self):
-        head = ("POST /v1/workflows/w/keys/k/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        head = ("POST /v1/workflows/w/keys/k/events HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
                 "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(self.body)).encode()
         while not self.stop.is_set():
             s = socket.create_connection(("127.0.0.1", self.port), timeout=60)

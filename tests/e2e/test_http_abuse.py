@@ -57,7 +57,7 @@ def get(port, path, source="127.0.0.1", timeout=10):
         s.settimeout(timeout)
         s.bind((source, 0))
         s.connect(("127.0.0.1", port))
-        s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path).encode())
+        s.sendall(("GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n" % path).encode())
         status, _, body = read_response(s, timeout)
         return status, json.loads(body)
     finally:
@@ -86,7 +86,7 @@ class Slowloris:
         while pending and time.time() < deadline:
             for fd, _ in poller.poll(1000):
                 try:
-                    pending[fd].send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                    pending[fd].send(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
                 except OSError:
                     pass
                 poller.unregister(fd)
@@ -171,7 +171,7 @@ class HttpAbuseTest(unittest.TestCase):
         server = self.start("--http-body-timeout-ms", "1000")
         s = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
         self.addCleanup(s.close)
-        s.sendall(b"POST /v1/workflows/w/keys/k/events HTTP/1.1\r\nHost: x\r\n"
+        s.sendall(b"POST /v1/workflows/w/keys/k/events HTTP/1.1\r\nHost: localhost\r\n"
                   b"Content-Length: 1000\r\n\r\n{\"input\":")
         s.settimeout(30)
         self.assertEqual(s.recv(1), b"", "the server closes the connection")
@@ -181,7 +181,7 @@ class HttpAbuseTest(unittest.TestCase):
         s = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
         self.addCleanup(s.close)
         # The head only: the answer comes from the Content-Length.
-        s.sendall(b"POST /v1/workflows/w/keys/k/events HTTP/1.1\r\nHost: x\r\n"
+        s.sendall(b"POST /v1/workflows/w/keys/k/events HTTP/1.1\r\nHost: localhost\r\n"
                   b"Content-Type: application/json\r\nContent-Length: 30000000\r\n\r\n")
         status, headers, body = read_response(s, 30)
         self.assertEqual(status, 413)

@@ -293,10 +293,10 @@ class GatewayTest(unittest.TestCase):
         port = int(self.server.http_base.rsplit(":", 1)[1])
         body = json.dumps({"workflows": [self.wf], "workerId": "gone", "waitMs": 30000}).encode()
         sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        sock.sendall(b"POST /v1/runs:poll HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/runs:poll HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         wait_until(lambda: self.sample(self.metrics(), "keyflow_parked_polls") == 1, 10, "the poll to park")
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         sock.close()
         wait_until(lambda: self.sample(self.metrics(), "keyflow_parked_polls") == 0, 5,
                    "the abandoned poll to be cancelled")

@@ -208,12 +208,12 @@ class LifecycleTest(unittest.TestCase):
         port = int(self.server.http_base.rsplit(":", 1)[1])
         socks = []
         keepalive = socket.create_connection(("127.0.0.1", port), timeout=10)
-        keepalive.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        keepalive.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         self.assertTrue(keepalive.recv(64).startswith(b"HTTP/1.1 200"))
         socks.append(keepalive)
         socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         half = socket.create_connection(("127.0.0.1", port), timeout=10)
-        half.sendall(b"POST /v1/runs:poll HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{")
+        half.sendall(b"POST /v1/runs:poll HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{")
         socks.append(half)
         # One listener accepts in arrival order: once a fourth connection is
         # answered, the three above are open on the server's side.
