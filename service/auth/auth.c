@@ -26,7 +26,8 @@
 
 struct kf_principal {
     atomic_int refs;
-    kf_map_node_t node; /* in the registry, keyed by key_id */
+    atomic_bool revoked; /* set once, by kf_auth_remove */
+    kf_map_node_t node;  /* in the registry, keyed by key_id */
     char key_id[KF_API_KEY_ID_CHARS + 1];
     char name[KF_API_KEY_NAME_BYTES_MAX + 1];
     char created_by[KF_API_KEY_ID_CHARS + 1];
@@ -41,7 +42,8 @@ struct kf_auth {
     bool have_secret;
     kf_hmac_key_t hmac; /* the store secret's pads; read-only once set */
     pthread_rwlock_t lock;
-    kf_map_t by_id; /* key_id -> principal, under lock */
+    kf_map_t by_id;                   /* key_id -> principal, under lock */
+    atomic_uint_fast64_t revocations; /* keys removed so far */
 };
 
 /* ---- scopes ------------------------------------------------------------- */
@@ -83,6 +85,7 @@ kf_principal_t *kf_principal_create(const kf_principal_spec_t *spec) {
     KF_ASSERT(strlen(spec->created_by) <= KF_API_KEY_ID_CHARS);
     kf_principal_t *p = kf_xcalloc(1, sizeof *p + spec->grant_count * sizeof p->grants[0]);
     atomic_init(&p->refs, 1);
+    atomic_init(&p->revoked, false);
     memcpy(p->key_id, spec->key_id, KF_API_KEY_ID_CHARS + 1);
     strcpy(p->name, spec->name);
     strcpy(p->created_by, spec->created_by);
@@ -131,6 +134,18 @@ const kf_grant_t *kf_principal_grants(const kf_principal_t *p, size_t *count) {
 
 const uint8_t *kf_principal_hash(const kf_principal_t *p) {
     return p->hash;
+}
+
+bool kf_principal_revoked(const kf_principal_t *p) {
+    return p != NULL && atomic_load(&p->revoked);
+}
+
+kf_status_t kf_principal_check_open(const kf_principal_t *p, kf_error_t *err) {
+    if (!kf_principal_revoked(p)) {
+        return KF_OK;
+    }
+    return kf_error_set(err, KF_E_UNAUTHENTICATED,
+                        "API key %s was revoked while this call was open", p->key_id);
 }
 
 static bool has_scope(const kf_principal_t *p, kf_scope_t scope) {
@@ -224,8 +239,17 @@ bool kf_auth_remove(kf_auth_t *auth, const char *key_id) {
     if (n == NULL) {
         return false;
     }
-    kf_principal_unref(KF_CONTAINER_OF(n, kf_principal_t, node));
+    kf_principal_t *p = KF_CONTAINER_OF(n, kf_principal_t, node);
+    /* Open calls hold their own references: they see the flag at their
+     * next reply, and the engines at their next turn (the counter). */
+    atomic_store(&p->revoked, true);
+    atomic_fetch_add(&auth->revocations, 1);
+    kf_principal_unref(p);
     return true;
+}
+
+uint64_t kf_auth_revocations(const kf_auth_t *auth) {
+    return auth != NULL ? atomic_load(&((kf_auth_t *)auth)->revocations) : 0;
 }
 
 size_t kf_auth_count(kf_auth_t *auth) {

@@ -20,9 +20,16 @@
  *
  * Threads: the registry is written by the engine thread (key created,
  * revoked, loaded at recovery) and read by every front-end thread. A
- * principal is immutable and reference counted: a call holds its principal
- * from authentication until its reply, so a revocation during the call
- * frees nothing the call still reads (the next call is refused).
+ * principal is immutable but for its revoked flag, and reference counted:
+ * a call holds its principal from authentication until its reply, so a
+ * revocation during the call frees nothing the call still reads.
+ *
+ * Revocation reaches open calls too (long polls, tails, worker streams):
+ * kf_auth_remove marks the principal revoked; a front end checks the flag
+ * (kf_principal_check_open) before each reply or stream message it sends,
+ * so nothing more leaves for a revoked key, and every engine, seeing
+ * kf_auth_revocations move, ends its parked commands and worker streams
+ * of revoked keys with UNAUTHENTICATED at its next turn.
  */
 #ifndef KF_AUTH_AUTH_H
 #define KF_AUTH_AUTH_H
@@ -88,6 +95,12 @@ const char *kf_principal_created_by(const kf_principal_t *p);
 const kf_grant_t *kf_principal_grants(const kf_principal_t *p, size_t *count);
 /* The stored hash (KF_SHA256_BYTES), for the key's record. */
 const uint8_t *kf_principal_hash(const kf_principal_t *p);
+/* Whether p's key was revoked (NULL p: false). Any thread. */
+bool kf_principal_revoked(const kf_principal_t *p);
+/* KF_OK while p's key is live (or p is NULL); KF_E_UNAUTHENTICATED, saying
+ * the key was revoked during the call, once it is not. For a front end
+ * about to send an open call's next reply or message. Any thread. */
+kf_status_t kf_principal_check_open(const kf_principal_t *p, kf_error_t *err) KF_MUST_USE;
 /* Whether p may act under `scope` on the workflow or function `name`
  * (NULL p: auth is off or the row needs no key: true). */
 bool kf_principal_allows(const kf_principal_t *p, kf_scope_t scope, const char *name);
@@ -113,9 +126,14 @@ void kf_auth_hash_secret(const kf_auth_t *auth, const uint8_t secret[KF_API_KEY_
 /* Adds a principal (the registry takes the reference); its key id must not
  * be present. Engine thread. */
 void kf_auth_put(kf_auth_t *auth, kf_principal_t *p);
-/* Removes the key; the next call with it is UNAUTHENTICATED. Returns false
- * when the id is not present. Engine thread. */
+/* Removes the key and marks its principal revoked; the next call with it
+ * is UNAUTHENTICATED, and open calls end (above). Returns false when the
+ * id is not present. Engine thread. */
 bool kf_auth_remove(kf_auth_t *auth, const char *key_id);
+/* How many keys were removed since the registry was made (0 for NULL): an
+ * engine that sees it move looks for open calls of revoked keys. Any
+ * thread. */
+uint64_t kf_auth_revocations(const kf_auth_t *auth);
 size_t kf_auth_count(kf_auth_t *auth);
 
 /* Splits a key's text (len bytes, exactly KF_API_KEY_TEXT_BYTES) into its

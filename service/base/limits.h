@@ -261,6 +261,12 @@
  * otherwise (readiness, recovery from a low disk) at most this often. */
 #define KF_DISK_CHECK_INTERVAL_MS 100
 
+/* An idle engine wakes at least this often, so that a key revoked through
+ * another engine (the home one) ends the open calls this engine parks for
+ * it within about this long (auth/auth.h); one wake-up a second costs
+ * nothing measurable. */
+#define KF_ENGINE_IDLE_WAKE_MS 1000
+
 /* ---- memory ----------------------------------------------------------- */
 
 /* --memory-budget: the engine's tables (windows, runs, keys, producers,

@@ -27,7 +27,9 @@ struct kf_core {
     kf_coords_t *coords;
     kf_functions_t *functions;
     kf_keys_t *keys;
-    kf_auth_t *own_auth; /* when the config gave none */
+    kf_auth_t *own_auth;               /* when the config gave none */
+    const kf_auth_t *revocations_auth; /* whose revocations end open calls */
+    uint64_t revocations_seen;
     int64_t next_sweep_ms;
     int64_t next_retention_ms;                 /* the next output retention sweep */
     bool disk_low;                             /* kf_core_set_disk_low */
@@ -169,6 +171,8 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
         auth = core->own_auth = kf_auth_create(false);
     }
     core->keys = auth != NULL ? kf_keys_create(auth) : NULL;
+    core->revocations_auth = config->revocations_auth != NULL ? config->revocations_auth : auth;
+    core->revocations_seen = kf_auth_revocations(core->revocations_auth);
     kf_batch_t *batch = kf_batch_create(store);
     if (ctx->rng == NULL || batch == NULL || core->keys == NULL) {
         kf_batch_destroy(batch);
@@ -201,11 +205,12 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
         }
     }
     if (st == KF_OK) {
-        st = kf_keys_finish_recovery(core->keys, err); /* the new key is durable now */
+        kf_keys_finish_recovery(core->keys); /* the new key is durable now */
     }
     kf_batch_destroy(batch);
     ctx->batch = NULL;
     if (st != KF_OK) {
+        kf_keys_abandon_recovery(core->keys);
         kf_core_destroy(core);
         return st;
     }
@@ -279,6 +284,14 @@ void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd) {
 uint32_t kf_core_tick(kf_core_t *core, uint32_t limit) {
     kf_ctx_t *ctx = &core->ctx;
     memory_refresh(core);
+    uint64_t revocations = kf_auth_revocations(core->revocations_auth);
+    if (revocations != core->revocations_seen) {
+        /* A key was revoked (by this engine or the home one): what its
+         * calls still hold open here ends now (auth/auth.h). */
+        core->revocations_seen = revocations;
+        kf_runs_end_revoked(core->runs, ctx);
+        kf_functions_end_revoked(core->functions, ctx);
+    }
     uint32_t fired = 0;
     while (fired < limit) {
         kf_timer_t *t = kf_heap_peek(&ctx->heap);

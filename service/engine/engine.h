@@ -98,6 +98,10 @@ typedef struct kf_worker_event {
     kf_worker_event_kind_t kind;
     kf_worker_link_t *link;
     const kf_worker_ops_t *ops; /* HELLO: lives as long as the link */
+    /* HELLO: the stream's API key (NULL: auth off), borrowed until
+     * ops->release; once it is revoked the engine sends no more calls and
+     * closes the stream (auth/auth.h). */
+    const kf_principal_t *principal;
     /* HELLO and RESULT: the unpacked keyflow.v1.WorkerMessage (protobuf-c,
      * default allocator), owned by the event. */
     ProtobufCMessage *message;
@@ -131,8 +135,12 @@ typedef struct kf_engine_config {
     const char *bootstrap_key_path; /* where a new admin key is written (auth on) */
     bool new_admin_key;             /* make an admin key even if one was made before */
     const char *admin_key_path;     /* the admin key to adopt instead of making one, or NULL */
-    bool defer_handler_calls;       /* tests only: handler calls answer on
-                                       kf_core_pump(), like remote ones */
+    /* The registry whose revocations end this engine's open calls of
+     * revoked keys (auth/auth.h); NULL: `auth`. A partition's engine, which
+     * keeps no keys, watches the home engine's. Borrowed. */
+    const kf_auth_t *revocations_auth;
+    bool defer_handler_calls; /* tests only: handler calls answer on
+                                 kf_core_pump(), like remote ones */
     /* Watches native handler calls (base/watchdog.h); borrowed. NULL: none
      * (deterministic tests); kf_engine_create makes one when it is NULL. */
     struct kf_watchdog *watchdog;

@@ -97,6 +97,9 @@ void kf_functions_fire(kf_functions_t *fns, kf_ctx_t *ctx, kf_timer_t *timer);
 void kf_functions_durable(kf_functions_t *fns, kf_ctx_t *ctx);
 /* Answers a parked read with KF_E_CANCELLED; false when not parked. */
 bool kf_functions_cancel_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd, uint64_t id);
+/* Ends what keys revoked since they were checked still hold open: parked
+ * reads (KF_E_UNAUTHENTICATED) and worker streams (closed). */
+void kf_functions_end_revoked(kf_functions_t *fns, kf_ctx_t *ctx);
 /* Answers parked reads (empty) - at shutdown. */
 void kf_functions_release_reads(kf_functions_t *fns, kf_ctx_t *ctx);
 

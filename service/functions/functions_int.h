@@ -447,6 +447,9 @@ void kf__remote_init(kf_functions_t *fns);
 /* Ends every worker stream (at shutdown and destroy): their calls fail,
  * and the front end gets every link back. */
 void kf__remote_release_all(kf_functions_t *fns, kf_ctx_t *ctx);
+/* Closes every serving worker whose stream's key was revoked, telling it
+ * KF_E_UNAUTHENTICATED; their calls fail as for a lost worker. */
+void kf__remote_end_revoked(kf_functions_t *fns, kf_ctx_t *ctx);
 /* Ends the streams of every worker of fn (the function is deleted): each
  * is told `status` and `message`; their calls are dropped. */
 void kf__remote_close_function(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn,
@@ -484,6 +487,8 @@ void kf__put_checkpoint(kf_ctx_t *ctx, const function_t *fn);
 /* Output up to fn->output_seq was written in `group`: readers are woken
  * when the group is durable (kf_functions_durable). */
 void kf__output_written(kf_functions_t *fns, function_t *fn, uint64_t group);
+/* Parked reads whose key was revoked fail with KF_E_UNAUTHENTICATED. */
+void kf__output_end_revoked(kf_functions_t *fns, kf_ctx_t *ctx);
 /* Before a function is freed: its parked reads fail with `status` and
  * `message`, and nothing pending refers to it any more. */
 void kf__output_forget(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf_status_t status,

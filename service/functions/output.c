@@ -263,6 +263,25 @@ bool kf_functions_cancel_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd,
     return false;
 }
 
+void kf__output_end_revoked(kf_functions_t *fns, kf_ctx_t *ctx) {
+    size_t b;
+    for (kf_map_node_t *n = kf_map_first(&fns->by_id, &b); n; n = kf_map_next(&fns->by_id, &b, n)) {
+        function_t *fn = KF_CONTAINER_OF(n, function_t, node);
+        for (reader_t *r = fn->readers; r != NULL;) {
+            reader_t *next = r->next;
+            kf_cmd_t *cmd = r->cmd;
+            if (kf_principal_check_open(cmd->principal, &cmd->error) != KF_OK) {
+                reader_unlink(fns, r);
+                kf_heap_disarm(&ctx->heap, &r->timer);
+                cmd->parked = NULL;
+                cmd->response = NULL;
+                kf_ctx_fail(ctx, cmd);
+            }
+            r = next;
+        }
+    }
+}
+
 void kf_functions_release_reads(kf_functions_t *fns, kf_ctx_t *ctx) {
     size_t b;
     for (kf_map_node_t *n = kf_map_first(&fns->by_id, &b); n; n = kf_map_next(&fns->by_id, &b, n)) {

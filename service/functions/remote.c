@@ -57,8 +57,9 @@ struct kf__worker {
     kf_map_node_t node; /* fns->workers, keyed by the bytes of `link` */
     kf_worker_link_t *link;
     const kf_worker_ops_t *ops;
-    function_t *fn; /* NULL: not serving (refused, or closed) */
-    worker_t *next; /* fn->workers */
+    const kf_principal_t *principal; /* the stream's key (borrowed), or NULL */
+    function_t *fn;                  /* NULL: not serving (refused, or closed) */
+    worker_t *next;                  /* fn->workers */
     worker_t *prev;
     char id[24]; /* "w<n>", this server's name for the stream */
     char name[KF_WORKER_NAME_BYTES_MAX + 1];
@@ -436,6 +437,7 @@ static void worker_hello(kf_functions_t *fns, kf_ctx_t *ctx, kf_worker_event_t *
     worker_t *w = kf_xcalloc(1, sizeof *w);
     w->link = ev->link;
     w->ops = ev->ops;
+    w->principal = ev->principal;
     snprintf(w->id, sizeof w->id, "w%" PRIu64, ++fns->next_worker_id);
     snprintf(w->peer, sizeof w->peer, "%s", ev->peer);
     kf_map_insert(&fns->workers, &w->node, &w->link, sizeof w->link);
@@ -608,12 +610,31 @@ void kf__remote_release_all(kf_functions_t *fns, kf_ctx_t *ctx) {
     }
 }
 
+void kf__remote_end_revoked(kf_functions_t *fns, kf_ctx_t *ctx) {
+    size_t b;
+    for (kf_map_node_t *n = kf_map_first(&fns->workers, &b); n != NULL;
+         n = kf_map_next(&fns->workers, &b, n)) {
+        worker_t *w = KF_CONTAINER_OF(n, worker_t, node);
+        kf_error_t err;
+        if (w->fn != NULL && kf_principal_check_open(w->principal, &err) != KF_OK) {
+            /* The stream stays in fns->workers, serving nothing, until its GONE. */
+            worker_close(fns, ctx, w, KF_E_UNAVAILABLE, KF_E_UNAUTHENTICATED,
+                         "lost its API key: revoked");
+        }
+    }
+}
+
 void kf__remote_close_function(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn,
                                kf_status_t status, const char *message) {
     while (fn->workers != NULL) {
         /* The stream stays in fns->workers, serving nothing, until its GONE. */
         worker_close(fns, ctx, fn->workers, status, status, message);
     }
+}
+
+void kf_functions_end_revoked(kf_functions_t *fns, kf_ctx_t *ctx) {
+    kf__output_end_revoked(fns, ctx);
+    kf__remote_end_revoked(fns, ctx);
 }
 
 void kf_functions_release_workers(kf_functions_t *fns, kf_ctx_t *ctx) {
@@ -629,7 +650,10 @@ static int remote_room(kf_functions_t *fns, function_t *fn) {
     }
     int room = 0;
     for (worker_t *w = fn->workers; w != NULL; w = w->next) {
-        room += (int)(w->concurrency - w->inflight);
+        /* A worker whose key was revoked gets no call (the sweep closes it). */
+        if (!kf_principal_revoked(w->principal)) {
+            room += (int)(w->concurrency - w->inflight);
+        }
     }
     return room;
 }
@@ -639,6 +663,9 @@ static int remote_room(kf_functions_t *fns, function_t *fn) {
 static kf__call_sent_t remote_send(kf_functions_t *fns, function_t *fn, kf_call_t *call) {
     worker_t *best = NULL;
     for (worker_t *w = fn->workers; w != NULL; w = w->next) {
+        if (kf_principal_revoked(w->principal)) {
+            continue;
+        }
         if (best == NULL || w->concurrency - w->inflight > best->concurrency - best->inflight) {
             best = w;
         }

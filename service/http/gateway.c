@@ -450,6 +450,13 @@ static void render_work(kf_work_t *work) {
  * worker (when one is free; else by the loop, as any other). */
 static void engine_done(kf_cmd_t *cmd) {
     http_call_t *call = cmd->owner;
+    /* A long poll whose key was revoked while it waited gets nothing
+     * (auth/auth.h); a unary call's answer says what it did. */
+    if (cmd->error.status == KF_OK &&
+        is_long_poll(call->method, (ProtobufCMessage *)cmd->request) &&
+        kf_principal_check_open(call->principal, &cmd->error) != KF_OK) {
+        cmd->response = NULL;
+    }
     if (cmd->error.status == KF_OK &&
         protobuf_c_message_get_packed_size(cmd->response) > KF_HTTP_INLINE_BODY_BYTES_MAX) {
         call->work.run = render_work;

@@ -28,8 +28,8 @@ struct kf_keys {
     kf_auth_t *auth;
     kf_principal_t **list; /* live keys, oldest first; one reference each */
     size_t count;
-    /* A key made by recovery, written to its file once recovery is durable. */
-    char bootstrap_text[KF_API_KEY_TEXT_BYTES + 1];
+    /* The file recovery wrote a new admin key to, until the key is durable
+     * (finish) or recovery failed (abandon). */
     const char *bootstrap_path;
     bool have_secret; /* the registry's HMAC key is set */
 };
@@ -49,7 +49,6 @@ void kf_keys_destroy(kf_keys_t *keys) {
         kf_principal_unref(keys->list[i]);
     }
     free(keys->list);
-    memset(keys->bootstrap_text, 0, sizeof keys->bootstrap_text);
     free(keys);
 }
 
@@ -334,6 +333,55 @@ static kf_status_t adopt_admin_key(kf_keys_t *keys, kf_ctx_t *ctx, const kf_key_
     return KF_OK;
 }
 
+/* Makes a new (or removed) name in path's directory durable. Best effort:
+ * some filesystems refuse fsync on a directory, and the file's own fsync
+ * already made its contents durable. */
+static void sync_parent(const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL) {
+        snprintf(dir, sizeof dir, ".");
+    } else {
+        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
+/* Writes a key's text to a new file (mode 0600, never over an existing
+ * one or through a symlink) and makes it durable, name included. On
+ * failure nothing is left behind. */
+static kf_status_t write_key_file(const char *path, const char *text, kf_error_t *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return kf_error_set(err, KF_E_IO,
+                            "cannot create the bootstrap admin key file %s: %s; nothing was "
+                            "stored (give a writable path with --bootstrap-key-file, or adopt a "
+                            "key with --admin-key-file)",
+                            path, strerror(errno));
+    }
+    char line[KF_API_KEY_TEXT_BYTES + 2];
+    int n = snprintf(line, sizeof line, "%s\n", text);
+    bool ok = write(fd, line, (size_t)n) == n && fsync(fd) == 0;
+    int saved = errno;
+    memset(line, 0, sizeof line);
+    if (close(fd) != 0 && ok) {
+        ok = false;
+        saved = errno;
+    }
+    if (!ok) {
+        unlink(path);
+        return kf_error_set(err, KF_E_IO,
+                            "cannot write the bootstrap admin key file %s: %s; nothing was stored",
+                            path, strerror(saved));
+    }
+    sync_parent(path);
+    return KF_OK;
+}
+
 kf_status_t kf_keys_recover(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) {
     kf_status_t st = load_secret(keys, ctx, err);
     if (st == KF_OK) {
@@ -371,9 +419,18 @@ kf_status_t kf_keys_recover(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) {
     }
     kf_grant_t grants[KF_GRANTS_MAX];
     size_t n = admin_grants(grants);
+    char text[KF_API_KEY_TEXT_BYTES + 1];
     kf_principal_t *p =
         make_key(keys, ctx, bootstrapped ? "admin (--new-admin-key)" : "bootstrap admin", grants, n,
-                 "", NULL, NULL, keys->bootstrap_text);
+                 "", NULL, NULL, text);
+    /* The file first: a key whose file could not be written must never be
+     * committed (nobody would hold it, and the marker would stop the next
+     * start from making another). On failure the caller writes nothing. */
+    st = write_key_file(config->bootstrap_key_path, text, err);
+    memset(text, 0, sizeof text);
+    if (st != KF_OK) {
+        return st;
+    }
     int64_t now = ctx->now_ms;
     kf_ctx_put(ctx, KF_CF_API_KEYS, &marker, &now, sizeof now);
     keys->bootstrap_path = config->bootstrap_key_path;
@@ -381,32 +438,34 @@ kf_status_t kf_keys_recover(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) {
     return KF_OK;
 }
 
-kf_status_t kf_keys_finish_recovery(kf_keys_t *keys, kf_error_t *err) {
+void kf_keys_finish_recovery(kf_keys_t *keys) {
     if (keys->bootstrap_path == NULL) {
-        return KF_OK;
-    }
-    const char *path = keys->bootstrap_path;
-    keys->bootstrap_path = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    bool ok = fd >= 0;
-    if (ok) {
-        char line[KF_API_KEY_TEXT_BYTES + 2];
-        int n = snprintf(line, sizeof line, "%s\n", keys->bootstrap_text);
-        ok = write(fd, line, (size_t)n) == n && fsync(fd) == 0;
-        memset(line, 0, sizeof line);
-        ok = close(fd) == 0 && ok;
-    }
-    memset(keys->bootstrap_text, 0, sizeof keys->bootstrap_text);
-    if (!ok) {
-        return kf_error_set(err, KF_E_IO, "cannot write the bootstrap key file %s: %s", path,
-                            strerror(errno));
+        return;
     }
     /* The path, never the key. */
     kf_log(KF_LOG_WARN, "keys",
            "wrote the admin API key to %s (mode 0600): use it to create keys "
            "(keyflow keys create), then move it somewhere safe or delete it",
-           path);
-    return KF_OK;
+           keys->bootstrap_path);
+    keys->bootstrap_path = NULL;
+}
+
+void kf_keys_abandon_recovery(kf_keys_t *keys) {
+    if (keys->bootstrap_path == NULL) {
+        return;
+    }
+    /* Its key was never committed: the next start makes another, and must
+     * not find this file in the way (nor must anyone use a dead key). */
+    const char *path = keys->bootstrap_path;
+    keys->bootstrap_path = NULL;
+    if (unlink(path) != 0 && errno != ENOENT) {
+        kf_log(KF_LOG_ERROR, "keys",
+               "cannot remove %s, which holds a key that was never stored: %s; delete it before "
+               "the next start",
+               path, strerror(errno));
+        return;
+    }
+    sync_parent(path);
 }
 
 /* ---- the RPCs ------------------------------------------------------------- */

@@ -39,16 +39,20 @@ void kf_keys_destroy(kf_keys_t *keys);
  * registry is enabled and the store never had a bootstrap key, or
  * config->new_admin_key asks for one, makes an admin key (every scope, no
  * prefix): the operator's, from config->admin_key_path, or a new one whose
- * text kf_keys_finish_recovery writes to config->bootstrap_key_path.
- * Errors: KF_E_CORRUPT (a malformed record), KF_E_IO, KF_E_INVALID (the
- * admin key file holds no key), KF_E_EXISTS (the bootstrap file already
- * exists: it would be another store's key).
+ * text is written to config->bootstrap_key_path (mode 0600, created, never
+ * overwritten, fsynced) BEFORE its record goes into the batch: if the file
+ * cannot be written, recovery fails and the caller must write nothing.
+ * Errors: KF_E_CORRUPT (a malformed record), KF_E_IO (the key file cannot
+ * be written), KF_E_INVALID (the admin key file holds no key), KF_E_EXISTS
+ * (the bootstrap file already exists: it would be another store's key).
  */
 kf_status_t kf_keys_recover(kf_keys_t *keys, kf_ctx_t *ctx, kf_error_t *err) KF_MUST_USE;
-/* After recovery's write is durable: writes the bootstrap key file (mode
- * 0600, created, never overwritten) if recovery made one, and logs its
- * path. Errors: KF_E_IO. */
-kf_status_t kf_keys_finish_recovery(kf_keys_t *keys, kf_error_t *err) KF_MUST_USE;
+/* After recovery's write is durable: logs the bootstrap key file's path
+ * (never the key) if recovery wrote one. */
+void kf_keys_finish_recovery(kf_keys_t *keys);
+/* Recovery failed after kf_keys_recover (its batch is not written):
+ * removes the bootstrap key file it wrote, whose key was never stored. */
+void kf_keys_abandon_recovery(kf_keys_t *keys);
 
 /* The Keys RPCs (rows of proto/rpcs.h). */
 void kf_keys_create_key(kf_keys_t *keys, kf_ctx_t *ctx, kf_cmd_t *cmd);

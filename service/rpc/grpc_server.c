@@ -394,6 +394,13 @@ static void add_owner_trailers(call_t *c, const kf_cmd_t *cmd) {
 static void engine_done(kf_cmd_t *cmd) {
     call_t *c = cmd->owner;
     atomic_store(&c->in_engine, false);
+    /* A long poll whose key was revoked while it waited gets nothing
+     * (auth/auth.h). A unary call's answer says what it did, revoked or
+     * not: the revocation is for the next call. */
+    if (c->close_watched && cmd->error.status == KF_OK &&
+        kf_principal_check_open(c->principal, &cmd->error) != KF_OK) {
+        cmd->response = NULL;
+    }
     add_owner_trailers(c, cmd);
     send_reply(c, cmd->error.status, cmd->error.message, cmd->response);
 }
@@ -619,7 +626,8 @@ static void tail_done(kf_cmd_t *cmd) {
         tail_unref(c);
         return;
     }
-    if (cmd->error.status != KF_OK) {
+    /* The stream ends once its key is revoked (auth/auth.h). */
+    if (cmd->error.status != KF_OK || kf_principal_check_open(c->principal, &cmd->error) != KF_OK) {
         tail_finish(c, cmd->error.status, cmd->error.message);
         return;
     }
@@ -868,6 +876,14 @@ static void link_fail(kf_worker_link_t *link, kf_status_t status, const char *me
 /* ---- the engine's side (engine thread) ---- */
 
 static void link_send(kf_worker_link_t *link, uint8_t *message, size_t len, bool is_call) {
+    kf_error_t err;
+    if (kf_principal_check_open(link->call->principal, &err) != KF_OK) {
+        /* The engine closes the stream at its next turn; meanwhile nothing
+         * more goes to a worker whose key was revoked (auth/auth.h). */
+        free(message);
+        link_fail(link, err.status, err.message);
+        return;
+    }
     grpc_slice slice = grpc_slice_new(message, len, free); /* takes the buffer */
     grpc_byte_buffer *buffer = grpc_raw_byte_buffer_create(&slice, 1);
     grpc_slice_unref(slice);
@@ -960,6 +976,7 @@ static bool link_received(kf_worker_link_t *link, grpc_byte_buffer *buffer) {
     if (!link->hello_posted) {
         ev->kind = KF_WORKER_HELLO;
         ev->ops = &link_ops;
+        ev->principal = link->call->principal; /* the call outlives the engine's link */
         char *peer = grpc_call_get_peer(link->call->call);
         snprintf(ev->peer, sizeof ev->peer, "%s", peer ? peer : "");
         gpr_free(peer);

@@ -85,7 +85,9 @@ void kf__runs_serve_parked(kf_runs_t *rs, kf_ctx_t *ctx) {
     poller_t *p = rs->polls_head;
     while (p != NULL && rs->ready > 0) {
         poller_t *next = p->next;
-        if (fill_poll(rs, ctx, p->cmd) > 0) {
+        /* A poll whose key was revoked since it parked leases nothing: the
+         * sweep (kf_runs_end_revoked) answers it at this engine's next turn. */
+        if (!kf_principal_revoked(p->cmd->principal) && fill_poll(rs, ctx, p->cmd) > 0) {
             kf__poll_unlink(rs, p);
             kf_heap_disarm(&ctx->heap, &p->timer);
             p->cmd->parked = NULL;
@@ -110,6 +112,34 @@ bool kf_runs_cancel_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd, uint64_t i
         }
     }
     return kf__waiter_cancel(rs, ctx, cmd, id);
+}
+
+static void waiter_unlink(kf_runs_t *rs, kf_ctx_t *ctx, waiter_t *w);
+
+void kf_runs_end_revoked(kf_runs_t *rs, kf_ctx_t *ctx) {
+    for (poller_t *p = rs->polls_head; p != NULL;) {
+        poller_t *next = p->next;
+        kf_cmd_t *cmd = p->cmd;
+        if (kf_principal_check_open(cmd->principal, &cmd->error) != KF_OK) {
+            kf__poll_unlink(rs, p);
+            kf_heap_disarm(&ctx->heap, &p->timer);
+            cmd->parked = NULL;
+            cmd->response = NULL;
+            kf_ctx_fail(ctx, cmd);
+        }
+        p = next;
+    }
+    for (waiter_t *w = rs->waiters; w != NULL;) {
+        waiter_t *next = w->all_next;
+        kf_cmd_t *cmd = w->cmd;
+        if (kf_principal_check_open(cmd->principal, &cmd->error) != KF_OK) {
+            waiter_unlink(rs, ctx, w);
+            cmd->response = NULL;
+            kf_ctx_fail(ctx, cmd);
+        }
+        w = next;
+    }
+    kf__runs_publish(rs);
 }
 
 void kf_runs_release_polls(kf_runs_t *rs, kf_ctx_t *ctx) {

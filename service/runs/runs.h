@@ -201,6 +201,9 @@ void kf_runs_evict(kf_runs_t *runs, kf_ctx_t *ctx);
  * `cmd` (with `id`) is not one of them. Only pointers are compared until
  * found. */
 bool kf_runs_cancel_poll(kf_runs_t *runs, kf_ctx_t *ctx, kf_cmd_t *cmd, uint64_t id);
+/* Answers every parked poll and GetRun wait whose key was revoked with
+ * KF_E_UNAUTHENTICATED (auth/auth.h). */
+void kf_runs_end_revoked(kf_runs_t *runs, kf_ctx_t *ctx);
 /* Answers every parked poll (empty) and GetRun wait (the run as it is) -
  * at shutdown. */
 void kf_runs_release_polls(kf_runs_t *runs, kf_ctx_t *ctx);

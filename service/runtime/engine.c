@@ -575,9 +575,13 @@ static void *engine_main(void *arg) {
                 break;
             }
             int64_t due = kf_core_next_due_ms(e->core);
-            int64_t wait_ms = due == INT64_MAX ? 1000 : due - kf_clock_now_ms(&e->config.clock);
+            int64_t wait_ms =
+                due == INT64_MAX ? KF_ENGINE_IDLE_WAKE_MS : due - kf_clock_now_ms(&e->config.clock);
             if (wait_ms <= 0) {
                 break;
+            }
+            if (wait_ms > KF_ENGINE_IDLE_WAKE_MS) {
+                wait_ms = KF_ENGINE_IDLE_WAKE_MS;
             }
             struct timespec ts;
             deadline_after_ms(&ts, wait_ms);

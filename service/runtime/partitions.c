@@ -431,6 +431,7 @@ kf_status_t kf_partitions_open(const kf_partitions_options_t *o, kf_partitions_t
                 /* API keys live in home; the partition's own registry is a
                  * disabled one (engine/core.c) that never bootstraps. */
                 ps->configs[p].auth = NULL;
+                ps->configs[p].revocations_auth = o->engine.auth;
                 ps->configs[p].admin_key_path = NULL;
                 ps->configs[p].new_admin_key = false;
                 st = open_engine(ps, &ps->configs[p], ps->stores[p], &ps->engines[p], err);

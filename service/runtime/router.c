@@ -1761,6 +1761,7 @@ static kf_worker_event_t *fan_event(const kf_worker_event_t *ev, sub_link_t *sub
     copy->kind = ev->kind;
     copy->link = (kf_worker_link_t *)(void *)sub;
     copy->ops = &fan_ops;
+    copy->principal = ev->principal; /* the front end's call outlives every sub-link */
     memcpy(copy->peer, ev->peer, sizeof copy->peer);
     memcpy(copy->reason, ev->reason, sizeof copy->reason);
     if (ev->message != NULL) {
