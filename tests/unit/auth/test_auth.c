@@ -122,8 +122,17 @@ Test(auth, a_held_principal_outlives_its_revocation) {
     kf_principal_t *p;
     kf_error_t err;
     cr_assert_eq(authenticate(auth, header, &p, &err), KF_OK);
+    cr_assert_eq(kf_auth_revocations(auth), 0);
+    cr_assert_not(kf_principal_revoked(p));
+    cr_assert_eq(kf_principal_check_open(p, &err), KF_OK);
     cr_assert(kf_auth_remove(auth, "0123456789abcdef"));
     cr_assert(kf_principal_allows(p, KF_SCOPE_RUNS_READ, "any"));
+    /* The call that holds it sees the revocation, and so do the engines. */
+    cr_assert(kf_principal_revoked(p));
+    cr_assert_eq(kf_auth_revocations(auth), 1);
+    cr_assert_eq(kf_principal_check_open(p, &err), KF_E_UNAUTHENTICATED);
+    cr_assert(strstr(err.message, "0123456789abcdef was revoked") != NULL, "%s", err.message);
+    cr_assert_eq(kf_principal_check_open(NULL, &err), KF_OK); /* auth off */
     kf_principal_unref(p);
     kf_auth_destroy(auth);
 }
