@@ -1686,11 +1686,22 @@ void kf_router_cancel(kf_router_t *r, kf_cmd_t *cmd) {
  * A remote handler's stream serves the function in every partition of the
  * process: its HELLO goes to each partition's engine, which knows the
  * stream as a sub-link of its own (below); what the engines send goes out
- * on the one stream (the first welcome only: the worker says hello once),
- * a close from any of them closes it, and the front end's link is
+ * on the one stream (one welcome: the worker says hello once), a close
+ * from any of them closes it, and the front end's link is
  * released once every engine released its sub-link. A result goes back to
  * the partition whose engine made the call: call IDs are
- * n * partition_count + partition (functions/remote.c). */
+ * n * partition_count + partition (functions/remote.c).
+ *
+ * The welcome goes out once EVERY partition has welcomed the worker: a
+ * client that pushes as soon as its worker is welcomed must find the
+ * worker in every partition. A partition that welcomed earlier may already
+ * call; its calls wait behind the welcome (at most the granted concurrency
+ * per partition, so the hold is bounded). */
+
+typedef struct held_call {
+    uint8_t *message;
+    size_t len;
+} held_call_t;
 
 typedef struct worker_fan worker_fan_t;
 
@@ -1707,6 +1718,11 @@ struct worker_fan {
     const kf_worker_ops_t *ops;
     pthread_mutex_t lock;
     bool welcomed;         /* a welcome went out (lock) */
+    uint32_t welcomes_due; /* partitions yet to welcome (lock) */
+    uint8_t *welcome;      /* the first welcome, held until the last (lock) */
+    size_t welcome_len;
+    held_call_t *held; /* calls made before the welcome went out (lock) */
+    size_t held_count, held_cap;
     uint32_t live;         /* sub-links not yet released (lock) */
     bool release_upstream; /* the front end awaits its ops->release */
     sub_link_t subs[];     /* router->served_count */
@@ -1715,14 +1731,47 @@ struct worker_fan {
 static void fan_send(kf_worker_link_t *link, uint8_t *message, size_t len, bool is_call) {
     worker_fan_t *fan = ((sub_link_t *)(void *)link)->fan;
     pthread_mutex_lock(&fan->lock);
-    if (!is_call && fan->welcomed) {
-        pthread_mutex_unlock(&fan->lock);
-        free(message); /* every partition welcomes; the worker hears it once */
-        return;
+    if (fan->welcomed) {
+        if (is_call) {
+            fan->ops->send(fan->link, message, len, true);
+        } else {
+            free(message); /* the worker hears one welcome */
+        }
+    } else if (is_call) {
+        if (fan->held_count == fan->held_cap) {
+            fan->held_cap = fan->held_cap > 0 ? 2 * fan->held_cap : 8;
+            fan->held = kf_xrealloc(fan->held, fan->held_cap * sizeof fan->held[0]);
+        }
+        fan->held[fan->held_count++] = (held_call_t){message, len};
+    } else {
+        KF_ASSERT(fan->welcomes_due > 0);
+        if (fan->welcome == NULL) {
+            fan->welcome = message;
+            fan->welcome_len = len;
+        } else {
+            free(message);
+        }
+        if (--fan->welcomes_due == 0) {
+            fan->welcomed = true;
+            fan->ops->send(fan->link, fan->welcome, fan->welcome_len, false);
+            fan->welcome = NULL;
+            for (size_t i = 0; i < fan->held_count; i++) {
+                fan->ops->send(fan->link, fan->held[i].message, fan->held[i].len, true);
+            }
+            fan->held_count = 0;
+        }
     }
-    fan->welcomed = fan->welcomed || !is_call;
-    fan->ops->send(fan->link, message, len, is_call); /* in order: welcome first */
     pthread_mutex_unlock(&fan->lock);
+}
+
+static void fan_free(worker_fan_t *fan) {
+    free(fan->welcome);
+    for (size_t i = 0; i < fan->held_count; i++) {
+        free(fan->held[i].message);
+    }
+    free(fan->held);
+    pthread_mutex_destroy(&fan->lock);
+    free(fan);
 }
 
 static void fan_close(kf_worker_link_t *link, kf_status_t status, const char *message) {
@@ -1746,8 +1795,7 @@ static void fan_release(kf_worker_link_t *link) {
     if (fan->release_upstream) {
         fan->ops->release(fan->link);
     }
-    pthread_mutex_destroy(&fan->lock);
-    free(fan);
+    fan_free(fan);
 }
 
 static const kf_worker_ops_t fan_ops = {
@@ -1786,6 +1834,7 @@ static kf_status_t fan_hello(kf_router_t *r, kf_worker_event_t *ev, kf_error_t *
     fan->link = ev->link;
     fan->ops = ev->ops;
     pthread_mutex_init(&fan->lock, NULL);
+    fan->welcomes_due = r->served_count;
     pthread_mutex_lock(&r->fan_lock);
     kf_map_insert(&r->fans, &fan->node, &fan->link, sizeof fan->link);
     uint32_t accepted = 0;
@@ -1828,8 +1877,7 @@ static kf_status_t fan_hello(kf_router_t *r, kf_worker_event_t *ev, kf_error_t *
         }
         pthread_mutex_unlock(&r->fan_lock);
         if (none) {
-            pthread_mutex_destroy(&fan->lock);
-            free(fan);
+            fan_free(fan);
         }
         return kf_error_set(err, KF_E_UNAVAILABLE, "keyflowd is shutting down");
     }

@@ -348,41 +348,80 @@ class FunctionsAcrossPartitions(unittest.TestCase):
         self.assertEqual(status, 400, doc)
         self.assertIn("cursor", doc["message"])
 
-    def test_one_worker_stream_serves_every_partition(self):
+    def serve_one_batch(self, worker, fid, users, sequence):
+        """Pushes `users` as batch `sequence` while `worker` answers every call;
+        returns the ack and the keys the worker was called for."""
+        import test_remote_workers as rw
+        result = {}
+
+        def push():
+            result["ack"] = self.server.http("POST", "/v1/functions/%s/batches" % fid, {
+                "producerId": "w", "sequence": sequence,
+                "rows": [{"user": u, "ts": self.BASE_US + i, "amount": 1}
+                         for i, u in enumerate(users)]})
+            if result["ack"][0] != 200:
+                worker.inbox.put(rw.wpb.ServerMessage())  # no call will come: wake next()
+
+        t = threading.Thread(target=push)
+        t.start()
+        served = set()
+        try:
+            while len(served) < len(users):
+                call = worker.next()
+                for key in call.key_texts:
+                    served.add(key)
+                worker.send(rw.running_sum_result(call))
+        except AssertionError:
+            t.join(30)
+            if result.get("ack", (200,))[0] == 200:
+                raise
+        finally:
+            t.join(30)
+        self.assertFalse(t.is_alive())
+        status, doc = result["ack"]
+        self.assertEqual(status, 200, doc)
+        return doc, served
+
+    def remote_function(self):
         import test_remote_workers as rw
         rw.load_stubs()
         fid = "remote-" + uuid.uuid4().hex[:8]
         d = dict(self.descriptor, functionId=fid, pipelineStateId=fid + ".v1",
                  runtime="RUNTIME_REMOTE", implementationDigest="ab" * 32)
         self.ok("POST", "/v1/functions", d)
+        return fid
+
+    def test_one_worker_stream_serves_every_partition(self):
+        import test_remote_workers as rw
+        fid = self.remote_function()
         worker = rw.FakeWorker(self.server.grpc_target, fid, "ab" * 32, concurrency=2)
         try:
             worker.welcome()
             users = ["w%d" % i for i in range(12)]
             self.assertEqual(len({partitions.of_key([u], self.COUNT) for u in users}), self.COUNT)
-            result = {}
-
-            def push():
-                result["ack"] = self.ok("POST", "/v1/functions/%s/batches" % fid, {
-                    "producerId": "w", "sequence": 1,
-                    "rows": [{"user": u, "ts": self.BASE_US + i, "amount": 1}
-                             for i, u in enumerate(users)]})
-
-            t = threading.Thread(target=push)
-            t.start()
-            served = set()
-            while len(served) < len(users):
-                call = worker.next()
-                for key in call.key_texts:
-                    served.add(key)
-                worker.send(rw.running_sum_result(call))
-            t.join(30)
-            self.assertEqual(result["ack"]["rowsAccepted"], str(len(users)))
+            ack, served = self.serve_one_batch(worker, fid, users, 1)
+            self.assertEqual(ack["rowsAccepted"], str(len(users)))
             self.assertEqual(served, set(users))
             out, _ = self.read_all(fid)
             self.assertEqual(sorted(r["key"] for _, r in out), sorted(users))
         finally:
             worker.shutdown()
+
+    def test_a_welcomed_worker_serves_every_partition_at_once(self):
+        """The welcome means every partition has the worker: a batch pushed
+        the moment it arrives reaches all of them (no UNAVAILABLE from a
+        partition that had not taken the hello yet)."""
+        import test_remote_workers as rw
+        fid = self.remote_function()
+        users = ["w%d" % i for i in range(12)]
+        for sequence in range(1, 41):
+            worker = rw.FakeWorker(self.server.grpc_target, fid, "ab" * 32, concurrency=2)
+            try:
+                worker.welcome()
+                ack, served = self.serve_one_batch(worker, fid, users, sequence)
+                self.assertEqual(served, set(users), "round %d" % sequence)
+            finally:
+                worker.shutdown()
 
 
 class Placement(unittest.TestCase):
