@@ -57,6 +57,7 @@
 #include "http/conns.h"
 #include "http/openapi.h"
 #include "http/routes.h"
+#include "keyflow/v1/partitions.pb-c.h"
 #include "proto/json_map.h"
 
 typedef struct http_call http_call_t;
@@ -575,6 +576,30 @@ static bool serve_probe(kf_gateway_t *gw, h2o_req_t *req, size_t path_len, bool 
     return false;
 }
 
+/* GET /v1/partitions: keyflow.v1.Partitions/GetPlacement as JSON (no key
+ * needed, as over gRPC). False (nothing sent) for any other path. */
+static bool serve_placement(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
+    if (!path_is(req, path_len, "/v1/partitions")) {
+        return false;
+    }
+    if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"))) {
+        send_not_allowed(req, "method: use GET for /v1/partitions", "GET");
+        return true;
+    }
+    kf_arena_t arena;
+    kf_arena_init(&arena, 0);
+    Keyflow__V1__Placement *placement = kf_router_placement(gw->router, &arena);
+    size_t len = 0;
+    char *json = placement != NULL ? kf_message_to_json(&placement->base, &arena, &len) : NULL;
+    if (json != NULL) {
+        send_body(req, 200, "application/json", json, len);
+    } else {
+        send_error(req, KF_E_LIMIT, "placement: out of memory", 0);
+    }
+    kf_arena_deinit(&arena);
+    return true;
+}
+
 static size_t path_length(const h2o_req_t *req) {
     return req->query_at != SIZE_MAX ? req->query_at : req->path.len;
 }
@@ -723,7 +748,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
     kf_http_conn_t *conn = kf_http_conn_request(req);
     size_t path_len = path_length(req);
-    if (refuse_browser_without_keys(gw, req) || serve_probe(gw, req, path_len, true)) {
+    if (refuse_browser_without_keys(gw, req) || serve_probe(gw, req, path_len, true) ||
+        serve_placement(gw, req, path_len)) {
         return 0;
     }
     if (atomic_load(&gw->stopping)) {

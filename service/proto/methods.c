@@ -10,6 +10,7 @@
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/keys.pb-c.h"
+#include "keyflow/v1/partitions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
 #include "keyflow/v1/workers.pb-c.h"
 

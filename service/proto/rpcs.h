@@ -182,6 +182,11 @@
     FRONT(WORKER_SERVE, "keyflow.v1.Workers", "Serve", "WorkerServe", keyflow__v1__worker_message, \
           keyflow__v1__server_message, BIDI_STREAM, FUNCTIONS_SERVE, "hello.function_id",          \
           ALL(workers))                                                                            \
+    /* The process's partitions and the data set's placement (docs/scaling.md),                    \
+     * from the router: clients ask it before their first call, so it needs no                     \
+     * key (it names what the caller reaches already). */                                          \
+    FRONT(PLACEMENT, "keyflow.v1.Partitions", "GetPlacement", "GetPlacement",                      \
+          keyflow__v1__get_placement_request, keyflow__v1__placement, UNARY, NONE, NULL, LOCAL())  \
     /* gRPC server reflection, answered from the embedded descriptor set                           \
      * (rpc/reflection.h); v1alpha is the same protocol under its older name. */                   \
     FRONT(REFLECTION_V1, "grpc.reflection.v1.ServerReflection", "ServerReflectionInfo",            \

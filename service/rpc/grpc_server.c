@@ -56,6 +56,7 @@
 #include "runtime/router.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
+#include "keyflow/v1/partitions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
 #include "keyflow/v1/workers.pb-c.h"
 
@@ -1304,6 +1305,14 @@ static void serve_front(call_t *c) {
         }
         return;
     case KF_FRONT_WORKER_SERVE: start_worker(c); return; /* it reads its own messages */
+    case KF_FRONT_PLACEMENT:
+        if ((req = unpack_authorized(c)) != NULL) {
+            Keyflow__V1__Placement *placement = kf_router_placement(c->server->router, &c->arena);
+            send_reply(c, placement != NULL ? KF_OK : KF_E_LIMIT,
+                       placement != NULL ? NULL : "placement: out of memory",
+                       placement != NULL ? &placement->base : NULL);
+        }
+        return;
     case KF_FRONT_REFLECTION_V1:
     case KF_FRONT_REFLECTION_V1ALPHA:
         reflect_answer(c, c->payload); /* the first request came with the call */

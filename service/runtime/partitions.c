@@ -70,7 +70,7 @@ static kf_status_t write_record(const char *dir, const char *name, const char *t
     char path[PATH_MAX], tmp[PATH_MAX];
     path_of(path, sizeof path, "%s/%s", dir, name);
     path_of(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) {
         return kf_error_set(err, KF_E_IO, "cannot create %s: %s", tmp, strerror(errno));
     }
@@ -138,7 +138,7 @@ static bool record_u32(char *text, const char *name, uint32_t *out) {
 }
 
 static bool make_dir(const char *path, kf_error_t *err) {
-    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+    if (mkdir(path, 0700) != 0 && errno != EEXIST) {
         kf_error_set(err, KF_E_IO, "cannot create %s: %s", path, strerror(errno));
         return false;
     }
@@ -467,6 +467,9 @@ kf_status_t kf_partitions_open(const kf_partitions_options_t *o, kf_partitions_t
             .node = o->node,
         };
         memcpy(rc.engines, ps->engines, sizeof rc.engines);
+        for (uint32_t p = 0; p < ps->count; p++) {
+            rc.ids[p] = ps->ids[p];
+        }
         st = kf_router_create(&rc, &ps->router, err);
     }
     if (st != KF_OK) {

@@ -43,6 +43,7 @@
 #include "functions/rows.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
+#include "keyflow/v1/partitions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
 #include "keyflow/v1/workers.pb-c.h"
 
@@ -56,6 +57,7 @@ struct kf_router {
     char served_text[64];
     const kf_placement_t *placement;
     const char *node;
+    const char *ids[KF_PARTITION_COUNT_MAX];
     pthread_mutex_t lock; /* see the top of the file */
     atomic_uint rotation; /* where PollRuns starts looking */
     pthread_mutex_t fn_lock;
@@ -1558,6 +1560,7 @@ kf_status_t kf_router_create(const kf_router_config_t *config, kf_router_t **out
     r->home = config->home;
     r->placement = config->placement;
     r->node = config->node;
+    memcpy(r->ids, config->ids, sizeof r->ids);
     memset(&r->served_set, 0, sizeof r->served_set);
     r->served_set.count = r->count;
     for (uint32_t p = 0; p < r->count; p++) {
@@ -1985,4 +1988,74 @@ kf_engine_t *kf_router_engine(const kf_router_t *r, uint32_t partition) {
 
 const char *kf_router_node(const kf_router_t *r) {
     return r->node;
+}
+
+Keyflow__V1__Placement *kf_router_placement(kf_router_t *r, kf_arena_t *arena) {
+    Keyflow__V1__Placement *out = kf_arena_zalloc(arena, sizeof *out);
+    if (out == NULL) {
+        return NULL;
+    }
+    keyflow__v1__placement__init(out);
+    out->partition_count = (int32_t)r->count;
+    out->hash = (char *)KF_PARTITION_HASH_NAME;
+    out->node = (char *)(r->node != NULL ? r->node : "");
+    out->served = r->served_text;
+    out->partitions = kf_arena_zalloc(arena, r->served_count * sizeof *out->partitions);
+    out->nodes = kf_arena_zalloc(
+        arena, (r->placement != NULL ? r->placement->node_count : 0) * sizeof *out->nodes + 1);
+    out->routes = kf_arena_zalloc(arena, KF_METHOD_COUNT * sizeof *out->routes);
+    if (out->partitions == NULL || out->nodes == NULL || out->routes == NULL) {
+        return NULL;
+    }
+    for (uint32_t i = 0; i < r->served_count; i++) {
+        uint32_t p = r->served[i];
+        Keyflow__V1__PartitionHealth *h = kf_arena_zalloc(arena, sizeof *h);
+        char *why = kf_arena_zalloc(arena, KF_ERROR_MESSAGE_BYTES_MAX);
+        if (h == NULL || why == NULL) {
+            return NULL;
+        }
+        keyflow__v1__partition_health__init(h);
+        h->partition = (int32_t)p;
+        h->id = (char *)(r->ids[p] != NULL ? r->ids[p] : "");
+        h->ready = !kf_engine_unready(r->engines[p], why, KF_ERROR_MESSAGE_BYTES_MAX);
+        h->reason = h->ready ? (char *)"" : why;
+        out->partitions[out->n_partitions++] = h;
+    }
+    for (size_t i = 0; r->placement != NULL && r->placement->partition_count == r->count &&
+                       i < r->placement->node_count;
+         i++) {
+        const kf_placement_node_t *n = &r->placement->nodes[i];
+        Keyflow__V1__PlacementNode *pn = kf_arena_zalloc(arena, sizeof *pn);
+        char *set = kf_arena_zalloc(arena, 1024);
+        if (pn == NULL || set == NULL) {
+            return NULL;
+        }
+        keyflow__v1__placement_node__init(pn);
+        kf_partition_set_format(&n->partitions, set, 1024);
+        pn->name = (char *)n->name;
+        pn->partitions = set;
+        pn->grpc_address = (char *)n->grpc_address;
+        pn->http_address = (char *)n->http_address;
+        out->nodes[out->n_nodes++] = pn;
+    }
+    for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
+        const kf_method_t *m = &kf_methods[i];
+        Keyflow__V1__Route *route = kf_arena_zalloc(arena, sizeof *route);
+        char **fields = kf_arena_zalloc(arena, 2 * sizeof *fields);
+        if (route == NULL || fields == NULL) {
+            return NULL;
+        }
+        keyflow__v1__route__init(route);
+        route->method = (char *)m->path;
+        route->kind = (char *)kf_route_kind_name(m->route.kind);
+        route->plan = (char *)(m->route.plan != NULL ? m->route.plan : "");
+        route->fields = fields;
+        for (int f = 0; f < 2; f++) {
+            if (m->route.fields[f] != NULL) {
+                fields[route->n_fields++] = (char *)m->route.fields[f];
+            }
+        }
+        out->routes[out->n_routes++] = route;
+    }
+    return out;
 }

@@ -40,6 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/arena.h"
 #include "base/partition.h"
 #include "base/placement.h"
 #include "runtime/engine.h"
@@ -52,6 +53,9 @@ typedef struct kf_router_config {
     kf_engine_t *home;                            /* API keys; may be one of engines[] */
     const kf_placement_t *placement; /* owners of other partitions; NULL: unknown (borrowed) */
     const char *node;                /* this process's name in the placement, or NULL */
+    /* Each served partition's directory id (KEYFLOW-PARTITION), borrowed;
+     * NULL or "" when it has none. */
+    const char *ids[KF_PARTITION_COUNT_MAX];
 } kf_router_config_t;
 
 /* Engines and placement are borrowed and outlive the router. At least one
@@ -88,5 +92,9 @@ const kf_placement_node_t *kf_router_owner(const kf_router_t *router, uint32_t p
 kf_engine_t *kf_router_engine(const kf_router_t *router, uint32_t partition);
 /* This process's node name, or NULL. */
 const char *kf_router_node(const kf_router_t *router);
+/* keyflow.v1.Partitions/GetPlacement's answer, built in `arena`: the count,
+ * the served partitions with their ids and readiness, the placement's nodes
+ * and every RPC's route. NULL when the arena is full. Any thread. */
+struct Keyflow__V1__Placement *kf_router_placement(kf_router_t *router, kf_arena_t *arena);
 
 #endif

@@ -40,6 +40,7 @@ from grpc.reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2  # 
 from keyflow.v1 import coordinators_pb2 as C  # noqa: E402
 from keyflow.v1 import functions_pb2 as F  # noqa: E402
 from keyflow.v1 import keys_pb2 as K  # noqa: E402
+from keyflow.v1 import partitions_pb2  # noqa: E402,F401  (registers the messages)
 from keyflow.v1 import runs_pb2 as R  # noqa: E402
 from keyflow.v1 import workers_pb2 as W  # noqa: E402
 
@@ -257,7 +258,9 @@ RULES = {
         request=lambda c: K.RevokeKeyRequest(key_id=c.victim), snapshot=snap_keys, prefix=None,
         http=lambda c: [("POST", "/v1/keys/%s:revoke" % c.victim, {})]),
     # No key needed: health is for probes, reflection tells only what the
-    # repository's protos say.
+    # repository's protos say, the placement is what a client needs before
+    # its first call (docs/scaling.md).
+    "/keyflow.v1.Partitions/GetPlacement": dict(request=None, open=True),
     "/grpc.health.v1.Health/Check": dict(request=None, open=True),
     "/grpc.health.v1.Health/Watch": dict(request=None, open=True),
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": dict(request=None, open=True),

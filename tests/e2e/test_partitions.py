@@ -485,6 +485,31 @@ class Placement(unittest.TestCase):
         got = self.sb.runs.GetRun(R.GetRunRequest(run_id=receipt.run_id), timeout=30)
         self.assertEqual(got.key, theirs)
 
+    def test_each_process_tells_its_placement(self):
+        from keyflow.v1 import partitions_pb2 as PL
+        from keyflow.v1 import partitions_pb2_grpc as PLG
+        for srv, served, node in ((self.a, "0-1", "node-a"), (self.b, "2-3", "")):
+            channel = grpc.insecure_channel(srv.grpc_target)
+            try:
+                p = PLG.PartitionsStub(channel).GetPlacement(PL.GetPlacementRequest(), timeout=30)
+            finally:
+                channel.close()
+            self.assertEqual((p.partition_count, p.hash, p.served, p.node),
+                             (self.COUNT, "kf-hash-1", served, node))
+            self.assertEqual([h.partition for h in p.partitions],
+                             [int(x) for x in served.split("-")])
+            self.assertTrue(all(h.ready and h.id for h in p.partitions), p.partitions)
+            self.assertEqual([(n.name, n.partitions, n.grpc_address) for n in p.nodes],
+                             [("node-a", "0-1", "a.example:50051"),
+                              ("node-b", "2-3", "b.example:50051")])
+            routes = {r.method: r for r in p.routes}
+            send = routes["/keyflow.v1.Coordinators/SendEvent"]
+            self.assertEqual((send.kind, list(send.fields)), ("by_coordinator", ["workflow", "key"]))
+            self.assertEqual(routes["/keyflow.v1.Runs/PollRuns"].plan, "poll_runs")
+        status, doc = self.b.http("GET", "/v1/partitions")
+        self.assertEqual(status, 200, doc)
+        self.assertEqual((doc["partitionCount"], doc["served"]), (4, "2-3"))
+
     def test_a_batch_with_a_row_of_another_process_changes_nothing(self):
         with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
             descriptor = json.load(f)

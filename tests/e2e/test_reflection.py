@@ -31,7 +31,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # 
 NODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node")
 SERVICES = {
     "keyflow.v1.Coordinators", "keyflow.v1.Runs", "keyflow.v1.Functions", "keyflow.v1.Keys",
-    "keyflow.v1.Workers",
+    "keyflow.v1.Workers", "keyflow.v1.Partitions",
     "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
     "grpc.reflection.v1alpha.ServerReflection",
 }

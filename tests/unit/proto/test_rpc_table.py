@@ -183,8 +183,9 @@ def check(tables, messages, rpcs):
         if row["scope"] not in scopes:
             problems.append(f"{path}: scope {row['scope']} is not in KF_SCOPE_TABLE")
         if row["scope"] == "none" and not path.startswith(("/grpc.health.v1.Health/",
-                                                              "/grpc.reflection.")):
-            problems.append(f"{path}: only health and reflection need no key")
+                                                              "/grpc.reflection.",
+                                                              "/keyflow.v1.Partitions/")):
+            problems.append(f"{path}: only health, reflection and placement need no key")
     for name, paths in names.items():
         if len(paths) > 1:
             problems.append(f"name {name} is used by {', '.join(paths)}")
