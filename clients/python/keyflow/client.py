@@ -7,6 +7,7 @@ SDK can tell is wrong before sending it.
 """
 
 import json
+import os
 import random
 import threading
 import time
@@ -143,6 +144,15 @@ class Client:
     tls_ca, tls_cert, tls_key, tls_server_name, api_key, and the KEYFLOW_*
     environment variables). timeout_s bounds each call (long polls add
     their wait to it)."""
+
+    def __new__(cls, addr=None, *args, **kwargs):
+        # Several endpoints (a list, or "a:1,b:2" here or in KEYFLOW_ADDR): a
+        # data set served by several processes, routed by key
+        # (keyflow.routing, docs/scaling.md).
+        from .routing import RoutingClient, split_addrs
+        if cls is Client and len(split_addrs(addr or os.environ.get("KEYFLOW_ADDR"))) > 1:
+            return object.__new__(RoutingClient)
+        return object.__new__(cls)
 
     def __init__(self, addr=None, *, timeout_s=DEFAULT_TIMEOUT_S, **options):
         self._conn = Connection(addr, **options)
@@ -355,15 +365,20 @@ class Client:
         """A Producer: pushes batches with increasing sequences."""
         return Producer(self, function_id, producer_id, next_sequence)
 
-    def read_output(self, function_id, after_seq=0, limit=None, wait_ms=0):
+    def read_output(self, function_id, after_seq=0, limit=None, wait_ms=0, cursor=""):
         """One page of output rows with seq > after_seq: {rows, first_seq,
         last_seq, next_after_seq, high_water_seq, first_retained_seq}; each
         row is a dict with "_seq" and the output schema's fields. Below the
         retained rows (output retention, trim_output) it raises KeyflowError
-        OUT_OF_RANGE, naming the first retained sequence."""
+        OUT_OF_RANGE, naming the first retained sequence.
+
+        With several partitions (docs/scaling.md) pass `cursor` instead of
+        after_seq: the page's `next_cursor` (its rows are all of partition
+        `partition`, with that partition's sequences). With one partition
+        next_cursor is "" and next_after_seq is the position."""
         req = fpb.ReadOutputRequest(function_id=function_id, after_seq=after_seq,
                                     limit=limit or 0, wait_ms=wait_ms,
-                                    format=fpb.ROW_FORMAT_COLUMNAR)
+                                    format=fpb.ROW_FORMAT_COLUMNAR, cursor=cursor or "")
         resp = self._call(self._fns.ReadOutput, req, self.timeout_s + wait_ms / 1000.0)
         return self._page(function_id, resp, after_seq)
 
@@ -373,13 +388,17 @@ class Client:
         return Record(rows=rows, first_seq=resp.first_seq, last_seq=resp.last_seq,
                       next_after_seq=resp.last_seq if rows else after_seq,
                       high_water_seq=resp.high_water_seq,
-                      first_retained_seq=resp.first_retained_seq)
+                      first_retained_seq=resp.first_retained_seq,
+                      partition=resp.partition, next_cursor=resp.next_cursor)
 
-    def trim_output(self, function_id, before_seq):
+    def trim_output(self, function_id, before_seq=0, before_cursor=""):
         """Drops the function's output rows before before_seq (a consumer
-        committed its position there: the last row it read + 1). Idempotent.
-        Returns {first_retained_seq, output_seq}."""
-        req = fpb.TrimOutputRequest(function_id=function_id, before_seq=before_seq)
+        committed its position there: the last row it read + 1), or with
+        several partitions each partition's rows up to its position in
+        before_cursor (a read_output cursor). Idempotent. Returns
+        {first_retained_seq, output_seq}."""
+        req = fpb.TrimOutputRequest(function_id=function_id, before_seq=before_seq,
+                                    before_cursor=before_cursor or "")
         return to_native(self._call(self._fns.TrimOutput, req))
 
     def delete_function(self, function_id, allow_missing=False):
@@ -400,12 +419,13 @@ class Client:
                                         allow_missing=allow_missing)
         return to_native(self._call(self._fns.DeleteProducer, req))
 
-    def tail_output(self, function_id, after_seq=0, max_rows_per_message=None):
-        """An iterator over output rows with seq > after_seq that follows new
-        rows as they become durable, until cancel() or the iterator is closed."""
+    def tail_output(self, function_id, after_seq=0, max_rows_per_message=None, cursor=""):
+        """An iterator over output rows with seq > after_seq (or after
+        `cursor`, with several partitions) that follows new rows as they
+        become durable, until cancel() or the iterator is closed."""
         req = fpb.TailOutputRequest(function_id=function_id, after_seq=after_seq,
                                     max_rows_per_message=max_rows_per_message or 0,
-                                    format=fpb.ROW_FORMAT_COLUMNAR)
+                                    format=fpb.ROW_FORMAT_COLUMNAR, cursor=cursor or "")
         self._descriptor(function_id)  # fail here, not inside the stream, for an unknown function
         call = self._fns.TailOutput(req, metadata=self._conn.metadata)
         return OutputTail(self, function_id, call)

@@ -134,3 +134,19 @@ def rows_from_batch(schema, batch, first_seq=0):
             row[name] = values[i]
         out.append(row)
     return out
+
+
+def slice_batch(batch, which):
+    """Rows `which` (indexes, in order) of a batch, as a batch of its own (a
+    batch split by partition: keyflow.routing)."""
+    out = fpb.RowBatch(row_count=len(which))
+    for col in batch.columns:
+        part = out.columns.add()
+        part.name = col.name
+        if col.nulls:
+            part.nulls.extend(col.nulls[i] for i in which)
+        kind = col.WhichOneof("values")
+        if kind is not None:
+            values = getattr(col, kind).values
+            getattr(part, kind).values.extend(values[i] for i in which)
+    return out

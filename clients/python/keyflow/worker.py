@@ -80,8 +80,11 @@ class RunContext:
     to notice that it should give up early (a cancelled run ends CANCELLED
     whatever the handler returns)."""
 
-    def __init__(self, worker, run):
+    def __init__(self, worker, run, client=None):
         self._worker = worker
+        # The endpoint that leased the run (with several, the one serving
+        # its partition): its heartbeats and completion go there.
+        self._client = client or worker.client
         self.run = run
         self.run_id = run.run_id
         self.workflow = run.workflow
@@ -137,7 +140,10 @@ class Worker:
         self._stopping = threading.Event()
         self._stop_started = None   # time.monotonic() of the first stop()
         self._done = threading.Event()
-        self._polls = set()         # outstanding PollRuns futures
+        self._polls = {}            # outstanding PollRuns future -> its client
+        self._share = concurrency   # most slots one poll reserves (start())
+        self._tickets = 0           # pollers reserve slots in turn (_reserve_slots)
+        self._turn = 0
         self._reserved = 0          # slots promised to outstanding polls
         self._released_all = False  # shutdown gave back every held run
         self._fatal = None
@@ -167,9 +173,18 @@ class Worker:
         if self._threads:
             raise RuntimeError("worker already started")
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="keyflow-run")
-        loops = [(self._poll_loop, "keyflow-poll-%d" % i) for i in range(self.pollers)]
-        for target, name in loops + [(self._heartbeat_loop, "keyflow-hb")]:
-            t = threading.Thread(target=target, name=name, daemon=True)
+        # A client of several endpoints (keyflow.routing): pollers for each,
+        # so runs of every partition reach this worker.
+        endpoints = getattr(self.client, "endpoint_clients", lambda: [self.client])()
+        # Each endpoint's poll may reserve only its share of the slots, so
+        # every endpoint has a long poll out at once (one poll holding every
+        # slot would leave runs of the other partitions waiting for its
+        # whole wait_ms).
+        self._share = max(1, self.concurrency // len(endpoints))
+        loops = [(self._poll_loop, "keyflow-poll-%d" % i, (c,))
+                 for c in endpoints for i in range(self.pollers)]
+        for target, name, args in loops + [(self._heartbeat_loop, "keyflow-hb", ())]:
+            t = threading.Thread(target=target, name=name, args=args, daemon=True)
             t.start()
             self._threads.append(t)
         return self
@@ -226,7 +241,7 @@ class Worker:
             self._lock.notify_all()
         for ctx in held:
             try:
-                self.client.release_run(ctx.run_id, ctx.lease)
+                ctx._client.release_run(ctx.run_id, ctx.lease)
                 with self._lock:
                     self.released += 1
             except KeyflowError as e:
@@ -241,27 +256,36 @@ class Worker:
 
     # --- polling ----------------------------------------------------------------
 
-    def _reserve_slots(self):
+    def _reserve_slots(self, client):
         """Waits until this poller may poll, reserves the slots it asks for
-        and returns their number (0: stopping). The first poll needs one free
-        slot; another one at the same time needs a batch of them, so that
-        polls overlap the runs in flight (lease and completion writes share
-        commit groups) without splitting free slots into polls of one run."""
+        and returns their number (0: stopping). An endpoint's first poll
+        needs one free slot; another one at the same time needs a batch of
+        them, so that polls overlap the runs in flight (lease and completion
+        writes share commit groups) without splitting free slots into polls
+        of one run. Pollers reserve in the order they asked: a poller whose
+        poll just came back does not take the slots again before the others
+        (with several endpoints, one would starve the others' partitions)."""
         with self._lock:
-            while not self._stopping.is_set():
-                free = self.concurrency - len(self._active) - self._reserved
-                if free >= (1 if not self._polls else self._poll_batch_min):
-                    n = min(free, POLL_MAX_RUNS)
-                    self._reserved += n
-                    return n
-                self._lock.wait()
-            return 0
+            ticket = self._tickets
+            self._tickets += 1
+            try:
+                while not self._stopping.is_set():
+                    free = self.concurrency - len(self._active) - self._reserved
+                    busy = client in self._polls.values()
+                    if ticket == self._turn and free >= (self._poll_batch_min if busy else 1):
+                        n = min(free, POLL_MAX_RUNS, self._share)
+                        self._reserved += n
+                        return n
+                    self._lock.wait()
+                return 0
+            finally:
+                self._turn += 1
+                self._lock.notify_all()
 
-    def _poll_loop(self):
-        client = self.client
+    def _poll_loop(self, client):
         delays = None
         while True:
-            free = self._reserve_slots()
+            free = self._reserve_slots(client)
             if free == 0:
                 break
             req = rpb.PollRunsRequest(workflows=sorted(self.handlers), worker_id=self.worker_id,
@@ -271,7 +295,7 @@ class Worker:
                 req, timeout=client.timeout_s + self.poll_wait_ms / 1000.0,
                 metadata=client._conn.metadata)
             with self._lock:
-                self._polls.add(future)
+                self._polls[future] = client
                 if self._stopping.is_set():
                     future.cancel()
             runs, error = (), None
@@ -282,11 +306,11 @@ class Worker:
             except grpc.RpcError as e:
                 error = e
             now = time.monotonic()
-            contexts = [RunContext(self, to_native(run)) for run in runs]
+            contexts = [RunContext(self, to_native(run), client) for run in runs]
             with self._lock:
                 # The runs take their slots in the same step that frees the
                 # reservation, so no other poller can count them twice.
-                self._polls.discard(future)
+                self._polls.pop(future, None)
                 self._reserved -= free
                 for ctx in contexts:
                     ctx.next_heartbeat = now + self.heartbeat_s
@@ -344,7 +368,7 @@ class Worker:
             req.result_json = result_json
         delays = backoff_delays(0.05, 1.0)
         deadline = time.monotonic() + self.lease_ms / 1000.0
-        client = self.client
+        client = ctx._client
         while True:
             if ctx.released or ctx.lease_lost:
                 return None if ctx.released else "lost"
@@ -402,10 +426,9 @@ class Worker:
         return self._stopping.is_set() and (not self._active or self._released_all)
 
     def _heartbeat(self, due):
-        client = self.client
-        calls = [(ctx, client._runs.HeartbeatRun.future(
+        calls = [(ctx, ctx._client._runs.HeartbeatRun.future(
             rpb.HeartbeatRunRequest(run_id=ctx.run_id, lease=ctx.lease, lease_ms=self.lease_ms),
-            timeout=client.timeout_s, metadata=client._conn.metadata)) for ctx in due]
+            timeout=ctx._client.timeout_s, metadata=ctx._client._conn.metadata)) for ctx in due]
         for ctx, call in calls:
             interval = self.heartbeat_s
             try:

@@ -1,0 +1,196 @@
+"""The SDK over a data set served by three keyflowd processes (DESIGN.md
+section 9, docs/scaling.md): keyflow.Client with a list of endpoints routes
+every call by key, a Worker polls every endpoint, one process is killed
+(SIGKILL) and restarted in the middle, and afterwards every acknowledged
+event is in exactly one run and no key's state was split. Also: the SDK's
+kf-hash-1 against the shared test vectors.
+"""
+
+import json
+import os
+import threading
+import time
+import unittest
+import uuid
+
+import grpc
+
+import harness
+import keyflow
+from keyflow import partitions
+from keyflow.routing import RoutingClient
+from sdk_harness import running_sum_descriptor, start_server, unique, wait_for
+
+VECTORS = os.path.join(harness.ROOT, "tests", "partition", "vectors.json")
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class HashVectors(unittest.TestCase):
+    """keyflow.partitions computes what keyflowd computes."""
+
+    def test_the_shared_vectors(self):
+        with open(VECTORS) as f:
+            v = json.load(f)
+        self.assertEqual(v["hash"], partitions.HASH_NAME)
+        for h in v["hashes"]:
+            self.assertEqual(partitions.kf_hash(bytes.fromhex(h["hex"])), h["hash"], h)
+        for c in v["coordinators"]:
+            self.assertEqual(partitions.of_coordinator(c["workflow"], c["key"], c["count"]),
+                             c["partition"], c)
+        for k in v["keys"]:
+            self.assertEqual(partitions.canonical_key(k["columns"]).hex(), k["canonical_hex"])
+            self.assertEqual(partitions.of_key(k["columns"], k["count"]), k["partition"], k)
+        for r in v["run_ids"]:
+            self.assertEqual(partitions.of_run_id(r["run_id"], r["count"]), r["partition"], r)
+
+
+class ThreeProcesses(unittest.TestCase):
+    COUNT = 6
+    SETS = ("0-1", "2-3", "4-5")
+
+    def setUp(self):
+        self.servers = []
+        for s in self.SETS:
+            srv = start_server(["--partition-count", str(self.COUNT), "--partitions", s])
+            self.servers.append(srv)
+            self.addCleanup(srv.cleanup)
+        self.client = keyflow.Client([s.grpc_target for s in self.servers], timeout_s=10)
+        self.addCleanup(self.client.close)
+        self.assertIsInstance(self.client, RoutingClient)
+
+    def endpoint_of(self, partition):
+        return partition // 2
+
+    def kill_and_restart(self, i):
+        """SIGKILL, then the same data on the same port."""
+        srv = self.servers[i]
+        port = srv.grpc_port
+        srv.kill()
+        srv.args = list(srv.args) + ["--grpc", "127.0.0.1:%d" % port]
+        srv.start()
+
+    def send(self, wf, key, event_id, deadline):
+        """SendEvent until acknowledged (retried with the same ID while a
+        process is down); the receipt, or None past the deadline."""
+        while time.monotonic() < deadline:
+            try:
+                return self.client.send_event(wf, key, {"id": event_id}, id=event_id,
+                                              rule=keyflow.batch(max_events=4, max_wait_ms=300))
+            except keyflow.KeyflowError as e:
+                if e.code not in RETRYABLE:
+                    raise
+                time.sleep(0.05)
+        return None
+
+    def test_every_acknowledged_event_is_in_one_run_across_a_killed_process(self):
+        wf = unique("wf")
+        keys = ["key-%d" % i for i in range(48)]
+        self.assertEqual({partitions.of_coordinator(wf, k, self.COUNT) for k in keys},
+                         set(range(self.COUNT)))
+        seen = {}  # event id -> run ids it was in
+        runs_of_key = {}
+        lock = threading.Lock()
+        worker = keyflow.Worker(self.client, concurrency=8, lease_ms=3000, poll_wait_ms=500)
+
+        @worker.handle(wf)
+        def handle(inputs, run):
+            with lock:
+                runs_of_key.setdefault(run.key, set()).add(run.run_id)
+                for item in inputs:
+                    seen.setdefault(item["id"], set()).add(run.run_id)
+            return len(inputs)
+
+        worker.start()
+        self.addCleanup(worker.stop)
+        self.addCleanup(lambda: self.assertEqual(worker.lost, 0, "no run's lease was lost"))
+        acked = {}
+        deadline = time.monotonic() + 90
+        for round_ in range(6):
+            if round_ == 3:
+                self.kill_and_restart(1)  # partitions 2-3 go down and come back
+            for key in keys:
+                eid = "%s-%d" % (key, round_)
+                receipt = self.send(wf, key, eid, deadline)
+                self.assertIsNotNone(receipt, "%s was never acknowledged" % eid)
+                acked[eid] = receipt.run_id
+        try:
+            wait_for(lambda: all(e in seen for e in acked), "every acknowledged event in a run", 60)
+        except AssertionError:
+            missing = sorted(e for e in acked if e not in seen)
+            runs = {acked[e] for e in missing}
+            detail = [(r, self.client.get_run(r)) for r in sorted(runs)[:5]]
+            raise AssertionError("%d events never in a run: %s; their runs: %s"
+                                 % (len(missing), missing[:10], detail)) from None
+        with lock:
+            for eid, run_ids in seen.items():
+                self.assertEqual(len(run_ids), 1, "%s is in runs %s" % (eid, run_ids))
+            for eid, run_id in acked.items():
+                self.assertEqual(seen[eid], {run_id}, "%s: its receipt's run" % eid)
+            for key, run_ids in runs_of_key.items():
+                p = partitions.of_coordinator(wf, key, self.COUNT)
+                self.assertEqual({partitions.of_run_id(r, self.COUNT) for r in run_ids}, {p},
+                                 "%s: every run of the key from its one partition" % key)
+        # Each process holds only its own partitions' runs.
+        for i, c in enumerate(self.client.endpoint_clients()):
+            for run in c.list_runs(workflow=wf):
+                p = partitions.of_coordinator(wf, run.key, self.COUNT)
+                self.assertEqual(self.endpoint_of(p), i, run.run_id)
+        listed = {r.run_id for r in self.client.list_runs(workflow=wf)}
+        self.assertEqual(listed, set().union(*runs_of_key.values()))
+
+    def test_a_function_spread_over_three_processes(self):
+        fid = unique("rs")
+        self.client.register_function(running_sum_descriptor(fid))
+        again = self.client.register_function(running_sum_descriptor(fid))
+        self.assertTrue(again.already_registered)
+        users = ["u%d" % i for i in range(30)]
+        rows = [{"user": u, "ts": 1000 + i, "amount": i} for i, u in enumerate(users)]
+        ack = self.client.push_batch(fid, "p1", 1, rows, watermark_us=1000)
+        self.assertEqual(ack.rows_accepted, len(users))
+        self.assertEqual(len(ack.output_ranges), self.COUNT)
+        dup = self.client.push_batch(fid, "p1", 1, rows, watermark_us=1000)
+        self.assertTrue(dup.duplicate)
+        out, cursor = [], ""
+        for _ in range(100):
+            page = self.client.read_output(fid, limit=7, cursor=cursor)
+            cursor = page.next_cursor
+            if not page.rows:
+                break
+            for row in page.rows:
+                self.assertEqual(partitions.of_key([row["key"]], self.COUNT), page.partition)
+            out += page.rows
+        self.assertEqual(sorted(r["key"] for r in out), sorted(users))
+        for i, u in enumerate(users):
+            self.assertEqual(self.client.key_state(fid, u).value, i)
+        info = self.client.get_function(fid)
+        self.assertEqual((info["keys"], info["output_seq"]), (len(users), len(users)))
+        self.assertEqual([f.descriptor.function_id for f in self.client.list_functions()
+                          if f.descriptor.function_id == fid], [fid])
+
+    def test_a_long_poll_waits_on_every_process(self):
+        wf = unique("poll")
+        key = next("k%d" % i for i in range(1000)
+                   if self.endpoint_of(partitions.of_coordinator(wf, "k%d" % i, self.COUNT)) == 2)
+        result = {}
+
+        def poll():
+            result["runs"] = self.client.poll_runs([wf], "w", max_runs=1, wait_ms=20000)
+
+        t = threading.Thread(target=poll)
+        t.start()
+        wait_for(lambda: all(parked(s) for s in self.servers), "the poll parked everywhere")
+        self.client.send_event(wf, key, 1, rule=keyflow.batch(max_events=1))
+        t.join(30)
+        self.assertEqual([r.key for r in result["runs"]], [key])
+
+
+def parked(server):
+    status, text = server.http("GET", "/metrics")
+    for line in text.splitlines():
+        if line.startswith("keyflow_parked_polls "):
+            return int(line.split()[1]) > 0
+    return False
+
+
+if __name__ == "__main__":
+    unittest.main()
