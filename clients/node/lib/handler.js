@@ -55,11 +55,11 @@ const MUT = { UNCHANGED: 0, SET: 1, SET_NULL: 2, CLEAR: 3 };
 const TIMER_SET = 1;
 const TIMER_CANCEL = 2;
 const SLOTS = {
-  1: { slot: 'bools', placeholder: false }, // BOOL
+  1: { slot: 'bools', placeholder: false, js: 'boolean' }, // BOOL
   2: { slot: 'int64s', placeholder: 0 }, // INT64
-  3: { slot: 'float64s', placeholder: 0 }, // FLOAT64
-  4: { slot: 'strings', placeholder: '' }, // UTF8
-  5: { slot: 'bytes_values', placeholder: Buffer.alloc(0) }, // BYTES
+  3: { slot: 'float64s', placeholder: 0, js: 'number' }, // FLOAT64
+  4: { slot: 'strings', placeholder: '', js: 'string' }, // UTF8
+  5: { slot: 'bytes_values', placeholder: Buffer.alloc(0), js: 'Uint8Array' }, // BYTES
   6: { slot: 'int64s', placeholder: 0 }, // TIMESTAMP_US
 };
 
@@ -263,14 +263,16 @@ class Activation {
 
   setTimer(name, atUs) {
     const c = this._call;
+    const at = wireInt64(atUs, 'setTimer');
     c.tActs.push(this._i);
     c.tOps.push(TIMER_SET);
-    c.tNames.push(name);
-    c.tAt.push(wireInt64(atUs, 'setTimer'));
+    c.tNames.push(timerName(name, 'setTimer'));
+    c.tAt.push(at);
   }
 
   cancelTimer(name) {
     const c = this._call;
+    timerName(name, 'cancelTimer');
     c.tActs.push(this._i);
     c.tOps.push(TIMER_CANCEL);
     c.tNames.push(name);
@@ -287,6 +289,16 @@ class Activation {
   fail(message) {
     throw new HandlerError(message);
   }
+}
+
+// A name protobufjs could not encode would throw when the result is written
+// to the stream, outside the handler's call: the worker process would die
+// instead of refusing the call.
+function timerName(name, where) {
+  if (typeof name !== 'string') {
+    throw new HandlerError(`${where}: the timer name must be a string, got ${typeof name}`);
+  }
+  return name;
 }
 
 function outputBatch(fields, rows) {
@@ -312,8 +324,11 @@ function outputBatch(fields, rows) {
         v = spec.placeholder;
       } else if (spec.slot === 'int64s') {
         v = wireInt64(v, `output field ${f.name}`);
-      } else if (spec.slot === 'strings' && typeof v !== 'string') {
-        throw new HandlerError(`output field ${f.name}: expected a string, got ${typeof v}`);
+      } else if (typeof v !== spec.js && !(spec.js === 'Uint8Array' && v instanceof Uint8Array)) {
+        // protobufjs would coerce it ('yes' to true, 'abc' to NaN, 5 to no
+        // bytes) and the output would hold what the handler never meant.
+        throw new HandlerError(`output field ${f.name}: expected ${spec.js === 'Uint8Array'
+          ? 'a Buffer or Uint8Array' : `a ${spec.js}`}, got ${typeof v}`);
       }
       values[i] = v;
     }

@@ -141,6 +141,48 @@ test('remote handler', { skip: !built && 'keyflowd is not built' }, async (t) =>
       (e) => e.codeName === 'FAILED_PRECONDITION' && /RangeError: boom on k/.test(e.message));
   });
 
+  await t.test('bad timer arguments and mistyped output refuse the call; the worker serves on',
+    async () => {
+      // Each of these once got past the handler: a timer name protobufjs
+      // cannot encode threw at the stream write and ended the process, and
+      // mistyped output was coerced ('yes' stored as true).
+      const mistakes = {
+        1: [(act) => act.setTimer(5, T0 + 10), /setTimer: the timer name must be a string, got number/],
+        2: [(act) => act.cancelTimer({}), /cancelTimer: the timer name must be a string, got object/],
+        3: [(act) => act.emit({ key: 'k', ts: T0, b: 'yes' }), /output field b: expected a boolean, got string/],
+        4: [(act) => act.emit({ key: 'k', ts: T0, f: 'abc' }), /output field f: expected a number, got string/],
+        5: [(act) => act.emit({ key: 'k', ts: T0, y: 5 }), /output field y: expected a Buffer or Uint8Array, got number/],
+      };
+      const handler = (act) => {
+        const mistake = mistakes[act.get('amount')];
+        if (mistake) {
+          mistake[0](act);
+        } else {
+          act.emit({ key: act.keyText, ts: act.eventTimeUs, b: false, f: 2.5, y: Buffer.from('ok') });
+        }
+      };
+      const fid = unique('typed-js');
+      const d = runningSumDescriptor(fid);
+      d.outputSchema = { fields: [{ name: 'key', type: 'FIELD_TYPE_UTF8' },
+        { name: 'ts', type: 'FIELD_TYPE_TIMESTAMP_US' },
+        { name: 'b', type: 'FIELD_TYPE_BOOL', nullable: true },
+        { name: 'f', type: 'FIELD_TYPE_FLOAT64', nullable: true },
+        { name: 'y', type: 'FIELD_TYPE_BYTES', nullable: true }] };
+      d.timerNames = ['t'];
+      await client.registerFunction(kf.remoteDescriptor(d, digest));
+      const w = await serve(fid, handler);
+      for (const [amount, [, expected]] of Object.entries(mistakes)) {
+        await assert.rejects(client.pushBatch(fid, 'p', Number(amount),
+          { rows: [{ user: 'k', ts: T0, amount: Number(amount) }] }),
+        (e) => e.codeName === 'FAILED_PRECONDITION' && expected.test(e.message));
+      }
+      assert.strictEqual((await client.readOutput(fid, { afterSeq: 0 })).rows.length, 0);
+      await client.pushBatch(fid, 'p', 6, { rows: [{ user: 'k', ts: T0, amount: 6 }] });
+      const { rows } = await client.readOutput(fid, { afterSeq: 0 });
+      assert.deepStrictEqual(rows.map((r) => [r.b, r.f, r.y.toString()]), [[false, 2.5, 'ok']]);
+      assert.strictEqual(w.connects, 1, 'the worker kept its stream');
+    });
+
   await t.test('a wrong digest is refused for good', async () => {
     const remote = await registerRemote(digest);
     const w = new kf.FunctionWorker({ client, functionId: remote, handler: runningSum,

@@ -284,6 +284,13 @@ class _Call:
             self.values[i] = value
 
     def timer(self, i, op, name, at_us):
+        # Checked here, where the handler's mistake can name itself: a value
+        # protobuf refuses later would end the stream, not refuse the call.
+        verb = "set_timer" if op == wpb.TIMER_OP_SET else "cancel_timer"
+        if type(name) is not str:
+            raise HandlerError("%s: the timer name %r is not a str" % (verb, name))
+        if type(at_us) is not int or not -(1 << 63) <= at_us < (1 << 63):
+            raise HandlerError("%s: at_us %r is not an int64" % (verb, at_us))
         self.t_acts.append(i)
         self.t_ops.append(op)
         self.t_names.append(name)
@@ -355,20 +362,23 @@ def answer(handler, descriptor, msg):
         if call.out_rows:
             result.output.CopyFrom(_output_batch(descriptor.output_schema.fields, call.out_rows))
             result.output_activations.extend(call.out_acts)
+        # Inside the try too: whatever the handler asked for that cannot be
+        # encoded refuses its call; an exception escaping answer() would end
+        # the worker's stream and leave the function without a worker.
+        if call.mutations is not None:
+            result.mutations.extend(call.mutations)
+            result.state_values.extend(call.values)
+        if call.t_ops:
+            result.timer_activations.extend(call.t_acts)
+            result.timer_ops.extend(call.t_ops)
+            result.timer_names.extend(call.t_names)
+            result.timer_at_us.extend(call.t_at)
     except HandlerError as e:
         return wpb.CallResult(call_id=msg.call_id, error=_truncate(str(e)) or "refused")
     except Exception as e:  # the handler's bug refuses its call, not the worker
         log.debug("handler raised", exc_info=True)
         return wpb.CallResult(call_id=msg.call_id,
                               error=_truncate("%s: %s" % (type(e).__name__, e)))
-    if call.mutations is not None:
-        result.mutations.extend(call.mutations)
-        result.state_values.extend(call.values)
-    if call.t_ops:
-        result.timer_activations.extend(call.t_acts)
-        result.timer_ops.extend(call.t_ops)
-        result.timer_names.extend(call.t_names)
-        result.timer_at_us.extend(call.t_at)
     return result
 
 

@@ -176,6 +176,30 @@ class RemoteHandlerTest(unittest.TestCase):
         self.assertEqual(cm.exception.code_name, "FAILED_PRECONDITION")
         self.assertIn("RuntimeError: boom on k", cm.exception.message)
 
+    def test_bad_timer_arguments_refuse_the_call_and_the_worker_serves_on(self):
+        """A timer name or time protobuf cannot encode is the handler's bug:
+        its call is refused, naming the argument, and the same worker keeps
+        serving (it once killed the worker's thread)."""
+        def careless(act):
+            if act["amount"] == 1:
+                act.set_timer("t", 1.5)
+            elif act["amount"] == 2:
+                act.cancel_timer(7)
+            running_sum.running_sum(act)
+        remote = self.register_remote(careless)
+        w = self.serve(remote, careless)
+        for amount, expected in ((1, "set_timer: at_us 1.5 is not an int64"),
+                                 (2, "cancel_timer: the timer name 7 is not a str")):
+            with self.assertRaises(keyflow.KeyflowError) as cm:
+                self.client.push_batch(remote, "p", amount,
+                                       [{"user": "k", "ts": T0_US, "amount": amount}])
+            self.assertEqual(cm.exception.code_name, "FAILED_PRECONDITION")
+            self.assertIn(expected, cm.exception.message)
+        ack = self.client.push_batch(remote, "p", 3, [{"user": "k", "ts": T0_US, "amount": 3}])
+        self.assertEqual(ack.rows_accepted, 1)
+        self.assertEqual(self.client.key_state(remote, "k").value, 3)
+        self.assertEqual(w.connects, 1, "the worker kept its stream")
+
     def test_wrong_digest_is_refused_for_good(self):
         remote = self.register_remote()
         w = keyflow.FunctionWorker(remote, running_sum.running_sum, self.client, digest="0" * 64)
