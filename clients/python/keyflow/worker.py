@@ -229,6 +229,12 @@ class Worker:
 
     def _shutdown(self):
         with self._lock:
+            # A poll cancelled too late has runs in hand that are not in
+            # _active yet: wait for every poll to hand its runs over, else
+            # they would run after run() returned, unheartbeated and never
+            # released. Cancelled polls return at once.
+            while self._reserved > 0:
+                self._lock.wait()
             while self._active:
                 left_s = self._stop_started + self.grace_s - time.monotonic()
                 if left_s <= 0:

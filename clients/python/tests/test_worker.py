@@ -137,6 +137,35 @@ class WorkerTest(unittest.TestCase):
         again = self.client.poll_runs([wf_stuck], worker_id="other", wait_ms=5000)
         self.assertEqual([r.run_id for r in again], [stuck_id])
 
+    def test_stop_waits_for_a_poll_with_runs_in_hand(self):
+        """A poll whose answer arrived just as stop() cancelled it holds a
+        leased run the worker has not registered yet: stop() must still
+        finish or release it, never return with it leased and running
+        unheartbeated. The seam holds the poller between the answer and
+        the registration until stop() is done (or 2 s, when stop() rightly
+        waits for the poller)."""
+        import keyflow.worker as worker_module
+        wf = unique("late")
+        w = self.worker(concurrency=1, pollers=1, grace_s=0)
+        w.handle(wf, lambda input, run: self.unblock.wait(60) and "too late")
+        in_hand = threading.Event()
+        real = worker_module.to_native
+
+        def held(run):
+            in_hand.set()
+            w._done.wait(2)
+            return real(run)
+        worker_module.to_native = held
+        self.addCleanup(setattr, worker_module, "to_native", real)
+        run_id = self.send(wf, "k")
+        w.start()
+        self.assertTrue(in_hand.wait(WAIT_S), "the poll did not lease the run")
+        w.stop()
+        run = self.client.get_run(run_id)
+        self.assertEqual((run.status, run.attempts), ("pending", 0),
+                         "stop() returned with the run still leased")
+        self.assertEqual(w.released, 1)
+
     def test_retryable_errors_are_retried_and_cancel_reaches_the_handler(self):
         wf_flaky, wf_long = unique("flaky"), unique("long")
         # Cancels reach the handler with heartbeats (every 300 ms); the lease
