@@ -213,6 +213,14 @@
  * native handler that overruns its call_timeout_ms is caught within this
  * much more. */
 #define KF_WATCHDOG_POLL_MS 20
+/* ReplayBatch keeps the last input batches of each REPLAY_SAFE function in
+ * memory, each with the state its step touched and its output: up to
+ * --replay-batches per function (a debugging aid: a few are enough) and
+ * --replay-bytes in all per engine, the oldest forgotten first. */
+#define KF_REPLAY_BATCHES_DEFAULT 8
+#define KF_REPLAY_BATCHES_MAX     64
+#define KF_REPLAY_BYTES_DEFAULT   (64LL * 1024 * 1024)
+#define KF_REPLAY_BYTES_MAX       (1024LL * 1024 * 1024)
 /* Calls one worker takes at once (its hello's max_concurrent_calls): enough
  * to keep a worker busy while results and the next calls travel; each call
  * out costs the step a call buffer (max_batch_rows activations). */

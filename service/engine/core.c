@@ -63,6 +63,7 @@ static bool grows_store(kf_op_t op) {
     case KF_OP_READ_OUTPUT:
     case KF_OP_GET_KEY_STATE:
     case KF_OP_DRY_RUN_BATCH: /* writes nothing */
+    case KF_OP_REPLAY_BATCH:  /* writes nothing */
     case KF_OP_TRIM_OUTPUT:
     case KF_OP_DELETE_FUNCTION:
     case KF_OP_DELETE_PRODUCER:

@@ -144,6 +144,11 @@ typedef struct kf_engine_config {
     /* Watches native handler calls (base/watchdog.h); borrowed. NULL: none
      * (deterministic tests); kf_engine_create makes one when it is NULL. */
     struct kf_watchdog *watchdog;
+    /* ReplayBatch: input batches kept per REPLAY_SAFE function (0: none;
+     * keyflowd's --replay-batches) and bytes they may hold in all (0: the
+     * KF_REPLAY_BYTES_DEFAULT; --replay-bytes). */
+    int64_t replay_batches;
+    int64_t replay_bytes;
     /* Free bytes kept on the store's filesystem (--disk-reserve); 0 =
      * KF_DISK_RESERVE_BYTES_DEFAULT. */
     uint64_t disk_reserve_bytes;

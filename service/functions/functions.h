@@ -56,6 +56,9 @@ void kf_functions_push(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 /* DryRunBatch: a PushBatch's step, answered with what it would write, then
  * rolled back (it waits behind a busy function like a batch). */
 void kf_functions_dry_run(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
+/* ReplayBatch: a kept input batch of a REPLAY_SAFE function run again in a
+ * scratch copy of the keys its step touched, compared with what it did. */
+void kf_functions_replay(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_trim(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);

@@ -134,6 +134,19 @@ typedef struct producer {
     struct producer *newer;
 } producer_t;
 
+/* A kept input batch (replay.c), in its function's list and the engine's. */
+typedef struct replay_rec {
+    struct replay_rec *prev; /* kf_functions_t's list, oldest first */
+    struct replay_rec *next;
+    struct replay_rec *fn_prev; /* the function's list, oldest first */
+    struct replay_rec *fn_next;
+    struct function *fn;
+    char *producer_id;
+    int64_t sequence;
+    uint8_t *bytes; /* a packed keyflow.records.ReplayRec */
+    size_t len;
+} replay_rec_t;
+
 typedef struct reader {
     kf_cmd_t *cmd;
     function_t *fn;
@@ -191,6 +204,9 @@ struct function {
     /* Why the last follow-on step was refused ("" when it was not): follow-on
      * steps then stop until a PushBatch step succeeds. */
     char due_error[KF_ERROR_MESSAGE_BYTES_MAX];
+    replay_rec_t *replay_head; /* kept input batches (replay.c), oldest first */
+    replay_rec_t *replay_tail;
+    uint32_t replay_count;
 };
 
 typedef struct pending_durable {
@@ -220,6 +236,9 @@ struct kf_functions {
     uint32_t serving_workers; /* over every function (a gauge) */
     function_t *due_head;     /* functions that may have due timers, round robin */
     function_t *due_tail;
+    replay_rec_t *replay_head; /* every kept input batch, oldest first (replay.c) */
+    replay_rec_t *replay_tail;
+    uint64_t replay_bytes;
     uint32_t sweep_start; /* retention.c: the function the next sweep starts at */
 };
 
@@ -270,8 +289,11 @@ struct step {
     uint8_t digest[KF_SHA256_BYTES]; /* of the PushBatch's rows and watermark */
     bool timers_phase;               /* rows done, watermark advanced */
     bool dry;                        /* DryRunBatch: answered with its effects, rolled back */
-    uint32_t row_pos;                /* next input row (one call at a time) */
-    bool awaiting;                   /* a call is out, or the host has no room: waiting */
+    /* ReplayBatch: the record the step runs again, on a scratch function;
+     * answered with the comparison, rolled back, never committed. */
+    const Keyflow__Records__ReplayRec *replay;
+    uint32_t row_pos; /* next input row (one call at a time) */
+    bool awaiting;    /* a call is out, or the host has no room: waiting */
     /* Calls out, oldest first (a ring); responses are taken in this order. */
     kf_call_t *calls_out[KF_FN_CALLS_IN_FLIGHT_MAX];
     uint32_t out_head;
@@ -415,6 +437,9 @@ struct kf__handler_host {
     void (*abandon)(kf_functions_t *fns, function_t *fn, kf_call_t *call);
 };
 
+/* The native host (a replay runs on it whatever its function's runtime). */
+const kf__handler_host_t *kf__host_native(void);
+
 /* The builder and accessor functions a handler's response goes through,
  * whichever host carried the call: every response is recorded, then
  * validated, the same way. */
@@ -455,7 +480,22 @@ void kf__remote_end_revoked(kf_functions_t *fns, kf_ctx_t *ctx);
 void kf__remote_close_function(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn,
                                kf_status_t status, const char *message);
 
+/* ---- replay.c ---------------------------------------------------------- */
+
+/* Keeps a committing PushBatch step of a REPLAY_SAFE function (before its
+ * commit: the undo log still holds every key it touched). */
+void kf__replay_keep(step_t *s);
+/* Forgets the kept batches of a function (deleted or freed). */
+void kf__replay_forget(kf_functions_t *fns, function_t *fn);
+/* A replay step ended (st: how): compares it with its record and sets its
+ * command's response. */
+void kf__replay_answer(step_t *s, kf_status_t st);
+void kf__replay_scratch_free(function_t *scratch);
+
 /* ---- step.c ------------------------------------------------------------ */
+
+/* Starts the step of s->cmd (rows, req set) on fn, which is idle. */
+void kf__step_begin(step_t *s, kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn);
 
 /* Timers due (at_us <= watermark) that wait for a step to fire them. */
 uint64_t kf__due_timers(const function_t *fn);

@@ -504,6 +504,10 @@ static const kf__handler_host_t native_host = {
     .abandon = native_abandon,
 };
 
+const kf__handler_host_t *kf__host_native(void) {
+    return &native_host;
+}
+
 /* The defer_calls test seam: one call at a time stays out until
  * kf_functions_pump(). */
 static int deferred_room(kf_functions_t *fns, function_t *fn) {

@@ -324,6 +324,7 @@ void kf_functions_destroy(kf_functions_t *fns) {
     kf_map_node_t *n = kf_map_first(&fns->by_id, &b);
     while (n != NULL) {
         kf_map_node_t *next = kf_map_next(&fns->by_id, &b, n);
+        kf__replay_forget(fns, KF_CONTAINER_OF(n, function_t, node));
         kf__fn_free(KF_CONTAINER_OF(n, function_t, node));
         n = next;
     }

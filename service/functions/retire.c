@@ -214,6 +214,7 @@ static void release_function(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn)
     kf__remote_close_function(fns, ctx, fn, KF_E_NOT_FOUND, gone);
     kf__output_forget(fns, ctx, fn, KF_E_NOT_FOUND, gone);
     kf__due_unlink(fns, fn);
+    kf__replay_forget(fns, fn);
     KF_ASSERT(fn->active == NULL && fn->queue_head == NULL && fn->readers == NULL &&
               fn->workers == NULL);
 }

@@ -1004,6 +1004,20 @@ static void step_finish(step_t *s, kf_status_t st) {
     if (st == KF_OK && s->reordered) {
         st = restore_row_order(s);
     }
+    if (s->replay != NULL) {
+        /* Invariant 1 of replay.c: compared, rolled back, never committed;
+         * its scratch function goes with it. The native host it runs on
+         * has no call out. */
+        KF_ASSERT(s->nout == 0);
+        kf__replay_answer(s, st);
+        fn->active = NULL;
+        rollback(s);
+        free(s->undo);
+        s->undo = NULL;
+        kf_ctx_ready(ctx, cmd);
+        kf__replay_scratch_free(fn);
+        return;
+    }
     if (st == KF_OK && s->dry) {
         KF_ASSERT(s->nout == 0);
         st = dry_answer(s);
@@ -1036,6 +1050,9 @@ static void step_finish(step_t *s, kf_status_t st) {
     } else {
         KF_ASSERT(s->nout == 0);
         fn->active = NULL;
+        if (cmd != NULL) {
+            kf__replay_keep(s); /* before commit frees keys and moves the watermark */
+        }
         fn->has_watermark = s->has_watermark;
         fn->watermark_us = s->watermark;
         fn->due_error[0] = '\0';
@@ -1103,6 +1120,11 @@ static void step_start(step_t *s, kf_functions_t *fns, kf_ctx_t *ctx, function_t
     s->resumed_us = kf_mono_us();
     kf_outbuf_init(&s->out, fn->desc->output_schema, arena);
     fn->active = s;
+}
+
+void kf__step_begin(step_t *s, kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn) {
+    step_start(s, fns, ctx, fn, s->cmd->arena, &s->cmd->error);
+    step_advance(s);
 }
 
 /* Decodes a batch's rows against the input schema and checks its keys; the

@@ -38,6 +38,8 @@ static const route_t routes[] = {
     {"DELETE", "/v1/functions/{function_id}", NULL, "/keyflow.v1.Functions/DeleteFunction", NULL},
     {"POST", "/v1/functions/{function_id}/batches", NULL, "/keyflow.v1.Functions/PushBatch", "*"},
     {"POST", "/v1/functions/{function_id}/dry-run", NULL, "/keyflow.v1.Functions/DryRunBatch", "*"},
+    {"POST", "/v1/functions/{function_id}/producers/{producer_id}/batches/{sequence}", "replay",
+     "/keyflow.v1.Functions/ReplayBatch", "*"},
     {"DELETE", "/v1/functions/{function_id}/producers/{producer_id}", NULL,
      "/keyflow.v1.Functions/DeleteProducer", NULL},
     {"GET", "/v1/functions/{function_id}/output", NULL, "/keyflow.v1.Functions/ReadOutput", NULL,

@@ -80,6 +80,8 @@ typedef struct options {
     const char *placement_file;      /* --placement */
     const char *node;                /* --node */
     int64_t memory_budget_bytes;     /* --memory-budget; 0: derive the default */
+    int64_t replay_batches;          /* --replay-batches */
+    int64_t replay_bytes;            /* --replay-bytes */
 } options_t;
 
 /* Numeric flags of the engine's retention: each is also read from its
@@ -93,7 +95,7 @@ typedef struct number_flag {
     int64_t *value;
 } number_flag_t;
 
-#define NUMBER_FLAGS 5
+#define NUMBER_FLAGS 7
 
 static void number_flags(options_t *o, number_flag_t out[NUMBER_FLAGS]) {
     out[0] = (number_flag_t){"--output-retention-ms",    "KEYFLOW_OUTPUT_RETENTION_MS", false, 0,
@@ -110,6 +112,10 @@ static void number_flags(options_t *o, number_flag_t out[NUMBER_FLAGS]) {
     out[4] = (number_flag_t){
         "--memory-budget",          "KEYFLOW_MEMORY_BUDGET",    true,
         KF_MEMORY_BUDGET_BYTES_MIN, KF_MEMORY_BUDGET_BYTES_MAX, &o->memory_budget_bytes};
+    out[5] = (number_flag_t){"--replay-batches",    "KEYFLOW_REPLAY_BATCHES", false, 0,
+                             KF_REPLAY_BATCHES_MAX, &o->replay_batches};
+    out[6] = (number_flag_t){"--replay-bytes",    "KEYFLOW_REPLAY_BYTES", true, 1,
+                             KF_REPLAY_BYTES_MAX, &o->replay_bytes};
 }
 
 static void usage(FILE *out) {
@@ -163,6 +169,10 @@ static void usage(FILE *out) {
         "                        is refused RESOURCE_EXHAUSTED (HTTP 429) while existing ones\n"
         "                        keep working (default: half the cgroup's memory limit, else\n"
         "                        half the machine's memory; suffixes KiB, MiB, GiB)\n"
+        "  --replay-batches N    input batches kept per REPLAY_SAFE function for ReplayBatch,\n"
+        "                        in memory (default %d, max %d; 0 = none)\n"
+        "  --replay-bytes BYTES  memory those kept batches may hold per partition, the\n"
+        "                        oldest forgotten first (default 64MiB, at most 1GiB)\n"
         "  --producer-idle-expiry-ms N  forget a producer (its sequence and kept acks) when\n"
         "                        no batch used it for N ms (default %lld, a week)\n"
         "  --log-level LEVEL     debug (adds a line per request), info (lifecycle events),\n"
@@ -192,6 +202,7 @@ static void usage(FILE *out) {
         "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_DISK_RESERVE,\n"
         "KEYFLOW_OUTPUT_RETENTION_MS, KEYFLOW_OUTPUT_RETENTION_ROWS,\n"
         "KEYFLOW_OUTPUT_RETENTION_BYTES, KEYFLOW_PRODUCER_IDLE_EXPIRY_MS, KEYFLOW_MEMORY_BUDGET,\n"
+        "KEYFLOW_REPLAY_BATCHES, KEYFLOW_REPLAY_BYTES,\n"
         "KEYFLOW_LOG_LEVEL, KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
         "KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1,\n"
         "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE, KEYFLOW_ADMIN_KEY_FILE.\n",
@@ -199,8 +210,9 @@ static void usage(FILE *out) {
         KF_HTTP_CONNECTIONS_MAX, KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT, KF_HTTP_TIMEOUT_MS_MIN,
         KF_HTTP_HEADER_TIMEOUT_MS_MAX, KF_HTTP_BODY_TIMEOUT_MS_DEFAULT, KF_HTTP_BODY_TIMEOUT_MS_MAX,
         (long long)KF_RETENTION_MS_DEFAULT, KF_RUN_ATTEMPTS_DEFAULT, KF_RUN_ATTEMPTS_MAX,
-        KF_QUEUE_DEPTH_MAX, (long long)KF_OUTPUT_RETENTION_MS_DEFAULT,
-        (long long)KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT, (long long)KF_DRAIN_GRACE_MS_MAX);
+        KF_QUEUE_DEPTH_MAX, (long long)KF_OUTPUT_RETENTION_MS_DEFAULT, KF_REPLAY_BATCHES_DEFAULT,
+        KF_REPLAY_BATCHES_MAX, (long long)KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT,
+        (long long)KF_DRAIN_GRACE_MS_MAX);
 }
 
 static const char *env_or(const char *name, const char *fallback) {
@@ -355,6 +367,8 @@ static bool parse_env(options_t *o) {
     }
     o->output_retention_ms = KF_OUTPUT_RETENTION_MS_DEFAULT;
     o->producer_idle_expiry_ms = KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT;
+    o->replay_batches = KF_REPLAY_BATCHES_DEFAULT;
+    o->replay_bytes = KF_REPLAY_BYTES_DEFAULT;
     number_flag_t numbers[NUMBER_FLAGS];
     number_flags(o, numbers);
     for (size_t i = 0; i < NUMBER_FLAGS; i++) {
@@ -844,6 +858,8 @@ int main(int argc, char **argv) {
                                      o.output_retention_bytes},
                 .producer_idle_expiry_ms = o.producer_idle_expiry_ms,
                 .memory_budget_bytes = memory_budget(&o),
+                .replay_batches = o.replay_batches,
+                .replay_bytes = o.replay_bytes,
                 .plugin_dir = o.plugin_dir,
                 .auth = auth,
                 .bootstrap_key_path =

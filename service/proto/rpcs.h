@@ -142,6 +142,9 @@
     ENGINE(DRY_RUN_BATCH, "keyflow.v1.Functions", "DryRunBatch", "DryRunBatch",                    \
            keyflow__v1__dry_run_batch_request, keyflow__v1__dry_run_batch_response, UNARY,         \
            FUNCTIONS_PUSH, "function_id", functions, kf_functions_dry_run, SPLIT(dry_run_batch))   \
+    ENGINE(REPLAY_BATCH, "keyflow.v1.Functions", "ReplayBatch", "ReplayBatch",                     \
+           keyflow__v1__replay_batch_request, keyflow__v1__replay_batch_response, UNARY,           \
+           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_replay, ALL(replay_batch))      \
     ENGINE(READ_OUTPUT, "keyflow.v1.Functions", "ReadOutput", "ReadOutput",                        \
            keyflow__v1__read_output_request, keyflow__v1__read_output_response, LONG_POLL,         \
            FUNCTIONS_READ, "function_id", functions, kf_functions_read, MERGE(read_output))        \

@@ -1491,6 +1491,49 @@ static const plan_t plan_delete_function = {"delete_function", all_begin, NULL,
                                             delete_function_next};
 static const plan_t plan_delete_producer = {"delete_producer", all_begin, NULL, everywhere_next};
 
+/* ReplayBatch: each partition replays its part of the batch (a batch split
+ * across partitions was kept by each of them); reproduced when every part
+ * was, the first difference named with its partition. NOT_FOUND only when
+ * no partition kept the batch. */
+static bool replay_next(fanout_t *f) {
+    Keyflow__V1__ReplayBatchResponse *out = NULL;
+    const sub_t *missing = NULL;
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        const sub_t *s = &f->subs[i];
+        if (s->cmd.error.status == KF_E_NOT_FOUND) {
+            missing = missing != NULL ? missing : s;
+            continue;
+        }
+        if (s->cmd.error.status != KF_OK) {
+            fail_as(f, s);
+            return false;
+        }
+        const Keyflow__V1__ReplayBatchResponse *r = (const void *)s->cmd.response;
+        if (out == NULL) {
+            out = kf_arena_new(f->parent->arena, sizeof *out);
+            keyflow__v1__replay_batch_response__init(out);
+            out->reproduced = true;
+        }
+        out->recorded_output_rows += r->recorded_output_rows;
+        out->replayed_output_rows += r->replayed_output_rows;
+        out->keys_compared += r->keys_compared;
+        if (!r->reproduced && out->reproduced) {
+            out->reproduced = false;
+            out->first_difference = kf_arena_printf(f->parent->arena, "partition %u: %s",
+                                                    s->partition, r->first_difference);
+        }
+    }
+    if (out == NULL) {
+        f->parent->error = missing->cmd.error;
+        return false;
+    }
+    f->parent->response = &out->base;
+    kf_error_clear(&f->parent->error);
+    return false;
+}
+
+static const plan_t plan_replay_batch = {"replay_batch", all_begin, NULL, replay_next};
+
 /* The plan of each fanned-out op, from the table's route column. */
 static const plan_t *plan_of(kf_op_t op) {
     switch (op) {

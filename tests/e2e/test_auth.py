@@ -219,6 +219,12 @@ RULES = {
         snapshot=None, prefix=DENIED,
         http=lambda c: [("POST", "/v1/functions/%s/dry-run" % FN, {
             "rows": [{"user": "mallory", "ts": 1, "amount": 1}]})]),
+    "/keyflow.v1.Functions/ReplayBatch": dict(
+        request=lambda c: F.ReplayBatchRequest(function_id=FN, producer_id="p-admin",
+                                               sequence=1),
+        snapshot=None, prefix=DENIED,
+        http=lambda c: [("POST", "/v1/functions/%s/producers/p-admin/batches/1:replay" % FN,
+                         {})]),
     "/keyflow.v1.Functions/ReadOutput": dict(
         request=lambda c: F.ReadOutputRequest(function_id=FN), snapshot=None, prefix=DENIED,
         http=lambda c: [("GET", "/v1/functions/%s/output?after=0" % FN, None)]),

@@ -1218,6 +1218,46 @@ class SessionCounterTest(FunctionsGrpcBase):
         self.assertEqual(self.info(d).output_seq, 1)
         self.assert_output(d, model.output)
 
+    def test_replay_reproduces_a_kept_batch_and_applies_nothing(self):
+        """ReplayBatch re-runs a kept batch against the state before it (the
+        keys have moved on since) and applies nothing."""
+        d = sc_descriptor()
+        self.register(d)
+        model = SessionCounterModel()
+        self.push_and_check(d, model, 1, [{"user": "a", "ts": 10, "idle_us": 5},
+                                          {"user": "b", "ts": 10, "idle_us": 50}])
+        # Batch 2 counts b, opens c and fires a's timer by its watermark.
+        self.push_and_check(d, model, 2, [{"user": "b", "ts": 20, "idle_us": 50},
+                                          {"user": "c", "ts": 20, "idle_us": 5}], watermark=16)
+        self.push_and_check(d, model, 3, [{"user": "b", "ts": 30, "idle_us": 50}],
+                            watermark=100)
+        before = self.info(d)
+        req = pb.ReplayBatchRequest(function_id=d["functionId"], producer_id="p", sequence=2)
+        r = self.rpc("ReplayBatch", req)
+        self.assertTrue(r.reproduced, r.first_difference)
+        self.assertEqual(r.first_difference, "")
+        self.assertEqual((r.recorded_output_rows, r.replayed_output_rows, r.keys_compared),
+                         (1, 1, 3))
+        after = self.info(d)
+        self.assertEqual((after.output_seq, after.keys, after.timers, after.state_bytes,
+                          after.watermark_us),
+                         (before.output_seq, before.keys, before.timers, before.state_bytes,
+                          before.watermark_us))
+        self.assert_output(d, model.output)
+        self.assert_sc_state(d, model, ["a", "b", "c"])
+        # Not kept (another producer's, or never pushed): NOT_FOUND by name.
+        self.rpc_error("ReplayBatch", pb.ReplayBatchRequest(
+            function_id=d["functionId"], producer_id="p", sequence=9),
+            grpc.StatusCode.NOT_FOUND, "sequence 9", "--replay-batches")
+        # Only a function declared REPLAY_SAFE.
+        plain = sc_descriptor()
+        plain["determinism"] = "DETERMINISM_UNDECLARED"
+        self.register(plain)
+        self.push(plain, "p", 1, [{"user": "a", "ts": 10, "idle_us": 5}])
+        self.rpc_error("ReplayBatch", pb.ReplayBatchRequest(
+            function_id=plain["functionId"], producer_id="p", sequence=1),
+            grpc.StatusCode.FAILED_PRECONDITION, "REPLAY_SAFE")
+
 
 class OutputTest(FunctionsGrpcBase):
 
@@ -1524,6 +1564,39 @@ class RestartTest(FunctionsGrpcBase):
         self.assertTrue(out)
         self.assert_output(sc, scm.output)
         self.assert_sc_state(sc, scm, sc_keys)
+
+    def test_sigkill_restart_keeps_each_values_expiry(self):
+        """state_ttl_us: the expiry is stored with the value, so after a
+        SIGKILL a value still expires when the watermark reaches its last
+        write + TTL, and one that expired before the crash stays absent."""
+        d = rs_descriptor()
+        d["stateTtlUs"] = "100"
+        self.register(d)
+        self.push(d, "p", 1, [{"user": "a", "ts": 10, "amount": 1},
+                              {"user": "b", "ts": 50, "amount": 2},
+                              {"user": "c", "ts": 20, "amount": 3}])
+        self.push(d, "p", 2, [{"user": "a", "ts": 90, "amount": 1}], watermark=125)
+        # c (written at 20) expired at 120; a moved to 190; b expires at 150.
+        self.assertEqual(self.key_state(d, "c").state, pb.STATE_KIND_ABSENT)
+        expiries = {k: self.key_state(d, k).state_expires_us for k in "ab"}
+        self.assertEqual(expiries, {"a": 190, "b": 150})
+
+        self.channel.close()
+        self.server.kill()
+        self.server.start()
+        self.connect()
+
+        self.assertEqual({k: self.key_state(d, k).state_expires_us for k in "ab"}, expiries)
+        self.assertEqual((self.key_state(d, "a").value, self.key_state(d, "b").value), (2, 2))
+        self.assertEqual(self.key_state(d, "c").state, pb.STATE_KIND_ABSENT)
+        self.assertEqual(self.info(d).keys, 2)
+        self.push(d, "p", 3, None, watermark=160)
+        self.assertEqual(self.key_state(d, "b").state, pb.STATE_KIND_ABSENT)
+        self.assertEqual(self.key_state(d, "a").value, 2)
+        self.push(d, "p", 4, None, watermark=190)
+        self.assertEqual(self.key_state(d, "a").state, pb.STATE_KIND_ABSENT)
+        info = self.info(d)
+        self.assertEqual((info.keys, info.state_bytes), (0, 0))
 
 
 if __name__ == "__main__":

@@ -344,6 +344,23 @@ class FunctionsHttpTest(unittest.TestCase):
         self.error("POST", path, {"rows": [{"user": "alice", "ts": 3, "amount": "x"}]}, 400,
                    "INVALID_ARGUMENT", "rows[0].amount")
 
+    def test_replay_of_a_kept_batch(self):
+        d = rs_descriptor()
+        self.register(d)
+        self.push(d, "p", 1, [{"user": "alice", "ts": 1, "amount": 5}])
+        self.push(d, "p", 2, [{"user": "alice", "ts": 2, "amount": 3},
+                              {"user": "bob", "ts": 2, "amount": 1}])
+        self.push(d, "p", 3, [{"user": "alice", "ts": 3, "amount": 1}])
+        path = "/v1/functions/%s/producers/p/batches/2:replay" % d["functionId"]
+        doc = self.ok("POST", path, {})
+        self.assertEqual(doc, {"reproduced": True, "recordedOutputRows": "2",
+                               "replayedOutputRows": "2", "keysCompared": "2"})
+        self.assertEqual(self.info(d)["outputSeq"], "4", "nothing applied")
+        self.error("POST", "/v1/functions/%s/producers/p/batches/7:replay" % d["functionId"], {},
+                   404, "NOT_FOUND", "sequence 7")
+        self.error("POST", "/v1/functions/%s/producers/p/batches/x:replay" % d["functionId"], {},
+                   400, "INVALID_ARGUMENT", "sequence")
+
     def test_one_activation_per_key_per_call(self):
         d = rs_descriptor()
         self.register(d)

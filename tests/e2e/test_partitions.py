@@ -285,6 +285,11 @@ class FunctionsAcrossPartitions(unittest.TestCase):
         again = self.ok("POST", "/v1/functions/running_sum/batches", push)
         self.assertTrue(again.get("duplicate"), again)
         self.assertEqual(again["outputRanges"], ranges)
+        # Each partition kept its part of the batch: a replay runs them all.
+        rep = self.ok("POST", "/v1/functions/running_sum/producers/split/batches/1:replay", {})
+        self.assertEqual((rep.get("reproduced"), rep["recordedOutputRows"],
+                          rep["replayedOutputRows"], rep["keysCompared"]),
+                         (True, str(len(rows)), str(len(rows)), str(len(users))), rep)
         out, cursor = self.read_all("running_sum")
         self.assertEqual(len(out), len(rows), "every output row once")
         seen = {(p, r["_seq"]) for p, r in out}

@@ -4,6 +4,11 @@
  * host validates (and also behave). Input: k UTF8, ts TIMESTAMP_US,
  * mode UTF8, amount INT64 nullable. Output: key UTF8, ts TIMESTAMP_US,
  * n INT64 (not nullable). Timer name: "t".
+ *
+ * Modes "drift", "drift_state" and "flaky" break determinism on purpose
+ * (ReplayBatch must notice): they use a count of their calls in this
+ * process, so a second run of the same row gives another number ("flaky"
+ * fails every second call).
  */
 #include <stdint.h>
 #include <string.h>
@@ -20,6 +25,8 @@ static int emit(const kf_host_t *h, kf_call_t *call, uint32_t i, const kf_activa
     h->row_set_int64(call, nc, n);
     return h->row_end(call);
 }
+
+static int64_t drift_calls, flaky_calls;
 
 static int invoke(const kf_host_t *h, kf_call_t *call, const kf_activation_t *acts,
                   uint32_t count) {
@@ -94,6 +101,14 @@ static int invoke(const kf_host_t *h, kf_call_t *call, const kf_activation_t *ac
                 if (h->timer_set(call, i, "t", ts + 1000000 + r) != 0) {
                     break;
                 }
+            }
+        } else if (strcmp(mode, "drift") == 0) {
+            emit(h, call, i, a, ts, ++drift_calls);
+        } else if (strcmp(mode, "drift_state") == 0) {
+            h->state_set(call, i, ++drift_calls);
+        } else if (strcmp(mode, "flaky") == 0) {
+            if (++flaky_calls % 2 == 0) {
+                h->fail(call, "mode flaky: an even call");
             }
         } else if (strcmp(mode, "min_timer") == 0) {
             h->timer_set(call, i, "t", INT64_MIN);
