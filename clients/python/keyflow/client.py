@@ -33,26 +33,30 @@ RETRY_BACKOFF_MIN_S = 0.05
 RETRY_BACKOFF_MAX_S = 2.0
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
-_RULE_FIELDS = ("window_ms", "max_wait_ms", "max_events", "dedup_ms", "key_concurrency", "retry",
-                "start_after_ms")
+_RULE_FIELDS = ("window_ms", "max_wait_ms", "max_events", "dedup_ms", "edge", "max_bytes",
+                "key_concurrency", "retry", "start_after_ms")
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 _RETRY_FIELDS = ("max_attempts", "initial_backoff_ms", "max_backoff_ms", "multiplier")
 # The run statuses after which nothing changes (wait_run returns on them).
 FINISHED = ("completed", "failed", "cancelled")
 
 
-def debounce(window_ms, max_wait_ms=None, dedup_ms=None, **run_options):
+def debounce(window_ms, max_wait_ms=None, dedup_ms=None, edge=None, **run_options):
     """A debounce rule: the run starts window_ms after the latest event, or
-    max_wait_ms after the first (None or 0: no bound). run_options:
-    key_concurrency, retry (keyflow.retry(...)), start_after_ms."""
+    max_wait_ms after the first (None or 0: no bound). edge: "trailing"
+    (default), "leading" or "both" (docs/semantics.md, "Debounce edges").
+    run_options: key_concurrency, retry (keyflow.retry(...)), start_after_ms."""
     return _rule("debounce", window_ms=window_ms, max_wait_ms=max_wait_ms, dedup_ms=dedup_ms,
-                 **run_options)
+                 edge=edge, **run_options)
 
 
-def batch(max_events=None, max_wait_ms=None, dedup_ms=None, **run_options):
-    """A batch rule: the run starts when max_events arrived (default 100) or
-    max_wait_ms after the first event (default 1000). run_options: as debounce."""
+def batch(max_events=None, max_wait_ms=None, dedup_ms=None, max_bytes=None, **run_options):
+    """A batch rule: the run starts when max_events arrived (default 100),
+    its input array would pass max_bytes (default and at most 4 MiB), or
+    max_wait_ms after the first event (default 1000). run_options: as
+    debounce."""
     return _rule("batch", max_events=max_events, max_wait_ms=max_wait_ms, dedup_ms=dedup_ms,
-                 **run_options)
+                 max_bytes=max_bytes, **run_options)
 
 
 def retry(max_attempts=None, initial_backoff_ms=None, max_backoff_ms=None, multiplier=None):
@@ -96,6 +100,8 @@ def _rule_message(rule):
         if name == "retry":
             if rule.get(name) is not None:
                 msg.retry.CopyFrom(_retry_message(rule[name]))
+        elif name == "edge":
+            msg.edge = enum_value(cpb.Edge.DESCRIPTOR, rule.get(name), "rule.edge")
         elif rule.get(name) is not None:
             setattr(msg, name, rule[name])
     return msg
@@ -115,6 +121,20 @@ def _retry_message(policy):
         if policy.get(name) is not None:
             setattr(msg, name, policy[name])
     return msg
+
+
+def _send_event_request(workflow, key, input, rule, id, flush):
+    return cpb.SendEventRequest(workflow=workflow, key=key, event=cpb.Event(
+        id=id or "", rule=_rule_message(rule), input_json=encode_json(input, "input"),
+        flush=bool(flush)))
+
+
+def _receipt(resp):
+    """A SendEventResponse as one flat record."""
+    r = resp.receipt
+    return Record(run_id=r.run_id, due_ms=r.due_ms, commit_seq=r.commit_seq,
+                  disposition=to_native(resp).get("disposition", "unspecified"),
+                  duplicate=resp.duplicate, run_started=resp.run_started)
 
 
 def _coordinator(kind, workflow, key):
@@ -184,14 +204,33 @@ class Client:
 
     # --- coordinators ---------------------------------------------------
 
-    def send_event(self, workflow, key, input=None, *, rule, id=""):
+    def send_event(self, workflow, key, input=None, *, rule, id="", flush=False):
         """Delivers one event (update-with-start). Returns the receipt:
-        {run_id, due_ms, duplicate, run_started}. `input` is any JSON value."""
-        req = cpb.SendEventRequest(workflow=workflow, key=key, event=cpb.Event(
-            id=id or "", rule=_rule_message(rule), input_json=encode_json(input, "input")))
-        resp = self._call(self._coord.SendEvent, req)
-        return Record(run_id=resp.receipt.run_id, due_ms=resp.receipt.due_ms,
-                      duplicate=resp.duplicate, run_started=resp.run_started)
+        {run_id, due_ms, commit_seq, disposition, duplicate, run_started};
+        disposition is "opened", "joined", "duplicate" or "closed". `input`
+        is any JSON value; flush=True closes the window with this event."""
+        req = _send_event_request(workflow, key, input, rule, id, flush)
+        return _receipt(self._call(self._coord.SendEvent, req))
+
+    def send_events(self, events):
+        """Up to 1000 events in one call, all durable in one write: each a
+        dict with workflow, key, rule and optionally input, id and flush
+        (send_event's arguments). Returns one entry per event, in order: its
+        receipt (as send_event's), or the KeyflowError that refused it (not
+        raised: the other events went on)."""
+        req = cpb.SendEventsRequest()
+        for i, ev in enumerate(events):
+            unknown = sorted(set(ev) - {"workflow", "key", "input", "rule", "id", "flush"})
+            if unknown:
+                raise ValueError("events[%d].%s: unknown field (fields: workflow, key, input, "
+                                 "rule, id, flush)" % (i, unknown[0]))
+            req.events.append(_send_event_request(ev.get("workflow", ""), ev.get("key", ""),
+                                                  ev.get("input"), ev.get("rule"),
+                                                  ev.get("id", ""), ev.get("flush", False)))
+        resp = self._call(self._coord.SendEvents, req)
+        return [_receipt(r.response) if r.WhichOneof("outcome") == "response"
+                else KeyflowError(_STATUS_BY_NUMBER.get(r.error.code), r.error.message)
+                for r in resp.results]
 
     def describe(self, kind, workflow, key):
         """The coordinator of (kind, workflow, key): window, remembered IDs,

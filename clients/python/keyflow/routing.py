@@ -226,6 +226,22 @@ class RoutingClient(Client):
                 raise KeyflowError.from_rpc(e) from None
         raise AssertionError("unreachable")
 
+    def send_events(self, events):
+        """The events split by their coordinators' endpoints, one SendEvents
+        call each; the answers in the events' order. Each endpoint's events
+        are durable in one write of their own."""
+        count = self._known()
+        groups = {}
+        for i, ev in enumerate(events):
+            c = self._client_of(_partitions.of_coordinator(ev.get("workflow", ""),
+                                                           ev.get("key", ""), count))
+            groups.setdefault(id(c), (c, []))[1].append(i)
+        out = [None] * len(events)
+        for c, positions in groups.values():
+            for i, answer in zip(positions, c.send_events([events[i] for i in positions])):
+                out[i] = answer
+        return out
+
     # --- every endpoint -----------------------------------------------------
 
     def _each(self, fn):

@@ -52,6 +52,50 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(run.status, "pending")
         self.assertEqual(run.kind, "batch")
 
+    def test_receipts_edges_max_bytes_flush_and_send_events(self):
+        """What a SendEvent answers beyond the run ID (disposition, commit
+        sequence), the rule fields of debounce edges and batch max_bytes, a
+        flushing event, and SendEvents with one answer per event."""
+        wf = unique("wf")
+        lead = keyflow.debounce(60000, edge="leading")
+        first = self.client.send_event(wf, "l", 1, rule=lead, id="e-1")
+        self.assertEqual((first.disposition, first.run_started), ("closed", True))
+        self.assertGreater(first.commit_seq, 0)
+        absorbed = self.client.send_event(wf, "l", 2, rule=lead)
+        self.assertEqual((absorbed.disposition, absorbed.run_id), ("joined", first.run_id))
+        self.assertGreater(absorbed.commit_seq, first.commit_seq)
+        again = self.client.send_event(wf, "l", 1, rule=lead, id="e-1")
+        self.assertEqual((again.disposition, again.commit_seq), ("duplicate", first.commit_seq))
+        with self.assertRaises(ValueError) as cm:
+            keyflow.debounce(60000, edge="sideways") and self.client.send_event(
+                wf, "l", 1, rule=keyflow.debounce(60000, edge="sideways"))
+        self.assertIn("rule.edge", str(cm.exception))
+
+        small = keyflow.batch(max_events=100, max_wait_ms=60000, max_bytes=10)
+        opened = self.client.send_event(wf, "b", "abc", rule=small)  # ["abc"]: 7 bytes
+        self.assertEqual(opened.disposition, "opened")
+        nxt = self.client.send_event(wf, "b", "d", rule=small)  # ["abc","d"] is 11: the next window
+        self.assertEqual(nxt.disposition, "opened")
+        self.assertNotEqual(nxt.run_id, opened.run_id)
+        self.assertEqual(self.client.get_run(opened.run_id).input, ["abc"])
+        flushed = self.client.send_event(wf, "b", "e", rule=small, flush=True)
+        self.assertEqual((flushed.disposition, flushed.run_id), ("closed", nxt.run_id))
+        self.assertEqual(self.client.get_run(nxt.run_id).input, ["d", "e"])
+
+        one = keyflow.batch(max_events=2, max_wait_ms=60000)
+        answers = self.client.send_events([
+            {"workflow": wf, "key": "s", "input": {"n": 1}, "rule": one, "id": "x"},
+            {"workflow": "", "key": "s", "rule": one},
+            {"workflow": wf, "key": "s", "input": {"n": 2}, "rule": one, "id": "x"},
+            {"workflow": wf, "key": "s", "input": {"n": 3}, "rule": one},
+        ])
+        self.assertEqual([a.disposition if isinstance(a, dict) else a.code_name for a in answers],
+                         ["opened", "INVALID_ARGUMENT", "ALREADY_EXISTS", "closed"])
+        self.assertIn("workflow", answers[1].message)
+        self.assertEqual(answers[0].commit_seq, answers[3].commit_seq)
+        self.assertEqual(self.client.get_run(answers[0].run_id).input, [{"n": 1}, {"n": 3}])
+        self.assertEqual(self.client.send_events([]), [])
+
     def test_flush_cancel_and_list_runs(self):
         wf = unique("wf")
         rule = keyflow.debounce(window_ms=60000)

@@ -183,6 +183,26 @@ class ThreeProcesses(unittest.TestCase):
         t.join(30)
         self.assertEqual([r.key for r in result["runs"]], [key])
 
+    def test_send_events_reach_every_process(self):
+        """One SendEvents of keys on all three processes: each event is
+        accepted by its owner (none refused for another's partition), and
+        the answers come back in the events' order."""
+        wf = unique("many")
+        keys = {}
+        for i in range(1000):
+            e = self.endpoint_of(partitions.of_coordinator(wf, "k%d" % i, self.COUNT))
+            keys.setdefault(e, "k%d" % i)
+            if len(keys) == 3:
+                break
+        order = [keys[2], keys[0], keys[1], keys[2]]
+        answers = self.client.send_events([
+            {"workflow": wf, "key": k, "input": n, "rule": keyflow.batch(max_events=10,
+                                                                         max_wait_ms=60000)}
+            for n, k in enumerate(order)])
+        self.assertEqual([a.run_id.split("@")[0] for a in answers], order)
+        self.assertEqual([a.disposition for a in answers], ["opened", "opened", "opened", "joined"])
+        self.assertEqual(answers[0].run_id, answers[3].run_id)
+
 
 def parked(server):
     status, text = server.http("GET", "/metrics")
