@@ -54,9 +54,14 @@ export interface Rule extends RunOptions {
   maxWaitMs?: number;
   maxEvents?: number;
   dedupMs?: number;
+  /** debounce: which edge of the window starts a run (default 'trailing') */
+  edge?: Edge;
+  /** batch: bytes of the run's input array, 1..4194304 (the default) */
+  maxBytes?: number;
 }
-export function debounce(windowMs: number, options?: { maxWaitMs?: number; dedupMs?: number } & RunOptions): Rule;
-export function batch(options?: { maxEvents?: number; maxWaitMs?: number; dedupMs?: number } & RunOptions): Rule;
+export type Edge = 'trailing' | 'leading' | 'both';
+export function debounce(windowMs: number, options?: { maxWaitMs?: number; dedupMs?: number; edge?: Edge } & RunOptions): Rule;
+export function batch(options?: { maxEvents?: number; maxWaitMs?: number; dedupMs?: number; maxBytes?: number } & RunOptions): Rule;
 export function retry(policy?: RetryPolicy): RetryPolicy;
 
 export type RuleKind = 'debounce' | 'batch';
@@ -65,8 +70,20 @@ export type RunStatus = 'pending' | 'leased' | 'completed' | 'failed' | 'cancell
 export interface Receipt {
   runId: string;
   dueMs: Int64;
+  /** the durable write holding the event: server-wide, increasing */
+  commitSeq: Int64;
+  /** what the event did (docs/semantics.md, "Dispositions") */
+  disposition: 'opened' | 'joined' | 'duplicate' | 'closed';
   duplicate: boolean;
   runStarted: boolean;
+}
+export interface EventToSend {
+  workflow: string;
+  key: string;
+  input?: Json;
+  rule: Rule;
+  id?: string;
+  flush?: boolean;
 }
 
 export interface Run {
@@ -219,7 +236,10 @@ export class Client {
   pushRetries: number;
   close(): void;
 
-  sendEvent(workflow: string, key: string, input: Json, options: { rule: Rule; id?: string }): Promise<Receipt>;
+  /** flush: close the window with this event in it */
+  sendEvent(workflow: string, key: string, input: Json, options: { rule: Rule; id?: string; flush?: boolean }): Promise<Receipt>;
+  /** up to 1000 events, durable in one write: a receipt or the refusal of each, in order */
+  sendEvents(events: EventToSend[]): Promise<Array<Receipt | KeyflowError>>;
   describe(kind: RuleKind, workflow: string, key: string): Promise<Coordinator>;
   flush(kind: RuleKind, workflow: string, key: string): Promise<{ flushed: boolean; runId: string }>;
   cancel(kind: RuleKind, workflow: string, key: string): Promise<{ cancelled: boolean; runId: string; eventsDropped: Int64 }>;

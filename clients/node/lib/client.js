@@ -21,8 +21,9 @@ const RECONNECT_BACKOFF_MAX_MS = 2000;
 // Retries of one PushBatch sequence: about 10 s of backoff in all.
 const PUSH_ATTEMPTS = 10;
 const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]);
-const RULE_FIELDS = ['windowMs', 'maxWaitMs', 'maxEvents', 'dedupMs', 'keyConcurrency', 'retry',
-  'startAfterMs'];
+const RULE_FIELDS = ['windowMs', 'maxWaitMs', 'maxEvents', 'dedupMs', 'edge', 'maxBytes',
+  'keyConcurrency', 'retry', 'startAfterMs'];
+const EVENT_FIELDS = ['workflow', 'key', 'input', 'rule', 'id', 'flush'];
 const RETRY_FIELDS = ['maxAttempts', 'initialBackoffMs', 'maxBackoffMs', 'multiplier'];
 // The run statuses after which nothing changes (waitRun resolves on them).
 const FINISHED = new Set(['completed', 'failed', 'cancelled']);
@@ -46,12 +47,14 @@ class KeyflowError extends Error {
 }
 
 // Run options (both kinds): keyConcurrency, retry (retry({...})), startAfterMs.
-function debounce(windowMs, { maxWaitMs, dedupMs, keyConcurrency, retry, startAfterMs } = {}) {
-  return { kind: 'debounce', windowMs, maxWaitMs, dedupMs, keyConcurrency, retry, startAfterMs };
+// edge (debounce): 'trailing' (default), 'leading' or 'both'; maxBytes
+// (batch): bytes of the run's input array, at most 4 MiB.
+function debounce(windowMs, { maxWaitMs, dedupMs, edge, keyConcurrency, retry, startAfterMs } = {}) {
+  return { kind: 'debounce', windowMs, maxWaitMs, dedupMs, edge, keyConcurrency, retry, startAfterMs };
 }
 
-function batch({ maxEvents, maxWaitMs, dedupMs, keyConcurrency, retry, startAfterMs } = {}) {
-  return { kind: 'batch', maxEvents, maxWaitMs, dedupMs, keyConcurrency, retry, startAfterMs };
+function batch({ maxEvents, maxWaitMs, dedupMs, maxBytes, keyConcurrency, retry, startAfterMs } = {}) {
+  return { kind: 'batch', maxEvents, maxWaitMs, dedupMs, maxBytes, keyConcurrency, retry, startAfterMs };
 }
 
 // A run's retry policy (a rule's `retry`): after a failed attempt (a handler
@@ -115,11 +118,31 @@ function ruleMessage(rule) {
     }
     if (k === 'retry' && rule[k] !== undefined && rule[k] !== null) {
       out[k] = retryMessage(rule[k]);
+    } else if (k === 'edge' && rule[k] !== undefined && rule[k] !== null) {
+      out[k] = protos.enumValue('keyflow.v1.Edge', rule[k], 'rule.edge');
     } else if (k !== 'kind' && rule[k] !== undefined && rule[k] !== null) {
       out[k] = rule[k]; // a oneof member: present only when given
     }
   }
   return out;
+}
+
+function eventRequest(workflow, key, input, rule, id, flush) {
+  return {
+    workflow, key,
+    event: { id: id || '', rule: ruleMessage(rule), inputJson: protos.encodeJson(input, 'input'),
+      flush: Boolean(flush) },
+  };
+}
+
+// A SendEventResponse as one flat object.
+function receipt(resp) {
+  const { disposition } = protos.toNative('keyflow.v1.SendEventResponse', resp);
+  return {
+    runId: resp.receipt.runId, dueMs: protos.toInt(resp.receipt.dueMs),
+    commitSeq: protos.toInt(resp.receipt.commitSeq), disposition: disposition || 'unspecified',
+    duplicate: resp.duplicate, runStarted: resp.runStarted,
+  };
 }
 
 function coordinatorRef(kind, workflow, key) {
@@ -196,16 +219,27 @@ class Client {
 
   // Delivers one event (update-with-start); resolves with the receipt
   // {runId, dueMs, duplicate, runStarted}. input: any JSON value.
-  async sendEvent(workflow, key, input, { rule, id } = {}) {
-    const req = {
-      workflow, key,
-      event: { id: id || '', rule: ruleMessage(rule), inputJson: protos.encodeJson(input, 'input') },
-    };
-    const resp = await this._unary(this._coord, 'SendEvent', req);
-    return {
-      runId: resp.receipt.runId, dueMs: protos.toInt(resp.receipt.dueMs),
-      duplicate: resp.duplicate, runStarted: resp.runStarted,
-    };
+  async sendEvent(workflow, key, input, { rule, id, flush } = {}) {
+    const req = eventRequest(workflow, key, input, rule, id, flush);
+    return receipt(await this._unary(this._coord, 'SendEvent', req));
+  }
+
+  // Up to 1000 events in one call, durable in one write: each
+  // { workflow, key, rule, input?, id?, flush? }. Resolves with one entry per
+  // event, in order: its receipt, or the KeyflowError that refused it (not
+  // thrown: the other events went on).
+  async sendEvents(events) {
+    const reqs = events.map((ev, i) => {
+      for (const k of Object.keys(ev)) {
+        if (!EVENT_FIELDS.includes(k)) {
+          throw new TypeError(`events[${i}].${k}: unknown field (fields: ${EVENT_FIELDS.join(', ')})`);
+        }
+      }
+      return eventRequest(ev.workflow || '', ev.key || '', ev.input, ev.rule, ev.id, ev.flush);
+    });
+    const resp = await this._unary(this._coord, 'SendEvents', { events: reqs });
+    return resp.results.map((r) => (r.response ? receipt(r.response)
+      : new KeyflowError(r.error.code, r.error.message)));
   }
 
   async describe(kind, workflow, key) {

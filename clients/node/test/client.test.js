@@ -40,6 +40,44 @@ test('client', { skip: !built && 'keyflowd is not built' }, async (t) => {
     assert.strictEqual(run.status, 'pending');
   });
 
+  await t.test('receipts, edges, maxBytes, flush and sendEvents', async () => {
+    const wf = unique('wf');
+    const lead = kf.debounce(60000, { edge: 'leading' });
+    const first = await client.sendEvent(wf, 'l', 1, { rule: lead, id: 'e-1' });
+    assert.deepStrictEqual([first.disposition, first.runStarted], ['closed', true]);
+    assert.ok(first.commitSeq > 0);
+    const absorbed = await client.sendEvent(wf, 'l', 2, { rule: lead });
+    assert.deepStrictEqual([absorbed.disposition, absorbed.runId], ['joined', first.runId]);
+    assert.ok(absorbed.commitSeq > first.commitSeq);
+    const again = await client.sendEvent(wf, 'l', 1, { rule: lead, id: 'e-1' });
+    assert.deepStrictEqual([again.disposition, again.commitSeq], ['duplicate', first.commitSeq]);
+    await assert.rejects(client.sendEvent(wf, 'l', 1, { rule: kf.debounce(60000, { edge: 'sideways' }) }),
+      /rule\.edge/);
+
+    const small = kf.batch({ maxEvents: 100, maxWaitMs: 60000, maxBytes: 10 });
+    const opened = await client.sendEvent(wf, 'b', 'abc', { rule: small }); // ["abc"]: 7 bytes
+    const next = await client.sendEvent(wf, 'b', 'd', { rule: small }); // ["abc","d"] is 11
+    assert.deepStrictEqual([opened.disposition, next.disposition], ['opened', 'opened']);
+    assert.notStrictEqual(next.runId, opened.runId);
+    const flushed = await client.sendEvent(wf, 'b', 'e', { rule: small, flush: true });
+    assert.deepStrictEqual([flushed.disposition, flushed.runId], ['closed', next.runId]);
+    assert.deepStrictEqual((await client.getRun(next.runId)).input, ['d', 'e']);
+
+    const two = kf.batch({ maxEvents: 2, maxWaitMs: 60000 });
+    const answers = await client.sendEvents([
+      { workflow: wf, key: 's', input: { n: 1 }, rule: two, id: 'x' },
+      { workflow: '', key: 's', rule: two },
+      { workflow: wf, key: 's', input: { n: 2 }, rule: two, id: 'x' },
+      { workflow: wf, key: 's', input: { n: 3 }, rule: two },
+    ]);
+    assert.deepStrictEqual(answers.map((a) => (a instanceof kf.KeyflowError ? a.codeName : a.disposition)),
+      ['opened', 'INVALID_ARGUMENT', 'ALREADY_EXISTS', 'closed']);
+    assert.match(answers[1].message, /workflow/);
+    assert.strictEqual(answers[0].commitSeq, answers[3].commitSeq);
+    assert.deepStrictEqual((await client.getRun(answers[0].runId)).input, [{ n: 1 }, { n: 3 }]);
+    assert.deepStrictEqual(await client.sendEvents([]), []);
+  });
+
   await t.test('flush, cancel and listRuns pages', async () => {
     const wf = unique('wf');
     for (const key of ['a', 'b', 'c']) {
