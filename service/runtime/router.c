@@ -1484,7 +1484,25 @@ static bool everywhere_next(fanout_t *f) {
 static bool delete_function_next(fanout_t *f) {
     const Keyflow__V1__DeleteFunctionRequest *req = (const void *)f->parent->request;
     fn_forget(f->router, req->function_id);
-    return everywhere_next(f);
+    everywhere_next(f);
+    if (f->parent->error.status != KF_OK || f->parent->response == NULL) {
+        return false;
+    }
+    /* What went with it is what went from every partition. */
+    Keyflow__V1__DeleteFunctionResponse *out = (void *)f->parent->response;
+    *out = (Keyflow__V1__DeleteFunctionResponse)KEYFLOW__V1__DELETE_FUNCTION_RESPONSE__INIT;
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        const Keyflow__V1__DeleteFunctionResponse *a = (const void *)f->subs[i].cmd.response;
+        if (f->subs[i].cmd.error.status != KF_OK || a == NULL) {
+            continue;
+        }
+        out->deleted = out->deleted || a->deleted;
+        out->keys += a->keys;
+        out->timers += a->timers;
+        out->output_rows += a->output_rows;
+        out->producers += a->producers;
+    }
+    return false;
 }
 
 static const plan_t plan_delete_function = {"delete_function", all_begin, NULL,
