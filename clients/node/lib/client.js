@@ -42,7 +42,19 @@ class KeyflowError extends Error {
   }
 
   static from(err) {
-    return new KeyflowError(err.code, err.details || err.message);
+    const out = new KeyflowError(err.code, err.details || err.message);
+    // A call for a partition another process serves (docs/scaling.md):
+    // which partition, and its owner when the server's placement knows it.
+    const meta = err.metadata && typeof err.metadata.get === 'function' ? err.metadata : null;
+    if (meta && meta.get('keyflow-partition').length) {
+      out.partition = Number(meta.get('keyflow-partition')[0]);
+      out.owner = {
+        node: String(meta.get('keyflow-owner-node')[0] || ''),
+        grpc: String(meta.get('keyflow-owner-grpc')[0] || ''),
+        http: String(meta.get('keyflow-owner-http')[0] || ''),
+      };
+    }
+    return out;
   }
 }
 
@@ -156,9 +168,17 @@ function int64(v) {
 class Client {
   // options: addr, tlsCa, tlsCert, tlsKey, tlsServerName, tls (gRPC's default
   // roots), apiKey, apiKeyFile, timeoutMs; each also from KEYFLOW_* (README.md).
+  // Several endpoints (an array, or "a:1,b:2" here or in KEYFLOW_ADDR): a data
+  // set served by several processes, routed by key (lib/routing.js).
   constructor(options = {}) {
-    if (typeof options === 'string') {
+    if (typeof options === 'string' || Array.isArray(options)) {
       options = { addr: options };
+    }
+    const addr = option(options.addr, 'KEYFLOW_ADDR');
+    if (new.target === Client && (Array.isArray(addr) ? addr : String(addr || '').split(','))
+      .filter((a) => String(a).trim()).length > 1) {
+      const { RoutingClient } = require('./routing');
+      return new RoutingClient(options);
     }
     this.addr = option(options.addr, 'KEYFLOW_ADDR') || DEFAULT_ADDR;
     this.timeoutMs = options.timeoutMs || DEFAULT_TIMEOUT_MS;
@@ -199,6 +219,7 @@ class Client {
     const channelOverride = this._coord.getChannel();
     this._runs = new v1.Runs(this.addr, creds, { ...channelOptions, channelOverride });
     this._fns = new v1.Functions(this.addr, creds, { ...channelOptions, channelOverride });
+    this._parts = new v1.Partitions(this.addr, creds, { ...channelOptions, channelOverride });
     this._descriptors = new Map();
     this.pushRetries = 0; // PushBatch attempts retried (UNAVAILABLE, DEADLINE_EXCEEDED)
   }
@@ -213,6 +234,14 @@ class Client {
       stub[method](request, this.metadata, { deadline: Date.now() + (timeoutMs || this.timeoutMs) },
         (err, resp) => (err ? reject(KeyflowError.from(err)) : resolve(resp)));
     });
+  }
+
+  // keyflow.v1.Partitions/GetPlacement: {partitionCount, hash, node, served,
+  // partitions: [{partition, id, ready, reason}], nodes, routes}
+  // (docs/scaling.md).
+  async placement() {
+    return protos.toNative('keyflow.v1.Placement',
+      await this._unary(this._parts, 'GetPlacement', {}));
   }
 
   // --- coordinators -------------------------------------------------------
@@ -447,9 +476,13 @@ class Client {
   // nextAfterSeq, highWaterSeq, firstRetainedSeq}; each row has "_seq" and the
   // output fields. Below the retained rows (output retention, trimOutput) it
   // rejects with a KeyflowError OUT_OF_RANGE naming the first retained one.
-  async readOutput(functionId, { afterSeq = 0, limit = 0, waitMs = 0 } = {}) {
+  // With several partitions (docs/scaling.md) pass `cursor` instead of
+  // afterSeq: the page's nextCursor (its rows are all of partition
+  // `partition`, with that partition's sequences). With one partition
+  // nextCursor is '' and nextAfterSeq is the position.
+  async readOutput(functionId, { afterSeq = 0, limit = 0, waitMs = 0, cursor = '' } = {}) {
     const resp = await this._unary(this._fns, 'ReadOutput', {
-      functionId, afterSeq: int64(afterSeq), limit, waitMs, format: 'ROW_FORMAT_COLUMNAR',
+      functionId, afterSeq: int64(afterSeq), limit, waitMs, format: 'ROW_FORMAT_COLUMNAR', cursor,
     }, this.timeoutMs + waitMs);
     return this._page(functionId, resp, afterSeq);
   }
@@ -464,15 +497,19 @@ class Client {
       nextAfterSeq: rowList.length ? lastSeq : afterSeq,
       highWaterSeq: protos.toInt(resp.highWaterSeq),
       firstRetainedSeq: protos.toInt(resp.firstRetainedSeq),
+      partition: resp.partition || 0,
+      nextCursor: resp.nextCursor || '',
     };
   }
 
   // Drops the function's output rows before beforeSeq (a consumer committed
-  // its position there: the last row it read + 1). Idempotent. Resolves to
-  // {firstRetainedSeq, outputSeq}.
-  async trimOutput(functionId, beforeSeq) {
+  // its position there: the last row it read + 1), or with several
+  // partitions each partition's rows up to its position in beforeCursor (a
+  // readOutput cursor). Idempotent. Resolves to {firstRetainedSeq, outputSeq}.
+  async trimOutput(functionId, beforeSeq = 0, { beforeCursor = '' } = {}) {
     return protos.toNative('keyflow.v1.TrimOutputResponse',
-      await this._unary(this._fns, 'TrimOutput', { functionId, beforeSeq: int64(beforeSeq) }));
+      await this._unary(this._fns, 'TrimOutput',
+        { functionId, beforeSeq: int64(beforeSeq), beforeCursor }));
   }
 
   // Deletes the function and everything of it (state, timers, output,
@@ -492,10 +529,11 @@ class Client {
       await this._unary(this._fns, 'DeleteProducer', { functionId, producerId, allowMissing }));
   }
 
-  // Output rows with seq > afterSeq as an async iterator that follows new rows
-  // until it is returned from (break) or tail.cancel() is called.
-  tailOutput(functionId, { afterSeq = 0, maxRowsPerMessage = 0 } = {}) {
-    return new OutputTail(this, functionId, afterSeq, maxRowsPerMessage);
+  // Output rows with seq > afterSeq (or after `cursor`, with several
+  // partitions) as an async iterator that follows new rows until it is
+  // returned from (break) or tail.cancel() is called.
+  tailOutput(functionId, { afterSeq = 0, maxRowsPerMessage = 0, cursor = '' } = {}) {
+    return new OutputTail(this, functionId, afterSeq, maxRowsPerMessage, cursor);
   }
 
   // {keyText, state: "absent" | "null" | "value", value, timers, valueStateName};
@@ -548,11 +586,12 @@ function checkKeys(type, obj, where) {
 }
 
 class OutputTail {
-  constructor(client, functionId, afterSeq, maxRowsPerMessage) {
+  constructor(client, functionId, afterSeq, maxRowsPerMessage, cursor = '') {
     this._client = client;
     this._functionId = functionId;
     this._req = {
       functionId, afterSeq: int64(afterSeq), maxRowsPerMessage, format: 'ROW_FORMAT_COLUMNAR',
+      cursor,
     };
     this._call = null;
   }

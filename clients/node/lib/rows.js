@@ -178,4 +178,21 @@ function wireFields(schema) {
   }));
 }
 
-module.exports = { batchFromRows, batchFromColumns, rowsFromBatch };
+// Rows `which` (indexes, in order) of a wire batch, as a batch of its own (a
+// batch split by partition: lib/routing.js).
+function sliceBatch(batch, which) {
+  return {
+    rowCount: which.length,
+    columns: batch.columns.map((col) => {
+      const out = { nulls: col.nulls && col.nulls.length ? which.map((i) => col.nulls[i]) : [] };
+      for (const { slot } of Object.values(SLOTS)) {
+        if (col[slot] && col[slot].values) {
+          out[slot] = { values: which.map((i) => col[slot].values[i]) };
+        }
+      }
+      return out;
+    }),
+  };
+}
+
+module.exports = { batchFromRows, batchFromColumns, rowsFromBatch, sliceBatch };

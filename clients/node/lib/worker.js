@@ -113,7 +113,12 @@ class Worker {
     this.stopping = false;
     this._active = new Map(); // runId -> RunContext
     this._abort = new AbortController();
-    this._polls = new Set(); // outstanding PollRuns calls
+    this._stopped = new Promise((resolve) =>
+      this._abort.signal.addEventListener('abort', resolve, { once: true }));
+    this._polls = new Map(); // outstanding PollRuns call -> its client
+    this._share = this.concurrency; // most slots one poll reserves (_pollLoops)
+    this._tickets = 0; // pollers reserve slots in turn (_reserveSlots)
+    this._turn = 0;
     this._reserved = 0; // slots promised to outstanding polls
     this.pollers = Math.max(1, options.pollers || 2);
     this._pollBatchMin = Math.max(1, Math.min(16, Math.floor(this.concurrency / 4)));
@@ -171,7 +176,7 @@ class Worker {
       this.stopping = true;
       this._stopStartedMs = performance.now();
       this._abort.abort();
-      for (const call of this._polls) {
+      for (const call of this._polls.keys()) {
         call.cancel();
       }
       this._wake(this._slotWaiters);
@@ -185,8 +190,7 @@ class Worker {
     }
   }
 
-  _poll(maxRuns) {
-    const c = this.client;
+  _poll(maxRuns, c) {
     let call;
     const result = new Promise((resolve, reject) => {
       call = c._runs.PollRuns({
@@ -195,31 +199,47 @@ class Worker {
       }, c.metadata, { deadline: Date.now() + c.timeoutMs + this.pollWaitMs },
       (err, resp) => (err ? reject(err) : resolve(resp)));
     });
-    this._polls.add(call);
+    this._polls.set(call, c);
     return result.finally(() => this._polls.delete(call));
   }
 
   // Waits until this poller may poll and reserves the slots it asks for
-  // (0: stopping). The first poll needs one free slot; another at the same
-  // time needs a batch of them, so that polls overlap the runs in flight
-  // (lease and completion writes share commit groups) without splitting
-  // free slots into polls of one run each.
-  async _reserveSlots() {
-    while (!this.stopping) {
-      const free = this.concurrency - this._active.size - this._reserved;
-      if (free >= (this._polls.size === 0 ? 1 : this._pollBatchMin)) {
-        const n = Math.min(free, POLL_MAX_RUNS);
-        this._reserved += n;
-        return n;
+  // (0: stopping). An endpoint's first poll needs one free slot; another at
+  // the same time needs a batch of them, so that polls overlap the runs in
+  // flight (lease and completion writes share commit groups) without
+  // splitting free slots into polls of one run each. Pollers reserve in the
+  // order they asked: a poller whose poll just came back does not take the
+  // slots again before the others (with several endpoints, one would starve
+  // the others' partitions).
+  async _reserveSlots(client) {
+    const ticket = this._tickets++;
+    try {
+      while (!this.stopping) {
+        const free = this.concurrency - this._active.size - this._reserved;
+        const busy = [...this._polls.values()].includes(client);
+        if (ticket === this._turn && free >= (busy ? this._pollBatchMin : 1)) {
+          const n = Math.min(free, POLL_MAX_RUNS, this._share);
+          this._reserved += n;
+          return n;
+        }
+        await new Promise((resolve) => this._slotWaiters.push(resolve));
       }
-      await new Promise((resolve) => this._slotWaiters.push(resolve));
+      return 0;
+    } finally {
+      this._turn++;
+      this._wake(this._slotWaiters);
     }
-    return 0;
   }
 
   async _pollLoops() {
-    const results = await Promise.allSettled(
-      Array.from({ length: this.pollers }, () => this._pollLoop()));
+    // A client of several endpoints (lib/routing.js): pollers for each, so
+    // runs of every partition reach this worker; each endpoint's poll
+    // reserves only its share of the slots, so every endpoint has a long
+    // poll out at once.
+    const endpoints = this.client.endpointClients ? this.client.endpointClients() : [this.client];
+    this._share = Math.max(1, Math.floor(this.concurrency / endpoints.length));
+    const results = await Promise.allSettled(endpoints.flatMap((c) =>
+      Array.from({ length: this.pollers }, () => this._pollLoop(c))));
     await this._shutdown();
     const fatal = results.find((r) => r.status === 'rejected');
     if (fatal) {
@@ -227,17 +247,17 @@ class Worker {
     }
   }
 
-  async _pollLoop() {
+  async _pollLoop(client) {
     let delays = null;
     for (;;) {
-      const n = await this._reserveSlots();
+      const n = await this._reserveSlots(client);
       if (n === 0) {
         return;
       }
       let resp = null;
       let error = null;
       try {
-        resp = await this._poll(n);
+        resp = await this._poll(n, client);
       } catch (e) {
         error = e;
       }
@@ -265,7 +285,7 @@ class Worker {
       const delay = delays.next().value;
       process.emitWarning(`keyflow worker: poll failed (${error.details || error.message}); ` +
         `retrying in ${Math.round(delay)} ms`);
-      await Promise.race([sleep(delay), new Promise((resolve) => this._slotWaiters.push(resolve))]);
+      await Promise.race([sleep(delay), this._stopped]);
     }
   }
 
