@@ -795,10 +795,17 @@ static const plan_t plan_list_functions = {"list_functions", all_begin, NULL, li
  * rather than splitting a key. */
 
 typedef struct fn_entry {
-    kf_map_node_t node; /* by function_id */
+    kf_map_node_t node; /* by function_id, the copy below */
+    char *function_id;  /* its own: the descriptor it came from goes away */
     uint8_t *packed;    /* the canonical FunctionDescriptor */
     size_t len;
 } fn_entry_t;
+
+static void fn_entry_free(fn_entry_t *e) {
+    free(e->function_id);
+    free(e->packed);
+    free(e);
+}
 
 /* The descriptor of `function_id` in `arena`, or NULL when not known. */
 static Keyflow__V1__FunctionDescriptor *fn_lookup(kf_router_t *r, const char *function_id,
@@ -818,8 +825,7 @@ static void fn_forget_locked(kf_router_t *r, const char *function_id) {
     kf_map_node_t *n = kf_map_get(&r->functions, function_id, strlen(function_id));
     if (n != NULL) {
         kf_map_remove(&r->functions, n);
-        free(((fn_entry_t *)n)->packed);
-        free(n);
+        fn_entry_free((fn_entry_t *)n);
     }
 }
 
@@ -834,16 +840,16 @@ static void fn_remember(kf_router_t *r, const Keyflow__V1__FunctionDescriptor *d
     e->len = keyflow__v1__function_descriptor__get_packed_size(d);
     e->packed = kf_xmalloc(e->len > 0 ? e->len : 1);
     keyflow__v1__function_descriptor__pack(d, e->packed);
+    e->function_id = kf_xstrdup(d->function_id);
     pthread_mutex_lock(&r->fn_lock);
-    fn_forget_locked(r, d->function_id);
+    fn_forget_locked(r, e->function_id);
     if (r->functions.count < KF_FUNCTIONS_MAX) {
-        kf_map_insert(&r->functions, &e->node, d->function_id, strlen(d->function_id));
+        kf_map_insert(&r->functions, &e->node, e->function_id, strlen(e->function_id));
         e = NULL;
     }
     pthread_mutex_unlock(&r->fn_lock);
     if (e != NULL) { /* full: the next call fetches it again */
-        free(e->packed);
-        free(e);
+        fn_entry_free(e);
     }
 }
 
@@ -1651,8 +1657,7 @@ void kf_router_destroy(kf_router_t *r) {
     while (n != NULL) {
         kf_map_node_t *next = kf_map_next(&r->functions, &bucket, n);
         kf_map_remove(&r->functions, n);
-        free(((fn_entry_t *)n)->packed);
-        free(n);
+        fn_entry_free((fn_entry_t *)n);
         n = next;
     }
     kf_map_deinit(&r->functions);

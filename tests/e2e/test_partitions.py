@@ -310,6 +310,23 @@ class FunctionsAcrossPartitions(unittest.TestCase):
         self.assertEqual(info["keys"], str(len(users)))
         self.assertEqual(info["outputSeq"], str(len(rows) + 1), "rows written, all partitions")
 
+    def test_a_deleted_function_goes_from_every_partition_and_may_come_back(self):
+        d = dict(self.descriptor, functionId="rs_deleted", pipelineStateId="rs_deleted.state")
+        self.ok("POST", "/v1/functions", d)
+        users = ["del-%d" % i for i in range(12)]
+        rows = [{"user": u, "ts": self.BASE_US + i, "amount": i} for i, u in enumerate(users)]
+        self.ok("POST", "/v1/functions/rs_deleted/batches",
+                {"producerId": "d", "sequence": 1, "rows": rows})
+        gone = self.ok("DELETE", "/v1/functions/rs_deleted")
+        self.assertEqual((gone.get("deleted"), gone.get("keys"), gone.get("outputRows")),
+                         (True, str(len(users)), str(len(users))), "summed over the partitions")
+        # The router forgot the descriptor it split by; registered again, the
+        # function takes batches as new.
+        self.ok("POST", "/v1/functions", d)
+        self.ok("POST", "/v1/functions/rs_deleted/batches",
+                {"producerId": "d", "sequence": 1, "rows": rows[:3]})
+        self.assertEqual(self.ok("GET", "/v1/functions/rs_deleted")["keys"], "3")
+
     def test_a_tail_follows_every_partition_and_a_trim_goes_by_the_cursor(self):
         from keyflow.v1 import functions_pb2 as F
         from keyflow.v1 import functions_pb2_grpc as FG
