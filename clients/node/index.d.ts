@@ -11,7 +11,8 @@ export type Int64 = number | bigint;
 
 export interface ConnectionOptions {
   /** host:port; default KEYFLOW_ADDR or 127.0.0.1:50051 */
-  addr?: string;
+  /** several endpoints (an array, or comma-separated): a routing client (docs/scaling.md) */
+  addr?: string | string[];
   /** PEM CA file (turns TLS on); default KEYFLOW_TLS_CA */
   tlsCa?: string;
   /** PEM client certificate and key (mTLS); default KEYFLOW_TLS_CERT / KEYFLOW_TLS_KEY */
@@ -192,6 +193,20 @@ export interface OutputPage {
   nextAfterSeq: Int64;
   highWaterSeq: Int64;
   firstRetainedSeq: Int64;
+  /** with several partitions: the partition of this page's rows */
+  partition: number;
+  /** with several partitions: pass as `cursor` for the next page ('' with one) */
+  nextCursor: string;
+}
+
+export interface Placement {
+  partitionCount: number;
+  hash: string;
+  node: string;
+  served: string;
+  partitions: { partition: number; id: string; ready: boolean; reason: string }[];
+  nodes: { name: string; partitions: string; grpcAddress: string; httpAddress: string }[];
+  routes: { method: string; kind: string; fields: string[]; plan: string }[];
 }
 
 export interface TrimResult {
@@ -227,11 +242,17 @@ export class KeyflowError extends Error {
   codeName: string;
   /** the server's message, naming the field and the limit */
   details: string;
+  /** a call for a partition another process serves: that partition */
+  partition?: number;
+  /** ... and its owner, when the server's placement knows it */
+  owner?: { node: string; grpc: string; http: string };
 }
 
 export class Client {
-  constructor(options?: ConnectionOptions | string);
+  constructor(options?: ConnectionOptions | string | string[]);
   readonly addr: string;
+  /** keyflow.v1.Partitions/GetPlacement of this endpoint */
+  placement(): Promise<Placement>;
   /** PushBatch attempts retried so far (UNAVAILABLE, DEADLINE_EXCEEDED) */
   pushRetries: number;
   close(): void;
@@ -264,10 +285,10 @@ export class Client {
     rows?: Row[]; columns?: { [field: string]: Row[string][] }; batch?: object; watermarkUs?: Int64; attempts?: number;
   }): Promise<PushAck>;
   producer(functionId: string, options?: { producerId?: string; nextSequence?: Int64 }): Producer;
-  readOutput(functionId: string, options?: { afterSeq?: Int64; limit?: number; waitMs?: number }): Promise<OutputPage>;
-  tailOutput(functionId: string, options?: { afterSeq?: Int64; maxRowsPerMessage?: number }): OutputTail;
+  readOutput(functionId: string, options?: { afterSeq?: Int64; limit?: number; waitMs?: number; cursor?: string }): Promise<OutputPage>;
+  tailOutput(functionId: string, options?: { afterSeq?: Int64; maxRowsPerMessage?: number; cursor?: string }): OutputTail;
   /** Drops the output rows before beforeSeq (idempotent). */
-  trimOutput(functionId: string, beforeSeq: Int64): Promise<TrimResult>;
+  trimOutput(functionId: string, beforeSeq?: Int64, options?: { beforeCursor?: string }): Promise<TrimResult>;
   /** Deletes the function and everything of it; its id can be registered again. */
   deleteFunction(functionId: string, options?: { allowMissing?: boolean }): Promise<DeleteFunctionResult>;
   /** Forgets a producer: its next batch starts a new producer. */

@@ -236,6 +236,28 @@ class RoutingClient extends Client {
     }
   }
 
+  // The events split by their coordinators' endpoints, one SendEvents call
+  // each; the answers in the events' order. Each endpoint's events are
+  // durable in one write of their own.
+  async sendEvents(events) {
+    const count = await this.partitionCount();
+    const groups = new Map(); // Client -> positions
+    for (let i = 0; i < events.length; i++) {
+      const ev = events[i] || {};
+      const c = await this._clientOf(partitions.ofCoordinator(ev.workflow || '', ev.key || '',
+        count));
+      groups.set(c, [...(groups.get(c) || []), i]);
+    }
+    const out = new Array(events.length);
+    await Promise.all([...groups].map(async ([c, positions]) => {
+      const answers = await c.sendEvents(positions.map((i) => events[i]));
+      positions.forEach((i, k) => {
+        out[i] = answers[k];
+      });
+    }));
+    return out;
+  }
+
   async _each(fn) {
     return Promise.all((await this._servedClients()).map(fn));
   }

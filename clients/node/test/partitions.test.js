@@ -124,6 +124,18 @@ test('events over many keys, a worker on every process, one process restarted', 
     listed.add(run.runId);
   }
   assert.deepStrictEqual(listed, new Set([...runsOfKey.values()].flatMap((s) => [...s])));
+  // SendEvents splits by endpoint and answers in the events' order.
+  const many = keys.map((key) => ({ workflow: wf, key, input: { id: `${key}-many` },
+    id: `${key}-many`, rule: kf.batch({ maxEvents: 4, maxWaitMs: 300 }) }));
+  const answers = await client.sendEvents(many);
+  answers.forEach((a, i) => {
+    assert.ok(!(a instanceof Error), `${keys[i]}: ${a.message}`);
+    assert.strictEqual(partitions.ofRunId(a.runId, COUNT),
+      partitions.ofCoordinator(wf, keys[i], COUNT), keys[i]);
+    acked.set(`${keys[i]}-many`, a.runId);
+  });
+  await waitFor(() => [...acked.keys()].every((id) => seen.has(id)),
+    'every event of SendEvents in a run', 60000);
   const run = await client.getRun(acked.get('key-0-3'));
   assert.strictEqual(run.status, 'completed');
   await worker.stop({ graceMs: 0 }); // before the servers stop
