@@ -129,3 +129,8 @@ void kf_key_run_queue(kf_key_t *k, uint64_t run_seq) {
     kf_key_reset(k);
     kf_key_be64(k, run_seq);
 }
+
+void kf_key_run_live(kf_key_t *k, uint64_t run_seq) {
+    kf_key_reset(k);
+    kf_key_be64(k, run_seq);
+}

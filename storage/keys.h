@@ -10,7 +10,9 @@
  *   coord_journal    <coord key> | seq be64                           -> entry
  *   runs             run_id bytes                                     -> run record
  *   run_index        lp(workflow) | run_seq be64                      -> run_id
- *   run_queue        run_seq be64                                     -> run_id
+ *   run_queue        run_seq be64                                     -> run_id (older builds)
+ *   run_live         run_seq be64                                     -> live run state
+ *   run_state        run_id bytes                                     -> final run state
  *   wakeups          1 | coordinator key                           -> due_ms ord64
  *                    2 | due_ms ord64 | run_id                     -> (empty)
  *
@@ -79,5 +81,6 @@ void kf_key_wakeup(kf_key_t *k, int64_t due_ms, kf_wakeup_type_t type, const voi
                    size_t identity_len);
 void kf_key_run_index(kf_key_t *k, const char *workflow, size_t workflow_len, uint64_t run_seq);
 void kf_key_run_queue(kf_key_t *k, uint64_t run_seq);
+void kf_key_run_live(kf_key_t *k, uint64_t run_seq);
 
 #endif

@@ -39,9 +39,9 @@
     X(KF_CF_META, "default") /* format version, global counters */                                 \
     X(KF_CF_COORD_SNAPSHOTS, "coord_snapshots")                                                    \
     X(KF_CF_COORD_JOURNAL, "coord_journal")                                                        \
-    X(KF_CF_RUNS, "runs")           /* run_id -> run record */                                     \
+    X(KF_CF_RUNS, "runs")           /* run_id -> run body (or whole record) */                     \
     X(KF_CF_RUN_INDEX, "run_index") /* workflow, seq -> run_id */                                  \
-    X(KF_CF_RUN_QUEUE, "run_queue") /* live (pending, leased) runs */                              \
+    X(KF_CF_RUN_QUEUE, "run_queue") /* live runs of older builds (read at start) */                \
     X(KF_CF_WAKEUPS, "wakeups")     /* processing-time timers */                                   \
     X(KF_CF_FUNCTIONS, "functions") /* descriptors */                                              \
     X(KF_CF_STATE, "state")         /* per-key value state */                                      \
@@ -51,7 +51,9 @@
     X(KF_CF_PRODUCERS, "producers")       /* producer sequences and acks */                        \
     X(KF_CF_CHECKPOINTS, "checkpoints")   /* per-function checkpoints */                           \
     X(KF_CF_API_KEYS, "api_keys")         /* store secret, API key hashes */                       \
-    X(KF_CF_OUTPUT_MARKS, "output_marks") /* per output chunk: when written, bytes */
+    X(KF_CF_OUTPUT_MARKS, "output_marks") /* per output chunk: when written, bytes */              \
+    X(KF_CF_RUN_LIVE, "run_live")         /* live runs' state, by run sequence */                  \
+    X(KF_CF_RUN_STATE, "run_state")       /* finished runs' final state, by run_id */
 
 typedef enum kf_cf {
 #define KF_CF_ENUM_(id, name) id,

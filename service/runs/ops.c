@@ -284,16 +284,16 @@ static run_t *leased_run(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd, const char
         return NULL;
     }
     if (r == NULL) {
-        Keyflow__Records__RunRec *rec;
-        if (kf__run_load(ctx, run_id, &rec, err) == KF_OK) {
-            if (rec == NULL) {
+        kf_stored_run_t *sr;
+        if (kf__run_load(ctx, run_id, &sr, err) == KF_OK) {
+            if (sr == NULL) {
                 kf_error_set(err, KF_E_NOT_FOUND, "run_id: no run %s", run_id);
             } else {
-                if (workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, run_id, rec->workflow)) {
+                if (workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, run_id, sr->view.workflow)) {
                     kf_error_set(err, KF_E_PRECONDITION, "run %s is %s", run_id,
-                                 status_word(rec->status));
+                                 status_word(sr->view.status));
                 }
-                keyflow__records__run_rec__free_unpacked(rec, NULL);
+                kf__stored_run_free(sr);
             }
         }
         return NULL;
@@ -442,18 +442,18 @@ void kf_runs_complete(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         return;
     }
     if (r == NULL) {
-        Keyflow__Records__RunRec *rec;
-        if (kf__run_load(ctx, req->run_id, &rec, err) != KF_OK) {
+        kf_stored_run_t *sr;
+        if (kf__run_load(ctx, req->run_id, &sr, err) != KF_OK) {
             kf_ctx_fail(ctx, cmd);
             return;
         }
-        if (rec == NULL) {
+        if (sr == NULL) {
             kf_error_set(err, KF_E_NOT_FOUND, "run_id: no run %s", req->run_id);
             kf_ctx_fail(ctx, cmd);
             return;
         }
-        complete_stale(ctx, cmd, rec);
-        keyflow__records__run_rec__free_unpacked(rec, NULL);
+        complete_stale(ctx, cmd, &sr->view);
+        kf__stored_run_free(sr);
         return;
     }
     if (!workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, req->run_id, r->workflow) ||
@@ -503,7 +503,7 @@ void kf_runs_cancel(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     Keyflow__V1__CancelRunResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__cancel_run_response__init(resp);
     run_t *r = kf__run_find(rs, req->run_id);
-    Keyflow__Records__RunRec *rec = NULL;
+    kf_stored_run_t *sr = NULL;
     kf_open_window_t window;
     if (refuse_deleted(ctx, cmd, r, req->run_id)) {
         return;
@@ -531,20 +531,20 @@ void kf_runs_cancel(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             return;
         }
         resp->run = kf__run_to_pb(cmd->arena, ctx, r, false);
-    } else if (kf__run_load(ctx, req->run_id, &rec, err) != KF_OK) {
+    } else if (kf__run_load(ctx, req->run_id, &sr, err) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
-    } else if (rec != NULL) {
+    } else if (sr != NULL) {
         /* Live runs are all in memory: this one finished. */
         bool allowed =
-            workflow_allowed(cmd, KF_SCOPE_COORDINATORS_WRITE, req->run_id, rec->workflow);
-        if (allowed && rec->status != ST_CANCELLED) {
+            workflow_allowed(cmd, KF_SCOPE_COORDINATORS_WRITE, req->run_id, sr->view.workflow);
+        if (allowed && sr->view.status != ST_CANCELLED) {
             kf_error_set(err, KF_E_PRECONDITION, "run_id: run %s already finished %s", req->run_id,
-                         status_word(rec->status));
+                         status_word(sr->view.status));
         } else if (allowed) {
-            resp->run = kf__rec_to_pb(cmd->arena, ctx, rec, false);
+            resp->run = kf__rec_to_pb(cmd->arena, ctx, &sr->view, false);
         }
-        keyflow__records__run_rec__free_unpacked(rec, NULL);
+        kf__stored_run_free(sr);
         if (resp->run == NULL) {
             kf_ctx_fail(ctx, cmd);
             return;
@@ -589,16 +589,16 @@ static Keyflow__V1__Run *resolve(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd, co
         *finished = kf__run_finished(r->status);
         return kf__run_to_pb(cmd->arena, ctx, r, false);
     }
-    Keyflow__Records__RunRec *rec;
-    if (kf__run_load(ctx, run_id, &rec, err) != KF_OK) {
+    kf_stored_run_t *sr;
+    if (kf__run_load(ctx, run_id, &sr, err) != KF_OK) {
         return NULL;
     }
-    if (rec != NULL) {
+    if (sr != NULL) {
         Keyflow__V1__Run *p = NULL;
-        if (workflow_allowed(cmd, KF_SCOPE_RUNS_READ, run_id, rec->workflow)) {
-            p = kf__rec_to_pb(cmd->arena, ctx, rec, false);
+        if (workflow_allowed(cmd, KF_SCOPE_RUNS_READ, run_id, sr->view.workflow)) {
+            p = kf__rec_to_pb(cmd->arena, ctx, &sr->view, false);
         }
-        keyflow__records__run_rec__free_unpacked(rec, NULL);
+        kf__stored_run_free(sr);
         return p;
     }
     kf_open_window_t w;
@@ -941,15 +941,15 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         if (r != NULL) {
             p = r->deleted ? NULL : kf__run_to_pb(cmd->arena, ctx, r, false);
         } else {
-            Keyflow__Records__RunRec *rec;
-            if (kf__run_load(ctx, run_id, &rec, err) != KF_OK) {
+            kf_stored_run_t *sr;
+            if (kf__run_load(ctx, run_id, &sr, err) != KF_OK) {
                 kf_iter_destroy(it);
                 kf_ctx_fail(ctx, cmd);
                 return;
             }
-            if (rec != NULL) {
-                p = kf__rec_to_pb(cmd->arena, ctx, rec, false);
-                keyflow__records__run_rec__free_unpacked(rec, NULL);
+            if (sr != NULL) {
+                p = kf__rec_to_pb(cmd->arena, ctx, &sr->view, false);
+                kf__stored_run_free(sr);
             }
         }
         if (p != NULL && (req->status == 0 || (int)p->status == (int)req->status)) {

@@ -234,16 +234,6 @@ void kf__run_to_rec(const run_t *r, Keyflow__Records__RunRec *rec,
     rec->event_ids_dropped = r->event_ids_dropped;
 }
 
-void kf__run_save(kf_ctx_t *ctx, const run_t *r) {
-    Keyflow__Records__RunRec rec;
-    Keyflow__Records__RetryRec retry;
-    kf__run_to_rec(r, &rec, &retry);
-    kf_key_t k;
-    kf_key_reset(&k);
-    kf_key_raw(&k, r->run_id, strlen(r->run_id));
-    kf_ctx_put_msg(ctx, KF_CF_RUNS, &k, &rec.base);
-}
-
 Keyflow__V1__Run *kf__rec_to_pb(kf_arena_t *arena, const kf_ctx_t *ctx,
                                 const Keyflow__Records__RunRec *rec, bool with_lease) {
     Keyflow__V1__Run *p = kf_arena_new(arena, sizeof *p);
@@ -395,55 +385,6 @@ static void run_free(run_t *r) {
     free(r);
 }
 
-/* A run record as this engine writes it: every record read back goes
- * through here (kf__run_load), so nothing past it meets an identifier,
- * status, kind, policy or lease that the engine could not have produced.
- * Records of older builds lack the later fields; their zero values are
- * valid (no key limit, no policy, not delayed, not cancelled). */
-static bool rec_valid(const Keyflow__Records__RunRec *rec) {
-    size_t lease_len = strlen(rec->lease);
-    bool lease_ok = rec->status == ST_LEASED ? lease_len == KF_LEASE_BYTES
-                                             : lease_len == 0 || lease_len == KF_LEASE_BYTES;
-    bool status_ok = rec->status == ST_PENDING || rec->status == ST_LEASED ||
-                     rec->status == ST_DELAYED || kf__run_finished(rec->status);
-    kf_retry_policy_t retry;
-    bool ids_ok = rec->n_event_ids <= KF_RUN_EVENT_IDS_MAX && rec->event_ids_dropped >= 0;
-    for (size_t i = 0; ids_ok && i < rec->n_event_ids; i++) {
-        size_t len = strlen(rec->event_ids[i]);
-        ids_ok = len > 0 && len <= KF_EVENT_ID_BYTES_MAX;
-    }
-    return rec->run_id[0] != '\0' && strlen(rec->run_id) <= KF_RUN_ID_BYTES_MAX &&
-           strlen(rec->workflow) <= KF_WORKFLOW_BYTES_MAX && strlen(rec->key) <= KF_KEY_BYTES_MAX &&
-           strlen(rec->worker_id) <= KF_WORKER_ID_BYTES_MAX &&
-           (rec->kind == KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE ||
-            rec->kind == KEYFLOW__V1__RULE_KIND__RULE_KIND_BATCH) &&
-           status_ok && lease_ok && rec->key_concurrency >= 0 &&
-           rec->key_concurrency <= KF_KEY_CONCURRENCY_MAX &&
-           kf__retry_from_rec(rec->retry, &retry) &&
-           strlen(rec->last_error) <= KF_RUN_ERROR_BYTES_MAX && ids_ok;
-}
-
-kf_status_t kf__run_load(kf_ctx_t *ctx, const char *run_id, Keyflow__Records__RunRec **out,
-                         kf_error_t *err) {
-    kf_value_t v;
-    bool found;
-    *out = NULL;
-    kf_status_t st = kf_store_get(ctx->store, KF_CF_RUNS, run_id, strlen(run_id), &v, &found, err);
-    if (st != KF_OK || !found) {
-        return st;
-    }
-    *out = keyflow__records__run_rec__unpack(NULL, v.len, v.data);
-    kf_store_value_free(&v);
-    if (*out == NULL || !rec_valid(*out)) {
-        if (*out != NULL) {
-            keyflow__records__run_rec__free_unpacked(*out, NULL);
-            *out = NULL;
-        }
-        return kf_error_set(err, KF_E_CORRUPT, "runs: undecodable record for %s", run_id);
-    }
-    return KF_OK;
-}
-
 /* ---- state changes -------------------------------------------------------- */
 
 static void set_wakeup(kf_ctx_t *ctx, run_t *r, int64_t due_ms) {
@@ -559,10 +500,7 @@ void kf__run_finish(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, int status, const ch
     r->finished_ms = r->updated_ms = ctx->now_ms;
     set_text(&r->result_json, result);
     set_text(&r->error, error);
-    kf_key_t k;
-    kf_key_run_queue(&k, r->seq);
-    kf_ctx_delete(ctx, KF_CF_RUN_QUEUE, &k);
-    kf__run_save(ctx, r);
+    kf__run_save(ctx, r); /* its final state; the live record goes */
     set_wakeup(ctx, r, kf_time_add_sat(ctx->now_ms, retention_ms(ctx)));
     evict_push(rs, r, ctx->group_id);
     kf_counter_add(status == ST_COMPLETED ? KF_C_RUNS_COMPLETED
@@ -627,12 +565,15 @@ void kf__run_attempt_failed(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, const char *
     kf__runs_publish(rs);
 }
 
+/* Retention's end: the run's records go (a whole record of an older build
+ * has no state record; deleting the absent one costs nothing). */
 static void delete_stored(kf_ctx_t *ctx, const char *run_id, const char *workflow, uint64_t seq,
                           int64_t wakeup_due_ms) {
     kf_key_t k;
     kf_key_reset(&k);
     kf_key_raw(&k, run_id, strlen(run_id));
     kf_ctx_delete(ctx, KF_CF_RUNS, &k);
+    kf_ctx_delete(ctx, KF_CF_RUN_STATE, &k);
     kf_key_run_index(&k, workflow, strlen(workflow), seq);
     kf_ctx_delete(ctx, KF_CF_RUN_INDEX, &k);
     if (wakeup_due_ms != KF_NO_WAKEUP) {
@@ -678,8 +619,7 @@ uint64_t kf_runs_start(kf_runs_t *rs, kf_ctx_t *ctx, const kf_run_spec_t *spec) 
     kf_ctx_put(ctx, KF_CF_META, &k, seq_be, sizeof seq_be);
     kf_key_run_index(&k, r->workflow, strlen(r->workflow), r->seq);
     kf_ctx_put(ctx, KF_CF_RUN_INDEX, &k, r->run_id, strlen(r->run_id));
-    kf_key_run_queue(&k, r->seq);
-    kf_ctx_put(ctx, KF_CF_RUN_QUEUE, &k, r->run_id, strlen(r->run_id));
+    kf__run_save_body(ctx, r);
     kf_counter_add(KF_C_RUNS_CREATED, 1);
     if (spec->options.start_after_ms > 0) {
         to_delayed(rs, ctx, r, kf_time_add_sat(ctx->now_ms, spec->options.start_after_ms));
@@ -816,21 +756,21 @@ uint32_t kf_runs_sweep(kf_runs_t *rs, kf_ctx_t *ctx, uint32_t limit) {
         if (kf__run_find(rs, run_id) != NULL) {
             continue; /* in memory: its own timer handles it */
         }
-        Keyflow__Records__RunRec *rec;
-        if (kf__run_load(ctx, run_id, &rec, &err) != KF_OK) {
+        kf_stored_run_t *sr;
+        if (kf__run_load(ctx, run_id, &sr, &err) != KF_OK) {
             continue;
         }
         kf_key_t wk;
         kf_key_reset(&wk);
         kf_key_raw(&wk, k, klen);
-        if (rec == NULL) {
+        if (sr == NULL) {
             kf_ctx_delete(ctx, KF_CF_WAKEUPS, &wk); /* stale: the run is gone */
             continue;
         }
-        if (kf__run_finished(rec->status)) {
-            delete_stored(ctx, run_id, rec->workflow, rec->seq, due);
+        if (kf__run_finished(sr->view.status)) {
+            delete_stored(ctx, run_id, sr->view.workflow, sr->view.seq, due);
         }
-        keyflow__records__run_rec__free_unpacked(rec, NULL);
+        kf__stored_run_free(sr);
     }
     kf_iter_destroy(it);
     return examined;
@@ -844,6 +784,129 @@ void kf_runs_evict(kf_runs_t *rs, kf_ctx_t *ctx) {
 }
 
 /* ---- recovery ------------------------------------------------------------ */
+
+/* A recovered live run joins the table. */
+static void recover_run(kf_runs_t *rs, run_t *r) {
+    run_insert(rs, r);
+    group_join(rs, r);
+    switch (r->status) {
+    case ST_PENDING: enqueue(rs, r); break;
+    case ST_LEASED:
+        rs->leased++;
+        r->group->leased++;
+        break;
+    case ST_DELAYED: rs->delayed++; break;
+    default: KF_UNREACHABLE();
+    }
+}
+
+/* One live run of an older build, listed in run_queue by its ID: its whole
+ * record is read, and it moves to run_live (the record stays as its body).
+ * `k` is its run_queue key. */
+static kf_status_t recover_queued(kf_runs_t *rs, kf_ctx_t *ctx, const kf_key_t *k,
+                                  const char *run_id, run_t **out, kf_error_t *err) {
+    kf_stored_run_t *sr;
+    kf_status_t st = kf__run_load(ctx, run_id, &sr, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    if (sr == NULL || sr->state != NULL || kf__run_finished(sr->view.status) ||
+        sr->view.seq >= rs->next_seq) {
+        kf__stored_run_free(sr);
+        return kf_error_set(err, KF_E_CORRUPT, "run_queue: %s is not a live run", run_id);
+    }
+    *out = run_from_rec(&sr->view);
+    kf__stored_run_free(sr);
+    kf_ctx_delete(ctx, KF_CF_RUN_QUEUE, k);
+    kf__run_save(ctx, *out);
+    return KF_OK;
+}
+
+/* One live run from its live record and its body. */
+static kf_status_t recover_live(kf_runs_t *rs, kf_ctx_t *ctx, uint64_t seq, const void *value,
+                                size_t len, run_t **out, kf_error_t *err) {
+    Keyflow__Records__RunLiveRec *live = keyflow__records__run_live_rec__unpack(NULL, len, value);
+    if (live == NULL || !kf__run_live_valid(live)) {
+        if (live != NULL) {
+            keyflow__records__run_live_rec__free_unpacked(live, NULL);
+        }
+        return kf_error_set(err, KF_E_CORRUPT, "run_live: undecodable record at %llu",
+                            (unsigned long long)seq);
+    }
+    Keyflow__Records__RunRec *body;
+    kf_status_t st = kf__run_load_body(ctx, live->run_id, &body, err);
+    if (st == KF_OK && (body == NULL || body->seq != seq || seq >= rs->next_seq ||
+                        strcmp(body->workflow, live->workflow) != 0)) {
+        st = kf_error_set(err, KF_E_CORRUPT, "run_live: %s has no body of its own", live->run_id);
+    }
+    if (st == KF_OK) {
+        Keyflow__Records__RunRec view = *body;
+        kf__overlay_live(&view, live);
+        *out = run_from_rec(&view);
+    }
+    if (body != NULL) {
+        keyflow__records__run_rec__free_unpacked(body, NULL);
+    }
+    keyflow__records__run_live_rec__free_unpacked(live, NULL);
+    return st;
+}
+
+/* Every live run listed in `cf` (run_queue of older builds, run_live), in
+ * run sequence order. */
+static kf_status_t recover_family(kf_runs_t *rs, kf_ctx_t *ctx, kf_cf_t cf, kf_error_t *err) {
+    kf_iter_t *it;
+    kf_status_t st = kf_iter_create(ctx->store, cf, NULL, 0, NULL, 0, &it, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    for (kf_iter_seek_first(it); kf_iter_valid(it) && st == KF_OK; kf_iter_next(it)) {
+        size_t klen, vlen;
+        const uint8_t *kb = kf_iter_key(it, &klen);
+        const char *val = kf_iter_value(it, &vlen);
+        kf_key_reader_t rd = kf_key_reader(kb, klen);
+        uint64_t seq;
+        if (!kf_key_read_be64(&rd, &seq) || rd.left != 0) {
+            st = kf_error_set(err, KF_E_CORRUPT, "%s: malformed key", kf_cf_name(cf));
+            break;
+        }
+        run_t *r = NULL;
+        if (cf == KF_CF_RUN_QUEUE) {
+            char run_id[KF_RUN_ID_BYTES_MAX + 1];
+            if (vlen == 0 || vlen > KF_RUN_ID_BYTES_MAX) {
+                st = kf_error_set(err, KF_E_CORRUPT, "run_queue: malformed entry");
+                break;
+            }
+            memcpy(run_id, val, vlen);
+            run_id[vlen] = '\0';
+            if (kf__run_find(rs, run_id) != NULL) {
+                st = kf_error_set(err, KF_E_CORRUPT,
+                                  "run_queue: %s is not a live run, or is listed twice", run_id);
+                break;
+            }
+            kf_key_t k;
+            kf_key_reset(&k);
+            kf_key_raw(&k, kb, klen);
+            st = recover_queued(rs, ctx, &k, run_id, &r, err);
+        } else {
+            st = recover_live(rs, ctx, seq, val, vlen, &r, err);
+        }
+        if (st != KF_OK) {
+            break;
+        }
+        if (r->seq != seq || kf__run_find(rs, r->run_id) != NULL) {
+            st = kf_error_set(err, KF_E_CORRUPT, "%s: %s is not a live run, or is listed twice",
+                              kf_cf_name(cf), r->run_id);
+            run_free(r);
+            break;
+        }
+        recover_run(rs, r);
+    }
+    if (st == KF_OK) {
+        st = kf_iter_status(it, err);
+    }
+    kf_iter_destroy(it);
+    return st;
+}
 
 kf_status_t kf_runs_recover(kf_runs_t *rs, kf_ctx_t *ctx, kf_error_t *err) {
     kf_value_t v;
@@ -861,52 +924,11 @@ kf_status_t kf_runs_recover(kf_runs_t *rs, kf_ctx_t *ctx, kf_error_t *err) {
         rs->next_seq = kf_get_be64(v.data);
         kf_store_value_free(&v);
     }
-    kf_iter_t *it;
-    if ((st = kf_iter_create(ctx->store, KF_CF_RUN_QUEUE, NULL, 0, NULL, 0, &it, err)) != KF_OK) {
-        return st;
+    /* run_live first: a run of an older build found there too is listed
+     * twice. */
+    if ((st = recover_family(rs, ctx, KF_CF_RUN_LIVE, err)) == KF_OK) {
+        st = recover_family(rs, ctx, KF_CF_RUN_QUEUE, err);
     }
-    /* In run sequence order, so each key's pending runs queue up in order. */
-    for (kf_iter_seek_first(it); kf_iter_valid(it) && st == KF_OK; kf_iter_next(it)) {
-        size_t vlen;
-        const char *val = kf_iter_value(it, &vlen);
-        char run_id[KF_RUN_ID_BYTES_MAX + 1];
-        if (vlen == 0 || vlen > KF_RUN_ID_BYTES_MAX) {
-            st = kf_error_set(err, KF_E_CORRUPT, "run_queue: malformed entry");
-            break;
-        }
-        memcpy(run_id, val, vlen);
-        run_id[vlen] = '\0';
-        Keyflow__Records__RunRec *rec;
-        if ((st = kf__run_load(ctx, run_id, &rec, err)) != KF_OK) {
-            break;
-        }
-        if (rec == NULL || kf__run_finished(rec->status) || rec->seq >= rs->next_seq ||
-            strcmp(rec->run_id, run_id) != 0 || kf__run_find(rs, run_id) != NULL) {
-            st = kf_error_set(err, KF_E_CORRUPT,
-                              "run_queue: %s is not a live run, or is listed twice", run_id);
-            if (rec) {
-                keyflow__records__run_rec__free_unpacked(rec, NULL);
-            }
-            break;
-        }
-        run_t *r = run_from_rec(rec);
-        keyflow__records__run_rec__free_unpacked(rec, NULL);
-        run_insert(rs, r);
-        group_join(rs, r);
-        switch (r->status) {
-        case ST_PENDING: enqueue(rs, r); break;
-        case ST_LEASED:
-            rs->leased++;
-            r->group->leased++;
-            break;
-        case ST_DELAYED: rs->delayed++; break;
-        default: KF_UNREACHABLE();
-        }
-    }
-    if (st == KF_OK) {
-        st = kf_iter_status(it, err);
-    }
-    kf_iter_destroy(it);
     kf__runs_publish(rs);
     return st;
 }

@@ -18,10 +18,12 @@
  * Invariants
  *   1. A run is created in the same write that closes its window, exactly
  *      once (the coordinator journal records it; replay never re-creates).
- *   2. Live runs (PENDING, DELAYED, LEASED) are in memory and in the
- *      run_queue family; finished runs stay in memory only until their
+ *   2. Live runs (PENDING, DELAYED, LEASED) are in memory and each has a
+ *      live record (run_live); finished runs stay in memory only until their
  *      finishing write is durable, then live on disk until retention
- *      deletes them.
+ *      deletes them. A run's body (its input, event IDs, options) is written
+ *      once, when it starts; state changes write its small live record, and
+ *      its finish a final state record (runs_int.h, records.c).
  *   3. A lease is a fresh UUID per attempt; completing, heartbeating or
  *      releasing with any other lease is FAILED_PRECONDITION and changes
  *      nothing.

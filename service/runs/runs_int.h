@@ -158,21 +158,57 @@ void kf__runs_publish(const kf_runs_t *rs);
 int64_t kf__runs_attempts_max(const kf_ctx_t *ctx, const run_t *r);
 /* The run in memory, tombstones included (see run_t.deleted). */
 run_t *kf__run_find(const kf_runs_t *rs, const char *run_id);
-/* Reads a finished run's record (live runs are all in memory). *out NULL
- * when there is none; KF_E_CORRUPT for one this engine could not have
- * written. Free with keyflow__records__run_rec__free_unpacked. */
-kf_status_t kf__run_load(kf_ctx_t *ctx, const char *run_id, Keyflow__Records__RunRec **out,
-                         kf_error_t *err);
 /* The API view; strings are copied into the arena. The lease token goes
  * only to the worker that holds it. */
 Keyflow__V1__Run *kf__run_to_pb(kf_arena_t *arena, const kf_ctx_t *ctx, const run_t *r,
                                 bool with_lease);
 Keyflow__V1__Run *kf__rec_to_pb(kf_arena_t *arena, const kf_ctx_t *ctx,
                                 const Keyflow__Records__RunRec *rec, bool with_lease);
-void kf__run_save(kf_ctx_t *ctx, const run_t *r);
-/* The run as its record; the record borrows r's strings and `retry`. */
+/* The run as one whole record (the view kf__rec_to_pb and the stale
+ * completion checks read); it borrows r's strings and `retry`. */
 void kf__run_to_rec(const run_t *r, Keyflow__Records__RunRec *rec,
                     Keyflow__Records__RetryRec *retry);
+
+/* ---- records.c: stored forms ---------------------------------------------- */
+
+enum {
+    KF_RUN_LAYOUT_WHOLE = 0, /* RunRec of older builds: body and state */
+    KF_RUN_LAYOUT_SPLIT = 1, /* RunRec is the body; RunLiveRec / RunStateRec the state */
+};
+
+/* A run read back from the store: its body and, once finished, its final
+ * state, merged into `view` (a whole record borrowing from both). */
+typedef struct kf_stored_run {
+    Keyflow__Records__RunRec *body;       /* owned */
+    Keyflow__Records__RunStateRec *state; /* owned; NULL: the body is a whole record */
+    Keyflow__Records__RunRec view;
+} kf_stored_run_t;
+
+/* Reads a run that is not in memory (a finished one: live runs are all in
+ * memory). *out NULL when there is none; KF_E_CORRUPT for records this
+ * engine could not have written. Free with kf__stored_run_free. */
+kf_status_t kf__run_load(kf_ctx_t *ctx, const char *run_id, kf_stored_run_t **out, kf_error_t *err);
+void kf__stored_run_free(kf_stored_run_t *s);
+/* Reads a run's body alone (its body fields are checked, whatever the
+ * layout). *out NULL when there is none. Free with
+ * keyflow__records__run_rec__free_unpacked. */
+kf_status_t kf__run_load_body(kf_ctx_t *ctx, const char *run_id, Keyflow__Records__RunRec **out,
+                              kf_error_t *err);
+/* A live run's state into a body's view (both borrowed by it). */
+void kf__overlay_live(Keyflow__Records__RunRec *view, const Keyflow__Records__RunLiveRec *live);
+/* Whether a live record is one this engine could have written. */
+bool kf__run_live_valid(const Keyflow__Records__RunLiveRec *rec);
+/* The records of runs.c's table; each borrows r's strings and `retry`. */
+void kf__run_to_body(const run_t *r, Keyflow__Records__RunRec *rec,
+                     Keyflow__Records__RetryRec *retry);
+void kf__run_to_live(const run_t *r, Keyflow__Records__RunLiveRec *rec,
+                     Keyflow__Records__RetryRec *retry);
+void kf__run_to_state(const run_t *r, Keyflow__Records__RunStateRec *rec);
+/* Writes the body: once, when the run starts. */
+void kf__run_save_body(kf_ctx_t *ctx, const run_t *r);
+/* Writes the run's state after a change: its live record while it is live;
+ * its final state (and the live record's deletion) once it finished. */
+void kf__run_save(kf_ctx_t *ctx, const run_t *r);
 
 /* The oldest ready run among `workflows` (all when n == 0), or NULL. */
 run_t *kf__runs_oldest_ready(kf_runs_t *rs, char **workflows, size_t n);

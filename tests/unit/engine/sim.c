@@ -75,7 +75,30 @@ void sim_close(sim_t *sim) {
     kf_arena_deinit(&sim->arena);
 }
 
+bool sim_get_raw(sim_t *sim, kf_cf_t cf, const void *key, size_t key_len, kf_value_t *value) {
+    bool found;
+    kf_error_t err;
+    cr_assert_eq(kf_store_get(sim->store, cf, key, key_len, value, &found, &err), KF_OK, "%s",
+                 err.message);
+    return found;
+}
+
+size_t sim_count_raw(sim_t *sim, kf_cf_t cf) {
+    kf_iter_t *it;
+    kf_error_t err;
+    cr_assert_eq(kf_iter_create(sim->store, cf, NULL, 0, NULL, 0, &it, &err), KF_OK, "%s",
+                 err.message);
+    size_t n = 0;
+    for (kf_iter_seek_first(it); kf_iter_valid(it); kf_iter_next(it)) {
+        n++;
+    }
+    cr_assert_eq(kf_iter_status(it, &err), KF_OK, "%s", err.message);
+    kf_iter_destroy(it);
+    return n;
+}
+
 void sim_step(sim_t *sim) {
+    sim->step_bytes = kf_batch_bytes(sim->batch);
     if (kf_batch_count(sim->batch) > 0) {
         kf_error_t err;
         kf_core_seal_group(sim->batch, sim->group);
@@ -264,6 +287,29 @@ kf_cmd_t *sim_complete(sim_t *sim, const char *run_id, const char *lease, const 
         req->error = kf_arena_strdup(&sim->arena, error);
     }
     return sim_exec(sim, KF_OP_COMPLETE_RUN, &req->base);
+}
+
+kf_cmd_t *sim_release(sim_t *sim, const char *run_id, const char *lease) {
+    Keyflow__V1__ReleaseRunRequest *req =
+        NEW(Keyflow__V1__ReleaseRunRequest, keyflow__v1__release_run_request__init);
+    req->run_id = kf_arena_strdup(&sim->arena, run_id);
+    req->lease = kf_arena_strdup(&sim->arena, lease);
+    return sim_exec(sim, KF_OP_RELEASE_RUN, &req->base);
+}
+
+kf_cmd_t *sim_heartbeat(sim_t *sim, const char *run_id, const char *lease) {
+    Keyflow__V1__HeartbeatRunRequest *req =
+        NEW(Keyflow__V1__HeartbeatRunRequest, keyflow__v1__heartbeat_run_request__init);
+    req->run_id = kf_arena_strdup(&sim->arena, run_id);
+    req->lease = kf_arena_strdup(&sim->arena, lease);
+    return sim_exec(sim, KF_OP_HEARTBEAT_RUN, &req->base);
+}
+
+kf_cmd_t *sim_cancel_run(sim_t *sim, const char *run_id) {
+    Keyflow__V1__CancelRunRequest *req =
+        NEW(Keyflow__V1__CancelRunRequest, keyflow__v1__cancel_run_request__init);
+    req->run_id = kf_arena_strdup(&sim->arena, run_id);
+    return sim_exec(sim, KF_OP_CANCEL_RUN, &req->base);
 }
 
 kf_cmd_t *sim_get(sim_t *sim, const char *run_id) {

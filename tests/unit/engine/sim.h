@@ -27,6 +27,7 @@ typedef struct sim {
     kf_batch_t *batch;
     kf_arena_t arena; /* requests and responses of the test */
     uint64_t seed;
+    size_t step_bytes; /* what the latest sim_step wrote (kf_batch_bytes; 0: nothing) */
 } sim_t;
 
 void sim_open(sim_t *sim, uint64_t seed);
@@ -43,6 +44,11 @@ kf_status_t sim_restart_status(sim_t *sim, kf_error_t *err);
 /* Writes one record straight to the store, as corruption or a bug would. */
 void sim_put_raw(sim_t *sim, kf_cf_t cf, const void *key, size_t key_len, const void *value,
                  size_t value_len);
+/* Reads one record straight from the store: true and *value (free with
+ * kf_store_value_free) when the key is present. */
+bool sim_get_raw(sim_t *sim, kf_cf_t cf, const void *key, size_t key_len, kf_value_t *value);
+/* Counts the records of one family. */
+size_t sim_count_raw(sim_t *sim, kf_cf_t cf);
 /* Answers handler calls that are out (config.defer_handler_calls), then steps. */
 void sim_pump(sim_t *sim);
 /* Runs up to `steps_max` steps of the engine's own work (follow-on timer
@@ -78,6 +84,9 @@ kf_cmd_t *sim_poll(sim_t *sim, const char *workflow, int64_t lease_ms, int64_t m
                    int64_t wait_ms);
 kf_cmd_t *sim_complete(sim_t *sim, const char *run_id, const char *lease, const char *result,
                        const char *error);
+kf_cmd_t *sim_release(sim_t *sim, const char *run_id, const char *lease);
+kf_cmd_t *sim_heartbeat(sim_t *sim, const char *run_id, const char *lease);
+kf_cmd_t *sim_cancel_run(sim_t *sim, const char *run_id);
 kf_cmd_t *sim_get(sim_t *sim, const char *run_id);
 
 /* Shorthands for responses. */

@@ -89,26 +89,15 @@ static kf_cmd_t *complete_error(const char *run_id, const char *lease, const cha
 }
 
 static kf_cmd_t *cancel(const char *run_id) {
-    Keyflow__V1__CancelRunRequest *req = kf_arena_zalloc(&sim.arena, sizeof *req);
-    keyflow__v1__cancel_run_request__init(req);
-    req->run_id = kf_arena_strdup(&sim.arena, run_id);
-    return sim_exec(&sim, KF_OP_CANCEL_RUN, &req->base);
+    return sim_cancel_run(&sim, run_id);
 }
 
 static kf_cmd_t *release(const char *run_id, const char *lease) {
-    Keyflow__V1__ReleaseRunRequest *req = kf_arena_zalloc(&sim.arena, sizeof *req);
-    keyflow__v1__release_run_request__init(req);
-    req->run_id = kf_arena_strdup(&sim.arena, run_id);
-    req->lease = kf_arena_strdup(&sim.arena, lease);
-    return sim_exec(&sim, KF_OP_RELEASE_RUN, &req->base);
+    return sim_release(&sim, run_id, lease);
 }
 
 static kf_cmd_t *heartbeat(const char *run_id, const char *lease) {
-    Keyflow__V1__HeartbeatRunRequest *req = kf_arena_zalloc(&sim.arena, sizeof *req);
-    keyflow__v1__heartbeat_run_request__init(req);
-    req->run_id = kf_arena_strdup(&sim.arena, run_id);
-    req->lease = kf_arena_strdup(&sim.arena, lease);
-    return sim_exec(&sim, KF_OP_HEARTBEAT_RUN, &req->base);
+    return sim_heartbeat(&sim, run_id, lease);
 }
 
 static kf_cmd_t *get_wait(const char *run_id, int64_t wait_ms) {
