@@ -31,6 +31,9 @@
     X(KF_G_RUNS_DELAYED, "keyflow_runs_delayed",                                                   \
       "Runs waiting for a start delay or retry backoff")                                           \
     X(KF_G_RUN_WAITS, "keyflow_run_waits", "GetRun calls waiting for a run to finish")             \
+    X(KF_G_RUNS_MEMORY_BYTES, "keyflow_runs_memory_bytes",                                         \
+      "Bytes the run table holds (runs, their details and unsettled bodies), allocator "           \
+      "overhead and hash buckets aside")                                                           \
     X(KF_G_PARKED_POLLS, "keyflow_parked_polls", "PollRuns calls waiting for a run")               \
     X(KF_G_PARKED_READS, "keyflow_parked_reads", "ReadOutput/TailOutput reads waiting for rows")   \
     X(KF_G_TIMERS, "keyflow_timers", "Processing-time timers armed")                               \

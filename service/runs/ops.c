@@ -13,6 +13,7 @@
 #include "base/bytes.h"
 #include "base/crypto.h"
 #include "base/json.h"
+#include "base/log.h"
 #include "base/metrics.h"
 #include "base/text.h"
 #include "runs/runs_int.h"
@@ -32,7 +33,7 @@ static const char *status_word(int status) {
 /* A tombstone (see kf_runs_fire) answers like a run that does not exist;
  * it must not fall through to the older stored record. */
 static bool refuse_deleted(kf_ctx_t *ctx, kf_cmd_t *cmd, const run_t *r, const char *run_id) {
-    if (r == NULL || !r->deleted) {
+    if (r == NULL || !(r->flags & RUN_DELETED)) {
         return false;
     }
     kf_error_set(&cmd->error, KF_E_NOT_FOUND, "run_id: no run %s", run_id);
@@ -56,26 +57,52 @@ void kf__poll_unlink(kf_runs_t *rs, poller_t *p) {
     rs->polls--;
 }
 
+/* Leases one ready run to the poll: its body and texts are read first, so
+ * that a failed read leases nothing. */
+static kf_status_t lease_one(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd, run_t *r,
+                             int64_t lease_ms, kf_error_t *err) {
+    const Keyflow__V1__PollRunsRequest *req = (const Keyflow__V1__PollRunsRequest *)cmd->request;
+    Keyflow__V1__PollRunsResponse *resp = (Keyflow__V1__PollRunsResponse *)cmd->response;
+    run_view_t v;
+    kf_status_t st = kf__run_detail(rs, ctx, r, err);
+    if (st == KF_OK) {
+        st = kf__run_view_open(ctx, r, true, &v, err);
+    }
+    if (st != KF_OK) {
+        return st;
+    }
+    kf__run_lease(rs, ctx, r, req->worker_id, cmd->principal, lease_ms);
+    kf__run_view_refresh(&v, r);
+    resp->runs[resp->n_runs++] = kf__rec_to_pb(cmd->arena, ctx, &v.rec, true);
+    kf__run_view_close(&v);
+    return KF_OK;
+}
+
 /* Leases up to the poll's max_runs into its response; returns how many.
  * A ready run whose key has no free slot moves to its key's blocked queue
- * on the way (each run at most once per poll). */
-static size_t fill_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
+ * on the way (each run at most once per poll). A run that cannot be read
+ * ends the filling: *err says why (the runs leased before it stand). */
+static size_t fill_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd, kf_error_t *err) {
     const Keyflow__V1__PollRunsRequest *req = (const Keyflow__V1__PollRunsRequest *)cmd->request;
     Keyflow__V1__PollRunsResponse *resp = (Keyflow__V1__PollRunsResponse *)cmd->response;
     int64_t max_runs = req->max_runs > 0 ? req->max_runs : 1;
     int64_t lease_ms = req->lease_ms > 0 ? req->lease_ms : KF_LEASE_MS_DEFAULT;
     size_t got = 0;
+    kf_error_clear(err);
     while ((int64_t)resp->n_runs < max_runs) {
         run_t *r = kf__runs_oldest_ready(rs, req->workflows, req->n_workflows);
         if (r == NULL) {
             break;
         }
-        if (!kf__run_may_lease(r)) {
+        if (!kf__run_may_lease(rs, r)) {
             kf__run_block(rs, r);
             continue;
         }
-        kf__run_lease(rs, ctx, r, req->worker_id, cmd->principal, lease_ms);
-        resp->runs[resp->n_runs++] = kf__run_to_pb(cmd->arena, ctx, r, true);
+        if (lease_one(rs, ctx, cmd, r, lease_ms, err) != KF_OK) {
+            kf_log_kv(KF_LOG_ERROR, "runs", "cannot lease a run", KF_LOG_STR("run_id", r->run_id),
+                      KF_LOG_STR("error", err->message));
+            break;
+        }
         got++;
     }
     return got;
@@ -87,10 +114,21 @@ void kf__runs_serve_parked(kf_runs_t *rs, kf_ctx_t *ctx) {
         poller_t *next = p->next;
         /* A poll whose key was revoked since it parked leases nothing: the
          * sweep (kf_runs_end_revoked) answers it at this engine's next turn. */
-        if (!kf_principal_revoked(p->cmd->principal) && fill_poll(rs, ctx, p->cmd) > 0) {
+        if (kf_principal_revoked(p->cmd->principal)) {
+            p = next;
+            continue;
+        }
+        kf_error_t err;
+        size_t got = fill_poll(rs, ctx, p->cmd, &err);
+        if (got > 0 || err.status != KF_OK) {
             kf__poll_unlink(rs, p);
             kf_heap_disarm(&ctx->heap, &p->timer);
             p->cmd->parked = NULL;
+            if (got == 0) {
+                p->cmd->error = err;
+                kf_ctx_fail(ctx, p->cmd);
+                break; /* the store cannot be read: the next poll would fail too */
+            }
             kf_ctx_ready(ctx, p->cmd);
         }
         p = next;
@@ -192,7 +230,15 @@ void kf_runs_poll(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     keyflow__v1__poll_runs_response__init(resp);
     resp->runs = kf_arena_new(cmd->arena, (size_t)max_runs * sizeof *resp->runs);
     cmd->response = &resp->base;
-    if (fill_poll(rs, ctx, cmd) > 0 || req->wait_ms == 0) {
+    kf_error_t read_err;
+    size_t got = fill_poll(rs, ctx, cmd, &read_err);
+    if (got == 0 && read_err.status != KF_OK) {
+        cmd->error = read_err;
+        kf_ctx_fail(ctx, cmd);
+        kf__runs_publish(rs);
+        return;
+    }
+    if (got > 0 || req->wait_ms == 0) {
         kf__runs_publish(rs);
         kf_ctx_ready(ctx, cmd);
         return;
@@ -279,7 +325,7 @@ static run_t *leased_run(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd, const char
                          const char *lease) {
     kf_error_t *err = &cmd->error;
     run_t *r = kf__run_find(rs, run_id);
-    if (r != NULL && r->deleted) {
+    if (r != NULL && (r->flags & RUN_DELETED)) {
         kf_error_set(err, KF_E_NOT_FOUND, "run_id: no run %s", run_id);
         return NULL;
     }
@@ -298,12 +344,20 @@ static run_t *leased_run(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd, const char
         }
         return NULL;
     }
-    if (!workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, run_id, r->workflow) ||
-        (strcmp(r->lease, lease) == 0 && !lease_owner_is_caller(cmd, run_id, r->lease_owner))) {
+    if (!workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, run_id, kf__run_workflow(r))) {
         return NULL;
     }
-    if (r->status != ST_LEASED || strcmp(r->lease, lease) != 0 ||
-        ctx->now_ms >= r->lease_expires_ms) {
+    run_view_t v; /* the run's latest lease: a PENDING run's is read */
+    if (kf__run_view_open(ctx, r, false, &v, err) != KF_OK) {
+        return NULL;
+    }
+    bool same_lease = strcmp(v.rec.lease, lease) == 0;
+    bool owner_ok = !same_lease || lease_owner_is_caller(cmd, run_id, v.rec.lease_owner);
+    kf__run_view_close(&v);
+    if (!owner_ok) {
+        return NULL;
+    }
+    if (r->status != ST_LEASED || !same_lease || ctx->now_ms >= r->detail->lease_expires_ms) {
         fail_stale_lease(cmd, run_id, r->status);
         return NULL;
     }
@@ -325,18 +379,15 @@ void kf_runs_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    /* r->lease_ms stays the length the lease was granted with: a heartbeat
-     * without lease_ms extends by that, whatever earlier heartbeats asked. */
-    int64_t lease_ms = req->lease_ms ? req->lease_ms : r->lease_ms;
-    r->lease_expires_ms = kf_time_add_sat(ctx->now_ms, lease_ms);
-    r->updated_ms = ctx->now_ms;
-    kf__run_save(ctx, r);
-    kf_ctx_wakeup_move(ctx, &r->timer, KF_WAKEUP_RUN, r->run_id, strlen(r->run_id),
-                       &r->wakeup_due_ms, r->lease_expires_ms);
+    /* The detail's lease_ms stays the length the lease was granted with: a
+     * heartbeat without lease_ms extends by that, whatever earlier
+     * heartbeats asked. */
+    int64_t lease_ms = req->lease_ms ? req->lease_ms : r->detail->lease_ms;
+    kf__run_heartbeat(rs, ctx, r, lease_ms);
     Keyflow__V1__HeartbeatRunResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__heartbeat_run_response__init(resp);
-    resp->lease_expires_ms = r->lease_expires_ms;
-    resp->cancel_requested = r->cancel_requested;
+    resp->lease_expires_ms = r->detail->lease_expires_ms;
+    resp->cancel_requested = (r->flags & RUN_CANCEL_REQUESTED) != 0;
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);
 }
@@ -349,14 +400,17 @@ void kf_runs_release(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         return;
     }
     run_t *r = leased_run(rs, ctx, cmd, req->run_id, req->lease);
-    if (r == NULL) {
+    run_view_t v; /* read before the change: a failed read changes nothing */
+    if (r == NULL || kf__run_view_open(ctx, r, true, &v, &cmd->error) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
     kf__run_release(rs, ctx, r);
+    kf__run_view_refresh(&v, r);
     Keyflow__V1__ReleaseRunResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__release_run_response__init(resp);
-    resp->run = kf__run_to_pb(cmd->arena, ctx, r, false);
+    resp->run = kf__rec_to_pb(cmd->arena, ctx, &v.rec, false);
+    kf__run_view_close(&v);
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);
 }
@@ -456,30 +510,37 @@ void kf_runs_complete(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         kf__stored_run_free(sr);
         return;
     }
-    if (!workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, req->run_id, r->workflow) ||
-        (strcmp(r->lease, req->lease) == 0 &&
-         !lease_owner_is_caller(cmd, req->run_id, r->lease_owner))) {
+    if (!workflow_allowed(cmd, KF_SCOPE_RUNS_WORK, req->run_id, kf__run_workflow(r))) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    if (r->status == ST_LEASED && strcmp(r->lease, req->lease) == 0 &&
-        ctx->now_ms >= r->lease_expires_ms) {
+    run_view_t v; /* read before any change: a failed read changes nothing */
+    if (kf__run_view_open(ctx, r, true, &v, err) != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    bool same_lease = strcmp(v.rec.lease, req->lease) == 0;
+    if (same_lease && !lease_owner_is_caller(cmd, req->run_id, v.rec.lease_owner)) {
+        kf__run_view_close(&v);
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (r->status == ST_LEASED && same_lease && ctx->now_ms >= r->detail->lease_expires_ms) {
         /* Expired by the clock though its timer has not fired yet this turn. */
         kf_error_set(err, KF_E_PRECONDITION, "lease: expired at %lld for run %s",
-                     (long long)r->lease_expires_ms, req->run_id);
+                     (long long)r->detail->lease_expires_ms, req->run_id);
+        kf__run_view_close(&v);
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    if (r->status != ST_LEASED || strcmp(r->lease, req->lease) != 0) {
-        Keyflow__Records__RunRec rec;
-        Keyflow__Records__RetryRec retry;
-        kf__run_to_rec(r, &rec, &retry);
-        complete_stale(ctx, cmd, &rec);
+    if (r->status != ST_LEASED || !same_lease) {
+        complete_stale(ctx, cmd, &v.rec);
+        kf__run_view_close(&v);
         return;
     }
     bool success = req->outcome_case == KEYFLOW__V1__COMPLETE_RUN_REQUEST__OUTCOME_RESULT_JSON;
     const char *result = success ? (req->result_json[0] ? req->result_json : "null") : NULL;
-    if (r->cancel_requested) {
+    if (r->flags & RUN_CANCEL_REQUESTED) {
         kf__run_finish(rs, ctx, r, ST_CANCELLED, result, success ? NULL : req->error);
     } else if (success) {
         kf__run_finish(rs, ctx, r, ST_COMPLETED, result, NULL);
@@ -488,7 +549,9 @@ void kf_runs_complete(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     } else {
         kf__run_finish(rs, ctx, r, ST_FAILED, NULL, req->error);
     }
-    complete_answer(ctx, cmd, kf__run_to_pb(cmd->arena, ctx, r, false), false);
+    kf__run_view_refresh(&v, r);
+    complete_answer(ctx, cmd, kf__rec_to_pb(cmd->arena, ctx, &v.rec, false), false);
+    kf__run_view_close(&v);
 }
 
 /* ---- cancel --------------------------------------------------------------------- */
@@ -509,28 +572,33 @@ void kf_runs_cancel(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         return;
     }
     if (r != NULL) {
-        if (!workflow_allowed(cmd, KF_SCOPE_COORDINATORS_WRITE, req->run_id, r->workflow)) {
+        if (!workflow_allowed(cmd, KF_SCOPE_COORDINATORS_WRITE, req->run_id, kf__run_workflow(r))) {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
+        if (kf__run_finished(r->status) && r->status != ST_CANCELLED) {
+            kf_error_set(err, KF_E_PRECONDITION, "run_id: run %s already finished %s", req->run_id,
+                         status_word(r->status));
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
+        /* Read before the change (a PENDING run's texts, the body): a
+         * failed read changes nothing. */
+        run_view_t v;
+        if ((r->status == ST_PENDING && kf__run_detail(rs, ctx, r, err) != KF_OK) ||
+            kf__run_view_open(ctx, r, true, &v, err) != KF_OK) {
             kf_ctx_fail(ctx, cmd);
             return;
         }
         switch (r->status) {
         case ST_PENDING:
         case ST_DELAYED: kf__run_finish(rs, ctx, r, ST_CANCELLED, NULL, NULL); break;
-        case ST_LEASED:
-            if (!r->cancel_requested) {
-                r->cancel_requested = true;
-                r->updated_ms = ctx->now_ms;
-                kf__run_save(ctx, r);
-            }
-            break;
-        case ST_CANCELLED: break; /* a retry: the same answer */
-        default:
-            kf_error_set(err, KF_E_PRECONDITION, "run_id: run %s already finished %s", req->run_id,
-                         status_word(r->status));
-            kf_ctx_fail(ctx, cmd);
-            return;
+        case ST_LEASED: kf__run_request_cancel(rs, ctx, r); break;
+        default: break; /* CANCELLED: a retry, the same answer */
         }
-        resp->run = kf__run_to_pb(cmd->arena, ctx, r, false);
+        kf__run_view_refresh(&v, r);
+        resp->run = kf__rec_to_pb(cmd->arena, ctx, &v.rec, false);
+        kf__run_view_close(&v);
     } else if (kf__run_load(ctx, req->run_id, &sr, err) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
@@ -578,16 +646,16 @@ static Keyflow__V1__Run *resolve(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd, co
     kf_error_t *err = &cmd->error;
     *finished = true;
     run_t *r = kf__run_find(rs, run_id);
-    if (r != NULL && r->deleted) {
+    if (r != NULL && (r->flags & RUN_DELETED)) {
         kf_error_set(err, KF_E_NOT_FOUND, "run_id: no run %s", run_id);
         return NULL;
     }
     if (r != NULL) {
-        if (!workflow_allowed(cmd, KF_SCOPE_RUNS_READ, run_id, r->workflow)) {
+        if (!workflow_allowed(cmd, KF_SCOPE_RUNS_READ, run_id, kf__run_workflow(r))) {
             return NULL;
         }
         *finished = kf__run_finished(r->status);
-        return kf__run_to_pb(cmd->arena, ctx, r, false);
+        return kf__run_to_pb(cmd->arena, ctx, r, false, err);
     }
     kf_stored_run_t *sr;
     if (kf__run_load(ctx, run_id, &sr, err) != KF_OK) {
@@ -679,9 +747,12 @@ void kf__runs_wake(kf_runs_t *rs, kf_ctx_t *ctx, const char *run_id, const run_t
         kf_cmd_t *cmd = w->cmd;
         bool last = w->next == NULL;
         waiter_unlink(rs, ctx, w); /* frees l after the last one */
-        if (r != NULL) {
-            cmd->response = &kf__run_to_pb(cmd->arena, ctx, r, false)->base;
+        Keyflow__V1__Run *p;
+        if (r != NULL && (p = kf__run_to_pb(cmd->arena, ctx, r, false, &cmd->error)) != NULL) {
+            cmd->response = &p->base;
             kf_ctx_ready(ctx, cmd);
+        } else if (r != NULL) {
+            kf_ctx_fail(ctx, cmd); /* the store could not be read */
         } else {
             kf_error_set(&cmd->error, KF_E_NOT_FOUND,
                          "run_id: the window of run %s was cancelled; the run will not exist",
@@ -938,9 +1009,13 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         KF_ASSERT(run_id != NULL);
         Keyflow__V1__Run *p = NULL;
         run_t *r = kf__run_find(rs, run_id);
-        if (r != NULL) {
-            p = r->deleted ? NULL : kf__run_to_pb(cmd->arena, ctx, r, false);
-        } else {
+        if (r != NULL && !(r->flags & RUN_DELETED)) {
+            if ((p = kf__run_to_pb(cmd->arena, ctx, r, false, err)) == NULL) {
+                kf_iter_destroy(it);
+                kf_ctx_fail(ctx, cmd);
+                return;
+            }
+        } else if (r == NULL) {
             kf_stored_run_t *sr;
             if (kf__run_load(ctx, run_id, &sr, err) != KF_OK) {
                 kf_iter_destroy(it);

@@ -21,85 +21,66 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "runs/runs_int.h"
 
 /* ---- writing --------------------------------------------------------------- */
 
-void kf__run_to_body(const run_t *r, Keyflow__Records__RunRec *rec,
-                     Keyflow__Records__RetryRec *retry) {
-    keyflow__records__run_rec__init(rec);
-    rec->layout = KF_RUN_LAYOUT_SPLIT;
-    rec->run_id = r->run_id;
-    rec->workflow = r->workflow;
-    rec->key = r->key;
-    rec->kind = r->kind;
-    rec->input_json = r->input;
-    rec->event_count = r->event_count;
-    rec->created_ms = r->created_ms;
-    rec->seq = r->seq;
-    rec->key_concurrency = r->key_concurrency;
-    kf__retry_to_rec(&r->retry, retry, &rec->retry);
-    rec->n_event_ids = r->event_id_count;
-    rec->event_ids = r->event_ids;
-    rec->event_ids_dropped = r->event_ids_dropped;
-}
-
-void kf__run_to_live(const run_t *r, Keyflow__Records__RunLiveRec *rec,
-                     Keyflow__Records__RetryRec *retry) {
-    KF_ASSERT(!kf__run_finished(r->status));
-    keyflow__records__run_live_rec__init(rec);
-    rec->run_id = r->run_id;
-    rec->workflow = r->workflow;
-    rec->status = r->status;
-    rec->attempts = r->attempts;
-    rec->updated_ms = r->updated_ms;
-    rec->key_concurrency = r->key_concurrency;
-    kf__retry_to_rec(&r->retry, retry, &rec->retry);
-    rec->due_ms = r->status == ST_DELAYED ? r->due_ms : 0;
-    rec->cancel_requested = r->cancel_requested;
-    rec->worker_id = r->worker_id ? r->worker_id : "";
-    rec->lease = (char *)r->lease;
-    rec->lease_owner = (char *)r->lease_owner;
-    rec->lease_ms = r->lease_ms;
-    rec->lease_expires_ms = r->status == ST_LEASED ? r->lease_expires_ms : 0;
-    rec->last_error = r->last_error ? r->last_error : "";
-}
-
-void kf__run_to_state(const run_t *r, Keyflow__Records__RunStateRec *rec) {
-    KF_ASSERT(kf__run_finished(r->status));
-    keyflow__records__run_state_rec__init(rec);
-    rec->status = r->status;
-    rec->attempts = r->attempts;
-    rec->updated_ms = r->updated_ms;
-    rec->worker_id = r->worker_id ? r->worker_id : "";
-    rec->lease = (char *)r->lease;
-    rec->lease_owner = (char *)r->lease_owner;
-    rec->lease_ms = r->lease_ms;
-    rec->result_json = r->result_json ? r->result_json : "";
-    rec->error = r->error ? r->error : "";
-    rec->finished_ms = r->finished_ms;
-    rec->cancel_requested = r->cancel_requested;
-    rec->last_error = r->last_error ? r->last_error : "";
-    rec->workflow = r->workflow;
-    rec->seq = r->seq;
-}
-
 void kf__run_save_body(kf_ctx_t *ctx, const run_t *r) {
+    const run_body_t *b = r->body;
+    KF_ASSERT(b != NULL);
     Keyflow__Records__RunRec rec;
     Keyflow__Records__RetryRec retry;
-    kf__run_to_body(r, &rec, &retry);
+    keyflow__records__run_rec__init(&rec);
+    rec.layout = KF_RUN_LAYOUT_SPLIT;
+    rec.run_id = (char *)r->run_id;
+    rec.workflow = r->wf->workflow;
+    char key[KF_KEY_BYTES_MAX + 1];
+    memcpy(key, r->run_id, r->key_len);
+    key[r->key_len] = '\0';
+    rec.key = key;
+    rec.kind = b->kind;
+    rec.input_json = b->input;
+    rec.event_count = b->event_count;
+    rec.created_ms = b->created_ms;
+    rec.seq = r->seq;
+    rec.key_concurrency = r->key_concurrency;
+    kf__retry_to_rec(&b->retry, &retry, &rec.retry);
+    rec.n_event_ids = b->event_id_count;
+    rec.event_ids = b->event_ids;
+    rec.event_ids_dropped = b->event_ids_dropped;
     kf_key_t k;
     kf_key_reset(&k);
     kf_key_raw(&k, r->run_id, strlen(r->run_id));
     kf_ctx_put_msg(ctx, KF_CF_RUNS, &k, &rec.base);
 }
 
+static char *text_or_empty(char *s) {
+    return s ? s : "";
+}
+
 void kf__run_save(kf_ctx_t *ctx, const run_t *r) {
+    const run_detail_t *d = r->detail;
+    KF_ASSERT(d != NULL);
     kf_key_t k;
     if (kf__run_finished(r->status)) {
         Keyflow__Records__RunStateRec rec;
-        kf__run_to_state(r, &rec);
+        keyflow__records__run_state_rec__init(&rec);
+        rec.status = r->status;
+        rec.attempts = r->attempts;
+        rec.updated_ms = r->updated_ms;
+        rec.worker_id = text_or_empty(d->worker_id);
+        rec.lease = (char *)d->lease;
+        rec.lease_owner = (char *)d->lease_owner;
+        rec.lease_ms = d->lease_ms;
+        rec.result_json = text_or_empty(d->result_json);
+        rec.error = text_or_empty(d->error);
+        rec.finished_ms = d->finished_ms;
+        rec.cancel_requested = (r->flags & RUN_CANCEL_REQUESTED) != 0;
+        rec.last_error = text_or_empty(d->last_error);
+        rec.workflow = r->wf->workflow;
+        rec.seq = r->seq;
         kf_key_reset(&k);
         kf_key_raw(&k, r->run_id, strlen(r->run_id));
         kf_ctx_put_msg(ctx, KF_CF_RUN_STATE, &k, &rec.base);
@@ -109,9 +90,48 @@ void kf__run_save(kf_ctx_t *ctx, const run_t *r) {
     }
     Keyflow__Records__RunLiveRec rec;
     Keyflow__Records__RetryRec retry;
-    kf__run_to_live(r, &rec, &retry);
+    keyflow__records__run_live_rec__init(&rec);
+    rec.run_id = (char *)r->run_id;
+    rec.workflow = r->wf->workflow;
+    rec.status = r->status;
+    rec.attempts = r->attempts;
+    rec.updated_ms = r->updated_ms;
+    rec.key_concurrency = r->key_concurrency;
+    kf__retry_to_rec(&d->retry, &retry, &rec.retry);
+    rec.due_ms = r->status == ST_DELAYED ? d->due_ms : 0;
+    rec.cancel_requested = (r->flags & RUN_CANCEL_REQUESTED) != 0;
+    rec.worker_id = text_or_empty(d->worker_id);
+    rec.lease = (char *)d->lease;
+    rec.lease_owner = (char *)d->lease_owner;
+    rec.lease_ms = d->lease_ms;
+    rec.lease_expires_ms = r->status == ST_LEASED ? d->lease_expires_ms : 0;
+    rec.last_error = text_or_empty(d->last_error);
     kf_key_run_live(&k, r->seq);
     kf_ctx_put_msg(ctx, KF_CF_RUN_LIVE, &k, &rec.base);
+}
+
+kf_status_t kf__run_load_live(kf_ctx_t *ctx, uint64_t seq, const char *run_id,
+                              Keyflow__Records__RunLiveRec **out, kf_error_t *err) {
+    *out = NULL;
+    kf_key_t k;
+    kf_key_run_live(&k, seq);
+    kf_value_t v;
+    bool found;
+    kf_status_t st = kf_store_get(ctx->store, KF_CF_RUN_LIVE, k.bytes, k.len, &v, &found, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    Keyflow__Records__RunLiveRec *live =
+        found ? keyflow__records__run_live_rec__unpack(NULL, v.len, v.data) : NULL;
+    kf_store_value_free(&v);
+    if (live == NULL || !kf__run_live_valid(live) || strcmp(live->run_id, run_id) != 0) {
+        if (live != NULL) {
+            keyflow__records__run_live_rec__free_unpacked(live, NULL);
+        }
+        return kf_error_set(err, KF_E_CORRUPT, "run_live: no record of its own for %s", run_id);
+    }
+    *out = live;
+    return KF_OK;
 }
 
 /* ---- checks ------------------------------------------------------------------ */
@@ -125,6 +145,16 @@ static bool text_valid(const char *s, size_t max) {
     return strlen(s) <= max;
 }
 
+bool kf__run_id_split(const char *run_id, size_t *key_len) {
+    size_t len = strlen(run_id);
+    if (len <= KF_UUID_TEXT_BYTES || len > KF_RUN_ID_BYTES_MAX ||
+        run_id[len - KF_UUID_TEXT_BYTES - 1] != '@') {
+        return false;
+    }
+    *key_len = len - KF_UUID_TEXT_BYTES - 1;
+    return true;
+}
+
 /* The body's fields, whatever the layout. */
 static bool body_valid(const Keyflow__Records__RunRec *rec) {
     kf_retry_policy_t retry;
@@ -133,8 +163,10 @@ static bool body_valid(const Keyflow__Records__RunRec *rec) {
         size_t len = strlen(rec->event_ids[i]);
         ids_ok = len > 0 && len <= KF_EVENT_ID_BYTES_MAX;
     }
+    size_t key_len;
     return (rec->layout == KF_RUN_LAYOUT_WHOLE || rec->layout == KF_RUN_LAYOUT_SPLIT) &&
-           rec->run_id[0] != '\0' && text_valid(rec->run_id, KF_RUN_ID_BYTES_MAX) &&
+           kf__run_id_split(rec->run_id, &key_len) && key_len == strlen(rec->key) &&
+           memcmp(rec->run_id, rec->key, key_len) == 0 &&
            text_valid(rec->workflow, KF_WORKFLOW_BYTES_MAX) &&
            text_valid(rec->key, KF_KEY_BYTES_MAX) &&
            (rec->kind == KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE ||
@@ -165,8 +197,9 @@ static bool state_valid(const Keyflow__Records__RunStateRec *s) {
 
 bool kf__run_live_valid(const Keyflow__Records__RunLiveRec *l) {
     kf_retry_policy_t retry;
+    size_t key_len;
     return (l->status == ST_PENDING || l->status == ST_LEASED || l->status == ST_DELAYED) &&
-           l->run_id[0] != '\0' && text_valid(l->run_id, KF_RUN_ID_BYTES_MAX) &&
+           kf__run_id_split(l->run_id, &key_len) && key_len <= KF_KEY_BYTES_MAX &&
            text_valid(l->workflow, KF_WORKFLOW_BYTES_MAX) && l->attempts >= 0 &&
            l->attempts <= KF_RUN_ATTEMPTS_MAX && l->key_concurrency >= 0 &&
            l->key_concurrency <= KF_KEY_CONCURRENCY_MAX && kf__retry_from_rec(l->retry, &retry) &&
@@ -192,25 +225,6 @@ void kf__stored_run_free(kf_stored_run_t *s) {
 
 static kf_status_t corrupt(kf_error_t *err, const char *family, const char *run_id) {
     return kf_error_set(err, KF_E_CORRUPT, "%s: undecodable record for %s", family, run_id);
-}
-
-void kf__overlay_live(Keyflow__Records__RunRec *v, const Keyflow__Records__RunLiveRec *l) {
-    v->status = l->status;
-    v->attempts = l->attempts;
-    v->updated_ms = l->updated_ms;
-    v->key_concurrency = l->key_concurrency;
-    v->retry = l->retry;
-    v->due_ms = l->due_ms;
-    v->cancel_requested = l->cancel_requested;
-    v->worker_id = l->worker_id;
-    v->lease = l->lease;
-    v->lease_owner = l->lease_owner;
-    v->lease_ms = l->lease_ms;
-    v->lease_expires_ms = l->lease_expires_ms;
-    v->last_error = l->last_error;
-    v->result_json = "";
-    v->error = "";
-    v->finished_ms = 0;
 }
 
 /* The final state of a finished run into the view, over the body's. */
@@ -291,4 +305,227 @@ kf_status_t kf__run_load(kf_ctx_t *ctx, const char *run_id, kf_stored_run_t **ou
     }
     *out = s;
     return KF_OK;
+}
+
+/* ---- the detail of a live run, from its live record ------------------------------- */
+
+static char *text_dup_or_null(const char *s) {
+    return s[0] != '\0' ? kf_xstrdup(s) : NULL;
+}
+
+void kf__detail_from_live(run_detail_t *d, const Keyflow__Records__RunLiveRec *l) {
+    bool ok = kf__retry_from_rec(l->retry, &d->retry);
+    KF_ASSERT(ok); /* checked by kf__run_live_valid */
+    d->due_ms = l->due_ms;
+    d->lease_ms = l->lease_ms;
+    d->lease_expires_ms = l->lease_expires_ms;
+    KF_ASSERT(strlen(l->lease) <= KF_LEASE_BYTES && strlen(l->lease_owner) <= KF_API_KEY_ID_CHARS);
+    strcpy(d->lease, l->lease);
+    strcpy(d->lease_owner, l->lease_owner);
+    d->worker_id = text_dup_or_null(l->worker_id);
+    d->last_error = text_dup_or_null(l->last_error);
+}
+
+/* ---- views: memory plus what is read for it -------------------------------------- */
+
+static void view_state(run_view_t *v, const run_t *r) {
+    Keyflow__Records__RunRec *rec = &v->rec;
+    rec->run_id = (char *)r->run_id;
+    rec->workflow = r->wf->workflow;
+    rec->key = v->key;
+    rec->seq = r->seq;
+    rec->status = r->status;
+    rec->attempts = r->attempts;
+    rec->updated_ms = r->updated_ms;
+    rec->key_concurrency = r->key_concurrency;
+    rec->cancel_requested = (r->flags & RUN_CANCEL_REQUESTED) != 0;
+    const run_detail_t *d = r->detail;
+    if (d != NULL) {
+        rec->worker_id = text_or_empty(d->worker_id);
+        rec->lease = (char *)d->lease;
+        rec->lease_owner = (char *)d->lease_owner;
+        rec->lease_ms = d->lease_ms;
+        rec->lease_expires_ms = d->lease_expires_ms;
+        rec->due_ms = d->due_ms;
+        rec->finished_ms = d->finished_ms;
+        rec->result_json = text_or_empty(d->result_json);
+        rec->error = text_or_empty(d->error);
+        rec->last_error = text_or_empty(d->last_error);
+        kf__retry_to_rec(&d->retry, &v->retry, &rec->retry);
+        return;
+    }
+    const Keyflow__Records__RunLiveRec *l = v->stored_live;
+    KF_ASSERT(l != NULL && r->status == ST_PENDING);
+    rec->worker_id = l->worker_id;
+    rec->lease = l->lease;
+    rec->lease_owner = l->lease_owner;
+    rec->lease_ms = l->lease_ms;
+    rec->lease_expires_ms = 0;
+    rec->due_ms = 0;
+    rec->finished_ms = 0;
+    rec->result_json = "";
+    rec->error = "";
+    rec->last_error = l->last_error;
+    rec->retry = l->retry;
+}
+
+static void view_body(run_view_t *v, const run_t *r) {
+    Keyflow__Records__RunRec *rec = &v->rec;
+    const run_body_t *b = r->body;
+    if (b != NULL) {
+        rec->kind = b->kind;
+        rec->input_json = b->input;
+        rec->event_count = b->event_count;
+        rec->created_ms = b->created_ms;
+        rec->n_event_ids = b->event_id_count;
+        rec->event_ids = b->event_ids;
+        rec->event_ids_dropped = b->event_ids_dropped;
+    } else if (v->stored_body != NULL) {
+        const Keyflow__Records__RunRec *s = v->stored_body;
+        rec->kind = s->kind;
+        rec->input_json = s->input_json;
+        rec->event_count = s->event_count;
+        rec->created_ms = s->created_ms;
+        rec->n_event_ids = s->n_event_ids;
+        rec->event_ids = s->event_ids;
+        rec->event_ids_dropped = s->event_ids_dropped;
+    }
+}
+
+kf_status_t kf__run_view_open(kf_ctx_t *ctx, const run_t *r, bool with_body, run_view_t *v,
+                              kf_error_t *err) {
+    memset(v, 0, sizeof *v);
+    keyflow__records__run_rec__init(&v->rec);
+    memcpy(v->key, r->run_id, r->key_len);
+    v->key[r->key_len] = '\0';
+    kf_status_t st = KF_OK;
+    if (r->detail == NULL) {
+        st = kf__run_load_live(ctx, r->seq, r->run_id, &v->stored_live, err);
+    }
+    if (st == KF_OK && with_body && r->body == NULL) {
+        st = kf__run_load_body(ctx, r->run_id, &v->stored_body, err);
+        if (st == KF_OK && (v->stored_body == NULL || v->stored_body->seq != r->seq ||
+                            strcmp(v->stored_body->workflow, r->wf->workflow) != 0)) {
+            st = kf_error_set(err, KF_E_CORRUPT, "runs: no body of its own for %s", r->run_id);
+        }
+    }
+    if (st != KF_OK) {
+        kf__run_view_close(v);
+        return st;
+    }
+    view_state(v, r);
+    view_body(v, r);
+    return KF_OK;
+}
+
+void kf__run_view_refresh(run_view_t *v, const run_t *r) {
+    KF_ASSERT(r->detail != NULL);
+    view_state(v, r);
+}
+
+void kf__run_view_close(run_view_t *v) {
+    if (v->stored_body != NULL) {
+        keyflow__records__run_rec__free_unpacked(v->stored_body, NULL);
+        v->stored_body = NULL;
+    }
+    if (v->stored_live != NULL) {
+        keyflow__records__run_live_rec__free_unpacked(v->stored_live, NULL);
+        v->stored_live = NULL;
+    }
+}
+
+Keyflow__V1__Run *kf__rec_to_pb(kf_arena_t *arena, const kf_ctx_t *ctx,
+                                const Keyflow__Records__RunRec *rec, bool with_lease) {
+    Keyflow__V1__Run *p = kf_arena_new(arena, sizeof *p);
+    keyflow__v1__run__init(p);
+    p->run_id = kf_arena_strdup(arena, rec->run_id);
+    p->workflow = kf_arena_strdup(arena, rec->workflow);
+    p->key = kf_arena_strdup(arena, rec->key);
+    p->kind = (Keyflow__V1__RuleKind)rec->kind;
+    p->input_json = kf_arena_strdup(arena, rec->input_json);
+    p->event_count = rec->event_count;
+    p->status = (Keyflow__V1__RunStatus)rec->status;
+    p->attempts = rec->attempts;
+    p->created_ms = rec->created_ms;
+    p->updated_ms = rec->updated_ms;
+    p->worker_id = kf_arena_strdup(arena, rec->worker_id);
+    p->lease = with_lease ? kf_arena_strdup(arena, rec->lease) : "";
+    p->lease_expires_ms = rec->status == ST_LEASED ? rec->lease_expires_ms : 0;
+    p->result_json = kf_arena_strdup(arena, rec->result_json);
+    p->error = kf_arena_strdup(arena, rec->error);
+    p->finished_ms = rec->finished_ms;
+    p->due_ms = rec->status == ST_DELAYED ? rec->due_ms : 0;
+    p->cancel_requested = rec->cancel_requested;
+    p->last_error = kf_arena_strdup(arena, rec->last_error);
+    kf_retry_policy_t retry;
+    bool ok = kf__retry_from_rec(rec->retry, &retry);
+    KF_ASSERT(ok); /* records are checked where they are read */
+    p->max_attempts = kf_retry_attempts_max(&retry, kf__runs_server_attempts_max(ctx));
+    p->n_event_ids = rec->n_event_ids;
+    p->event_ids = kf_arena_new(arena, (rec->n_event_ids + 1) * sizeof *p->event_ids);
+    for (size_t i = 0; i < rec->n_event_ids; i++) {
+        p->event_ids[i] = kf_arena_strdup(arena, rec->event_ids[i]);
+        KF_ASSERT(p->event_ids[i] != NULL);
+    }
+    p->event_ids_dropped = rec->event_ids_dropped;
+    KF_ASSERT(p->run_id && p->workflow && p->key && p->input_json && p->worker_id && p->lease &&
+              p->result_json && p->error && p->last_error);
+    return p;
+}
+
+Keyflow__V1__Run *kf__run_to_pb(kf_arena_t *arena, kf_ctx_t *ctx, const run_t *r, bool with_lease,
+                                kf_error_t *err) {
+    run_view_t v;
+    if (kf__run_view_open(ctx, r, true, &v, err) != KF_OK) {
+        return NULL;
+    }
+    Keyflow__V1__Run *p = kf__rec_to_pb(arena, ctx, &v.rec, with_lease);
+    kf__run_view_close(&v);
+    return p;
+}
+
+/* ---- what retention needs of a stored run ------------------------------------ */
+
+kf_status_t kf__run_load_final(kf_ctx_t *ctx, const char *run_id, kf_stored_final_t *out,
+                               kf_error_t *err) {
+    memset(out, 0, sizeof *out);
+    kf_value_t v;
+    bool found;
+    kf_status_t st =
+        kf_store_get(ctx->store, KF_CF_RUN_STATE, run_id, strlen(run_id), &v, &found, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    if (found) {
+        out->state = keyflow__records__run_state_rec__unpack(NULL, v.len, v.data);
+        kf_store_value_free(&v);
+        if (out->state == NULL || !state_valid(out->state)) {
+            kf__stored_final_free(out);
+            return corrupt(err, "run_state", run_id);
+        }
+        out->found = out->finished = true;
+        out->workflow = out->state->workflow;
+        out->seq = out->state->seq;
+        return KF_OK;
+    }
+    /* No final state: a whole record of an older build, or nothing. */
+    if ((st = kf__run_load_body(ctx, run_id, &out->whole, err)) != KF_OK || out->whole == NULL) {
+        return st;
+    }
+    out->found = true;
+    out->finished = out->whole->layout == KF_RUN_LAYOUT_WHOLE && whole_valid(out->whole) &&
+                    kf__run_finished(out->whole->status);
+    out->workflow = out->whole->workflow;
+    out->seq = out->whole->seq;
+    return KF_OK;
+}
+
+void kf__stored_final_free(kf_stored_final_t *f) {
+    if (f->state != NULL) {
+        keyflow__records__run_state_rec__free_unpacked(f->state, NULL);
+    }
+    if (f->whole != NULL) {
+        keyflow__records__run_rec__free_unpacked(f->whole, NULL);
+    }
+    memset(f, 0, sizeof *f);
 }

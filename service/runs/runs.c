@@ -1,8 +1,10 @@
 /*
- * runs.c - the run table: records, per-workflow ready queues, per-key
- * groups (key_concurrency), the state changes of runs.h's diagram, timers,
- * retention and recovery. The RPC handlers are in ops.c; see runs_int.h for
- * where a run is in each status.
+ * runs.c - the run table: per-workflow ready queues, per-key groups
+ * (key_concurrency), the state changes of runs.h's diagram, timers and
+ * what memory keeps until it is durable. The RPC handlers are in ops.c,
+ * the stored forms and views in records.c, recovery and retention's sweep
+ * in recover.c; see runs_int.h for what memory holds and where a run is in
+ * each status.
  */
 #include "runs/runs_int.h"
 
@@ -16,14 +18,58 @@
 #include "base/log.h"
 #include "base/metrics.h"
 
-static const char run_seq_key[] = "run_seq";
-
 void kf__runs_publish(const kf_runs_t *rs) {
     kf_gauge_set(KF_G_RUNS_PENDING, (int64_t)rs->pending);
     kf_gauge_set(KF_G_RUNS_LEASED, (int64_t)rs->leased);
     kf_gauge_set(KF_G_RUNS_DELAYED, (int64_t)rs->delayed);
     kf_gauge_set(KF_G_PARKED_POLLS, rs->polls);
     kf_gauge_set(KF_G_RUN_WAITS, rs->waiting);
+    kf_gauge_set(KF_G_RUNS_MEMORY_BYTES, (int64_t)rs->memory_bytes);
+}
+
+/* ---- memory accounting ----------------------------------------------------------
+ *
+ * What the table holds, as the memory budget counts it (docs/semantics.md,
+ * "Memory budget"): each allocation with malloc's 16-byte header, and the
+ * slots a run or entry takes in its map and queue. Erring high is fine;
+ * low is not. */
+
+#define ALLOC(bytes) ((bytes) + 16)
+#define SLOTS        (3 * sizeof(void *)) /* a map bucket (load <= 1), a queue slot */
+
+uint64_t kf_runs_memory_bytes(const kf_runs_t *rs) {
+    return rs->memory_bytes;
+}
+
+static void mem_add(kf_runs_t *rs, size_t bytes) {
+    rs->memory_bytes += bytes;
+}
+
+static void mem_sub(kf_runs_t *rs, size_t bytes) {
+    KF_ASSERT(rs->memory_bytes >= bytes);
+    rs->memory_bytes -= bytes;
+}
+
+static size_t text_bytes(const char *s) {
+    return s ? ALLOC(strlen(s) + 1) : 0;
+}
+
+static size_t detail_bytes(const run_detail_t *d) {
+    return ALLOC(sizeof *d) + text_bytes(d->worker_id) + text_bytes(d->last_error) +
+           text_bytes(d->result_json) + text_bytes(d->error);
+}
+
+static size_t body_bytes(const run_body_t *b) {
+    size_t n = ALLOC(sizeof *b) + text_bytes(b->input) +
+               (b->event_id_count ? ALLOC(b->event_id_count * sizeof *b->event_ids) : 0);
+    for (uint32_t i = 0; i < b->event_id_count; i++) {
+        n += text_bytes(b->event_ids[i]);
+    }
+    return n;
+}
+
+static size_t run_bytes(const run_t *r) {
+    return ALLOC(sizeof *r + strlen(r->run_id) + 1) + SLOTS;
 }
 
 static int64_t retention_ms(const kf_ctx_t *ctx) {
@@ -31,16 +77,17 @@ static int64_t retention_ms(const kf_ctx_t *ctx) {
     return r > 0 ? r : KF_RETENTION_MS_DEFAULT;
 }
 
-static int64_t server_attempts_max(const kf_ctx_t *ctx) {
+int64_t kf__runs_server_attempts_max(const kf_ctx_t *ctx) {
     int64_t a = ctx->config->run_attempts_max;
     return a > 0 ? a : KF_RUN_ATTEMPTS_DEFAULT;
 }
 
 int64_t kf__runs_attempts_max(const kf_ctx_t *ctx, const run_t *r) {
-    return kf_retry_attempts_max(&r->retry, server_attempts_max(ctx));
+    KF_ASSERT(r->detail != NULL);
+    return kf_retry_attempts_max(&r->detail->retry, kf__runs_server_attempts_max(ctx));
 }
 
-/* ---- key groups ----------------------------------------------------------- */
+/* ---- workflows and key groups ---------------------------------------------- */
 
 static bool run_before(const kf_pq_node_t *a, const kf_pq_node_t *b, const void *ctx) {
     (void)ctx;
@@ -52,29 +99,74 @@ static run_t *pq_head(const kf_pq_t *pq) {
     return n ? KF_CONTAINER_OF(n, run_t, queue_node) : NULL;
 }
 
-/* The run's key group, created on first use; the run joins it (live). */
-static void group_join(kf_runs_t *rs, run_t *r) {
-    KF_ASSERT(r->group == NULL);
-    size_t wlen = strlen(r->workflow), klen = strlen(r->key);
+static wfq_t *queue_find(const kf_runs_t *rs, const char *workflow) {
+    kf_map_node_t *n = kf_map_get(&rs->queues, workflow, strlen(workflow));
+    return n ? KF_CONTAINER_OF(n, wfq_t, node) : NULL;
+}
+
+/* The workflow's entry, created on first use; one more run names it. */
+static wfq_t *queue_ref(kf_runs_t *rs, const char *workflow) {
+    wfq_t *q = queue_find(rs, workflow);
+    if (q == NULL) {
+        q = kf_xcalloc(1, sizeof *q);
+        q->workflow = kf_xstrdup(workflow);
+        mem_add(rs, ALLOC(sizeof *q) + text_bytes(workflow) + SLOTS);
+        kf_pq_init(&q->pq, run_before, NULL);
+        kf_map_insert(&rs->queues, &q->node, q->workflow, strlen(q->workflow));
+    }
+    q->runs++;
+    return q;
+}
+
+static void queue_free(wfq_t *q) {
+    kf_pq_deinit(&q->pq);
+    free(q->workflow);
+    free(q);
+}
+
+/* A run of the workflow left memory; the entry goes with the last one. */
+static void queue_unref(kf_runs_t *rs, wfq_t *q) {
+    KF_ASSERT(q->runs > 0);
+    if (--q->runs == 0) {
+        KF_ASSERT(q->pq.count == 0);
+        mem_sub(rs, ALLOC(sizeof *q) + text_bytes(q->workflow) + SLOTS);
+        kf_map_remove(&rs->queues, &q->node);
+        queue_free(q);
+    }
+}
+
+/* "workflow \0 key": a key group's name. Returns its length. */
+static size_t group_name(const run_t *r, char out[KF_WORKFLOW_BYTES_MAX + 1 + KF_KEY_BYTES_MAX]) {
+    size_t wlen = strlen(r->wf->workflow);
+    KF_ASSERT(wlen <= KF_WORKFLOW_BYTES_MAX && r->key_len <= KF_KEY_BYTES_MAX);
+    memcpy(out, r->wf->workflow, wlen);
+    out[wlen] = '\0';
+    memcpy(out + wlen + 1, r->run_id, r->key_len);
+    return wlen + 1 + r->key_len;
+}
+
+static keygrp_t *group_find(const kf_runs_t *rs, const run_t *r) {
     char name[KF_WORKFLOW_BYTES_MAX + 1 + KF_KEY_BYTES_MAX];
-    KF_ASSERT(wlen <= KF_WORKFLOW_BYTES_MAX && klen <= KF_KEY_BYTES_MAX);
-    memcpy(name, r->workflow, wlen);
-    name[wlen] = '\0';
-    memcpy(name + wlen + 1, r->key, klen);
-    size_t len = wlen + 1 + klen;
+    size_t len = group_name(r, name);
     kf_map_node_t *n = kf_map_get(&rs->groups, name, len);
-    keygrp_t *g;
-    if (n != NULL) {
-        g = KF_CONTAINER_OF(n, keygrp_t, node);
-    } else {
+    return n ? KF_CONTAINER_OF(n, keygrp_t, node) : NULL;
+}
+
+/* The run's key group, created when the key gets its first lease or
+ * blocked run. */
+static keygrp_t *group_get(kf_runs_t *rs, const run_t *r) {
+    keygrp_t *g = group_find(rs, r);
+    if (g == NULL) {
+        char name[KF_WORKFLOW_BYTES_MAX + 1 + KF_KEY_BYTES_MAX];
+        size_t len = group_name(r, name);
         g = kf_xcalloc(1, sizeof *g);
-        g->name = kf_xstrndup(name, len);
+        g->name = kf_xmemdup(name, len);
         g->name_len = len;
+        mem_add(rs, ALLOC(sizeof *g) + ALLOC(len) + SLOTS);
         kf_pq_init(&g->blocked, run_before, NULL);
         kf_map_insert(&rs->groups, &g->node, g->name, g->name_len);
     }
-    g->live++;
-    r->group = g;
+    return g;
 }
 
 static void group_free(keygrp_t *g) {
@@ -83,13 +175,10 @@ static void group_free(keygrp_t *g) {
     free(g);
 }
 
-/* The run stops being live; the group goes when its last live run does. */
-static void group_leave(kf_runs_t *rs, run_t *r) {
-    keygrp_t *g = r->group;
-    KF_ASSERT(g != NULL && g->live > 0);
-    r->group = NULL;
-    if (--g->live == 0) {
-        KF_ASSERT(g->leased == 0 && g->blocked.count == 0);
+/* The group goes when it holds neither a lease nor a blocked run. */
+static void group_settle(kf_runs_t *rs, keygrp_t *g) {
+    if (g->leased == 0 && g->blocked.count == 0) {
+        mem_sub(rs, ALLOC(sizeof *g) + ALLOC(g->name_len) + SLOTS);
         kf_map_remove(&rs->groups, &g->node);
         group_free(g);
     }
@@ -97,36 +186,20 @@ static void group_leave(kf_runs_t *rs, run_t *r) {
 
 /* ---- ready queues --------------------------------------------------------- */
 
-static wfq_t *queue_get(kf_runs_t *rs, const char *workflow, bool create) {
-    kf_map_node_t *n = kf_map_get(&rs->queues, workflow, strlen(workflow));
-    if (n != NULL) {
-        return KF_CONTAINER_OF(n, wfq_t, node);
-    }
-    if (!create) {
-        return NULL;
-    }
-    wfq_t *q = kf_xcalloc(1, sizeof *q);
-    q->workflow = kf_xstrdup(workflow);
-    kf_pq_init(&q->pq, run_before, NULL);
-    kf_map_insert(&rs->queues, &q->node, q->workflow, strlen(q->workflow));
-    return q;
-}
-
 static void make_ready(kf_runs_t *rs, run_t *r) {
-    wfq_t *q = queue_get(rs, r->workflow, true);
-    r->queue = q;
-    kf_pq_push(&q->pq, &r->queue_node);
+    kf_pq_push(&r->wf->pq, &r->queue_node);
     rs->ready++;
 }
 
 /* A run that becomes PENDING waits behind its key's blocked runs, if any
  * (the key's runs are leased in order); otherwise it is ready. */
 static void enqueue(kf_runs_t *rs, run_t *r) {
-    KF_ASSERT(r->status == ST_PENDING && r->group != NULL && !kf_pq_queued(&r->queue_node));
+    KF_ASSERT(r->status == ST_PENDING && !kf_pq_queued(&r->queue_node));
     rs->pending++;
-    if (r->group->blocked.count > 0) {
-        r->blocked = true;
-        kf_pq_push(&r->group->blocked, &r->queue_node);
+    keygrp_t *g = group_find(rs, r);
+    if (g != NULL && g->blocked.count > 0) {
+        r->flags |= RUN_BLOCKED;
+        kf_pq_push(&g->blocked, &r->queue_node);
     } else {
         make_ready(rs, r);
     }
@@ -134,13 +207,14 @@ static void enqueue(kf_runs_t *rs, run_t *r) {
 
 static void dequeue(kf_runs_t *rs, run_t *r) {
     KF_ASSERT(kf_pq_queued(&r->queue_node));
-    if (r->blocked) {
-        kf_pq_remove(&r->group->blocked, &r->queue_node);
-        r->blocked = false;
+    if (r->flags & RUN_BLOCKED) {
+        keygrp_t *g = group_find(rs, r);
+        KF_ASSERT(g != NULL);
+        kf_pq_remove(&g->blocked, &r->queue_node);
+        r->flags &= (uint8_t)~RUN_BLOCKED;
+        group_settle(rs, g);
     } else {
-        KF_ASSERT(r->queue != NULL);
-        kf_pq_remove(&r->queue->pq, &r->queue_node);
-        r->queue = NULL;
+        kf_pq_remove(&r->wf->pq, &r->queue_node);
         rs->ready--;
     }
     rs->pending--;
@@ -160,7 +234,7 @@ run_t *kf__runs_oldest_ready(kf_runs_t *rs, char **workflows, size_t n) {
         return best;
     }
     for (size_t i = 0; i < n; i++) {
-        wfq_t *q = queue_get(rs, workflows[i], false);
+        wfq_t *q = queue_find(rs, workflows[i]);
         run_t *head = q ? pq_head(&q->pq) : NULL;
         if (head != NULL && (best == NULL || head->seq < best->seq)) {
             best = head;
@@ -170,21 +244,22 @@ run_t *kf__runs_oldest_ready(kf_runs_t *rs, char **workflows, size_t n) {
 }
 
 static bool slot_free(const keygrp_t *g, const run_t *r, uint32_t promised) {
-    return r->key_concurrency == 0 || (int64_t)(g->leased + promised) < r->key_concurrency;
+    uint32_t leased = g ? g->leased : 0;
+    return r->key_concurrency == 0 || (int64_t)(leased + promised) < r->key_concurrency;
 }
 
-bool kf__run_may_lease(const run_t *r) {
-    const run_t *oldest_blocked = pq_head(&r->group->blocked);
-    return slot_free(r->group, r, 0) && (oldest_blocked == NULL || oldest_blocked->seq > r->seq);
+bool kf__run_may_lease(const kf_runs_t *rs, const run_t *r) {
+    const keygrp_t *g = group_find(rs, r);
+    const run_t *oldest_blocked = g ? pq_head(&g->blocked) : NULL;
+    return slot_free(g, r, 0) && (oldest_blocked == NULL || oldest_blocked->seq > r->seq);
 }
 
 void kf__run_block(kf_runs_t *rs, run_t *r) {
-    KF_ASSERT(r->status == ST_PENDING && !r->blocked && r->queue != NULL);
-    kf_pq_remove(&r->queue->pq, &r->queue_node);
-    r->queue = NULL;
+    KF_ASSERT(r->status == ST_PENDING && !(r->flags & RUN_BLOCKED) && kf_pq_queued(&r->queue_node));
+    kf_pq_remove(&r->wf->pq, &r->queue_node);
     rs->ready--;
-    r->blocked = true;
-    kf_pq_push(&r->group->blocked, &r->queue_node);
+    r->flags |= RUN_BLOCKED;
+    kf_pq_push(&group_get(rs, r)->blocked, &r->queue_node);
 }
 
 /* A slot of the key freed: its oldest blocked runs are ready again, as
@@ -194,92 +269,13 @@ static void unblock(kf_runs_t *rs, keygrp_t *g) {
     run_t *r;
     while ((r = pq_head(&g->blocked)) != NULL && slot_free(g, r, moved)) {
         kf_pq_remove(&g->blocked, &r->queue_node);
-        r->blocked = false;
+        r->flags &= (uint8_t)~RUN_BLOCKED;
         make_ready(rs, r);
         moved++;
     }
 }
 
-/* ---- records -------------------------------------------------------------- */
-
-void kf__run_to_rec(const run_t *r, Keyflow__Records__RunRec *rec,
-                    Keyflow__Records__RetryRec *retry) {
-    keyflow__records__run_rec__init(rec);
-    rec->run_id = r->run_id;
-    rec->workflow = r->workflow;
-    rec->key = r->key;
-    rec->kind = r->kind;
-    rec->input_json = r->input;
-    rec->event_count = r->event_count;
-    rec->status = r->status;
-    rec->attempts = r->attempts;
-    rec->created_ms = r->created_ms;
-    rec->updated_ms = r->updated_ms;
-    rec->worker_id = r->worker_id ? r->worker_id : "";
-    rec->lease = (char *)r->lease;
-    rec->lease_owner = (char *)r->lease_owner;
-    rec->lease_ms = r->lease_ms;
-    rec->lease_expires_ms = r->lease_expires_ms;
-    rec->result_json = r->result_json ? r->result_json : "";
-    rec->error = r->error ? r->error : "";
-    rec->finished_ms = r->finished_ms;
-    rec->seq = r->seq;
-    rec->key_concurrency = r->key_concurrency;
-    kf__retry_to_rec(&r->retry, retry, &rec->retry);
-    rec->due_ms = r->status == ST_DELAYED ? r->due_ms : 0;
-    rec->cancel_requested = r->cancel_requested;
-    rec->last_error = r->last_error ? r->last_error : "";
-    rec->n_event_ids = r->event_id_count;
-    rec->event_ids = r->event_ids;
-    rec->event_ids_dropped = r->event_ids_dropped;
-}
-
-Keyflow__V1__Run *kf__rec_to_pb(kf_arena_t *arena, const kf_ctx_t *ctx,
-                                const Keyflow__Records__RunRec *rec, bool with_lease) {
-    Keyflow__V1__Run *p = kf_arena_new(arena, sizeof *p);
-    keyflow__v1__run__init(p);
-    p->run_id = kf_arena_strdup(arena, rec->run_id);
-    p->workflow = kf_arena_strdup(arena, rec->workflow);
-    p->key = kf_arena_strdup(arena, rec->key);
-    p->kind = (Keyflow__V1__RuleKind)rec->kind;
-    p->input_json = kf_arena_strdup(arena, rec->input_json);
-    p->event_count = rec->event_count;
-    p->status = (Keyflow__V1__RunStatus)rec->status;
-    p->attempts = rec->attempts;
-    p->created_ms = rec->created_ms;
-    p->updated_ms = rec->updated_ms;
-    p->worker_id = kf_arena_strdup(arena, rec->worker_id);
-    p->lease = with_lease ? kf_arena_strdup(arena, rec->lease) : "";
-    p->lease_expires_ms = rec->status == ST_LEASED ? rec->lease_expires_ms : 0;
-    p->result_json = kf_arena_strdup(arena, rec->result_json);
-    p->error = kf_arena_strdup(arena, rec->error);
-    p->finished_ms = rec->finished_ms;
-    p->due_ms = rec->status == ST_DELAYED ? rec->due_ms : 0;
-    p->cancel_requested = rec->cancel_requested;
-    p->last_error = kf_arena_strdup(arena, rec->last_error);
-    kf_retry_policy_t retry;
-    bool ok = kf__retry_from_rec(rec->retry, &retry);
-    KF_ASSERT(ok); /* records are checked where they are read (kf__run_load) */
-    p->max_attempts = kf_retry_attempts_max(&retry, server_attempts_max(ctx));
-    p->n_event_ids = rec->n_event_ids;
-    p->event_ids = kf_arena_new(arena, (rec->n_event_ids + 1) * sizeof *p->event_ids);
-    for (size_t i = 0; i < rec->n_event_ids; i++) {
-        p->event_ids[i] = kf_arena_strdup(arena, rec->event_ids[i]);
-        KF_ASSERT(p->event_ids[i] != NULL);
-    }
-    p->event_ids_dropped = rec->event_ids_dropped;
-    KF_ASSERT(p->run_id && p->workflow && p->key && p->input_json && p->worker_id && p->lease &&
-              p->result_json && p->error && p->last_error);
-    return p;
-}
-
-Keyflow__V1__Run *kf__run_to_pb(kf_arena_t *arena, const kf_ctx_t *ctx, const run_t *r,
-                                bool with_lease) {
-    Keyflow__Records__RunRec rec;
-    Keyflow__Records__RetryRec retry;
-    kf__run_to_rec(r, &rec, &retry);
-    return kf__rec_to_pb(arena, ctx, &rec, with_lease);
-}
+/* ---- memory, and what it keeps until durable -------------------------------- */
 
 run_t *kf__run_find(const kf_runs_t *rs, const char *run_id) {
     kf_map_node_t *n = kf_map_get(&rs->by_id, run_id, strlen(run_id));
@@ -291,139 +287,216 @@ bool kf_runs_live(const kf_runs_t *rs, const char *run_id) {
     return r != NULL && !kf__run_finished(r->status);
 }
 
-static run_t *run_new(void) {
-    run_t *r = kf_xcalloc(1, sizeof *r);
-    kf_timer_init(&r->timer, KF_TIMER_RUN);
+run_t *kf__run_new(kf_runs_t *rs, const char *run_id, const char *workflow, size_t key_len,
+                   uint64_t seq) {
+    size_t id_len = strlen(run_id);
+    KF_ASSERT(id_len <= KF_RUN_ID_BYTES_MAX && key_len < id_len && run_id[key_len] == '@');
+    run_t *r = kf_xcalloc(1, sizeof *r + id_len + 1);
+    memcpy(r->run_id, run_id, id_len + 1);
+    mem_add(rs, run_bytes(r));
+    r->key_len = (uint16_t)key_len;
+    r->seq = seq;
+    r->wf = queue_ref(rs, workflow);
     kf_pq_node_init(&r->queue_node);
-    r->wakeup_due_ms = KF_NO_WAKEUP;
-    r->retry = KF_RETRY_POLICY_NONE;
+    kf_map_insert(&rs->by_id, &r->node, r->run_id, id_len);
     return r;
 }
 
-static void set_event_ids(run_t *r, const char *const *ids, size_t count, int64_t dropped) {
-    KF_ASSERT(count <= KF_RUN_EVENT_IDS_MAX);
-    r->event_ids = count ? kf_xcalloc(count, sizeof *r->event_ids) : NULL;
-    for (size_t i = 0; i < count; i++) {
-        r->event_ids[i] = kf_xstrdup(ids[i]);
-    }
-    r->event_id_count = (uint32_t)count;
-    r->event_ids_dropped = dropped;
+run_detail_t *kf__detail_new(kf_runs_t *rs, run_t *r) {
+    KF_ASSERT(r->detail == NULL);
+    run_detail_t *d = kf_xcalloc(1, sizeof *d);
+    mem_add(rs, ALLOC(sizeof *d));
+    kf_timer_init(&d->timer, KF_TIMER_RUN);
+    d->run = r;
+    d->wakeup_due_ms = KF_NO_WAKEUP;
+    d->retry = KF_RETRY_POLICY_NONE;
+    r->detail = d;
+    return d;
 }
 
-static run_t *run_from_rec(const Keyflow__Records__RunRec *rec) {
-    run_t *r = run_new();
-    r->run_id = kf_xstrdup(rec->run_id);
-    r->workflow = kf_xstrdup(rec->workflow);
-    r->key = kf_xstrdup(rec->key);
-    r->kind = rec->kind;
-    r->input = kf_xstrdup(rec->input_json);
-    r->event_count = rec->event_count;
-    r->status = rec->status;
-    r->attempts = rec->attempts;
-    r->created_ms = rec->created_ms;
-    r->updated_ms = rec->updated_ms;
-    r->worker_id = rec->worker_id[0] ? kf_xstrdup(rec->worker_id) : NULL;
-    if (strlen(rec->lease) == KF_LEASE_BYTES) {
-        memcpy(r->lease, rec->lease, KF_LEASE_BYTES + 1);
-    }
-    if (strlen(rec->lease_owner) <= KF_API_KEY_ID_CHARS) {
-        strcpy(r->lease_owner, rec->lease_owner);
-    }
-    r->lease_ms = rec->lease_ms;
-    r->lease_expires_ms = rec->lease_expires_ms;
-    r->result_json = rec->result_json[0] ? kf_xstrdup(rec->result_json) : NULL;
-    r->error = rec->error[0] ? kf_xstrdup(rec->error) : NULL;
-    r->finished_ms = rec->finished_ms;
-    r->seq = rec->seq;
-    r->key_concurrency = rec->key_concurrency;
-    bool ok = kf__retry_from_rec(rec->retry, &r->retry);
-    KF_ASSERT(ok); /* checked by rec_valid */
-    r->due_ms = rec->due_ms;
-    r->cancel_requested = rec->cancel_requested;
-    r->last_error = rec->last_error[0] ? kf_xstrdup(rec->last_error) : NULL;
-    set_event_ids(r, (const char *const *)rec->event_ids, rec->n_event_ids, rec->event_ids_dropped);
-    return r;
+void kf__detail_load(kf_runs_t *rs, run_t *r, const Keyflow__Records__RunLiveRec *live) {
+    run_detail_t *d = kf__detail_new(rs, r);
+    kf__detail_from_live(d, live);
+    mem_add(rs, detail_bytes(d) - ALLOC(sizeof *d));
 }
 
-/* Estimated bytes a run holds (the memory budget; docs/semantics.md,
- * "Memory budget"): its struct and map slot, and each string with
- * malloc's 16-byte header. A result or error comes with the run's end,
- * after which the run leaves memory once its write is durable. */
-static size_t run_bytes(const run_t *r) {
-    size_t n = sizeof *r + 2 * sizeof(void *) + 4 * 16 + strlen(r->run_id) + strlen(r->workflow) +
-               strlen(r->key) + strlen(r->input);
-    for (uint32_t i = 0; i < r->event_id_count; i++) {
-        n += 16 + sizeof(char *) + strlen(r->event_ids[i]);
+static void detail_free(run_detail_t *d) {
+    free(d->worker_id);
+    free(d->last_error);
+    free(d->result_json);
+    free(d->error);
+    free(d);
+}
+
+static void body_free(run_body_t *b) {
+    free(b->input);
+    for (uint32_t i = 0; i < b->event_id_count; i++) {
+        free(b->event_ids[i]);
     }
-    return n;
+    free(b->event_ids);
+    free(b);
 }
 
-/* Enters a run in the table, counting its memory. */
-static void run_insert(kf_runs_t *rs, run_t *r) {
-    kf_map_insert(&rs->by_id, &r->node, r->run_id, strlen(r->run_id));
-    r->memory_bytes = run_bytes(r);
-    rs->memory_bytes += r->memory_bytes;
-}
-
-uint64_t kf_runs_memory_bytes(const kf_runs_t *rs) {
-    return rs->memory_bytes;
-}
-
-static void run_free(run_t *r) {
-    free(r->run_id);
-    free(r->workflow);
-    free(r->key);
-    free(r->input);
-    free(r->worker_id);
-    free(r->result_json);
-    free(r->error);
-    free(r->last_error);
-    for (uint32_t i = 0; i < r->event_id_count; i++) {
-        free(r->event_ids[i]);
+static void run_free(kf_runs_t *rs, run_t *r) {
+    if (r->detail != NULL) {
+        mem_sub(rs, detail_bytes(r->detail));
+        detail_free(r->detail);
     }
-    free(r->event_ids);
+    if (r->body != NULL) {
+        mem_sub(rs, body_bytes(r->body));
+        body_free(r->body);
+    }
+    mem_sub(rs, run_bytes(r));
     free(r);
+}
+
+static void settle_unlink(kf_runs_t *rs, run_detail_t *d) {
+    if (d->prev) {
+        d->prev->next = d->next;
+    } else if (rs->settling_head == d) {
+        rs->settling_head = d->next;
+    } else {
+        return; /* not on the list */
+    }
+    if (d->next) {
+        d->next->prev = d->prev;
+    } else {
+        rs->settling_tail = d->prev;
+    }
+    d->prev = d->next = NULL;
+}
+
+/* The run wrote its state in this group: once the group is durable, a
+ * PENDING run's detail goes (its live record holds it) and a finished run
+ * is forgotten (its records hold it). LEASED and DELAYED runs keep their
+ * detail and are not on the list. The list stays in group order: groups
+ * only grow. */
+static void settle_push(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
+    run_detail_t *d = r->detail;
+    settle_unlink(rs, d);
+    if (r->status == ST_LEASED || r->status == ST_DELAYED) {
+        return;
+    }
+    d->group = ctx->group_id;
+    d->prev = rs->settling_tail;
+    if (rs->settling_tail) {
+        rs->settling_tail->next = d;
+    } else {
+        rs->settling_head = d;
+    }
+    rs->settling_tail = d;
+}
+
+/* Writes the run's changed state and keeps in memory what must stay. */
+static void save(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
+    kf__run_save(ctx, r);
+    settle_push(rs, ctx, r);
+}
+
+kf_status_t kf__run_detail(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, kf_error_t *err) {
+    if (r->detail != NULL) {
+        return KF_OK;
+    }
+    KF_ASSERT(r->status == ST_PENDING);
+    Keyflow__Records__RunLiveRec *live;
+    kf_status_t st = kf__run_load_live(ctx, r->seq, r->run_id, &live, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    kf__detail_load(rs, r, live);
+    keyflow__records__run_live_rec__free_unpacked(live, NULL);
+    settle_push(rs, ctx, r); /* dropped again if nothing changes it */
+    return KF_OK;
+}
+
+static void run_forget(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
+    KF_ASSERT(r->body == NULL); /* bodies settle first: their group is older */
+    if (r->detail != NULL) {
+        kf_heap_disarm(&ctx->heap, &r->detail->timer);
+        settle_unlink(rs, r->detail);
+    }
+    kf_map_remove(&rs->by_id, &r->node);
+    queue_unref(rs, r->wf);
+    run_free(rs, r);
+}
+
+void kf_runs_evict(kf_runs_t *rs, kf_ctx_t *ctx) {
+    uint64_t held = rs->memory_bytes;
+    while (rs->bodies_head != NULL && rs->bodies_head->group <= ctx->durable_group_id) {
+        run_body_t *b = rs->bodies_head;
+        rs->bodies_head = b->next;
+        if (rs->bodies_head == NULL) {
+            rs->bodies_tail = NULL;
+        }
+        b->run->body = NULL;
+        mem_sub(rs, body_bytes(b));
+        body_free(b);
+    }
+    while (rs->settling_head != NULL && rs->settling_head->group <= ctx->durable_group_id) {
+        run_detail_t *d = rs->settling_head;
+        run_t *r = d->run;
+        if (kf__run_finished(r->status)) {
+            run_forget(rs, ctx, r); /* its stored wake-up stays; the sweep deletes it when due */
+            continue;
+        }
+        KF_ASSERT(r->status == ST_PENDING && !kf_timer_armed(&d->timer) &&
+                  d->wakeup_due_ms == KF_NO_WAKEUP);
+        settle_unlink(rs, d);
+        mem_sub(rs, detail_bytes(d));
+        detail_free(d);
+        r->detail = NULL;
+    }
+    if (rs->memory_bytes != held) {
+        kf__runs_publish(rs);
+    }
 }
 
 /* ---- state changes -------------------------------------------------------- */
 
 static void set_wakeup(kf_ctx_t *ctx, run_t *r, int64_t due_ms) {
-    kf_ctx_wakeup_move(ctx, &r->timer, KF_WAKEUP_RUN, r->run_id, strlen(r->run_id),
-                       &r->wakeup_due_ms, due_ms);
+    run_detail_t *d = r->detail;
+    kf_ctx_wakeup_move(ctx, &d->timer, KF_WAKEUP_RUN, r->run_id, strlen(r->run_id),
+                       &d->wakeup_due_ms, due_ms);
 }
 
-static void set_text(char **field, const char *text) {
+static void set_text(kf_runs_t *rs, char **field, const char *text) {
+    mem_sub(rs, text_bytes(*field));
     free(*field);
     *field = text ? kf_xstrdup(text) : NULL;
+    mem_add(rs, text_bytes(*field));
 }
 
 void kf__run_lease(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, const char *worker_id,
                    const kf_principal_t *owner, int64_t lease_ms) {
-    KF_ASSERT(r->status == ST_PENDING && kf__run_may_lease(r));
+    KF_ASSERT(r->status == ST_PENDING && r->detail != NULL && kf__run_may_lease(rs, r));
+    run_detail_t *d = r->detail;
     dequeue(rs, r);
     r->status = ST_LEASED;
     rs->leased++;
-    r->group->leased++;
+    group_get(rs, r)->leased++;
     r->attempts++;
-    set_text(&r->worker_id, worker_id);
-    kf_uuid7(ctx->rng, ctx->now_ms, r->lease);
-    strcpy(r->lease_owner, kf_principal_id(owner));
-    r->lease_ms = lease_ms;
-    r->lease_expires_ms = kf_time_add_sat(ctx->now_ms, lease_ms);
+    set_text(rs, &d->worker_id, worker_id);
+    kf_uuid7(ctx->rng, ctx->now_ms, d->lease);
+    strcpy(d->lease_owner, kf_principal_id(owner));
+    d->lease_ms = lease_ms;
+    d->lease_expires_ms = kf_time_add_sat(ctx->now_ms, lease_ms);
     r->updated_ms = ctx->now_ms;
-    kf__run_save(ctx, r);
-    set_wakeup(ctx, r, r->lease_expires_ms);
+    save(rs, ctx, r);
+    set_wakeup(ctx, r, d->lease_expires_ms);
 }
 
 /* Takes the run out of whatever live state it is in (its queue, its lease
- * count, the delayed count); its timer is the caller's to move. */
-static void leave_state(kf_runs_t *rs, run_t *r) {
+ * count, the delayed count); its timer is the caller's to move. Returns the
+ * key group whose lease it gave up, or NULL. */
+static keygrp_t *leave_state(kf_runs_t *rs, run_t *r) {
+    keygrp_t *freed = NULL;
     switch (r->status) {
     case ST_PENDING: dequeue(rs, r); break;
     case ST_LEASED:
-        KF_ASSERT(rs->leased > 0 && r->group->leased > 0);
+        freed = group_find(rs, r);
+        KF_ASSERT(rs->leased > 0 && freed != NULL && freed->leased > 0);
         rs->leased--;
-        r->group->leased--;
+        freed->leased--;
         break;
     case ST_DELAYED:
         KF_ASSERT(rs->delayed > 0);
@@ -431,92 +504,69 @@ static void leave_state(kf_runs_t *rs, run_t *r) {
         break;
     default: KF_UNREACHABLE(); /* finished runs are not live */
     }
+    return freed;
+}
+
+/* The slot a lease gave up goes to the key's blocked runs; the group goes
+ * when nothing holds it. */
+static void slot_freed(kf_runs_t *rs, keygrp_t *g) {
+    if (g != NULL) {
+        unblock(rs, g);
+        group_settle(rs, g);
+    }
 }
 
 /* A live run (already out of its state) becomes PENDING: the key's slot it
  * may have freed and the run itself can go to parked polls. */
-static void to_pending(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
+static void to_pending(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, keygrp_t *freed) {
+    run_detail_t *d = r->detail;
     r->status = ST_PENDING;
-    r->due_ms = 0;
-    r->lease_expires_ms = 0;
+    d->due_ms = 0;
+    d->lease_expires_ms = 0;
     r->updated_ms = ctx->now_ms;
-    kf__run_save(ctx, r);
     set_wakeup(ctx, r, KF_NO_WAKEUP);
+    save(rs, ctx, r);
     enqueue(rs, r);
-    unblock(rs, r->group);
+    slot_freed(rs, freed);
     kf__runs_serve_parked(rs, ctx);
 }
 
-static void to_delayed(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, int64_t due_ms) {
+static void to_delayed(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, int64_t due_ms, keygrp_t *freed) {
+    run_detail_t *d = r->detail;
     r->status = ST_DELAYED;
-    r->due_ms = due_ms;
-    r->lease_expires_ms = 0;
+    d->due_ms = due_ms;
+    d->lease_expires_ms = 0;
     r->updated_ms = ctx->now_ms;
     rs->delayed++;
-    kf__run_save(ctx, r);
+    save(rs, ctx, r);
     set_wakeup(ctx, r, due_ms);
-    unblock(rs, r->group);
+    slot_freed(rs, freed);
     kf__runs_serve_parked(rs, ctx);
-}
-
-static void evict_unlink(kf_runs_t *rs, run_t *r) {
-    if (r->evict_prev) {
-        r->evict_prev->evict_next = r->evict_next;
-    } else if (rs->evict_head == r) {
-        rs->evict_head = r->evict_next;
-    } else {
-        return; /* not on the list */
-    }
-    if (r->evict_next) {
-        r->evict_next->evict_prev = r->evict_prev;
-    } else {
-        rs->evict_tail = r->evict_prev;
-    }
-    r->evict_prev = r->evict_next = NULL;
-}
-
-/* Queues a finished run to be forgotten once `group` is durable. The list
- * stays in group order: groups only grow. */
-static void evict_push(kf_runs_t *rs, run_t *r, uint64_t group) {
-    r->finished_group = group;
-    r->evict_prev = rs->evict_tail;
-    r->evict_next = NULL;
-    if (rs->evict_tail) {
-        rs->evict_tail->evict_next = r;
-    } else {
-        rs->evict_head = r;
-    }
-    rs->evict_tail = r;
 }
 
 void kf__run_finish(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, int status, const char *result,
                     const char *error) {
-    KF_ASSERT(!kf__run_finished(r->status) && kf__run_finished(status));
-    leave_state(rs, r);
-    keygrp_t *g = r->group;
-    bool slot_freed = r->status == ST_LEASED;
-    r->status = status;
-    r->due_ms = 0;
-    r->finished_ms = r->updated_ms = ctx->now_ms;
-    set_text(&r->result_json, result);
-    set_text(&r->error, error);
-    kf__run_save(ctx, r); /* its final state; the live record goes */
+    KF_ASSERT(!kf__run_finished(r->status) && kf__run_finished(status) && r->detail != NULL);
+    run_detail_t *d = r->detail;
+    keygrp_t *freed = leave_state(rs, r);
+    r->status = (uint8_t)status;
+    d->due_ms = 0;
+    d->finished_ms = r->updated_ms = ctx->now_ms;
+    set_text(rs, &d->result_json, result);
+    set_text(rs, &d->error, error);
+    save(rs, ctx, r); /* its final state; the live record goes */
     set_wakeup(ctx, r, kf_time_add_sat(ctx->now_ms, retention_ms(ctx)));
-    evict_push(rs, r, ctx->group_id);
     kf_counter_add(status == ST_COMPLETED ? KF_C_RUNS_COMPLETED
                    : status == ST_FAILED  ? KF_C_RUNS_FAILED
                                           : KF_C_RUNS_CANCELLED,
                    1);
     if (status != ST_COMPLETED) {
         kf_log_kv(KF_LOG_INFO, "runs", status == ST_FAILED ? "run failed" : "run cancelled",
-                  KF_LOG_STR("run_id", r->run_id), KF_LOG_STR("workflow", r->workflow),
-                  KF_LOG_INT("attempts", r->attempts), KF_LOG_STR("error", r->error));
+                  KF_LOG_STR("run_id", r->run_id), KF_LOG_STR("workflow", r->wf->workflow),
+                  KF_LOG_INT("attempts", r->attempts), KF_LOG_STR("error", d->error));
     }
     kf__runs_wake(rs, ctx, r->run_id, r);
-    if (g->live > 1 && slot_freed) {
-        unblock(rs, g);
-    }
-    group_leave(rs, r);
+    slot_freed(rs, freed);
     kf__runs_serve_parked(rs, ctx);
     kf__runs_publish(rs);
 }
@@ -524,27 +574,28 @@ void kf__run_finish(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, int status, const ch
 void kf__run_release(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
     KF_ASSERT(r->status == ST_LEASED && r->attempts > 0);
     r->attempts--; /* a release is not an attempt */
-    r->lease[0] = '\0';
-    r->lease_owner[0] = '\0';
-    if (r->cancel_requested) {
+    r->detail->lease[0] = '\0';
+    r->detail->lease_owner[0] = '\0';
+    if (r->flags & RUN_CANCEL_REQUESTED) {
         kf__run_finish(rs, ctx, r, ST_CANCELLED, NULL, NULL);
         return;
     }
-    leave_state(rs, r);
-    to_pending(rs, ctx, r);
+    keygrp_t *freed = leave_state(rs, r);
+    to_pending(rs, ctx, r, freed);
     kf__runs_publish(rs);
 }
 
 void kf__run_attempt_failed(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, const char *error,
                             bool keep_lease) {
     KF_ASSERT(r->status == ST_LEASED);
+    run_detail_t *d = r->detail;
     if (!keep_lease) {
         /* The lease ended unused: forget it, so a late completion with it
          * is refused rather than taken for a retry of one that happened. */
-        r->lease[0] = '\0';
-        r->lease_owner[0] = '\0';
+        d->lease[0] = '\0';
+        d->lease_owner[0] = '\0';
     }
-    if (r->cancel_requested) {
+    if (r->flags & RUN_CANCEL_REQUESTED) {
         kf__run_finish(rs, ctx, r, ST_CANCELLED, NULL, error);
         return;
     }
@@ -553,22 +604,40 @@ void kf__run_attempt_failed(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, const char *
         kf__run_finish(rs, ctx, r, ST_FAILED, NULL, error);
         return;
     }
-    set_text(&r->last_error, error);
+    set_text(rs, &d->last_error, error);
     kf_counter_add(KF_C_RUN_RETRIES, 1);
-    leave_state(rs, r);
-    int64_t backoff_ms = kf_retry_backoff_ms(&r->retry, r->attempts);
+    keygrp_t *freed = leave_state(rs, r);
+    int64_t backoff_ms = kf_retry_backoff_ms(&d->retry, r->attempts);
     if (backoff_ms == 0) {
-        to_pending(rs, ctx, r);
+        to_pending(rs, ctx, r, freed);
     } else {
-        to_delayed(rs, ctx, r, kf_time_add_sat(ctx->now_ms, backoff_ms));
+        to_delayed(rs, ctx, r, kf_time_add_sat(ctx->now_ms, backoff_ms), freed);
     }
     kf__runs_publish(rs);
 }
 
+void kf__run_request_cancel(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
+    KF_ASSERT(r->status == ST_LEASED);
+    if (!(r->flags & RUN_CANCEL_REQUESTED)) {
+        r->flags |= RUN_CANCEL_REQUESTED;
+        r->updated_ms = ctx->now_ms;
+        save(rs, ctx, r);
+    }
+}
+
+void kf__run_heartbeat(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, int64_t lease_ms) {
+    KF_ASSERT(r->status == ST_LEASED);
+    run_detail_t *d = r->detail;
+    d->lease_expires_ms = kf_time_add_sat(ctx->now_ms, lease_ms);
+    r->updated_ms = ctx->now_ms;
+    save(rs, ctx, r);
+    set_wakeup(ctx, r, d->lease_expires_ms);
+}
+
 /* Retention's end: the run's records go (a whole record of an older build
  * has no state record; deleting the absent one costs nothing). */
-static void delete_stored(kf_ctx_t *ctx, const char *run_id, const char *workflow, uint64_t seq,
-                          int64_t wakeup_due_ms) {
+void kf__run_delete_stored(kf_ctx_t *ctx, const char *run_id, const char *workflow, uint64_t seq,
+                           int64_t wakeup_due_ms) {
     kf_key_t k;
     kf_key_reset(&k);
     kf_key_raw(&k, run_id, strlen(run_id));
@@ -593,23 +662,63 @@ bool kf_runs_room(const kf_runs_t *rs, uint32_t count) {
     return rs->pending + rs->leased + rs->delayed + count <= KF_LIVE_RUNS_MAX;
 }
 
+static const char run_seq_key[] = "run_seq";
+
+kf_status_t kf__runs_load_seq(kf_runs_t *rs, kf_ctx_t *ctx, kf_error_t *err) {
+    kf_value_t v;
+    bool found;
+    kf_status_t st =
+        kf_store_get(ctx->store, KF_CF_META, run_seq_key, sizeof run_seq_key - 1, &v, &found, err);
+    if (st != KF_OK || !found) {
+        return st;
+    }
+    if (v.len != 8) {
+        st = kf_error_set(err, KF_E_CORRUPT, "meta: malformed run_seq");
+    } else {
+        rs->next_seq = kf_get_be64(v.data);
+    }
+    kf_store_value_free(&v);
+    return st;
+}
+
+/* The body stays in memory until the start is durable. */
+static void pin_body(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, const kf_run_spec_t *spec) {
+    run_body_t *b = kf_xcalloc(1, sizeof *b);
+    b->input = kf_xstrndup(spec->input, spec->input_len);
+    b->kind = spec->kind;
+    b->event_count = spec->event_count;
+    b->created_ms = ctx->now_ms;
+    b->retry = spec->options.retry;
+    KF_ASSERT(spec->event_id_count <= KF_RUN_EVENT_IDS_MAX);
+    b->event_ids =
+        spec->event_id_count ? kf_xcalloc(spec->event_id_count, sizeof *b->event_ids) : NULL;
+    for (uint32_t i = 0; i < spec->event_id_count; i++) {
+        b->event_ids[i] = kf_xstrdup(spec->event_ids[i]);
+    }
+    b->event_id_count = spec->event_id_count;
+    b->event_ids_dropped = spec->event_ids_dropped;
+    b->run = r;
+    b->group = ctx->group_id;
+    mem_add(rs, body_bytes(b));
+    if (rs->bodies_tail) {
+        rs->bodies_tail->next = b;
+    } else {
+        rs->bodies_head = b;
+    }
+    rs->bodies_tail = b;
+    r->body = b;
+}
+
 uint64_t kf_runs_start(kf_runs_t *rs, kf_ctx_t *ctx, const kf_run_spec_t *spec) {
     KF_ASSERT(!kf_runs_full(rs));
     KF_ASSERT(kf__run_find(rs, spec->run_id) == NULL);
-    run_t *r = run_new();
-    r->run_id = kf_xstrdup(spec->run_id);
-    r->workflow = kf_xstrdup(spec->workflow);
-    r->key = kf_xstrdup(spec->key);
-    r->kind = spec->kind;
-    r->input = kf_xstrndup(spec->input, spec->input_len);
-    r->event_count = spec->event_count;
-    r->key_concurrency = spec->options.key_concurrency;
-    r->retry = spec->options.retry;
-    set_event_ids(r, spec->event_ids, spec->event_id_count, spec->event_ids_dropped);
-    r->created_ms = r->updated_ms = ctx->now_ms;
-    r->seq = rs->next_seq++;
-    run_insert(rs, r);
-    group_join(rs, r);
+    size_t key_len = strlen(spec->key);
+    run_t *r = kf__run_new(rs, spec->run_id, spec->workflow, key_len, rs->next_seq++);
+    KF_ASSERT(memcmp(r->run_id, spec->key, key_len) == 0);
+    r->key_concurrency = (uint16_t)spec->options.key_concurrency;
+    r->updated_ms = ctx->now_ms;
+    pin_body(rs, ctx, r, spec);
+    kf__detail_new(rs, r)->retry = spec->options.retry;
 
     uint8_t seq_be[8];
     kf_put_be64(seq_be, rs->next_seq);
@@ -617,15 +726,15 @@ uint64_t kf_runs_start(kf_runs_t *rs, kf_ctx_t *ctx, const kf_run_spec_t *spec) 
     kf_key_reset(&k);
     kf_key_raw(&k, run_seq_key, sizeof run_seq_key - 1);
     kf_ctx_put(ctx, KF_CF_META, &k, seq_be, sizeof seq_be);
-    kf_key_run_index(&k, r->workflow, strlen(r->workflow), r->seq);
+    kf_key_run_index(&k, spec->workflow, strlen(spec->workflow), r->seq);
     kf_ctx_put(ctx, KF_CF_RUN_INDEX, &k, r->run_id, strlen(r->run_id));
     kf__run_save_body(ctx, r);
     kf_counter_add(KF_C_RUNS_CREATED, 1);
     if (spec->options.start_after_ms > 0) {
-        to_delayed(rs, ctx, r, kf_time_add_sat(ctx->now_ms, spec->options.start_after_ms));
+        to_delayed(rs, ctx, r, kf_time_add_sat(ctx->now_ms, spec->options.start_after_ms), NULL);
     } else {
         r->status = ST_PENDING;
-        kf__run_save(ctx, r);
+        save(rs, ctx, r);
         enqueue(rs, r);
         kf__runs_serve_parked(rs, ctx);
     }
@@ -635,23 +744,16 @@ uint64_t kf_runs_start(kf_runs_t *rs, kf_ctx_t *ctx, const kf_run_spec_t *spec) 
 
 /* ---- timers ------------------------------------------------------------- */
 
-static void run_forget(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
-    kf_heap_disarm(&ctx->heap, &r->timer);
-    evict_unlink(rs, r);
-    kf_map_remove(&rs->by_id, &r->node);
-    rs->memory_bytes -= r->memory_bytes;
-    run_free(r);
-}
-
 static void lease_expired(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
+    run_detail_t *d = r->detail;
     int64_t max = kf__runs_attempts_max(ctx, r);
     kf_counter_add(KF_C_LEASES_EXPIRED, 1);
-    const char *next = r->cancel_requested                               ? "cancelled"
+    const char *next = (r->flags & RUN_CANCEL_REQUESTED)                 ? "cancelled"
                        : r->attempts >= max                              ? "failed"
-                       : kf_retry_backoff_ms(&r->retry, r->attempts) > 0 ? "delayed"
+                       : kf_retry_backoff_ms(&d->retry, r->attempts) > 0 ? "delayed"
                                                                          : "pending";
     kf_log_kv(KF_LOG_INFO, "runs", "lease expired", KF_LOG_STR("run_id", r->run_id),
-              KF_LOG_STR("workflow", r->workflow), KF_LOG_STR("worker_id", r->worker_id),
+              KF_LOG_STR("workflow", r->wf->workflow), KF_LOG_STR("worker_id", d->worker_id),
               KF_LOG_INT("attempt", r->attempts), KF_LOG_INT("attempts_max", max),
               KF_LOG_STR("next", next));
     char msg[160];
@@ -673,38 +775,38 @@ void kf_runs_fire(kf_runs_t *rs, kf_ctx_t *ctx, kf_timer_t *timer) {
         kf__waiter_answer(rs, ctx, KF_CONTAINER_OF(timer, waiter_t, timer));
         return;
     }
-    run_t *r = KF_CONTAINER_OF(timer, run_t, timer);
+    run_detail_t *d = KF_CONTAINER_OF(timer, run_detail_t, timer);
+    run_t *r = d->run;
     switch (r->status) {
     case ST_LEASED:
-        if (r->lease_expires_ms > ctx->now_ms) {
-            set_wakeup(ctx, r, r->lease_expires_ms);
+        if (d->lease_expires_ms > ctx->now_ms) {
+            set_wakeup(ctx, r, d->lease_expires_ms);
             return;
         }
         lease_expired(rs, ctx, r);
         return;
     case ST_DELAYED:
-        if (r->due_ms > ctx->now_ms) {
-            set_wakeup(ctx, r, r->due_ms);
+        if (d->due_ms > ctx->now_ms) {
+            set_wakeup(ctx, r, d->due_ms);
             return;
         }
         leave_state(rs, r);
-        to_pending(rs, ctx, r);
+        to_pending(rs, ctx, r, NULL);
         kf__runs_publish(rs);
         return;
     case ST_COMPLETED:
     case ST_FAILED:
     case ST_CANCELLED:
-        delete_stored(ctx, r->run_id, r->workflow, r->seq, r->wakeup_due_ms);
-        r->wakeup_due_ms = KF_NO_WAKEUP;
-        if (r->finished_group > ctx->durable_group_id) {
+        kf__run_delete_stored(ctx, r->run_id, r->wf->workflow, r->seq, d->wakeup_due_ms);
+        d->wakeup_due_ms = KF_NO_WAKEUP;
+        if (d->group > ctx->durable_group_id) {
             /* Its finishing write is not durable yet, so the stored record
              * is still the one from before it finished: forgetting the run
              * now would let GetRun, ListRuns and CompleteRun read that older
              * state back. It stays, answering as deleted, until the
              * deletion is durable. */
-            r->deleted = true;
-            evict_unlink(rs, r);
-            evict_push(rs, r, ctx->group_id);
+            r->flags |= RUN_DELETED;
+            settle_push(rs, ctx, r);
             return;
         }
         run_forget(rs, ctx, r);
@@ -713,224 +815,34 @@ void kf_runs_fire(kf_runs_t *rs, kf_ctx_t *ctx, kf_timer_t *timer) {
     }
 }
 
-uint32_t kf_runs_sweep(kf_runs_t *rs, kf_ctx_t *ctx, uint32_t limit) {
-    kf_key_t lower, upper;
-    kf_key_reset(&lower);
-    kf_key_u8(&lower, KF_WAKEUP_RUN);
-    kf_key_wakeup(&upper, kf_time_add_sat(ctx->now_ms, 1), KF_WAKEUP_RUN, NULL, 0);
-    kf_iter_t *it;
-    kf_error_t err;
-    if (kf_iter_create(ctx->store, KF_CF_WAKEUPS, lower.bytes, lower.len, upper.bytes, upper.len,
-                       &it, &err) != KF_OK) {
-        return 0;
-    }
-    if (rs->sweep_started) {
-        kf_iter_seek(it, rs->sweep_cursor.bytes, rs->sweep_cursor.len);
-    } else {
-        kf_iter_seek_first(it);
-    }
-    uint32_t examined = 0;
-    for (; kf_iter_valid(it) && examined < limit; kf_iter_next(it)) {
-        size_t klen;
-        const uint8_t *k = kf_iter_key(it, &klen);
-        if (rs->sweep_started && klen == rs->sweep_cursor.len &&
-            memcmp(k, rs->sweep_cursor.bytes, klen) == 0) {
-            continue;
-        }
-        examined++;
-        kf_key_reset(&rs->sweep_cursor);
-        kf_key_raw(&rs->sweep_cursor, k, klen);
-        rs->sweep_started = true;
-        kf_key_reader_t rd = kf_key_reader(k, klen);
-        int64_t due;
-        uint8_t type;
-        if (!kf_key_read_u8(&rd, &type) || type != KF_WAKEUP_RUN || !kf_key_read_time(&rd, &due)) {
-            continue;
-        }
-        char run_id[KF_RUN_ID_BYTES_MAX + 1];
-        if (rd.left == 0 || rd.left > KF_RUN_ID_BYTES_MAX) {
-            continue;
-        }
-        memcpy(run_id, rd.p, rd.left);
-        run_id[rd.left] = '\0';
-        if (kf__run_find(rs, run_id) != NULL) {
-            continue; /* in memory: its own timer handles it */
-        }
-        kf_stored_run_t *sr;
-        if (kf__run_load(ctx, run_id, &sr, &err) != KF_OK) {
-            continue;
-        }
-        kf_key_t wk;
-        kf_key_reset(&wk);
-        kf_key_raw(&wk, k, klen);
-        if (sr == NULL) {
-            kf_ctx_delete(ctx, KF_CF_WAKEUPS, &wk); /* stale: the run is gone */
-            continue;
-        }
-        if (kf__run_finished(sr->view.status)) {
-            delete_stored(ctx, run_id, sr->view.workflow, sr->view.seq, due);
-        }
-        kf__stored_run_free(sr);
-    }
-    kf_iter_destroy(it);
-    return examined;
-}
+/* ---- recovery's part --------------------------------------------------------- */
 
-void kf_runs_evict(kf_runs_t *rs, kf_ctx_t *ctx) {
-    while (rs->evict_head != NULL && rs->evict_head->finished_group <= ctx->durable_group_id) {
-        run_t *r = rs->evict_head;
-        run_forget(rs, ctx, r); /* its stored wake-up stays; the sweep deletes it when due */
-    }
-}
-
-/* ---- recovery ------------------------------------------------------------ */
-
-/* A recovered live run joins the table. */
-static void recover_run(kf_runs_t *rs, run_t *r) {
-    run_insert(rs, r);
-    group_join(rs, r);
+void kf__runs_adopt(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
     switch (r->status) {
-    case ST_PENDING: enqueue(rs, r); break;
-    case ST_LEASED:
-        rs->leased++;
-        r->group->leased++;
+    case ST_PENDING:
+        enqueue(rs, r);
+        if (r->detail != NULL) {
+            settle_push(rs, ctx, r);
+        }
         break;
-    case ST_DELAYED: rs->delayed++; break;
+    case ST_LEASED:
+        KF_ASSERT(r->detail != NULL);
+        rs->leased++;
+        group_get(rs, r)->leased++;
+        break;
+    case ST_DELAYED:
+        KF_ASSERT(r->detail != NULL);
+        rs->delayed++;
+        break;
     default: KF_UNREACHABLE();
     }
 }
 
-/* One live run of an older build, listed in run_queue by its ID: its whole
- * record is read, and it moves to run_live (the record stays as its body).
- * `k` is its run_queue key. */
-static kf_status_t recover_queued(kf_runs_t *rs, kf_ctx_t *ctx, const kf_key_t *k,
-                                  const char *run_id, run_t **out, kf_error_t *err) {
-    kf_stored_run_t *sr;
-    kf_status_t st = kf__run_load(ctx, run_id, &sr, err);
-    if (st != KF_OK) {
-        return st;
-    }
-    if (sr == NULL || sr->state != NULL || kf__run_finished(sr->view.status) ||
-        sr->view.seq >= rs->next_seq) {
-        kf__stored_run_free(sr);
-        return kf_error_set(err, KF_E_CORRUPT, "run_queue: %s is not a live run", run_id);
-    }
-    *out = run_from_rec(&sr->view);
-    kf__stored_run_free(sr);
-    kf_ctx_delete(ctx, KF_CF_RUN_QUEUE, k);
-    kf__run_save(ctx, *out);
-    return KF_OK;
-}
-
-/* One live run from its live record and its body. */
-static kf_status_t recover_live(kf_runs_t *rs, kf_ctx_t *ctx, uint64_t seq, const void *value,
-                                size_t len, run_t **out, kf_error_t *err) {
-    Keyflow__Records__RunLiveRec *live = keyflow__records__run_live_rec__unpack(NULL, len, value);
-    if (live == NULL || !kf__run_live_valid(live)) {
-        if (live != NULL) {
-            keyflow__records__run_live_rec__free_unpacked(live, NULL);
-        }
-        return kf_error_set(err, KF_E_CORRUPT, "run_live: undecodable record at %llu",
-                            (unsigned long long)seq);
-    }
-    Keyflow__Records__RunRec *body;
-    kf_status_t st = kf__run_load_body(ctx, live->run_id, &body, err);
-    if (st == KF_OK && (body == NULL || body->seq != seq || seq >= rs->next_seq ||
-                        strcmp(body->workflow, live->workflow) != 0)) {
-        st = kf_error_set(err, KF_E_CORRUPT, "run_live: %s has no body of its own", live->run_id);
-    }
-    if (st == KF_OK) {
-        Keyflow__Records__RunRec view = *body;
-        kf__overlay_live(&view, live);
-        *out = run_from_rec(&view);
-    }
-    if (body != NULL) {
-        keyflow__records__run_rec__free_unpacked(body, NULL);
-    }
-    keyflow__records__run_live_rec__free_unpacked(live, NULL);
-    return st;
-}
-
-/* Every live run listed in `cf` (run_queue of older builds, run_live), in
- * run sequence order. */
-static kf_status_t recover_family(kf_runs_t *rs, kf_ctx_t *ctx, kf_cf_t cf, kf_error_t *err) {
-    kf_iter_t *it;
-    kf_status_t st = kf_iter_create(ctx->store, cf, NULL, 0, NULL, 0, &it, err);
-    if (st != KF_OK) {
-        return st;
-    }
-    for (kf_iter_seek_first(it); kf_iter_valid(it) && st == KF_OK; kf_iter_next(it)) {
-        size_t klen, vlen;
-        const uint8_t *kb = kf_iter_key(it, &klen);
-        const char *val = kf_iter_value(it, &vlen);
-        kf_key_reader_t rd = kf_key_reader(kb, klen);
-        uint64_t seq;
-        if (!kf_key_read_be64(&rd, &seq) || rd.left != 0) {
-            st = kf_error_set(err, KF_E_CORRUPT, "%s: malformed key", kf_cf_name(cf));
-            break;
-        }
-        run_t *r = NULL;
-        if (cf == KF_CF_RUN_QUEUE) {
-            char run_id[KF_RUN_ID_BYTES_MAX + 1];
-            if (vlen == 0 || vlen > KF_RUN_ID_BYTES_MAX) {
-                st = kf_error_set(err, KF_E_CORRUPT, "run_queue: malformed entry");
-                break;
-            }
-            memcpy(run_id, val, vlen);
-            run_id[vlen] = '\0';
-            if (kf__run_find(rs, run_id) != NULL) {
-                st = kf_error_set(err, KF_E_CORRUPT,
-                                  "run_queue: %s is not a live run, or is listed twice", run_id);
-                break;
-            }
-            kf_key_t k;
-            kf_key_reset(&k);
-            kf_key_raw(&k, kb, klen);
-            st = recover_queued(rs, ctx, &k, run_id, &r, err);
-        } else {
-            st = recover_live(rs, ctx, seq, val, vlen, &r, err);
-        }
-        if (st != KF_OK) {
-            break;
-        }
-        if (r->seq != seq || kf__run_find(rs, r->run_id) != NULL) {
-            st = kf_error_set(err, KF_E_CORRUPT, "%s: %s is not a live run, or is listed twice",
-                              kf_cf_name(cf), r->run_id);
-            run_free(r);
-            break;
-        }
-        recover_run(rs, r);
-    }
-    if (st == KF_OK) {
-        st = kf_iter_status(it, err);
-    }
-    kf_iter_destroy(it);
-    return st;
-}
-
-kf_status_t kf_runs_recover(kf_runs_t *rs, kf_ctx_t *ctx, kf_error_t *err) {
-    kf_value_t v;
-    bool found;
-    kf_status_t st =
-        kf_store_get(ctx->store, KF_CF_META, run_seq_key, sizeof run_seq_key - 1, &v, &found, err);
-    if (st != KF_OK) {
-        return st;
-    }
-    if (found) {
-        if (v.len != 8) {
-            kf_store_value_free(&v);
-            return kf_error_set(err, KF_E_CORRUPT, "meta: malformed run_seq");
-        }
-        rs->next_seq = kf_get_be64(v.data);
-        kf_store_value_free(&v);
-    }
-    /* run_live first: a run of an older build found there too is listed
-     * twice. */
-    if ((st = recover_family(rs, ctx, KF_CF_RUN_LIVE, err)) == KF_OK) {
-        st = recover_family(rs, ctx, KF_CF_RUN_QUEUE, err);
-    }
-    kf__runs_publish(rs);
-    return st;
+void kf__runs_discard(kf_runs_t *rs, run_t *r) {
+    KF_ASSERT(!kf_pq_queued(&r->queue_node));
+    kf_map_remove(&rs->by_id, &r->node);
+    queue_unref(rs, r->wf);
+    run_free(rs, r);
 }
 
 bool kf_runs_attach_wakeup(kf_runs_t *rs, kf_ctx_t *ctx, const char *run_id, size_t len,
@@ -943,11 +855,11 @@ bool kf_runs_attach_wakeup(kf_runs_t *rs, kf_ctx_t *ctx, const char *run_id, siz
     id[len] = '\0';
     run_t *r = kf__run_find(rs, id);
     if (r == NULL || (r->status != ST_LEASED && r->status != ST_DELAYED) ||
-        r->wakeup_due_ms != KF_NO_WAKEUP) {
+        r->detail->wakeup_due_ms != KF_NO_WAKEUP) {
         return false;
     }
-    r->wakeup_due_ms = due_ms;
-    kf_heap_arm(&ctx->heap, &r->timer, due_ms);
+    r->detail->wakeup_due_ms = due_ms;
+    kf_heap_arm(&ctx->heap, &r->detail->timer, due_ms);
     return true;
 }
 
@@ -955,9 +867,11 @@ void kf_runs_finish_recovery(kf_runs_t *rs, kf_ctx_t *ctx) {
     size_t b;
     for (kf_map_node_t *n = kf_map_first(&rs->by_id, &b); n; n = kf_map_next(&rs->by_id, &b, n)) {
         run_t *r = KF_CONTAINER_OF(n, run_t, node);
-        if ((r->status == ST_LEASED || r->status == ST_DELAYED) && !kf_timer_armed(&r->timer)) {
+        if ((r->status == ST_LEASED || r->status == ST_DELAYED) &&
+            !kf_timer_armed(&r->detail->timer)) {
             kf_log(KF_LOG_WARN, "runs", "repairing the wake-up of %s", r->run_id);
-            set_wakeup(ctx, r, r->status == ST_LEASED ? r->lease_expires_ms : r->due_ms);
+            set_wakeup(ctx, r,
+                       r->status == ST_LEASED ? r->detail->lease_expires_ms : r->detail->due_ms);
         }
     }
 }
@@ -982,16 +896,13 @@ void kf_runs_destroy(kf_runs_t *rs) {
     if (rs == NULL) {
         return;
     }
-    /* Queues and groups first: their nodes live inside the runs. Waiters
-     * live in their commands' arenas; only their lists are ours. */
+    /* Queues and groups first: their queues hold nodes inside the runs.
+     * Waiters live in their commands' arenas; only their lists are ours. */
     size_t b;
     kf_map_node_t *n = kf_map_first(&rs->queues, &b);
     while (n != NULL) {
         kf_map_node_t *next = kf_map_next(&rs->queues, &b, n);
-        wfq_t *q = KF_CONTAINER_OF(n, wfq_t, node);
-        kf_pq_deinit(&q->pq);
-        free(q->workflow);
-        free(q);
+        queue_free(KF_CONTAINER_OF(n, wfq_t, node));
         n = next;
     }
     n = kf_map_first(&rs->groups, &b);
@@ -1011,7 +922,7 @@ void kf_runs_destroy(kf_runs_t *rs) {
     n = kf_map_first(&rs->by_id, &b);
     while (n != NULL) {
         kf_map_node_t *next = kf_map_next(&rs->by_id, &b, n);
-        run_free(KF_CONTAINER_OF(n, run_t, node));
+        run_free(rs, KF_CONTAINER_OF(n, run_t, node)); /* its pinned body and detail too */
         n = next;
     }
     kf_map_deinit(&rs->by_id);

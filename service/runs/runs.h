@@ -23,7 +23,11 @@
  *      finishing write is durable, then live on disk until retention
  *      deletes them. A run's body (its input, event IDs, options) is written
  *      once, when it starts; state changes write its small live record, and
- *      its finish a final state record (runs_int.h, records.c).
+ *      its finish a final state record (runs_int.h, records.c). Memory keeps
+ *      a run's compact state (identity, sequence, status, key limit, queue
+ *      position; a lease's or delay's timer and texts); bodies, and a
+ *      PENDING run's texts, are read from the store when touched, except
+ *      while the write that changed them is not durable yet.
  *   3. A lease is a fresh UUID per attempt; completing, heartbeating or
  *      releasing with any other lease is FAILED_PRECONDITION and changes
  *      nothing.
@@ -140,11 +144,12 @@ typedef struct kf_run_spec {
     int64_t event_ids_dropped;    /* earlier IDs left out */
 } kf_run_spec_t;
 
-/* True when one more live run would pass KF_LIVE_RUNS_MAX. */
-/* Estimated bytes of the runs in memory (the memory budget): whoever
- * changes what a run holds keeps this true. */
+/* Estimated bytes of the runs in memory (the memory budget): runs, their
+ * details and bodies not yet durable, workflows and key groups (runs.c,
+ * "memory accounting"). Whoever changes what a run holds keeps it true. */
 uint64_t kf_runs_memory_bytes(const kf_runs_t *runs);
 
+/* True when one more live run would pass KF_LIVE_RUNS_MAX. */
 bool kf_runs_full(const kf_runs_t *runs);
 /* True when `count` more live runs fit under KF_LIVE_RUNS_MAX. */
 bool kf_runs_room(const kf_runs_t *runs, uint32_t count);

@@ -155,7 +155,9 @@ kf_cmd_t *sim_exec(sim_t *sim, kf_op_t op, const ProtobufCMessage *request) {
     cmd->arena = &sim->arena;
     kf_core_begin(sim->core, sim->batch, sim->group, sim->now_ms);
     kf_core_execute(sim->core, cmd);
-    sim_step(sim);
+    if (!sim->hold_group) {
+        sim_step(sim);
+    }
     return cmd;
 }
 

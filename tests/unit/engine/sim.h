@@ -28,6 +28,8 @@ typedef struct sim {
     kf_arena_t arena; /* requests and responses of the test */
     uint64_t seed;
     size_t step_bytes; /* what the latest sim_step wrote (kf_batch_bytes; 0: nothing) */
+    bool hold_group;   /* sim_exec does not step: commands share the open group, whose
+                          writes reach the store at the next sim_step (group commit) */
 } sim_t;
 
 void sim_open(sim_t *sim, uint64_t seed);
@@ -61,8 +63,8 @@ void sim_drain_work(sim_t *sim, uint32_t steps_max);
 /* Moves the clock and fires due timers, then steps. */
 void sim_advance(sim_t *sim, int64_t to_ms);
 
-/* Executes one command and steps; returns the cmd (in the sim arena). A
- * parked command has cmd->parked != NULL after the call. */
+/* Executes one command and steps (unless hold_group); returns the cmd (in
+ * the sim arena). A parked command has cmd->parked != NULL after the call. */
 kf_cmd_t *sim_exec(sim_t *sim, kf_op_t op, const ProtobufCMessage *request);
 
 /* Convenience builders (all memory in the sim arena). kind: 'd' or 'b'. */

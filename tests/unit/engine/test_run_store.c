@@ -1,13 +1,16 @@
 /*
  * test_run_store.c - deterministic tests of how runs are stored
  * (runs/records.c): a state change writes the run's small state, never its
- * body again; a store written by the build before the split opens, its runs
- * move to the new records once and keep working across later restarts.
+ * body again; memory keeps a pending run's compact state only, and
+ * whatever a group wrote until that group is durable; a store written by
+ * the build before the split opens, its runs move to the new records once
+ * and keep working across later restarts.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "base/metrics.h"
 #include "records/records.pb-c.h"
 #include "sim.h"
 #include "storage/keys.h"
@@ -123,6 +126,109 @@ Test(run_store, state_changes_never_rewrite_the_body) {
     cr_assert_eq(sim_count_raw(&sim, KF_CF_RUNS), 0);
     cr_assert_eq(sim_count_raw(&sim, KF_CF_RUN_STATE), 0);
     cr_assert_eq(sim_count_raw(&sim, KF_CF_RUN_INDEX), 0);
+}
+
+/* ---- what memory keeps ---------------------------------------------------------- */
+
+static const char *send_input(const char *key, const char *input) {
+    kf_cmd_t *c = sim_send(&sim, "wf", key, NULL, sim_batch(&sim, 1, 1000), input);
+    ok(c, "SendEvent");
+    return SEND_RESP(c)->receipt->run_id;
+}
+
+static char *big_input(size_t bytes) {
+    char *s = kf_arena_alloc(&sim.arena, bytes + 1);
+    s[0] = '"';
+    memset(s + 1, 'i', bytes - 2);
+    s[bytes - 1] = '"';
+    s[bytes] = '\0';
+    return s;
+}
+
+/* Once its start is durable a pending run holds no body and no texts in
+ * memory: keyflow_runs_memory_bytes grows by a small, fixed amount per run
+ * whatever its input, and leasing and releasing runs leaves it as it was.
+ * Until the start is durable the body is held (the store does not have it
+ * yet). */
+Test(run_store, memory_keeps_no_body_of_a_pending_run) {
+    const int runs = 200;
+    const char *input = big_input(4096);
+    char *as_run = kf_arena_alloc(&sim.arena, strlen(input) + 3); /* a batch of one */
+    sprintf(as_run, "[%s]", input);
+    int64_t empty = kf_gauge_get(KF_G_RUNS_MEMORY_BYTES);
+    char key[16];
+    sim.hold_group = true; /* the first ten in one group, not durable yet */
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof key, "k%03d", i);
+        send_input(key, input);
+    }
+    int64_t held = kf_gauge_get(KF_G_RUNS_MEMORY_BYTES) - empty;
+    cr_assert_gt(held, 10 * 4096, "bodies are held until durable (%lld bytes)", (long long)held);
+    sim.hold_group = false;
+    sim_step(&sim);
+    for (int i = 10; i < runs; i++) {
+        snprintf(key, sizeof key, "k%03d", i);
+        send_input(key, input);
+    }
+    int64_t per_run = (kf_gauge_get(KF_G_RUNS_MEMORY_BYTES) - empty) / runs;
+    cr_assert_lt(per_run, 200, "a pending run holds %lld bytes", (long long)per_run);
+    int64_t settled = kf_gauge_get(KF_G_RUNS_MEMORY_BYTES);
+
+    kf_cmd_t *p = sim_poll(&sim, "wf", 10000, 20, 0);
+    ok(p, "PollRuns");
+    cr_assert_eq(POLL_RESP(p)->n_runs, 20);
+    cr_assert_str_eq(POLL_RESP(p)->runs[0]->input_json, as_run, "a lease reads the body back");
+    for (size_t i = 0; i < POLL_RESP(p)->n_runs; i++) {
+        ok(sim_release(&sim, POLL_RESP(p)->runs[i]->run_id, POLL_RESP(p)->runs[i]->lease),
+           "ReleaseRun");
+    }
+    sim_step(&sim); /* the group after the last release */
+    cr_assert_eq(kf_gauge_get(KF_G_RUNS_MEMORY_BYTES), settled,
+                 "released runs keep no detail once the release is durable");
+    Keyflow__V1__Run *r = get(POLL_RESP(p)->runs[3]->run_id);
+    cr_assert_eq(r->status, ST(PENDING));
+    cr_assert_str_eq(r->worker_id, "worker-1", "its texts are read from its live record");
+    cr_assert_str_eq(r->input_json, as_run);
+}
+
+/* Commands of one group see each other's effects: the store has none of
+ * them until the group is written, so they are served from memory. */
+Test(run_store, a_group_sees_its_own_writes_before_they_are_durable) {
+    sim.hold_group = true;
+    const char *id = send_input("k", "{\"n\":1}");
+    Keyflow__V1__Run *r = get(id);
+    cr_assert_eq(r->status, ST(PENDING));
+    cr_assert_str_eq(r->input_json, "[{\"n\":1}]");
+    kf_cmd_t *p = sim_poll(&sim, "wf", 10000, 1, 0);
+    ok(p, "PollRuns");
+    cr_assert_eq(POLL_RESP(p)->n_runs, 1);
+    cr_assert_str_eq(POLL_RESP(p)->runs[0]->input_json, "[{\"n\":1}]");
+    ok(sim_release(&sim, id, POLL_RESP(p)->runs[0]->lease), "ReleaseRun");
+    r = get(id);
+    cr_assert_eq(r->status, ST(PENDING));
+    cr_assert_str_eq(r->worker_id, "worker-1");
+    ok(sim_cancel_run(&sim, id), "CancelRun");
+    cr_assert_eq(get(id)->status, ST(CANCELLED));
+    cr_assert_eq(sim_count_raw(&sim, KF_CF_RUNS), 0, "nothing is in the store yet");
+    sim.hold_group = false;
+    sim_step(&sim);
+    sim_crash(&sim);
+    r = get(id);
+    cr_assert_eq(r->status, ST(CANCELLED));
+    cr_assert_str_eq(r->input_json, "[{\"n\":1}]");
+    cr_assert_str_eq(r->worker_id, "worker-1");
+}
+
+/* A lease reads the run's body before it changes anything: a body that
+ * cannot be read fails the poll and leaves the run PENDING. */
+Test(run_store, a_body_that_cannot_be_read_leases_nothing) {
+    const char *id = send_input("k", "1");
+    sim_put_raw(&sim, KF_CF_RUNS, id, strlen(id), "\xff\xff", 2);
+    kf_cmd_t *p = sim_poll(&sim, "wf", 10000, 1, 0);
+    cr_assert_eq(p->error.status, KF_E_CORRUPT, "%s", p->error.message);
+    cr_assert(strstr(p->error.message, id) != NULL, "%s", p->error.message);
+    cr_assert_eq(kf_gauge_get(KF_G_RUNS_PENDING), 1);
+    cr_assert_eq(kf_gauge_get(KF_G_RUNS_LEASED), 0);
 }
 
 /* ---- a store of the build before the split ---------------------------------
