@@ -92,6 +92,59 @@ start_server() {
     log "keyflowd pid $SERVER_PID, grpc 127.0.0.1:$GRPC_PORT, http 127.0.0.1:$HTTP_PORT"
 }
 
+# build_targets TARGET...: configures $BUILD_DIR (RelWithDebInfo, tests
+# not built: a benchmark needs a few targets, and a test file someone is
+# still writing must not stop it) and builds the targets; on failure prints
+# the end of the build log and exits.
+build_targets() {
+    local build_log
+    log "building $* in $BUILD_DIR"
+    build_log=$(mktemp)
+    if ! { cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_BUILD_TESTS=OFF &&
+           cmake --build "$BUILD_DIR" -j"$(nproc)" --target "$@"; } >"$build_log" 2>&1
+    then
+        tail -n 40 "$build_log" >&2
+        rm -f "$build_log"
+        log "build failed"
+        exit 1
+    fi
+    rm -f "$build_log"
+}
+
+now_ms() { date +%s%3N; }
+
+# restart_server KEYFLOWD [extra keyflowd flags...]: after stop_server,
+# starts keyflowd again over $WORK/data (log level info: it logs "store
+# opened in X ms, engine recovered in Y ms") and waits up to a minute for
+# /readyz to answer 200. Sets SERVER_PID, GRPC_PORT, HTTP_PORT, and PORT_MS
+# and READY_MS: from the exec to the port file and to the first 200.
+restart_server() {
+    local keyflowd=$1 begin
+    shift
+    rm -f "$WORK/ports"
+    begin=$(now_ms)
+    # shellcheck disable=SC2086  # KEYFLOWD_ARGS is a list of flags
+    "$keyflowd" --data "$WORK/data" --grpc 127.0.0.1:0 --http 127.0.0.1:0 "$@" \
+        --port-file "$WORK/ports" --log-level info $KEYFLOWD_ARGS >>"$SERVER_LOG" 2>&1 &
+    SERVER_PID=$!
+    PORT_MS=
+    READY_MS=
+    for _ in $(seq 1 6000); do
+        if [ -z "$PORT_MS" ] && [ -s "$WORK/ports" ]; then
+            PORT_MS=$(( $(now_ms) - begin ))
+            GRPC_PORT=$(sed -n 's/^grpc=//p' "$WORK/ports")
+            HTTP_PORT=$(sed -n 's/^http=//p' "$WORK/ports")
+        fi
+        if [ -n "$PORT_MS" ] &&
+           [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://127.0.0.1:$HTTP_PORT/readyz")" = 200 ]; then
+            READY_MS=$(( $(now_ms) - begin ))
+            return
+        fi
+        kill -0 "$SERVER_PID" 2>/dev/null || { tail -n 20 "$SERVER_LOG" >&2; log "keyflowd died"; exit 1; }
+        sleep 0.01
+    done
+}
+
 # Records JSON lines (starting with "{") and keeps the human lines.
 collect() {
     local line

@@ -29,17 +29,7 @@ INPUT_BYTES=${INPUT_BYTES:-1024}
 LOAD_S=${LOAD_S:-20}
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 
-log "building kf_load and keyflowd in $BUILD_DIR"
-build_log=$(mktemp)
-if ! { cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_BUILD_TESTS=OFF &&
-       cmake --build "$BUILD_DIR" -j"$(nproc)" --target kf_load keyflowd; } >"$build_log" 2>&1
-then
-    tail -n 40 "$build_log" >&2
-    rm -f "$build_log"
-    log "build failed"
-    exit 1
-fi
-rm -f "$build_log"
+build_targets kf_load keyflowd
 KF_LOAD=$BUILD_DIR/bench/load/kf_load
 KEYFLOWD=${KEYFLOWD:-$BUILD_DIR/service/main/keyflowd}
 log "CPU idle before the run: $(idle_pct)%"
@@ -52,7 +42,6 @@ start_server "$KEYFLOWD" bench-restart
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 wal_bytes() { find "$WORK/data" -maxdepth 1 -name '*.log' -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }'; }
 dir_bytes() { du -sb "$WORK/data" | cut -f1; }
-now_ms() { date +%s%3N; }
 
 stop_begin=$(now_ms)
 stop_server
@@ -61,27 +50,9 @@ wal=$(wal_bytes)
 dir=$(dir_bytes)
 log "after the load: WAL $(mib "$wal") MiB, data directory $(mib "$dir") MiB; SIGTERM took $stop_ms ms"
 
-rm -f "$WORK/ports"
-begin=$(now_ms)
-# shellcheck disable=SC2086  # KEYFLOWD_ARGS is a list of flags
-"$KEYFLOWD" --data "$WORK/data" --grpc 127.0.0.1:0 --http 127.0.0.1:0 \
-    --port-file "$WORK/ports" --log-level info $KEYFLOWD_ARGS >>"$SERVER_LOG" 2>&1 &
-SERVER_PID=$!
-port_ms=
-ready_ms=
-for _ in $(seq 1 6000); do
-    if [ -z "$port_ms" ] && [ -s "$WORK/ports" ]; then
-        port_ms=$(( $(now_ms) - begin ))
-        HTTP_PORT=$(sed -n 's/^http=//p' "$WORK/ports")
-    fi
-    if [ -n "$port_ms" ] &&
-       [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://127.0.0.1:$HTTP_PORT/readyz")" = 200 ]; then
-        ready_ms=$(( $(now_ms) - begin ))
-        break
-    fi
-    kill -0 "$SERVER_PID" 2>/dev/null || { tail -n 20 "$SERVER_LOG" >&2; log "keyflowd died"; exit 1; }
-    sleep 0.01
-done
+restart_server "$KEYFLOWD"
+port_ms=$PORT_MS
+ready_ms=$READY_MS
 rss_kib=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")
 after=$(wal_bytes)
 # "store opened in X ms, engine recovered in Y ms" (older builds: -)
