@@ -25,6 +25,7 @@
 #include "keyflow_client.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,13 +39,54 @@
 #include <grpc/status.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <jansson.h>
 
 #include "base/assert.h"
+#include "base/partition.h"
 #include "base/limits.h"
 
+/* What a route of the server's RPC table says (GetPlacement's Route). */
+typedef enum route_kind {
+    ROUTE_ANY,             /* no key: any endpoint (health, placement, local) */
+    ROUTE_HOME,            /* the process's own (API keys): the first endpoint */
+    ROUTE_BY_COORDINATOR,  /* fields: workflow, key */
+    ROUTE_BY_RUN_ID,       /* fields: run_id */
+    ROUTE_BY_FUNCTION_KEY, /* fields: function_id, key text */
+    ROUTE_SPLIT,
+    ROUTE_ALL,
+    ROUTE_MERGE,
+    ROUTE_FIRST,
+} route_kind_t;
+
+/* Route fields are dotted request paths ("coordinator.workflow"). */
+#define ROUTE_FIELD_BYTES_MAX 64
+/* Method paths of the RPC table are short constants. */
+#define ROUTE_METHOD_BYTES_MAX 96
+/* Routes a placement may list: the RPC table has fewer than this. */
+#define ROUTES_MAX 64
+
+typedef struct route {
+    char method[ROUTE_METHOD_BYTES_MAX];
+    route_kind_t kind;
+    char fields[2][ROUTE_FIELD_BYTES_MAX];
+} route_t;
+
 struct kf_client {
-    grpc_channel *channel; /* shared by every call; thread-safe */
-    char target[KF_CLIENT_TARGET_BYTES_MAX + 1];
+    /* One channel per endpoint, each shared by every call; thread-safe. */
+    grpc_channel *channels[KF_CLIENT_ENDPOINTS_MAX];
+    const char *endpoints[KF_CLIENT_ENDPOINTS_MAX]; /* into endpoint_text */
+    size_t endpoint_count;
+    char *target;        /* as given: "a:1" or "a:1,b:2" */
+    char *endpoint_text; /* the target with each ',' a NUL */
+    /* With several endpoints, the data set's placement as the endpoints told
+     * it (GetPlacement), asked for before the first routed call and again
+     * when a call is refused as another process's. */
+    pthread_mutex_t lock;
+    uint32_t partition_count;             /* 0: not known yet */
+    int8_t owner[KF_PARTITION_COUNT_MAX]; /* endpoint serving each partition; -1: none */
+    route_t routes[ROUTES_MAX];
+    size_t route_count;
+    unsigned rotation; /* where the next poll starts */
     /* "Bearer <key>", sent as the authorization metadata of every call
      * (static slices over it: it lives as long as the client). */
     char authorization[sizeof "Bearer " + KF_CLIENT_API_KEY_BYTES_MAX];
@@ -176,6 +218,47 @@ static void check_status_table(void) {
     }
 }
 
+static void free_client(kf_client_t *client) {
+    if (client != NULL) {
+        free(client->target);
+        free(client->endpoint_text);
+        free(client);
+    }
+}
+
+/* The target's endpoints: "a:1" or "a:1,b:2" (each at most
+ * KF_CLIENT_TARGET_BYTES_MAX, at most KF_CLIENT_ENDPOINTS_MAX). */
+static kf_status_t split_endpoints(kf_client_t *client, kf_error_t *err) {
+    char *p = client->endpoint_text;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma != NULL) {
+            *comma = '\0';
+        }
+        size_t len = strlen(p);
+        if (len == 0) {
+            return kf_error_set(err, KF_E_INVALID,
+                                client->endpoint_count == 0 && comma == NULL
+                                    ? "target: required, e.g. 127.0.0.1:50051"
+                                    : "target: an empty endpoint in \"%s\"",
+                                client->target);
+        }
+        if (len > KF_CLIENT_TARGET_BYTES_MAX) {
+            return kf_error_set(err, KF_E_INVALID, "target: at most %d bytes per endpoint, got %zu",
+                                KF_CLIENT_TARGET_BYTES_MAX, len);
+        }
+        if (client->endpoint_count == KF_CLIENT_ENDPOINTS_MAX) {
+            return kf_error_set(err, KF_E_INVALID, "target: at most %d endpoints",
+                                KF_CLIENT_ENDPOINTS_MAX);
+        }
+        client->endpoints[client->endpoint_count++] = p;
+        if (comma == NULL) {
+            return KF_OK;
+        }
+        p = comma + 1;
+    }
+}
+
 kf_status_t kf_client_create(const char *target, kf_client_t **out, kf_error_t *err) {
     return kf_client_create_with(target, NULL, out, err);
 }
@@ -186,23 +269,22 @@ kf_status_t kf_client_create_with(const char *target, const kf_client_options_t 
     KF_ASSERT(target != NULL && out != NULL);
     const kf_client_options_t *o = options != NULL ? options : &plaintext;
     *out = NULL;
-    size_t target_len = strlen(target);
-    if (target_len == 0) {
-        return kf_error_set(err, KF_E_INVALID, "target: required, e.g. 127.0.0.1:50051");
-    }
-    if (target_len > KF_CLIENT_TARGET_BYTES_MAX) {
-        return kf_error_set(err, KF_E_INVALID, "target: at most %d bytes, got %zu",
-                            KF_CLIENT_TARGET_BYTES_MAX, target_len);
-    }
     if (o->api_key != NULL && check_api_key(o->api_key, err) != KF_OK) {
         return err->status;
     }
     check_status_table();
     kf_client_t *client = calloc(1, sizeof *client);
-    if (client == NULL) {
+    if (client == NULL || (client->target = strdup(target)) == NULL ||
+        (client->endpoint_text = strdup(target)) == NULL) {
+        free_client(client);
         return kf_error_set(err, KF_E_NOMEM, "cannot allocate the client");
     }
-    memcpy(client->target, target, target_len + 1);
+    if (split_endpoints(client, err) != KF_OK) {
+        free_client(client);
+        return err->status;
+    }
+    pthread_mutex_init(&client->lock, NULL);
+    memset(client->owner, -1, sizeof client->owner);
     if (o->api_key != NULL) {
         snprintf(client->authorization, sizeof client->authorization, "Bearer %s", o->api_key);
         client->metadata[0].key = grpc_slice_from_static_string("authorization");
@@ -217,7 +299,8 @@ kf_status_t kf_client_create_with(const char *target, const kf_client_options_t 
     if (tls) {
         kf_status_t st = tls_credentials(o, &creds, err);
         if (st != KF_OK) {
-            free(client);
+            pthread_mutex_destroy(&client->lock);
+            free_client(client);
             grpc_shutdown();
             return st;
         }
@@ -245,13 +328,17 @@ kf_status_t kf_client_create_with(const char *target, const kf_client_options_t 
         arg_count = 4;
     }
     grpc_channel_args channel_args = {arg_count, args};
-    client->channel = grpc_channel_create(client->target, creds, &channel_args);
-    grpc_channel_credentials_release(creds);
-    if (client->channel == NULL) {
-        free(client);
-        grpc_shutdown();
-        return kf_error_set(err, KF_E_INTERNAL, "cannot create a gRPC channel to %s", target);
+    for (size_t i = 0; i < client->endpoint_count; i++) {
+        client->channels[i] = grpc_channel_create(client->endpoints[i], creds, &channel_args);
+        if (client->channels[i] == NULL) {
+            grpc_channel_credentials_release(creds);
+            kf_error_set(err, KF_E_INTERNAL, "cannot create a gRPC channel to %s",
+                         client->endpoints[i]);
+            kf_client_destroy(client);
+            return err->status;
+        }
     }
+    grpc_channel_credentials_release(creds);
     *out = client;
     return KF_OK;
 }
@@ -260,9 +347,23 @@ void kf_client_destroy(kf_client_t *client) {
     if (client == NULL) {
         return;
     }
-    grpc_channel_destroy(client->channel);
-    free(client);
+    for (size_t i = 0; i < client->endpoint_count; i++) {
+        if (client->channels[i] != NULL) {
+            grpc_channel_destroy(client->channels[i]);
+        }
+    }
+    pthread_mutex_destroy(&client->lock);
+    free_client(client);
     grpc_shutdown();
+}
+
+size_t kf_client_endpoint_count(const kf_client_t *client) {
+    return client->endpoint_count;
+}
+
+const char *kf_client_endpoint(const kf_client_t *client, size_t endpoint) {
+    KF_ASSERT(endpoint < client->endpoint_count);
+    return client->endpoints[endpoint];
 }
 
 const char *kf_client_target(const kf_client_t *client) {
@@ -379,13 +480,18 @@ static kf_status_t status_error(grpc_status_code code, grpc_slice details, const
                         (const char *)GRPC_SLICE_START_PTR(details));
 }
 
-kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
+/* One call on one endpoint's channel. *misdirected (may be NULL) tells
+ * whether the server refused it as another process's partition (its
+ * trailing metadata names the partition). */
+static kf_status_t call_on(kf_client_t *client, size_t endpoint, const char *method_path,
                            const ProtobufCMessage *request,
                            const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
-                           int64_t timeout_ms, ProtobufCMessage **response, kf_error_t *err) {
-    KF_ASSERT(client != NULL && arena != NULL && response != NULL);
-    check_call_args(method_path, request, response_desc, timeout_ms);
+                           int64_t timeout_ms, ProtobufCMessage **response, bool *misdirected,
+                           kf_error_t *err) {
     *response = NULL;
+    if (misdirected != NULL) {
+        *misdirected = false;
+    }
 
     grpc_byte_buffer *send_buffer = NULL;
     kf_status_t pack_st = pack_request(request, &send_buffer, err);
@@ -398,8 +504,9 @@ kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     gpr_timespec deadline = deadline_after(timeout_ms);
     grpc_slice method = grpc_slice_from_copied_string(method_path);
-    grpc_call *call = grpc_channel_create_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                               method, NULL, deadline, NULL);
+    grpc_call *call =
+        grpc_channel_create_call(client->channels[endpoint], NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                 method, NULL, deadline, NULL);
     grpc_slice_unref(method);
     KF_ASSERT(call != NULL);
 
@@ -444,6 +551,11 @@ kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
 
     if (code != GRPC_STATUS_OK) {
         st = status_error(code, details, method_path, err);
+        for (size_t i = 0; misdirected != NULL && i < trailing_metadata.count; i++) {
+            if (grpc_slice_str_cmp(trailing_metadata.metadata[i].key, "keyflow-partition") == 0) {
+                *misdirected = true;
+            }
+        }
     } else if (recv_buffer == NULL) {
         st = kf_error_set(err, KF_E_INTERNAL, "response: %s returned OK without a message",
                           method_path);
@@ -466,6 +578,609 @@ release_call:
     }
     grpc_metadata_array_destroy(&initial_metadata);
     grpc_metadata_array_destroy(&trailing_metadata);
+    KF_ASSERT((st == KF_OK) == (*response != NULL));
+    return st;
+}
+
+/* ---- several endpoints: routing by key ----------------------------------
+ *
+ * A target "a:1,b:2,c:3" names the processes of one data set (DESIGN.md
+ * section 9, docs/scaling.md). Before the first call the client asks every
+ * endpoint for its placement (keyflow.v1.Partitions/GetPlacement: the
+ * partition count, the partitions it serves, how each RPC routes) and then
+ * sends each call where its route says, computing the partition with
+ * kf-hash-1 (base/partition.h), as the SDKs do:
+ *   by_coordinator, by_run_id, by_function_key: the key's endpoint; a
+ *     refusal as another process's partition asks again and retries once;
+ *   all: every endpoint (registration, deletion, descriptions, trims); the
+ *     first endpoint's answer, with GetFunction's, RegisterFunction's and
+ *     DeleteFunction's counters summed;
+ *   merge: ListRuns endpoint after endpoint behind one page token
+ *     ("e<endpoint>:<the endpoint's token>");
+ *   first: PollRuns asks the endpoints in turn; a long poll waits on each in
+ *     turn for at most ROUTED_POLL_SLICE_MS, so a run anywhere is leased
+ *     within about that times the endpoints;
+ *   split: SendEvents split by the events' endpoints, the answers in order;
+ *     a PushBatch or DryRunBatch, ReadOutput and streams are refused
+ *     (UNIMPLEMENTED: the SDKs split and merge those);
+ *   home (API keys), and calls without a route: the first endpoint.
+ */
+
+/* How long a routed long poll waits on one endpoint before the next. */
+#define ROUTED_POLL_SLICE_MS 1000
+
+static route_kind_t route_kind_named(const char *name) {
+    static const struct {
+        const char *name;
+        route_kind_t kind;
+    } kinds[] = {
+        {"home", ROUTE_HOME},           {"by_coordinator", ROUTE_BY_COORDINATOR},
+        {"by_run_id", ROUTE_BY_RUN_ID}, {"by_function_key", ROUTE_BY_FUNCTION_KEY},
+        {"split", ROUTE_SPLIT},         {"all", ROUTE_ALL},
+        {"merge", ROUTE_MERGE},         {"first", ROUTE_FIRST},
+    };
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        if (strcmp(kinds[i].name, name) == 0) {
+            return kinds[i].kind;
+        }
+    }
+    return ROUTE_ANY; /* local, and kinds this client does not know */
+}
+
+kf_status_t kf_client_get_placement(kf_client_t *client, size_t endpoint, kf_arena_t *arena,
+                                    int64_t timeout_ms, Keyflow__V1__Placement **response,
+                                    kf_error_t *err) {
+    KF_ASSERT(client != NULL && endpoint < client->endpoint_count && response != NULL);
+    Keyflow__V1__GetPlacementRequest req = KEYFLOW__V1__GET_PLACEMENT_REQUEST__INIT;
+    ProtobufCMessage *msg = NULL;
+    kf_status_t st =
+        call_on(client, endpoint, KF_CLIENT_PATH_GET_PLACEMENT, &req.base,
+                &keyflow__v1__placement__descriptor, arena, timeout_ms, &msg, NULL, err);
+    *response = (Keyflow__V1__Placement *)msg;
+    return st;
+}
+
+/* Asks every endpoint for its placement and keeps what they said; an
+ * endpoint that does not answer keeps what an earlier answer said. Fails
+ * only when no endpoint answered, or the answers contradict each other. */
+static kf_status_t discover(kf_client_t *client, int64_t timeout_ms, kf_error_t *err) {
+    kf_arena_t arena;
+    kf_arena_init(&arena, 0);
+    pthread_mutex_lock(&client->lock);
+    uint32_t count = client->partition_count;
+    int8_t owner[KF_PARTITION_COUNT_MAX];
+    memcpy(owner, client->owner, sizeof owner);
+    pthread_mutex_unlock(&client->lock);
+    route_t *routes = calloc(ROUTES_MAX, sizeof *routes);
+    size_t route_count = 0;
+    kf_error_t first_failure = {0};
+    kf_status_t st = routes != NULL ? KF_OK : kf_error_set(err, KF_E_NOMEM, "out of memory");
+    for (size_t e = 0; st == KF_OK && e < client->endpoint_count; e++) {
+        Keyflow__V1__Placement *p = NULL;
+        kf_error_t call_err;
+        if (kf_client_get_placement(client, e, &arena, timeout_ms, &p, &call_err) != KF_OK) {
+            if (first_failure.status == KF_OK) {
+                kf_error_set(&first_failure, call_err.status, "%s: %s", client->endpoints[e],
+                             call_err.message);
+            }
+            continue;
+        }
+        if (p->partition_count < 1 || p->partition_count > KF_PARTITION_COUNT_MAX ||
+            (count != 0 && (uint32_t)p->partition_count != count)) {
+            st = kf_error_set(err, KF_E_INVALID,
+                              "target: %s serves a data set of %d partitions, another endpoint "
+                              "one of %u",
+                              client->endpoints[e], (int)p->partition_count, count);
+            break;
+        }
+        count = (uint32_t)p->partition_count;
+        for (size_t i = 0; i < p->n_partitions; i++) {
+            int32_t part = p->partitions[i]->partition;
+            if (part < 0 || (uint32_t)part >= count) {
+                continue;
+            }
+            if (owner[part] >= 0 && (size_t)owner[part] != e) {
+                st = kf_error_set(err, KF_E_INVALID,
+                                  "target: partition %d is served by both %s and %s (two "
+                                  "copies of it: docs/scaling.md)",
+                                  (int)part, client->endpoints[owner[part]], client->endpoints[e]);
+                break;
+            }
+            owner[part] = (int8_t)e;
+        }
+        if (route_count == 0) {
+            for (size_t i = 0; i < p->n_routes && route_count < ROUTES_MAX; i++) {
+                const Keyflow__V1__Route *r = p->routes[i];
+                route_t *out = &routes[route_count++];
+                snprintf(out->method, sizeof out->method, "%s", r->method);
+                out->kind = route_kind_named(r->kind);
+                for (size_t f = 0; f < 2 && f < r->n_fields; f++) {
+                    snprintf(out->fields[f], sizeof out->fields[f], "%s", r->fields[f]);
+                }
+            }
+        }
+    }
+    if (st == KF_OK && count == 0) {
+        st = kf_error_set(err,
+                          first_failure.status != KF_OK ? first_failure.status : KF_E_UNAVAILABLE,
+                          "no endpoint told its placement: %s", first_failure.message);
+    }
+    if (st == KF_OK) {
+        pthread_mutex_lock(&client->lock);
+        client->partition_count = count;
+        memcpy(client->owner, owner, sizeof owner);
+        if (route_count > 0) {
+            memcpy(client->routes, routes, route_count * sizeof *routes);
+            client->route_count = route_count;
+        }
+        pthread_mutex_unlock(&client->lock);
+    }
+    free(routes);
+    kf_arena_deinit(&arena);
+    return st;
+}
+
+/* The method's route and the partition count, asking the endpoints first
+ * when nobody has yet. */
+static kf_status_t route_of(kf_client_t *client, const char *method_path, int64_t timeout_ms,
+                            route_t *out, uint32_t *count, kf_error_t *err) {
+    pthread_mutex_lock(&client->lock);
+    bool known = client->partition_count != 0;
+    pthread_mutex_unlock(&client->lock);
+    if (!known) {
+        kf_status_t st = discover(client, timeout_ms, err);
+        if (st != KF_OK) {
+            return st;
+        }
+    }
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&client->lock);
+    *count = client->partition_count;
+    for (size_t i = 0; i < client->route_count; i++) {
+        if (strcmp(client->routes[i].method, method_path) == 0) {
+            *out = client->routes[i];
+        }
+    }
+    pthread_mutex_unlock(&client->lock);
+    return KF_OK;
+}
+
+/* The endpoint serving `partition`; the first when none is known (its
+ * refusal names the owner). */
+static size_t endpoint_of(kf_client_t *client, uint32_t partition) {
+    pthread_mutex_lock(&client->lock);
+    int e = client->owner[partition];
+    pthread_mutex_unlock(&client->lock);
+    return e >= 0 ? (size_t)e : 0;
+}
+
+/* The endpoints serving at least one partition, in order (*n of them). */
+static void served_endpoints(kf_client_t *client, size_t out[KF_CLIENT_ENDPOINTS_MAX], size_t *n) {
+    bool serves[KF_CLIENT_ENDPOINTS_MAX] = {false};
+    pthread_mutex_lock(&client->lock);
+    for (uint32_t p = 0; p < client->partition_count; p++) {
+        if (client->owner[p] >= 0) {
+            serves[client->owner[p]] = true;
+        }
+    }
+    pthread_mutex_unlock(&client->lock);
+    *n = 0;
+    for (size_t e = 0; e < client->endpoint_count; e++) {
+        if (serves[e]) {
+            out[(*n)++] = e;
+        }
+    }
+}
+
+/* The string field at a dotted path of a message ("coordinator.workflow");
+ * "" when a message on the way is unset. */
+static const char *string_at(const ProtobufCMessage *msg, const char *path) {
+    char name[ROUTE_FIELD_BYTES_MAX];
+    for (;;) {
+        const char *dot = strchr(path, '.');
+        size_t len = dot != NULL ? (size_t)(dot - path) : strlen(path);
+        KF_ASSERT(len < sizeof name);
+        memcpy(name, path, len);
+        name[len] = '\0';
+        const ProtobufCFieldDescriptor *f =
+            protobuf_c_message_descriptor_get_field_by_name(msg->descriptor, name);
+        if (f == NULL) {
+            return "";
+        }
+        const void *at = (const char *)msg + f->offset;
+        if (dot == NULL) {
+            const char *text = f->type == PROTOBUF_C_TYPE_STRING ? *(char *const *)at : NULL;
+            return text != NULL ? text : "";
+        }
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE || *(ProtobufCMessage *const *)at == NULL) {
+            return "";
+        }
+        msg = *(ProtobufCMessage *const *)at;
+        path = dot + 1;
+    }
+}
+
+/* The partition of a function key given as its text: the value, or a JSON
+ * array of the values when the function has several key columns (which
+ * its descriptor says: asked of the first serving endpoint). */
+static kf_status_t partition_of_function_key(kf_client_t *client, const char *function_id,
+                                             const char *key, uint32_t count, int64_t timeout_ms,
+                                             uint32_t *out, kf_error_t *err) {
+    kf_arena_t arena;
+    kf_arena_init(&arena, 0);
+    Keyflow__V1__GetFunctionRequest req = KEYFLOW__V1__GET_FUNCTION_REQUEST__INIT;
+    req.function_id = (char *)function_id;
+    ProtobufCMessage *msg = NULL;
+    size_t served[KF_CLIENT_ENDPOINTS_MAX], n = 0;
+    served_endpoints(client, served, &n);
+    kf_status_t st =
+        call_on(client, n > 0 ? served[0] : 0, KF_CLIENT_PATH_GET_FUNCTION, &req.base,
+                &keyflow__v1__function_info__descriptor, &arena, timeout_ms, &msg, NULL, err);
+    const Keyflow__V1__FunctionInfo *info = (const void *)msg;
+    kf_partition_hasher_t h;
+    kf_partition_hasher_init(&h);
+    if (st == KF_OK && info->descriptor != NULL && info->descriptor->n_key_columns > 1) {
+        json_error_t jerr;
+        json_t *values = json_loads(key, 0, &jerr);
+        size_t i;
+        json_t *v;
+        if (!json_is_array(values) || json_array_size(values) != info->descriptor->n_key_columns) {
+            st = kf_error_set(err, KF_E_INVALID,
+                              "key: a JSON array of the %zu key columns' values, got %s",
+                              info->descriptor->n_key_columns, key);
+        }
+        json_array_foreach(values, i, v) {
+            if (st == KF_OK && !json_is_string(v)) {
+                st = kf_error_set(err, KF_E_INVALID, "key[%zu]: a string, got %s", i, key);
+            }
+            if (st == KF_OK) {
+                kf_partition_hasher_column(&h, json_string_value(v), json_string_length(v));
+            }
+        }
+        json_decref(values);
+    } else if (st == KF_OK) {
+        kf_partition_hasher_column(&h, key, strlen(key));
+    }
+    if (st == KF_OK) {
+        *out = kf_partition_hasher_partition(&h, count);
+    }
+    kf_arena_deinit(&arena);
+    return st;
+}
+
+/* The partition a keyed call names; *known false when it names none (a
+ * run ID without one: any endpoint answers it as not found). */
+static kf_status_t partition_of(kf_client_t *client, const route_t *route,
+                                const ProtobufCMessage *request, uint32_t count, int64_t timeout_ms,
+                                uint32_t *out, bool *known, kf_error_t *err) {
+    *known = true;
+    switch (route->kind) {
+    case ROUTE_BY_COORDINATOR: {
+        const char *workflow = string_at(request, route->fields[0]);
+        const char *key = string_at(request, route->fields[1]);
+        *out = kf_partition_of_coordinator(workflow, strlen(workflow), key, strlen(key), count);
+        return KF_OK;
+    }
+    case ROUTE_BY_RUN_ID: {
+        int32_t p = kf_partition_of_run_id(string_at(request, route->fields[0]), count);
+        *known = p >= 0;
+        *out = p >= 0 ? (uint32_t)p : 0;
+        return KF_OK;
+    }
+    case ROUTE_BY_FUNCTION_KEY:
+        return partition_of_function_key(client, string_at(request, route->fields[0]),
+                                         string_at(request, route->fields[1]), count, timeout_ms,
+                                         out, err);
+    default: KF_UNREACHABLE();
+    }
+}
+
+static kf_status_t call_keyed(kf_client_t *client, const route_t *route, uint32_t count,
+                              const char *method_path, const ProtobufCMessage *request,
+                              const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
+                              int64_t timeout_ms, ProtobufCMessage **response, kf_error_t *err) {
+    for (int attempt = 1;; attempt++) {
+        uint32_t p = 0;
+        bool known = false;
+        kf_status_t st = partition_of(client, route, request, count, timeout_ms, &p, &known, err);
+        if (st != KF_OK) {
+            return st;
+        }
+        size_t e = known ? endpoint_of(client, p) : 0;
+        bool misdirected = false;
+        st = call_on(client, e, method_path, request, response_desc, arena, timeout_ms, response,
+                     &misdirected, err);
+        if (!misdirected || attempt == 2) {
+            return st;
+        }
+        /* The partition moved: ask again; once. */
+        kf_error_t again;
+        if (discover(client, timeout_ms, &again) != KF_OK || endpoint_of(client, p) == e) {
+            return st;
+        }
+    }
+}
+
+/* Adds another endpoint's description of a function into `into`. */
+static void function_info_add(Keyflow__V1__FunctionInfo *into,
+                              const Keyflow__V1__FunctionInfo *other) {
+    into->keys += other->keys;
+    into->timers += other->timers;
+    into->state_bytes += other->state_bytes;
+    into->output_seq += other->output_seq;
+    into->due_timers += other->due_timers;
+    into->watermark_us =
+        other->watermark_us < into->watermark_us ? other->watermark_us : into->watermark_us;
+    into->available = into->available && other->available;
+}
+
+static kf_status_t call_all(kf_client_t *client, const char *method_path,
+                            const ProtobufCMessage *request,
+                            const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
+                            int64_t timeout_ms, ProtobufCMessage **response, kf_error_t *err) {
+    size_t served[KF_CLIENT_ENDPOINTS_MAX], n = 0;
+    served_endpoints(client, served, &n);
+    bool deleting = strcmp(method_path, KF_CLIENT_PATH_DELETE_FUNCTION) == 0 ||
+                    strcmp(method_path, KF_CLIENT_PATH_DELETE_PRODUCER) == 0;
+    ProtobufCMessage *first = NULL;
+    kf_error_t missing = {0};
+    for (size_t i = 0; i < n; i++) {
+        ProtobufCMessage *msg = NULL;
+        kf_error_t call_err;
+        if (call_on(client, served[i], method_path, request, response_desc, arena, timeout_ms, &msg,
+                    NULL, &call_err) != KF_OK) {
+            if (deleting && call_err.status == KF_E_NOT_FOUND) {
+                missing = call_err; /* only when no endpoint knew it */
+                continue;
+            }
+            *response = NULL;
+            return kf_error_set(err, call_err.status, "%s: %s", client->endpoints[served[i]],
+                                call_err.message);
+        }
+        if (first == NULL) {
+            first = msg;
+        } else if (response_desc == &keyflow__v1__function_info__descriptor) {
+            function_info_add((void *)first, (const void *)msg);
+        } else if (response_desc == &keyflow__v1__register_function_response__descriptor) {
+            Keyflow__V1__RegisterFunctionResponse *a = (void *)first;
+            const Keyflow__V1__RegisterFunctionResponse *b = (const void *)msg;
+            a->already_registered = a->already_registered && b->already_registered;
+            if (a->function != NULL && b->function != NULL) {
+                function_info_add(a->function, b->function);
+            }
+        } else if (response_desc == &keyflow__v1__delete_function_response__descriptor) {
+            Keyflow__V1__DeleteFunctionResponse *a = (void *)first;
+            const Keyflow__V1__DeleteFunctionResponse *b = (const void *)msg;
+            a->deleted = a->deleted || b->deleted;
+            a->keys += b->keys;
+            a->timers += b->timers;
+            a->output_rows += b->output_rows;
+            a->producers += b->producers;
+        }
+    }
+    *response = first;
+    if (first == NULL) {
+        return missing.status != KF_OK
+                   ? kf_error_set(err, missing.status, "%s", missing.message)
+                   : kf_error_set(err, KF_E_UNAVAILABLE, "%s: no endpoint serves a partition",
+                                  method_path);
+    }
+    return KF_OK;
+}
+
+/* ListRuns endpoint after endpoint behind one page token. */
+static kf_status_t call_list_runs(kf_client_t *client, const ProtobufCMessage *request,
+                                  kf_arena_t *arena, int64_t timeout_ms,
+                                  ProtobufCMessage **response, kf_error_t *err) {
+    size_t served[KF_CLIENT_ENDPOINTS_MAX], n = 0;
+    served_endpoints(client, served, &n);
+    Keyflow__V1__ListRunsRequest req = *(const Keyflow__V1__ListRunsRequest *)request;
+    size_t at = 0;
+    const char *token = req.page_token != NULL ? req.page_token : "";
+    if (token[0] != '\0') {
+        char *end = NULL;
+        unsigned long e = token[0] == 'e' ? strtoul(token + 1, &end, 10) : 0;
+        if (end == NULL || *end != ':' || e >= client->endpoint_count) {
+            *response = NULL;
+            return kf_error_set(err, KF_E_INVALID,
+                                "page_token: not a token of this list of endpoints: \"%s\"", token);
+        }
+        for (at = 0; at < n && served[at] != e; at++) {
+        }
+        req.page_token = end + 1;
+    }
+    for (; at < n; at++) {
+        ProtobufCMessage *msg = NULL;
+        kf_status_t st = call_on(client, served[at], KF_CLIENT_PATH_LIST_RUNS, &req.base,
+                                 &keyflow__v1__list_runs_response__descriptor, arena, timeout_ms,
+                                 &msg, NULL, err);
+        if (st != KF_OK) {
+            *response = NULL;
+            return st;
+        }
+        Keyflow__V1__ListRunsResponse *resp = (void *)msg;
+        const char *next = resp->next_page_token != NULL ? resp->next_page_token : "";
+        if (next[0] != '\0') {
+            resp->next_page_token = kf_arena_printf(arena, "e%zu:%s", served[at], next);
+        } else if (at + 1 < n) {
+            resp->next_page_token = kf_arena_printf(arena, "e%zu:", served[at + 1]);
+        }
+        if (resp->next_page_token == NULL) {
+            *response = NULL;
+            return kf_error_set(err, KF_E_LIMIT, "response: the arena is full");
+        }
+        *response = msg;
+        return KF_OK;
+    }
+    *response = NULL;
+    return kf_error_set(err, KF_E_UNAVAILABLE, "ListRuns: no endpoint serves a partition");
+}
+
+static int64_t now_ms(void) {
+    gpr_timespec t = gpr_now(GPR_CLOCK_MONOTONIC);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* PollRuns: the endpoints in turn without waiting, then each in turn for a
+ * slice of the wait, until one hands out runs or the wait is over. */
+static kf_status_t call_poll_runs(kf_client_t *client, const ProtobufCMessage *request,
+                                  kf_arena_t *arena, int64_t timeout_ms,
+                                  ProtobufCMessage **response, kf_error_t *err) {
+    size_t served[KF_CLIENT_ENDPOINTS_MAX], n = 0;
+    served_endpoints(client, served, &n);
+    Keyflow__V1__PollRunsRequest req = *(const Keyflow__V1__PollRunsRequest *)request;
+    int64_t wait_ms = req.wait_ms;
+    int64_t deadline_ms = now_ms() + wait_ms;
+    pthread_mutex_lock(&client->lock);
+    size_t start = client->rotation++;
+    pthread_mutex_unlock(&client->lock);
+    for (size_t round = 0;; round++) {
+        for (size_t k = 0; k < n; k++) {
+            int64_t left_ms = deadline_ms - now_ms();
+            req.wait_ms = round == 0 || left_ms <= 0
+                              ? 0
+                              : (left_ms < ROUTED_POLL_SLICE_MS ? left_ms : ROUTED_POLL_SLICE_MS);
+            ProtobufCMessage *msg = NULL;
+            kf_status_t st = call_on(client, served[(start + k) % n], KF_CLIENT_PATH_POLL_RUNS,
+                                     &req.base, &keyflow__v1__poll_runs_response__descriptor, arena,
+                                     timeout_ms - wait_ms + req.wait_ms, &msg, NULL, err);
+            if (st != KF_OK) {
+                *response = NULL;
+                return st;
+            }
+            *response = msg;
+            if (((Keyflow__V1__PollRunsResponse *)msg)->n_runs > 0) {
+                return KF_OK;
+            }
+        }
+        if (n == 0 || now_ms() >= deadline_ms) {
+            return n > 0 ? KF_OK
+                         : kf_error_set(err, KF_E_UNAVAILABLE,
+                                        "PollRuns: no endpoint serves a partition");
+        }
+    }
+}
+
+/* SendEvents split by the events' endpoints; the results in the events'
+ * order. Each endpoint's events are one durable write of their own. */
+static kf_status_t call_send_events(kf_client_t *client, const ProtobufCMessage *request,
+                                    uint32_t count, kf_arena_t *arena, int64_t timeout_ms,
+                                    ProtobufCMessage **response, kf_error_t *err) {
+    const Keyflow__V1__SendEventsRequest *req = (const void *)request;
+    *response = NULL;
+    Keyflow__V1__SendEventsResponse *out = kf_arena_zalloc(arena, sizeof *out);
+    size_t *endpoint = kf_arena_zalloc(arena, (req->n_events + 1) * sizeof *endpoint);
+    Keyflow__V1__SendEventRequest **part =
+        kf_arena_zalloc(arena, (req->n_events + 1) * sizeof *part);
+    size_t *where = kf_arena_zalloc(arena, (req->n_events + 1) * sizeof *where);
+    if (out == NULL || endpoint == NULL || part == NULL || where == NULL) {
+        return kf_error_set(err, KF_E_LIMIT, "request: the arena is full");
+    }
+    keyflow__v1__send_events_response__init(out);
+    out->results = kf_arena_zalloc(arena, (req->n_events + 1) * sizeof *out->results);
+    if (out->results == NULL) {
+        return kf_error_set(err, KF_E_LIMIT, "request: the arena is full");
+    }
+    out->n_results = req->n_events;
+    for (size_t i = 0; i < req->n_events; i++) {
+        const Keyflow__V1__SendEventRequest *ev = req->events[i];
+        const char *workflow = ev->workflow != NULL ? ev->workflow : "";
+        const char *key = ev->key != NULL ? ev->key : "";
+        endpoint[i] = endpoint_of(client, kf_partition_of_coordinator(workflow, strlen(workflow),
+                                                                      key, strlen(key), count));
+    }
+    for (size_t e = 0; e < client->endpoint_count; e++) {
+        Keyflow__V1__SendEventsRequest sub = KEYFLOW__V1__SEND_EVENTS_REQUEST__INIT;
+        sub.events = part;
+        for (size_t i = 0; i < req->n_events; i++) {
+            if (endpoint[i] == e) {
+                where[sub.n_events] = i;
+                part[sub.n_events++] = req->events[i];
+            }
+        }
+        if (sub.n_events == 0) {
+            continue;
+        }
+        ProtobufCMessage *msg = NULL;
+        kf_status_t st = call_on(client, e, KF_CLIENT_PATH_SEND_EVENTS, &sub.base,
+                                 &keyflow__v1__send_events_response__descriptor, arena, timeout_ms,
+                                 &msg, NULL, err);
+        if (st != KF_OK) {
+            return st;
+        }
+        const Keyflow__V1__SendEventsResponse *got = (const void *)msg;
+        if (got->n_results != sub.n_events) {
+            return kf_error_set(err, KF_E_INTERNAL,
+                                "SendEvents: %s answered %zu results for %zu events",
+                                client->endpoints[e], got->n_results, sub.n_events);
+        }
+        for (size_t k = 0; k < sub.n_events; k++) {
+            out->results[where[k]] = got->results[k];
+        }
+    }
+    *response = &out->base;
+    return KF_OK;
+}
+
+static kf_status_t call_routed(kf_client_t *client, const char *method_path,
+                               const ProtobufCMessage *request,
+                               const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
+                               int64_t timeout_ms, ProtobufCMessage **response, kf_error_t *err) {
+    *response = NULL;
+    route_t route;
+    uint32_t count = 0;
+    kf_status_t st = route_of(client, method_path, timeout_ms, &route, &count, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    switch (route.kind) {
+    case ROUTE_BY_COORDINATOR:
+    case ROUTE_BY_RUN_ID:
+    case ROUTE_BY_FUNCTION_KEY:
+        return call_keyed(client, &route, count, method_path, request, response_desc, arena,
+                          timeout_ms, response, err);
+    case ROUTE_ALL:
+        return call_all(client, method_path, request, response_desc, arena, timeout_ms, response,
+                        err);
+    case ROUTE_MERGE:
+        if (strcmp(method_path, KF_CLIENT_PATH_LIST_RUNS) == 0) {
+            return call_list_runs(client, request, arena, timeout_ms, response, err);
+        }
+        break;
+    case ROUTE_FIRST:
+        if (strcmp(method_path, KF_CLIENT_PATH_POLL_RUNS) == 0) {
+            return call_poll_runs(client, request, arena, timeout_ms, response, err);
+        }
+        break;
+    case ROUTE_SPLIT:
+        if (strcmp(method_path, KF_CLIENT_PATH_SEND_EVENTS) == 0) {
+            return call_send_events(client, request, count, arena, timeout_ms, response, err);
+        }
+        break;
+    case ROUTE_HOME:
+    case ROUTE_ANY:
+        return call_on(client, 0, method_path, request, response_desc, arena, timeout_ms, response,
+                       NULL, err);
+    }
+    return kf_error_set(err, KF_E_UNIMPLEMENTED,
+                        "%s: with several endpoints the C client does not split or merge this "
+                        "call (the Python and Node SDKs do); call each endpoint with a client of "
+                        "its own",
+                        method_path);
+}
+
+kf_status_t kf_client_call(kf_client_t *client, const char *method_path,
+                           const ProtobufCMessage *request,
+                           const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
+                           int64_t timeout_ms, ProtobufCMessage **response, kf_error_t *err) {
+    KF_ASSERT(client != NULL && arena != NULL && response != NULL);
+    check_call_args(method_path, request, response_desc, timeout_ms);
+    if (client->endpoint_count == 1) {
+        return call_on(client, 0, method_path, request, response_desc, arena, timeout_ms, response,
+                       NULL, err);
+    }
+    kf_status_t st =
+        call_routed(client, method_path, request, response_desc, arena, timeout_ms, response, err);
     KF_ASSERT((st == KF_OK) == (*response != NULL));
     return st;
 }
@@ -571,6 +1286,12 @@ kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
     check_call_args(method_path, request, response_desc, timeout_ms);
     KF_ASSERT(strlen(method_path) < STREAM_METHOD_PATH_BYTES_MAX);
     *out = NULL;
+    if (client->endpoint_count > 1) {
+        return kf_error_set(err, KF_E_UNIMPLEMENTED,
+                            "%s: a stream over several endpoints is not routed by the C client; "
+                            "open it on each endpoint (a client of one target each)",
+                            method_path);
+    }
     grpc_byte_buffer *send_buffer = NULL;
     kf_status_t st = pack_request(request, &send_buffer, err);
     if (st != KF_OK) {
@@ -593,8 +1314,8 @@ kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
     stream->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_slice method = grpc_slice_from_copied_string(method_path);
     stream->call =
-        grpc_channel_create_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS, stream->cq, method,
-                                 NULL, deadline_after(timeout_ms), NULL);
+        grpc_channel_create_call(client->channels[0], NULL, GRPC_PROPAGATE_DEFAULTS, stream->cq,
+                                 method, NULL, deadline_after(timeout_ms), NULL);
     grpc_slice_unref(method);
     KF_ASSERT(stream->call != NULL);
 

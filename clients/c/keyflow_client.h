@@ -29,6 +29,19 @@
  *   problem. On failure *response is NULL; the arena may hold some bytes of a
  *   partly decoded response, which it frees with everything else.
  *
+ * Several endpoints
+ *   A target "host-a:50051,host-b:50051" names the processes that serve one
+ *   data set's partitions together (docs/scaling.md). The client then asks
+ *   every endpoint for its placement before its first call and routes each
+ *   call by key with the server's hash: a coordinator's, a run's or a
+ *   function key's call goes to the endpoint serving its partition;
+ *   registration, deletion, descriptions and trims go to every endpoint
+ *   (GetFunction's counters summed); ListRuns goes endpoint after endpoint
+ *   behind one page token; PollRuns asks each in turn (a long poll waits on
+ *   each for at most a second at a time); SendEvents is split by endpoint.
+ *   PushBatch, DryRunBatch, ReadOutput and streams are refused with
+ *   KF_E_UNIMPLEMENTED (the Python and Node SDKs split and merge them).
+ *
  * Limits
  *   Requests of at most KF_REQUEST_BYTES_MAX (20 MiB) are sent and responses
  *   of at most KF_RESPONSE_BYTES_MAX (64 MiB) are accepted, the same bounds
@@ -49,10 +62,15 @@
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/keys.pb-c.h"
+#include "keyflow/v1/partitions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
 
-/* The longest target ("host:port", "dns:///name:port", "unix:/path"). */
+/* The longest target ("host:port", "dns:///name:port", "unix:/path"); a
+ * list of endpoints may hold KF_CLIENT_ENDPOINTS_MAX of them. */
 #define KF_CLIENT_TARGET_BYTES_MAX 256
+/* Endpoints of one client: one per process of a data set; more processes
+ * than this would each serve very few of the (at most 256) partitions. */
+#define KF_CLIENT_ENDPOINTS_MAX 32
 
 /* gRPC method paths, as in the RPC table (service/proto/rpcs.h). */
 #define KF_CLIENT_PATH_SEND_EVENT           "/keyflow.v1.Coordinators/SendEvent"
@@ -81,6 +99,7 @@
 #define KF_CLIENT_PATH_CREATE_KEY           "/keyflow.v1.Keys/CreateKey"
 #define KF_CLIENT_PATH_LIST_KEYS            "/keyflow.v1.Keys/ListKeys"
 #define KF_CLIENT_PATH_REVOKE_KEY           "/keyflow.v1.Keys/RevokeKey"
+#define KF_CLIENT_PATH_GET_PLACEMENT        "/keyflow.v1.Partitions/GetPlacement"
 
 typedef struct kf_client kf_client_t;
 
@@ -107,7 +126,8 @@ typedef struct kf_client_options {
 } kf_client_options_t;
 
 /*
- * Creates a client for `target` ("127.0.0.1:50051"; borrowed, copied).
+ * Creates a client for `target` ("127.0.0.1:50051", or several endpoints
+ * separated by commas: see Several endpoints above; borrowed, copied).
  * Connecting is lazy: an unreachable server (or a failed TLS handshake)
  * shows up as KF_E_UNAVAILABLE on the first call, not here. Errors:
  * KF_E_INVALID for an empty or too long target, an API key that cannot be
@@ -127,6 +147,15 @@ void kf_client_destroy(kf_client_t *client);
 
 /* The target the client was created with; valid until destroy. */
 const char *kf_client_target(const kf_client_t *client);
+/* The target's endpoints (1 for a single target) and each one's text. */
+size_t kf_client_endpoint_count(const kf_client_t *client);
+const char *kf_client_endpoint(const kf_client_t *client, size_t endpoint);
+/* keyflow.v1.Partitions/GetPlacement of one endpoint (0-based): the
+ * partition count, the partitions it serves with their readiness, the
+ * placement's nodes and every RPC's route. Needs no API key. */
+kf_status_t kf_client_get_placement(kf_client_t *client, size_t endpoint, kf_arena_t *arena,
+                                    int64_t timeout_ms, Keyflow__V1__Placement **response,
+                                    kf_error_t *err) KF_MUST_USE;
 
 /*
  * One unary call of `method_path` ("/keyflow.v1.Coordinators/SendEvent").

@@ -24,8 +24,9 @@
 #include "base/assert.h"
 
 const kf__cli_flag_t kf__cli_global_flags[] = {
-    {"--addr", KF__CLI_VALUE, "HOST:PORT",
-     "server address (default: $KEYFLOW_ADDR, else 127.0.0.1:50051)"},
+    {"--addr", KF__CLI_VALUE, "HOST:PORT[,...]",
+     "server address (default: $KEYFLOW_ADDR, else 127.0.0.1:50051); several, comma-separated: "
+     "the processes of one data set, each call routed by key"},
     {"--output", KF__CLI_VALUE, "json|table",
      "print responses as JSON lines or as tables ($KEYFLOW_OUTPUT; default: table on a "
      "terminal, JSON otherwise)"},

@@ -572,6 +572,73 @@ static int cmd_health(kf__cli_t *cli, const kf__cli_args_t *args) {
     return rc;
 }
 
+/* ---- partitions ----------------------------------------------------------- */
+
+/* Prints each endpoint's placement, then checks the data set as a whole:
+ * every partition served by exactly one endpoint given, and ready. */
+static int cmd_partitions(kf__cli_t *cli, const kf__cli_args_t *args) {
+    (void)args;
+    size_t n = kf_client_endpoint_count(cli->client);
+    uint32_t count = 0;
+    int owner[KF_PARTITION_COUNT_MAX];
+    for (size_t p = 0; p < KF_PARTITION_COUNT_MAX; p++) {
+        owner[p] = -1;
+    }
+    int rc = KF__CLI_EXIT_OK;
+    for (size_t e = 0; e < n; e++) {
+        Keyflow__V1__Placement *placement = NULL;
+        kf_error_t err;
+        if (kf_client_get_placement(cli->client, e, &cli->arena, kf__cli_timeout_ms(cli, 0),
+                                    &placement, &err) != KF_OK) {
+            fprintf(stderr, "keyflow: partitions: %s: %s: %s\n", kf_client_endpoint(cli->client, e),
+                    kf_status_grpc_name(err.status), err.message);
+            rc = KF__CLI_EXIT_ERROR;
+            continue;
+        }
+        int print_rc = kf__cli_print(cli, &placement->base);
+        if (print_rc != KF__CLI_EXIT_OK) {
+            return print_rc;
+        }
+        if (count != 0 && (uint32_t)placement->partition_count != count) {
+            fprintf(stderr, "keyflow: partitions: %s serves a data set of %d partitions, not %u\n",
+                    kf_client_endpoint(cli->client, e), (int)placement->partition_count, count);
+            rc = KF__CLI_EXIT_ERROR;
+            continue;
+        }
+        count = (uint32_t)placement->partition_count;
+        for (size_t i = 0; i < placement->n_partitions; i++) {
+            const Keyflow__V1__PartitionHealth *h = placement->partitions[i];
+            if (h->partition < 0 || (uint32_t)h->partition >= count) {
+                continue;
+            }
+            if (owner[h->partition] >= 0) {
+                fprintf(stderr,
+                        "keyflow: partitions: partition %d is served by both %s and %s (two "
+                        "copies of it: docs/scaling.md)\n",
+                        (int)h->partition,
+                        kf_client_endpoint(cli->client, (size_t)owner[h->partition]),
+                        kf_client_endpoint(cli->client, e));
+                rc = KF__CLI_EXIT_ERROR;
+            }
+            owner[h->partition] = (int)e;
+            if (!h->ready) {
+                fprintf(stderr, "keyflow: partitions: partition %d on %s is not ready: %s\n",
+                        (int)h->partition, kf_client_endpoint(cli->client, e), h->reason);
+                rc = KF__CLI_EXIT_ERROR;
+            }
+        }
+    }
+    for (uint32_t p = 0; p < count; p++) {
+        if (owner[p] < 0) {
+            fprintf(stderr,
+                    "keyflow: partitions: partition %u of %u is served by no endpoint given\n", p,
+                    count);
+            rc = KF__CLI_EXIT_ERROR;
+        }
+    }
+    return rc;
+}
+
 /* ---- work (the loop is in cli_work.c) ---------------------------------- */
 
 static const kf__cli_flag_t work_flags[] = {
@@ -733,6 +800,15 @@ static const command_t commands[] = {
      "Prints each finished run as one JSON line. --once handles one run and exits 1 if none\n"
      "arrived within --wait-ms; --max-runs N exits 0 after N runs.",
      FLAGS(work_flags), 0, 0, true, kf__cli_work},
+    {"partitions", "", "show which partitions each endpoint serves, and check the data set",
+     "Asks every endpoint of --addr (a comma-separated list: the processes of one data\n"
+     "set) for its placement and prints one JSON line per endpoint: {\"partitionCount\",\n"
+     "\"served\": \"0-3\", \"partitions\": [{\"partition\", \"id\", \"ready\", \"reason\"}],\n"
+     "\"nodes\": [...], \"routes\": [...]}. Exits 1, naming the problem on stderr, when an\n"
+     "endpoint does not answer, a partition is served by no endpoint given or by two, or\n"
+     "a partition is not ready. With several endpoints in --addr every other command\n"
+     "routes its call by key (docs/scaling.md).",
+     NULL, 0, 0, 0, false, cmd_partitions},
     {"call", "METHOD [JSON]", "call any method with a JSON request (stdin without JSON)",
      "METHOD is written as in the list below, or as grpcurl writes it:\n"
      "keyflow.v1.Runs/GetRun or keyflow.v1.Runs.GetRun.",
