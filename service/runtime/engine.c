@@ -182,6 +182,31 @@ static bool disk_low_why(kf_engine_t *e, char *why, size_t cap) {
     return low;
 }
 
+/* Group ids are the commit sequences receipts carry (docs/semantics.md,
+ * "Commit sequence"). Partition i of P numbers its groups i, i + P, i + 2P,
+ * ...: each partition's own sequence still increases, and no two partitions
+ * of a data set ever answer the same number for different writes (with
+ * every partition counting 1, 2, 3, ... a SendEvents over four partitions
+ * answered commit_seq 1 four times for four writes). The partition of a
+ * number is its remainder by P. A store written before this counted by 1:
+ * its next id is the first above the last stored one on its residue. */
+static uint32_t id_stride(uint32_t partition_count) {
+    return partition_count > 0 ? partition_count : 1; /* 0: a config that never set it */
+}
+
+static uint64_t first_group_id(uint64_t last, uint32_t index, uint32_t partition_count) {
+    uint32_t count = id_stride(partition_count);
+    KF_ASSERT(index < count);
+    uint64_t first = last + 1;
+    return first + (index + count - first % count) % count;
+}
+
+static uint64_t take_group_id(kf_engine_t *e) {
+    uint64_t id = e->next_id;
+    e->next_id += id_stride(e->config.partition_count);
+    return id;
+}
+
 kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store, kf_engine_t **out,
                              kf_error_t *err) {
     kf_engine_t *e = calloc(1, sizeof *e);
@@ -231,10 +256,12 @@ kf_status_t kf_engine_create(const kf_engine_config_t *config, kf_store_t *store
         kf_engine_destroy(e);
         return st;
     }
-    /* Group ids are commit sequences: they continue from the last written. */
-    e->next_id = kf_core_last_commit_seq(e->core) + 1;
+    /* Group ids are commit sequences: they continue from the last written,
+     * on this partition's residue (first_group_id). */
+    e->next_id = first_group_id(kf_core_last_commit_seq(e->core), e->config.partition_index,
+                                e->config.partition_count);
     e->open = &e->groups[0];
-    e->open->id = e->next_id++;
+    e->open->id = take_group_id(e);
     disk_refresh(e, true); /* a start below the reserve refuses writes at once */
     *out = e;
     return KF_OK;
@@ -525,7 +552,7 @@ static void *engine_main(void *arg) {
                 pthread_cond_signal(&e->committer_cv);
                 open = open == &e->groups[0] ? &e->groups[1] : &e->groups[0];
                 KF_ASSERT(group_empty(open));
-                open->id = e->next_id++;
+                open->id = take_group_id(e);
                 e->open = open;
             }
         }
@@ -534,7 +561,7 @@ static void *engine_main(void *arg) {
             uint64_t id = open->id;
             if (commit_group(e, open, true)) {
                 pthread_mutex_lock(&e->lock);
-                open->id = e->next_id++;
+                open->id = take_group_id(e);
                 pthread_mutex_unlock(&e->lock);
                 durable_seen = id;
                 kf_core_durable(e->core, durable_seen);
@@ -732,7 +759,7 @@ static void *committer_main(void *arg) {
              * group just written, now empty, becomes the open one. */
             KF_ASSERT(group_empty(g));
             e->handed = e->open;
-            g->id = e->next_id++;
+            g->id = take_group_id(e);
             e->open = g;
         }
         bool wake = e->engine_sleeping;

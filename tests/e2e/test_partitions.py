@@ -594,6 +594,46 @@ class Layout(unittest.TestCase):
         srv.log.close()
         self.assertIn(text, str(ctx.exception))
 
+    def test_commit_sequences_are_per_partition_and_never_shared_across_a_kill(self):
+        """Partition i of P numbers its writes i, i + P, ...: the events of
+        one SendEvents share a number exactly when they share a partition's
+        write, each partition's numbers increase, and a SIGKILL and restart
+        continue them on the same residue (every partition once counted 1,
+        2, 3, ..., so four writes answered the same number)."""
+        count, d = 4, self.new_dir()
+        srv = self.server(d, "--partition-count", str(count)).start()
+        stubs = Stubs(srv)
+        wf = "seq-" + uuid.uuid4().hex[:8]
+        keys = [k for p in range(count) for k in keys_in(wf, count, p, 2)]
+        part = {k: partitions.of_coordinator(wf, k, count) for k in keys}
+        resp = stubs.coords.SendEvents(C.SendEventsRequest(events=[C.SendEventRequest(
+            workflow=wf, key=k, event=C.Event(rule=batch_of_one(), input_json="1"))
+            for k in keys]), timeout=30)
+        seqs = {k: r.response.receipt.commit_seq for k, r in zip(keys, resp.results)}
+        by_partition = {}
+        for k in keys:
+            self.assertEqual(seqs[k] % count, part[k], "commit_seq %d of key %s" % (seqs[k], k))
+            by_partition.setdefault(part[k], set()).add(seqs[k])
+        self.assertEqual([len(v) for v in by_partition.values()], [1] * count,
+                         "one write per partition: %r" % by_partition)
+        self.assertEqual(len(set(seqs.values())), count, "no two partitions share a number")
+        last = {p: next(iter(v)) for p, v in by_partition.items()}
+
+        def one_per_partition():
+            for k in keys[::2]:
+                seq = stubs.send(wf, k).receipt.commit_seq
+                self.assertEqual(seq % count, part[k])
+                self.assertGreater(seq, last[part[k]], "partition %d went back" % part[k])
+                last[part[k]] = seq
+        one_per_partition()
+        srv.kill()
+        stubs.close()
+        srv = self.server(d).start()
+        stubs = Stubs(srv)
+        one_per_partition()
+        stubs.close()
+        self.assertEqual(srv.stop(), 0)
+
     def test_the_partition_count_is_fixed_at_creation(self):
         d = self.new_dir()
         srv = self.server(d, "--partition-count", "2").start()
