@@ -14,7 +14,9 @@ run in the wrong partition, never as a timing.
 import importlib.util
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -567,6 +569,51 @@ class Placement(unittest.TestCase):
         self.assertEqual(outcomes, ["response", "error", "response"])
         self.assertEqual(resp.results[1].error.status, "FAILED_PRECONDITION")
         self.assertIn("node-b", resp.results[1].error.message)
+
+
+class KubernetesManifest(unittest.TestCase):
+    """deploy/kubernetes/keyflow-partitions.yaml: a pod started as the
+    manifest starts it (its ConfigMap's placement, its environment) serves
+    its node's partitions and tells the whole placement. No cluster here:
+    the manifest's keyflowd part is what can be checked."""
+
+    MANIFEST = os.path.join(harness.ROOT, "deploy", "kubernetes", "keyflow-partitions.yaml")
+
+    def test_a_pod_serves_what_the_config_map_gives_it(self):
+        with open(self.MANIFEST) as f:
+            text = f.read()
+        block = text.split("placement: |\n", 1)[1]
+        lines = []
+        for line in block.splitlines():
+            if not line.startswith("    "):
+                break
+            lines.append(line.strip())
+        env = dict(re.findall(r"\{name: (KEYFLOW_[A-Z_]+), value: \"?([^\"}]*)\"?\}", text))
+        names = set(re.findall(r"name: (KEYFLOW_[A-Z_]+)", text))
+        # keyflowd's variables, and the CLI's (for `kubectl exec ... keyflow`).
+        help_text = "".join(subprocess.run([exe, "--help"], capture_output=True, text=True).stdout
+                            for exe in (harness.KEYFLOWD, harness.CLI))
+        for name in names:
+            self.assertIn(name, help_text, "the manifest sets %s: nothing reads it" % name)
+        tmp = tempfile.mkdtemp(prefix="kf-manifest-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        placement = os.path.join(tmp, "placement")
+        with open(placement, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        nodes = [line.split() for line in lines if line.startswith("node ")]
+        self.assertEqual([n[1] for n in nodes], ["keyflow-0", "keyflow-1", "keyflow-2"])
+        srv = harness.Keyflowd(args=["--plugin-dir", HANDLERS], env={
+            "KEYFLOW_NODE": "keyflow-1", "KEYFLOW_PLACEMENT": placement,
+            "KEYFLOW_PARTITION_COUNT": env["KEYFLOW_PARTITION_COUNT"]}).start()
+        try:
+            status, doc = srv.http("GET", "/v1/partitions")
+            self.assertEqual(status, 200, doc)
+            self.assertEqual((doc["partitionCount"], doc["node"], doc["served"]),
+                             (int(env["KEYFLOW_PARTITION_COUNT"]), "keyflow-1", nodes[1][2]))
+            self.assertEqual([(n["name"], n["partitions"], n["grpcAddress"]) for n in doc["nodes"]],
+                             [(n[1], n[2], n[3]) for n in nodes])
+        finally:
+            stopped(srv)
 
 
 class Layout(unittest.TestCase):
