@@ -96,6 +96,12 @@ void kf_map_remove(kf_map_t *map, kf_map_node_t *node) {
     map->count--;
 }
 
+void kf_map_prefetch(const kf_map_t *map, const kf_map_node_t *node) {
+    if (map->bucket_count > 0) {
+        __builtin_prefetch(&map->buckets[node->hash & (map->bucket_count - 1)], 1);
+    }
+}
+
 kf_map_node_t *kf_map_first(const kf_map_t *map, size_t *bucket) {
     for (*bucket = 0; *bucket < map->bucket_count; (*bucket)++) {
         if (map->buckets[*bucket] != NULL) {

@@ -34,6 +34,11 @@ kf_map_node_t *kf_map_get(const kf_map_t *map, const void *key, size_t key_len);
 /* The key must not be present. The node's key pointer must stay valid. */
 void kf_map_insert(kf_map_t *map, kf_map_node_t *node, const void *key, size_t key_len);
 void kf_map_remove(kf_map_t *map, kf_map_node_t *node);
+/* A hint, nothing else: loads the bucket of an inserted node that is about
+ * to be removed into the cache, so that many removals in random order (a
+ * step freeing the keys whose timers it fired) overlap their misses
+ * instead of taking them one after the other. */
+void kf_map_prefetch(const kf_map_t *map, const kf_map_node_t *node);
 
 /* Iteration: for (kf_map_node_t *n = kf_map_first(m, &i); n; n = kf_map_next(m, &i, n)).
  * Removing the current node during iteration is allowed if the caller fetches

@@ -330,6 +330,15 @@ static void commit(step_t *s, int64_t *first_seq, int64_t *last_seq) {
                              s->last_fired.at_us};
         delete_fired_span(s);
     }
+    /* The keys this step leaves empty are freed below, in the step's order,
+     * which is random over the key map's buckets: fetch those buckets
+     * first, so their cache misses overlap (bench/README.md: the removals
+     * were half the engine's time while a backlog of timers fired). */
+    for (size_t i = 0; i < s->nundo; i++) {
+        if (!kf__key_live(fn, s->undo[i].key)) {
+            kf_map_prefetch(&fn->keys, &s->undo[i].key->node);
+        }
+    }
     for (size_t i = 0; i < s->nundo; i++) {
         undo_t *u = &s->undo[i];
         fn_key_t *k = u->key;
