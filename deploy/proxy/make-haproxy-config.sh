@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# make-haproxy-config.sh - an HAProxy configuration (Debian's haproxy, built
+# with Lua) that routes keyflow's HTTP API by key to the keyflowd process
+# serving each key's partition, from the placement file (docs/scaling.md):
+#
+#   deploy/proxy/make-haproxy-config.sh PLACEMENT [BIND] > haproxy.cfg
+#   haproxy -f haproxy.cfg
+#
+# BIND is where the proxy listens (default 127.0.0.1:8080; "unix@/path"
+# works too). Each `node` line's HTTP address becomes a backend kf_<node>;
+# keyflow-route.lua (next to this script) picks the backend of each request
+# by its key. Requests without a key go to any node, and /nodes/NAME/...
+# reaches node NAME with the prefix stripped (register a function on every
+# node that way). gRPC clients route by themselves (the SDKs, the C client,
+# the CLI), so the proxy serves HTTP only. Plain HTTP to the nodes: put TLS
+# on the bind line (`ssl crt FILE`) and `ssl verify required ca-file FILE`
+# on the server lines when the nodes serve HTTPS.
+set -euo pipefail
+
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+    echo "usage: $0 PLACEMENT [BIND]" >&2
+    exit 2
+fi
+PLACEMENT=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+BIND=${2:-127.0.0.1:8080}
+HERE=$(cd "$(dirname "$0")" && pwd)
+[ -r "$PLACEMENT" ] || { echo "$0: cannot read $PLACEMENT" >&2; exit 2; }
+
+# node NAME SET GRPC [HTTP]: name and HTTP address of each node.
+mapfile -t NODES < <(sed 's/#.*//' "$PLACEMENT" | awk '$1 == "node" { print $2, $5 }')
+[ ${#NODES[@]} -gt 0 ] || { echo "$0: no node lines in $PLACEMENT" >&2; exit 2; }
+for n in "${NODES[@]}"; do
+    set -- $n
+    [ $# -eq 2 ] || { echo "$0: node $1 has no HTTP address in $PLACEMENT" >&2; exit 2; }
+done
+
+cat <<CFG
+# Written by deploy/proxy/make-haproxy-config.sh from $PLACEMENT.
+global
+    setenv KEYFLOW_PLACEMENT $PLACEMENT
+    lua-load $HERE/keyflow-route.lua
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 90s
+    # Long polls (PollRuns, GetRun, ReadOutput) wait up to 60 s.
+    timeout server 90s
+
+frontend keyflow
+    bind $BIND
+    http-request set-var(txn.kf_backend) lua.keyflow_backend
+    http-request set-path %[path,regsub(^/nodes/[^/]+/,/)] if { path_beg /nodes/ }
+    use_backend %[var(txn.kf_backend)]
+    default_backend kf_any
+
+CFG
+for n in "${NODES[@]}"; do
+    set -- $n
+    cat <<CFG
+backend kf_$1
+    option httpchk GET /healthz
+    server $1 $2 check
+
+CFG
+done
+echo "backend kf_any"
+echo "    balance roundrobin"
+echo "    option httpchk GET /healthz"
+for n in "${NODES[@]}"; do
+    set -- $n
+    echo "    server $1 $2 check"
+done
