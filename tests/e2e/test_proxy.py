@@ -4,6 +4,10 @@ key's partition (docs/scaling.md). Keyed calls over many keys succeed
 through the proxy (a wrong hash or a wrong owner would be a 421), percent-
 encoded keys included; /nodes/NAME/... reaches one node.
 
+One process is killed (SIGKILL) and restarted behind the proxy: only its
+partitions are unavailable meanwhile, and every event acknowledged before
+and after is in its run afterwards.
+
 Real keyflowd processes and a real haproxy, listening on a unix socket in
 the test's directory (no port to pick); skipped when haproxy is not
 installed (dev.sh installs it).
@@ -34,6 +38,9 @@ _spec.loader.exec_module(partitions)
 MAKE_CONFIG = os.path.join(harness.ROOT, "deploy", "proxy", "make-haproxy-config.sh")
 COUNT = 4
 NODES = (("node-a", "0-1"), ("node-b", "2-3"))
+# What the proxy answers for a node that is down: 503 (no server), 502 (the
+# connection failed), or a closed connection (0).
+DOWN = (0, 502, 503)
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -108,9 +115,15 @@ class Proxy(unittest.TestCase):
         conn = UnixHTTPConnection(self.socket)
         try:
             data = json.dumps(body).encode() if body is not None else None
-            conn.request(method, path, body=data, headers={
-                "Host": "127.0.0.1", "Content-Type": "application/json"})
-            resp = conn.getresponse()
+            try:
+                conn.request(method, path, body=data, headers={
+                    "Host": "127.0.0.1", "Content-Type": "application/json"})
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the proxy answered (503) before reading the body: read it
+            try:
+                resp = conn.getresponse()
+            except (ConnectionError, http.client.HTTPException) as e:
+                return 0, str(e)  # closed without an answer
             text = resp.read().decode()
             try:
                 return resp.status, json.loads(text)
@@ -135,6 +148,61 @@ class Proxy(unittest.TestCase):
             self.assertEqual((status, run.get("key")), (200, k), run)
             status, desc = self.request("GET", "/v1/coordinators/batch/%s/%s" % (wf, q))
             self.assertEqual(status, 200, (k, desc))
+
+    def send(self, wf, key, event_id):
+        q = urllib.parse.quote(key, safe="")
+        return self.request("POST", "/v1/workflows/%s/keys/%s/events" % (wf, q), {
+            "rule": {"kind": "batch", "maxEvents": 1}, "input": key, "id": event_id})
+
+    def test_z_a_killed_process_loses_only_its_partitions_and_nothing_acknowledged(self):
+        """Runs last (z): it kills and restarts node-b under the proxy."""
+        wf = "crash-%s" % uuid.uuid4().hex[:8]
+        keys = ["k%d" % i for i in range(24)]
+        node_of = {k: partitions.of_coordinator(wf, k, COUNT) // 2 for k in keys}
+        self.assertEqual(set(node_of.values()), {0, 1})
+        acked = {}  # event id -> run id
+        for k in keys:
+            status, doc = self.send(wf, k, k + "-0")
+            self.assertEqual(status, 200, doc)
+            acked[k + "-0"] = doc["receipt"]["runId"]
+        b = self.servers[1]
+        grpc_port, http_port = b.grpc_port, b.http_port
+        b.kill()  # SIGKILL: a crash
+        for k in keys:
+            status, doc = self.send(wf, k, k + "-1")
+            if node_of[k] == 0:
+                self.assertEqual(status, 200, (k, doc))  # the other partitions go on
+                acked[k + "-1"] = doc["receipt"]["runId"]
+            else:
+                self.assertIn(status, DOWN, (k, doc))  # only its own are unavailable
+        b.args = list(b.args) + ["--grpc", "127.0.0.1:%d" % grpc_port,
+                                 "--http", "127.0.0.1:%d" % http_port]
+        b.start()
+        deadline = time.monotonic() + 60
+        for k in keys:
+            if node_of[k] == 1:
+                while True:
+                    status, doc = self.send(wf, k, k + "-1")
+                    if status == 200:
+                        acked[k + "-1"] = doc["receipt"]["runId"]
+                        break
+                    self.assertIn(status, DOWN, (k, doc))
+                    self.assertLess(time.monotonic(), deadline, "node-b never came back")
+                    time.sleep(0.1)
+        # Every acknowledged event is in its run, on its key's one process; a
+        # retry of one acknowledged before the crash is a duplicate of it.
+        for event_id, run_id in acked.items():
+            key = event_id.rsplit("-", 1)[0]
+            status, run = self.request("GET", "/v1/runs/%s" % urllib.parse.quote(run_id, safe=""))
+            self.assertEqual(status, 200, (event_id, run))
+            self.assertEqual((run["key"], run["eventIds"]), (key, [event_id]))
+            self.assertEqual(partitions.of_run_id(run_id, COUNT),
+                             partitions.of_coordinator(wf, key, COUNT))
+        for k in keys:
+            status, doc = self.send(wf, k, k + "-0")
+            self.assertEqual(status, 200, doc)
+            self.assertEqual(doc["receipt"]["runId"], acked[k + "-0"], k)
+            self.assertEqual(doc.get("disposition"), "DISPOSITION_DUPLICATE", doc)
 
     def test_a_node_by_its_name(self):
         for (name, parts) in NODES:
