@@ -356,7 +356,14 @@ function answer(handler, descriptor, msg) {
     for (let i = 0; i < call.n; i++) {
       act._i = i;
       act._row = call.callbacks[i] === ROW ? row++ : -1;
-      handler(act);
+      const ret = handler(act);
+      if (ret !== null && ret !== undefined && typeof ret.then === 'function') {
+        // What it does after its first await would be lost, and a later
+        // throw would be an unhandled rejection, which ends the process.
+        ret.then(() => {}, () => {});
+        throw new HandlerError('the handler returned a Promise: handlers are synchronous ' +
+          '(the answer is what they did by the time they return)');
+      }
     }
     if (call.outRows.length) {
       result.output = outputBatch(descriptor.output_schema.fields, call.outRows);
@@ -388,6 +395,10 @@ class FunctionWorker {
     const { functionId, handler, concurrency = 8, sources, digest, name } = options;
     if (typeof handler !== 'function') {
       throw new TypeError('handler: not a function');
+    }
+    if (handler.constructor && handler.constructor.name === 'AsyncFunction') {
+      throw new TypeError('handler: an async function; handlers are synchronous (the answer is ' +
+        'what they did by the time they return)');
     }
     if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > CONCURRENCY_MAX) {
       throw new TypeError(`concurrency: ${concurrency} is not in 1..${CONCURRENCY_MAX}`);

@@ -183,6 +183,27 @@ test('remote handler', { skip: !built && 'keyflowd is not built' }, async (t) =>
       assert.strictEqual(w.connects, 1, 'the worker kept its stream');
     });
 
+  await t.test('async handlers are refused', async () => {
+    // Their answer was what they did before the first await (the batch
+    // acknowledged, the rest lost), and a throw after it ended the process.
+    const late = async (act) => {
+      act.setState(1);
+      await null;
+      throw new Error('after the await');
+    };
+    assert.throws(() => new kf.FunctionWorker({ client, functionId: 'x', handler: late,
+      digest: '0'.repeat(64) }), /handlers are synchronous/);
+    const sneaky = (act) => late(act);
+    const fid = await registerRemote(digest);
+    await serve(fid, sneaky);
+    await assert.rejects(client.pushBatch(fid, 'p', 1, { rows: [{ user: 'k', ts: T0, amount: 1 }] }),
+      (e) => e.codeName === 'FAILED_PRECONDITION' && /the handler returned a Promise/.test(e.message));
+    assert.strictEqual((await client.keyState(fid, 'k')).state, 'absent');
+    // The worker (and this process) outlived the late throw: the next call is refused alike.
+    await assert.rejects(client.pushBatch(fid, 'p', 2, { rows: [{ user: 'k', ts: T0, amount: 2 }] }),
+      (e) => e.codeName === 'FAILED_PRECONDITION');
+  });
+
   await t.test('a wrong digest is refused for good', async () => {
     const remote = await registerRemote(digest);
     const w = new kf.FunctionWorker({ client, functionId: remote, handler: runningSum,

@@ -358,7 +358,12 @@ def answer(handler, descriptor, msg):
                 row += 1
             else:
                 act._row = -1
-            handler(act)
+            ret = handler(act)
+            if inspect.isawaitable(ret):
+                if inspect.iscoroutine(ret):
+                    ret.close()  # never run: no "never awaited" warning
+                raise HandlerError("the handler returned an awaitable: handlers are synchronous "
+                                   "(the answer is what they did by the time they return)")
         if call.out_rows:
             result.output.CopyFrom(_output_batch(descriptor.output_schema.fields, call.out_rows))
             result.output_activations.extend(call.out_acts)
@@ -425,6 +430,9 @@ class FunctionWorker:
                  digest=None, name=None, **client_options):
         if not callable(handler):
             raise ValueError("handler: not callable")
+        if inspect.iscoroutinefunction(handler):
+            raise ValueError("handler: an async function; handlers are synchronous (the answer "
+                             "is what they did by the time they return)")
         if not 1 <= concurrency <= CONCURRENCY_MAX:
             raise ValueError("concurrency: %r is not in 1..%d" % (concurrency, CONCURRENCY_MAX))
         self.function_id = function_id

@@ -200,6 +200,27 @@ class RemoteHandlerTest(unittest.TestCase):
         self.assertEqual(self.client.key_state(remote, "k").value, 3)
         self.assertEqual(w.connects, 1, "the worker kept its stream")
 
+    def test_async_handlers_are_refused(self):
+        """An async handler's answer would be only what it did before its
+        first await (the batch was acknowledged with the rest silently
+        missing): refused when the worker is made, and a handler returning
+        an awaitable refuses its call."""
+        async def coroutine(act):
+            running_sum.running_sum(act)
+        with self.assertRaises(ValueError) as cm:
+            keyflow.FunctionWorker("x", coroutine, self.client, digest="0" * 64)
+        self.assertIn("handlers are synchronous", str(cm.exception))
+
+        def sneaky(act):
+            return coroutine(act)
+        remote = self.register_remote(sneaky)
+        self.serve(remote, sneaky)
+        with self.assertRaises(keyflow.KeyflowError) as cm:
+            self.client.push_batch(remote, "p", 1, [{"user": "k", "ts": T0_US, "amount": 1}])
+        self.assertEqual(cm.exception.code_name, "FAILED_PRECONDITION")
+        self.assertIn("the handler returned an awaitable", cm.exception.message)
+        self.assertEqual(self.client.key_state(remote, "k").state, "absent")
+
     def test_wrong_digest_is_refused_for_good(self):
         remote = self.register_remote()
         w = keyflow.FunctionWorker(remote, running_sum.running_sum, self.client, digest="0" * 64)
