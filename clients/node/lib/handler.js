@@ -406,13 +406,22 @@ class FunctionWorker {
     if (!digest && !(Array.isArray(sources) && sources.length)) {
       throw new TypeError('sources: name the handler\'s source files (e.g. [__filename]), or give digest');
     }
+    const ownsClient = !options.client;
+    const client = options.client || new Client(options);
+    if (new.target === FunctionWorker && client.endpointClients &&
+        client.endpointClients().length > 1) {
+      // A client of several endpoints (lib/routing.js): each process calls
+      // the handler only for its own partitions' keys, over a stream to it,
+      // so the function needs one stream per process.
+      return new FunctionWorkers({ ...options, client }, ownsClient);
+    }
     this.functionId = functionId;
     this.handler = handler;
     this.concurrency = concurrency;
     this.digest = digest || implementationDigest(...sources);
     this.name = name || `${os.hostname()}-${process.pid}`;
-    this._ownsClient = !options.client;
-    this.client = options.client || new Client(options);
+    this._ownsClient = ownsClient;
+    this.client = client;
     this._raw = new grpc.Client(this.client.addr, null,
       { channelOverride: this.client._coord.getChannel() });
     this.calls = 0;
@@ -542,4 +551,65 @@ class FunctionWorker {
   }
 }
 
-module.exports = { FunctionWorker, Activation, HandlerError, implementationDigest, remoteDescriptor, answer };
+// A FunctionWorker per endpoint of a client of several endpoints (what new
+// FunctionWorker({ client }) makes for one), run and stopped together; the
+// counters are their sums.
+class FunctionWorkers {
+  constructor(options, ownsClient) {
+    this.client = options.client;
+    this._ownsClient = ownsClient;
+    this.workers = this.client.endpointClients().map((c) =>
+      new FunctionWorker({ ...options, client: c }));
+    const first = this.workers[0];
+    this.functionId = first.functionId;
+    this.handler = first.handler;
+    this.concurrency = first.concurrency;
+    this.digest = first.digest;
+    this.name = first.name;
+    this._running = null;
+  }
+
+  get calls() { return this.workers.reduce((n, w) => n + w.calls, 0); }
+  get activations() { return this.workers.reduce((n, w) => n + w.activations, 0); }
+  get refused() { return this.workers.reduce((n, w) => n + w.refused, 0); }
+  get connects() { return this.workers.reduce((n, w) => n + w.connects, 0); }
+  get descriptor() { return this.workers[0].descriptor; }
+  get workerId() { return this.workers[0].workerId; }
+
+  descriptorFor(base, opts) {
+    return this.workers[0].descriptorFor(base, opts);
+  }
+
+  // Resolves once every endpoint welcomed its stream.
+  async welcomed() {
+    await Promise.all(this.workers.map((w) => w.welcomed()));
+  }
+
+  run({ signals = true } = {}) {
+    if (this._running) {
+      return this._running;
+    }
+    const onSignal = () => this.stop();
+    if (signals) {
+      process.on('SIGTERM', onSignal);
+      process.on('SIGINT', onSignal);
+    }
+    this._running = Promise.all(this.workers.map((w) => w.run({ signals: false })))
+      .then(() => undefined).finally(() => {
+        if (signals) {
+          process.off('SIGTERM', onSignal);
+          process.off('SIGINT', onSignal);
+        }
+      });
+    return this._running;
+  }
+
+  async stop() {
+    await Promise.all(this.workers.map((w) => w.stop()));
+    if (this._ownsClient) {
+      this.client.close();
+    }
+  }
+}
+
+module.exports = { FunctionWorker, FunctionWorkers, Activation, HandlerError, implementationDigest, remoteDescriptor, answer };

@@ -182,6 +182,40 @@ test('a process function spread over three processes', opts, async (t) => {
   await assert.rejects(client.deleteFunction(fid), (e) => e.codeName === 'NOT_FOUND');
 });
 
+test('a remote handler serves every process', opts, async (t) => {
+  const { client, servers } = await threeProcesses(t);
+  const { runningSum } = require('../examples/running_sum');
+  const fid = unique('rs-js');
+  const worker = new kf.FunctionWorker({ client, functionId: fid, handler: runningSum,
+    sources: [require.resolve('../examples/running_sum')] });
+  assert.strictEqual(worker.workers.length, servers.length, 'a stream to every process');
+  await client.registerFunction(kf.remoteDescriptor(runningSumDescriptor(fid), worker.digest));
+  const running = worker.run({ signals: false });
+  t.after(async () => {
+    await worker.stop();
+    await running.catch(() => {});
+  });
+  await worker.welcomed();
+  const users = Array.from({ length: 30 }, (_, i) => `u${i}`);
+  const ack = await client.pushBatch(fid, 'p1', 1,
+    { rows: users.map((user, i) => ({ user, ts: 1000 + i, amount: i })) });
+  assert.strictEqual(ack.rowsAccepted, users.length);
+  const out = [];
+  let cursor = '';
+  for (;;) {
+    const page = await client.readOutput(fid, { limit: 100, cursor });
+    cursor = page.nextCursor;
+    if (!page.rows.length) {
+      break;
+    }
+    out.push(...page.rows);
+  }
+  assert.deepStrictEqual(out.map((r) => `${r.key}=${r.sum}`).sort(),
+    users.map((u, i) => `${u}=${i}`).sort());
+  assert.strictEqual(worker.activations, users.length);
+  await worker.stop(); // before the servers stop
+});
+
 test('a call refused for another process names the partition and its owner', opts, async (t) => {
   const { servers } = await threeProcesses(t);
   const direct = new kf.Client({ addr: servers[0].target });

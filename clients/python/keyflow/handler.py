@@ -43,6 +43,7 @@ import signal
 import socket
 import os
 import threading
+import time
 
 import grpc
 
@@ -426,6 +427,25 @@ class FunctionWorker:
     digest, a NATIVE function, bad arguments) stops it and run() raises
     KeyflowError. start() runs the same loop on a thread."""
 
+    def __new__(cls, function_id=None, handler=None, client=None, **kwargs):
+        # A client of several endpoints (keyflow.routing): each process calls
+        # the handler only for its own partitions' keys, over a stream to it,
+        # so the function needs one stream per process.
+        if cls is not FunctionWorker:
+            return object.__new__(cls)
+        if client is None:
+            from .routing import split_addrs
+            if len(split_addrs(kwargs.get("addr") or os.environ.get("KEYFLOW_ADDR"))) < 2:
+                return object.__new__(cls)
+            own = {k: kwargs.pop(k) for k in ("concurrency", "sources", "digest", "name")
+                   if k in kwargs}
+            workers = FunctionWorkers(function_id, handler, Client(**kwargs), **own)
+            workers._owns_client = True
+            return workers
+        if len(getattr(client, "endpoint_clients", lambda: [client])()) > 1:
+            return FunctionWorkers(function_id, handler, client, **kwargs)
+        return object.__new__(cls)
+
     def __init__(self, function_id, handler, client=None, *, concurrency=8, sources=None,
                  digest=None, name=None, **client_options):
         if not callable(handler):
@@ -559,3 +579,65 @@ class FunctionWorker:
             stream.end()
             with self._lock:
                 self._responses = None
+
+
+class FunctionWorkers:
+    """keyflow.FunctionWorker over a client of several endpoints (what
+    FunctionWorker(..., client) returns for one): a FunctionWorker per
+    endpoint, started, waited for and stopped together; the counters are
+    their sums."""
+
+    def __init__(self, function_id, handler, client, **options):
+        self.client = client
+        self._owns_client = False
+        self.workers = [FunctionWorker(function_id, handler, c, **options)
+                        for c in client.endpoint_clients()]
+        first = self.workers[0]
+        self.function_id, self.handler, self.digest = function_id, handler, first.digest
+        self.concurrency, self.sources, self.name = first.concurrency, first.sources, first.name
+
+    calls = property(lambda self: sum(w.calls for w in self.workers))
+    activations = property(lambda self: sum(w.activations for w in self.workers))
+    refused = property(lambda self: sum(w.refused for w in self.workers))
+    connects = property(lambda self: sum(w.connects for w in self.workers))
+    descriptor = property(lambda self: self.workers[0].descriptor)
+    worker_id = property(lambda self: self.workers[0].worker_id)
+
+    def descriptor_for(self, base, call_timeout_ms=None):
+        return self.workers[0].descriptor_for(base, call_timeout_ms)
+
+    def start(self):
+        for w in self.workers:
+            w.start()
+        return self
+
+    def wait_welcomed(self, timeout_s=None):
+        """True once every endpoint welcomed its stream."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return all(w.wait_welcomed(None if deadline is None
+                                   else max(0.0, deadline - time.monotonic()))
+                   for w in self.workers)
+
+    def run(self, install_signal_handlers=True):
+        previous = {}
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: self.stop(wait=False))
+        try:
+            self.start()
+            while any(w._thread.is_alive() for w in self.workers):
+                time.sleep(0.5)  # wakes for signal handlers
+        finally:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
+        for w in self.workers:
+            if w._fatal is not None:
+                raise w._fatal
+
+    def stop(self, wait=True):
+        for w in self.workers:
+            w.stop(wait=False)
+        for w in self.workers:
+            w.stop(wait=wait)
+        if self._owns_client and wait:
+            self.client.close()

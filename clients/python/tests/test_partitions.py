@@ -8,6 +8,7 @@ kf-hash-1 against the shared test vectors.
 
 import json
 import os
+import sys
 import threading
 import time
 import unittest
@@ -22,6 +23,7 @@ from keyflow.routing import RoutingClient
 from sdk_harness import running_sum_descriptor, start_server, unique, wait_for
 
 VECTORS = os.path.join(harness.ROOT, "tests", "partition", "vectors.json")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -166,6 +168,32 @@ class ThreeProcesses(unittest.TestCase):
         self.assertEqual((info["keys"], info["output_seq"]), (len(users), len(users)))
         self.assertEqual([f.descriptor.function_id for f in self.client.list_functions()
                           if f.descriptor.function_id == fid], [fid])
+
+    def test_a_remote_handler_serves_every_process(self):
+        sys.path.insert(0, EXAMPLES)
+        import running_sum  # the example, as users run it
+        fid = unique("rs-py")
+        worker = keyflow.FunctionWorker(fid, running_sum.running_sum, self.client)
+        self.assertEqual(len(worker.workers), len(self.servers), "a stream to every process")
+        self.client.register_function(
+            keyflow.remote_descriptor(running_sum_descriptor(fid), worker.digest))
+        worker.start()
+        self.addCleanup(worker.stop)
+        self.assertTrue(worker.wait_welcomed(30), "every process welcomed its stream")
+        users = ["u%d" % i for i in range(30)]
+        rows = [{"user": u, "ts": 1000 + i, "amount": i} for i, u in enumerate(users)]
+        ack = self.client.push_batch(fid, "p1", 1, rows)
+        self.assertEqual(ack.rows_accepted, len(users))
+        out, cursor = [], ""
+        while True:
+            page = self.client.read_output(fid, limit=100, cursor=cursor)
+            cursor = page.next_cursor
+            if not page.rows:
+                break
+            out += page.rows
+        self.assertEqual(sorted((r["key"], r["sum"]) for r in out),
+                         sorted((u, i) for i, u in enumerate(users)))
+        self.assertEqual(worker.activations, len(users))
 
     def test_a_long_poll_waits_on_every_process(self):
         wf = unique("poll")
