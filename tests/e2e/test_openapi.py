@@ -170,7 +170,7 @@ class OpenApiTest(unittest.TestCase):
         path_values = {"workflow": wf, "key": "k", "coordinator.kind": "debounce",
                        "coordinator.workflow": wf, "coordinator.key": "k", "run_id": run_id,
                        "function_id": "running_sum", "producer_id": "doc-" + wf,
-                       "key_id": key_id}
+                       "sequence": "1", "key_id": key_id}
         bodies = {  # by operationId; the generic routes take the whole request
             "SendEvent": event,
             "SendEvents": [{"workflow": wf, "key": "b1", "event": event}],
