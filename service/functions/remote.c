@@ -228,10 +228,17 @@ static void record_output(const worker_t *w, kf_call_t *call, const Keyflow__V1_
         }
         bool all_null = col->n_nulls == rows && col->values_case == 0;
         if (!all_null && (col->values_case != want || nvalues != rows)) {
+            /* The names of the Column fields, so that the worker's author
+             * reads "strings", not the oneof's case number. */
+            const ProtobufCFieldDescriptor *want_f =
+                protobuf_c_message_descriptor_get_field(&keyflow__v1__column__descriptor, want);
+            const ProtobufCFieldDescriptor *got_f = protobuf_c_message_descriptor_get_field(
+                &keyflow__v1__column__descriptor, (unsigned)col->values_case);
             kf__call_fail(call, KF_E_PRECONDITION,
                           "worker %s: result.output column %s needs %" PRIu64
-                          " values of its type (%zu given, values case %d)",
-                          w->id, f->name, rows, nvalues, (int)col->values_case);
+                          " values in %s (%zu given, the column has %s)",
+                          w->id, f->name, rows, want_f != NULL ? want_f->name : "?", nvalues,
+                          got_f != NULL ? got_f->name : "no values");
             return;
         }
         if (col->n_nulls != 0 && col->n_nulls != rows) {

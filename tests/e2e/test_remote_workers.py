@@ -455,7 +455,8 @@ class RemoteWorkersTest(unittest.TestCase):
                  (two_mutation_lists, "mutations"),
                  (undeclared_timer, "not declared in timer_names"),
                  (bad_activation, "activation index 5"),
-                 (wrong_type, "column sum"),
+                 (wrong_type, "column sum needs 1 values in int64s (0 given, "
+                              "the column has strings)"),
                  (refused, "handler refused the call: cannot take this")]
         for seq, (breaker, text) in enumerate(cases, start=1):
             with self.subTest(breaker.__name__):
