@@ -125,6 +125,12 @@ kf_status_t kf_store_free_bytes(kf_store_t *store, uint64_t *free_bytes, kf_erro
     return store->ops->free_bytes(store, free_bytes, err);
 }
 
+void kf_store_memory(kf_store_t *store, kf_store_memory_t *out) {
+    out->memtable_bytes = 0;
+    out->block_cache_bytes = 0;
+    store->ops->memory(store, out);
+}
+
 static const char format_key[] = "format_version";
 
 kf_status_t kf__store_check_format(kf_store_t *store, kf_error_t *err) {

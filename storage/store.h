@@ -121,6 +121,16 @@ void kf_store_close(kf_store_t *store);
 kf_status_t kf_store_free_bytes(kf_store_t *store, uint64_t *free_bytes,
                                 kf_error_t *err) KF_MUST_USE;
 
+/* What the store holds in memory now: RocksDB's memtables (every family,
+ * flushing ones included) and its block cache. The memory store reports
+ * its records' bytes as memtable bytes. Cheap; any thread. */
+typedef struct kf_store_memory {
+    uint64_t memtable_bytes;
+    uint64_t block_cache_bytes;
+} kf_store_memory_t;
+
+void kf_store_memory(kf_store_t *store, kf_store_memory_t *out);
+
 /* ---- reading ---------------------------------------------------------- */
 
 /* *found is false (and value empty) when the key is absent. */

@@ -17,6 +17,7 @@ typedef struct kf_store_ops {
                                const void *upper, size_t upper_len, kf_iter_t **out,
                                kf_error_t *err);
     kf_status_t (*free_bytes)(kf_store_t *store, uint64_t *free_bytes, kf_error_t *err);
+    void (*memory)(kf_store_t *store, kf_store_memory_t *out);
 } kf_store_ops_t;
 
 typedef struct kf_batch_ops {

@@ -365,6 +365,18 @@ static kf_status_t ms_free_bytes(kf_store_t *s, uint64_t *free_bytes, kf_error_t
     return KF_OK;
 }
 
+static void ms_memory(kf_store_t *s, kf_store_memory_t *out) {
+    kf_memdisk_t *d = ((mem_store_t *)s)->disk;
+    pthread_mutex_lock(&d->lock);
+    for (int c = 0; c < KF_CF_COUNT; c++) {
+        for (size_t i = 0; i < d->families[c].count; i++) {
+            out->memtable_bytes +=
+                d->families[c].entries[i].key_len + d->families[c].entries[i].value_len;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
 static void ms_close(kf_store_t *s) {
     free(s);
 }
@@ -376,6 +388,7 @@ static const kf_store_ops_t mem_store_ops = {
     .batch_create = ms_batch_create,
     .iter_create = ms_iter_create,
     .free_bytes = ms_free_bytes,
+    .memory = ms_memory,
 };
 
 kf_status_t kf_store_open_mem(kf_memdisk_t *disk, const kf_mem_faults_t *faults, kf_store_t **out,

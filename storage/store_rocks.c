@@ -28,7 +28,9 @@ typedef struct rocks_store {
     rocksdb_column_family_handle_t *cf[KF_CF_COUNT];
     rocksdb_writeoptions_t *write_sync;
     rocksdb_readoptions_t *read;
-    atomic_bool poisoned; /* a write failed: refuse all later writes */
+    rocksdb_cache_t *block_cache;               /* one for every family */
+    rocksdb_block_based_table_options_t *table; /* with block_cache */
+    atomic_bool poisoned;                       /* a write failed: refuse all later writes */
 } rocks_store_t;
 
 typedef struct rocks_batch {
@@ -221,6 +223,18 @@ static kf_status_t rs_free_bytes(kf_store_t *s, uint64_t *free_bytes, kf_error_t
     return KF_OK;
 }
 
+static void rs_memory(kf_store_t *s, kf_store_memory_t *out) {
+    rocks_store_t *rs = (rocks_store_t *)s;
+    for (int i = 0; i < KF_CF_COUNT; i++) {
+        uint64_t v = 0;
+        if (rocksdb_property_int_cf(rs->db, rs->cf[i], "rocksdb.cur-size-all-mem-tables", &v) ==
+            0) {
+            out->memtable_bytes += v;
+        }
+    }
+    out->block_cache_bytes = rocksdb_cache_get_usage(rs->block_cache);
+}
+
 static void rs_close(kf_store_t *s) {
     rocks_store_t *rs = (rocks_store_t *)s;
     for (int i = 0; i < KF_CF_COUNT; i++) {
@@ -243,6 +257,12 @@ static void rs_close(kf_store_t *s) {
     if (rs->options != NULL) {
         rocksdb_options_destroy(rs->options);
     }
+    if (rs->table != NULL) {
+        rocksdb_block_based_options_destroy(rs->table);
+    }
+    if (rs->block_cache != NULL) {
+        rocksdb_cache_destroy(rs->block_cache);
+    }
     free(rs->path);
     free(rs);
 }
@@ -254,10 +274,13 @@ static const kf_store_ops_t rocks_store_ops = {
     .batch_create = rs_batch_create,
     .iter_create = rs_iter_create,
     .free_bytes = rs_free_bytes,
+    .memory = rs_memory,
 };
 
-static rocksdb_options_t *family_options(const kf_rocks_options_t *o, kf_cf_t cf) {
+static rocksdb_options_t *family_options(const rocks_store_t *rs, const kf_rocks_options_t *o,
+                                         kf_cf_t cf) {
     rocksdb_options_t *opt = rocksdb_options_create();
+    rocksdb_options_set_block_based_table_factory(opt, rs->table);
     size_t buffer = o->write_buffer_bytes ? o->write_buffer_bytes : 64u * 1024 * 1024;
     /* The engine keeps live state in memory and reads point records rarely;
      * bigger memtables mean fewer flushes under a write-heavy load. */
@@ -358,10 +381,15 @@ kf_status_t kf_store_open_rocks(const kf_rocks_options_t *o, kf_store_t **out, k
     rocksdb_options_destroy(rs->options);
     rs->options = db_options;
 
+    /* One block cache for every family, of a stated size (limits.h). */
+    rs->block_cache = rocksdb_cache_create_lru(KF_ROCKS_BLOCK_CACHE_BYTES);
+    rs->table = rocksdb_block_based_options_create();
+    rocksdb_block_based_options_set_block_cache(rs->table, rs->block_cache);
+
     const char *names[KF_CF_COUNT];
     for (int i = 0; i < KF_CF_COUNT; i++) {
         names[i] = kf_cf_name((kf_cf_t)i);
-        rs->cf_options[i] = family_options(o, (kf_cf_t)i);
+        rs->cf_options[i] = family_options(rs, o, (kf_cf_t)i);
     }
     char *e = NULL;
     rs->db =

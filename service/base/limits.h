@@ -243,6 +243,15 @@
  * on the reference machine, so about 1 s); lower means more, smaller
  * flushes. */
 #define KF_ROCKS_WAL_BYTES_MAX (64 * 1024 * 1024)
+/* RocksDB's block cache, one for every family: what the engine does not
+ * keep in memory (run bodies, finished runs, journals) is read through it.
+ * Without one of its own each family would have RocksDB's default 8 MiB
+ * cache, up to 8 MiB times the families, unaccounted. */
+#define KF_ROCKS_BLOCK_CACHE_BYTES (32 * 1024 * 1024)
+/* How often the engine reads what RocksDB holds in memory for /metrics
+ * (keyflow_store_memtable_bytes, _block_cache_bytes): each read takes
+ * RocksDB's mutex once per family. */
+#define KF_STORE_MEMORY_CHECK_INTERVAL_MS 1000
 /* The coordinator journal's memtables are unsorted vectors (one append per
  * event, where a skiplist insert at a random place cost the committer about
  * 5 us; bench/README.md, "SendEvents"), so a read of the family sorts the

@@ -70,18 +70,31 @@ static void map_grow(kf_map_t *map) {
     map->bucket_count = count;
 }
 
-void kf_map_insert(kf_map_t *map, kf_map_node_t *node, const void *key, size_t key_len) {
-    KF_ASSERT(kf_map_get(map, key, key_len) == NULL);
+bool kf_map_try_insert(kf_map_t *map, kf_map_node_t *node, const void *key, size_t key_len) {
+    uint64_t h = kf_hash_bytes(key, key_len);
+    if (map->bucket_count > 0) {
+        for (kf_map_node_t *n = map->buckets[h & (map->bucket_count - 1)]; n; n = n->next) {
+            if (node_matches(n, h, key, key_len)) {
+                return false;
+            }
+        }
+    }
     if (map->count >= map->bucket_count) {
         map_grow(map);
     }
-    node->hash = kf_hash_bytes(key, key_len);
+    node->hash = h;
     node->key = key;
     node->key_len = key_len;
     size_t b = node->hash & (map->bucket_count - 1);
     node->next = map->buckets[b];
     map->buckets[b] = node;
     map->count++;
+    return true;
+}
+
+void kf_map_insert(kf_map_t *map, kf_map_node_t *node, const void *key, size_t key_len) {
+    bool inserted = kf_map_try_insert(map, node, key, key_len);
+    KF_ASSERT(inserted);
 }
 
 void kf_map_remove(kf_map_t *map, kf_map_node_t *node) {

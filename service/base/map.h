@@ -33,6 +33,9 @@ void kf_map_deinit(kf_map_t *map);
 kf_map_node_t *kf_map_get(const kf_map_t *map, const void *key, size_t key_len);
 /* The key must not be present. The node's key pointer must stay valid. */
 void kf_map_insert(kf_map_t *map, kf_map_node_t *node, const void *key, size_t key_len);
+/* The same for a key that may be present (one lookup, not two): false,
+ * and nothing changed, when it is. */
+bool kf_map_try_insert(kf_map_t *map, kf_map_node_t *node, const void *key, size_t key_len);
 void kf_map_remove(kf_map_t *map, kf_map_node_t *node);
 /* A hint, nothing else: loads the bucket of an inserted node that is about
  * to be removed into the cache, so that many removals in random order (a

@@ -46,6 +46,10 @@
       "--memory-budget: the engine's tables may not pass it with new entries (0: none)")           \
     X(KF_G_MEMORY_USED_BYTES, "keyflow_memory_used_bytes",                                         \
       "Estimated bytes of the engine's tables (windows, runs, keys, producers, functions)")        \
+    X(KF_G_STORE_MEMTABLE_BYTES, "keyflow_store_memtable_bytes",                                   \
+      "Bytes in RocksDB's memtables (every family), last measured")                                \
+    X(KF_G_STORE_BLOCK_CACHE_BYTES, "keyflow_store_block_cache_bytes",                             \
+      "Bytes in RocksDB's block cache, last measured")                                             \
     X(KF_G_DISK_FREE_BYTES, "keyflow_disk_free_bytes",                                             \
       "Free bytes on the data directory's filesystem, last measured")                              \
     X(KF_G_DISK_RESERVE_REACHED, "keyflow_disk_reserve_reached",                                   \

@@ -13,41 +13,40 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/arena.h"
 #include "base/assert.h"
 #include "base/log.h"
 #include "runs/runs_int.h"
 
-/* One live run from its live record. */
-static kf_status_t recover_live(kf_runs_t *rs, kf_ctx_t *ctx, uint64_t seq, const void *value,
-                                size_t len, kf_error_t *err) {
-    Keyflow__Records__RunLiveRec *live = keyflow__records__run_live_rec__unpack(NULL, len, value);
+/* One live run from its live record, decoded in `scratch` (reset by the
+ * caller): a start decodes one per live run, without a malloc per field. */
+static kf_status_t recover_live(kf_runs_t *rs, kf_ctx_t *ctx, kf_arena_t *scratch, uint64_t seq,
+                                const void *value, size_t len, kf_error_t *err) {
+    Keyflow__Records__RunLiveRec *live =
+        keyflow__records__run_live_rec__unpack(kf_arena_pb(scratch), len, value);
     size_t key_len = 0;
-    kf_status_t st = KF_OK;
+    run_t *r = NULL;
     if (live == NULL || !kf__run_live_valid(live)) {
-        st = kf_error_set(err, KF_E_CORRUPT, "run_live: undecodable record at %llu",
-                          (unsigned long long)seq);
-    } else if (seq >= rs->next_seq || kf__run_find(rs, live->run_id) != NULL) {
-        st = kf_error_set(err, KF_E_CORRUPT, "run_live: %s is not a live run, or is listed twice",
-                          live->run_id);
+        return kf_error_set(err, KF_E_CORRUPT, "run_live: undecodable record at %llu",
+                            (unsigned long long)seq);
     }
-    if (st == KF_OK) {
-        bool ok = kf__run_id_split(live->run_id, &key_len);
-        KF_ASSERT(ok); /* kf__run_live_valid */
-        run_t *r = kf__run_new(rs, live->run_id, live->workflow, key_len, seq);
-        r->status = (uint8_t)live->status;
-        r->attempts = (uint8_t)live->attempts;
-        r->updated_ms = live->updated_ms;
-        r->key_concurrency = (uint16_t)live->key_concurrency;
-        r->flags = live->cancel_requested ? RUN_CANCEL_REQUESTED : 0;
-        if (r->status != ST_PENDING) {
-            kf__detail_load(rs, r, live); /* its timer, its lease */
-        }
-        kf__runs_adopt(rs, ctx, r);
+    bool ok = kf__run_id_split(live->run_id, &key_len);
+    KF_ASSERT(ok); /* kf__run_live_valid */
+    if (seq >= rs->next_seq ||
+        (r = kf__run_new(rs, live->run_id, live->workflow, key_len, seq)) == NULL) {
+        return kf_error_set(err, KF_E_CORRUPT, "run_live: %s is not a live run, or is listed twice",
+                            live->run_id);
     }
-    if (live != NULL) {
-        keyflow__records__run_live_rec__free_unpacked(live, NULL);
+    r->status = (uint8_t)live->status;
+    r->attempts = (uint8_t)live->attempts;
+    r->updated_ms = live->updated_ms;
+    r->key_concurrency = (uint16_t)live->key_concurrency;
+    r->flags = live->cancel_requested ? RUN_CANCEL_REQUESTED : 0;
+    if (r->status != ST_PENDING) {
+        kf__detail_load(rs, r, live); /* its timer, its lease */
     }
-    return st;
+    kf__runs_adopt(rs, ctx, r);
+    return KF_OK;
 }
 
 /* One live run of an older build, listed in run_queue by its ID: its whole
@@ -73,6 +72,7 @@ static kf_status_t recover_queued(kf_runs_t *rs, kf_ctx_t *ctx, const kf_key_t *
         return kf_error_set(err, KF_E_CORRUPT, "run_queue: %s is not a live run", run_id);
     }
     run_t *r = kf__run_new(rs, w->run_id, w->workflow, key_len, w->seq);
+    KF_ASSERT(r != NULL); /* not in memory: checked above */
     r->status = (uint8_t)w->status;
     r->attempts = (uint8_t)w->attempts;
     r->updated_ms = w->updated_ms;
@@ -104,7 +104,10 @@ static kf_status_t recover_family(kf_runs_t *rs, kf_ctx_t *ctx, kf_cf_t cf, kf_e
     if (st != KF_OK) {
         return st;
     }
+    kf_arena_t scratch;
+    kf_arena_init(&scratch, 0);
     for (kf_iter_seek_first(it); kf_iter_valid(it) && st == KF_OK; kf_iter_next(it)) {
+        kf_arena_reset(&scratch);
         size_t klen, vlen;
         const uint8_t *kb = kf_iter_key(it, &klen);
         const char *val = kf_iter_value(it, &vlen);
@@ -115,7 +118,7 @@ static kf_status_t recover_family(kf_runs_t *rs, kf_ctx_t *ctx, kf_cf_t cf, kf_e
             break;
         }
         if (cf == KF_CF_RUN_LIVE) {
-            st = recover_live(rs, ctx, seq, val, vlen, err);
+            st = recover_live(rs, ctx, &scratch, seq, val, vlen, err);
             continue;
         }
         char run_id[KF_RUN_ID_BYTES_MAX + 1];
@@ -133,6 +136,7 @@ static kf_status_t recover_family(kf_runs_t *rs, kf_ctx_t *ctx, kf_cf_t cf, kf_e
     if (st == KF_OK) {
         st = kf_iter_status(it, err);
     }
+    kf_arena_deinit(&scratch);
     kf_iter_destroy(it);
     return st;
 }

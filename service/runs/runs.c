@@ -293,12 +293,15 @@ run_t *kf__run_new(kf_runs_t *rs, const char *run_id, const char *workflow, size
     KF_ASSERT(id_len <= KF_RUN_ID_BYTES_MAX && key_len < id_len && run_id[key_len] == '@');
     run_t *r = kf_xcalloc(1, sizeof *r + id_len + 1);
     memcpy(r->run_id, run_id, id_len + 1);
+    if (!kf_map_try_insert(&rs->by_id, &r->node, r->run_id, id_len)) {
+        free(r);
+        return NULL;
+    }
     mem_add(rs, run_bytes(r));
     r->key_len = (uint16_t)key_len;
     r->seq = seq;
     r->wf = queue_ref(rs, workflow);
     kf_pq_node_init(&r->queue_node);
-    kf_map_insert(&rs->by_id, &r->node, r->run_id, id_len);
     return r;
 }
 
@@ -711,10 +714,9 @@ static void pin_body(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r, const kf_run_spec_t
 
 uint64_t kf_runs_start(kf_runs_t *rs, kf_ctx_t *ctx, const kf_run_spec_t *spec) {
     KF_ASSERT(!kf_runs_full(rs));
-    KF_ASSERT(kf__run_find(rs, spec->run_id) == NULL);
     size_t key_len = strlen(spec->key);
     run_t *r = kf__run_new(rs, spec->run_id, spec->workflow, key_len, rs->next_seq++);
-    KF_ASSERT(memcmp(r->run_id, spec->key, key_len) == 0);
+    KF_ASSERT(r != NULL && memcmp(r->run_id, spec->key, key_len) == 0);
     r->key_concurrency = (uint16_t)spec->options.key_concurrency;
     r->updated_ms = ctx->now_ms;
     pin_body(rs, ctx, r, spec);
@@ -817,6 +819,16 @@ void kf_runs_fire(kf_runs_t *rs, kf_ctx_t *ctx, kf_timer_t *timer) {
 
 /* ---- recovery's part --------------------------------------------------------- */
 
+/* Recovered runs that need a timer: kf_runs_finish_recovery checks these,
+ * not every run. */
+static void timed_push(kf_runs_t *rs, run_t *r) {
+    if (rs->timed_count == rs->timed_cap) {
+        rs->timed_cap = rs->timed_cap ? rs->timed_cap * 2 : 64;
+        rs->timed = kf_xrealloc(rs->timed, rs->timed_cap * sizeof *rs->timed);
+    }
+    rs->timed[rs->timed_count++] = r;
+}
+
 void kf__runs_adopt(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
     switch (r->status) {
     case ST_PENDING:
@@ -829,20 +841,15 @@ void kf__runs_adopt(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r) {
         KF_ASSERT(r->detail != NULL);
         rs->leased++;
         group_get(rs, r)->leased++;
+        timed_push(rs, r);
         break;
     case ST_DELAYED:
         KF_ASSERT(r->detail != NULL);
         rs->delayed++;
+        timed_push(rs, r);
         break;
     default: KF_UNREACHABLE();
     }
-}
-
-void kf__runs_discard(kf_runs_t *rs, run_t *r) {
-    KF_ASSERT(!kf_pq_queued(&r->queue_node));
-    kf_map_remove(&rs->by_id, &r->node);
-    queue_unref(rs, r->wf);
-    run_free(rs, r);
 }
 
 bool kf_runs_attach_wakeup(kf_runs_t *rs, kf_ctx_t *ctx, const char *run_id, size_t len,
@@ -864,9 +871,8 @@ bool kf_runs_attach_wakeup(kf_runs_t *rs, kf_ctx_t *ctx, const char *run_id, siz
 }
 
 void kf_runs_finish_recovery(kf_runs_t *rs, kf_ctx_t *ctx) {
-    size_t b;
-    for (kf_map_node_t *n = kf_map_first(&rs->by_id, &b); n; n = kf_map_next(&rs->by_id, &b, n)) {
-        run_t *r = KF_CONTAINER_OF(n, run_t, node);
+    for (size_t i = 0; i < rs->timed_count; i++) {
+        run_t *r = rs->timed[i];
         if ((r->status == ST_LEASED || r->status == ST_DELAYED) &&
             !kf_timer_armed(&r->detail->timer)) {
             kf_log(KF_LOG_WARN, "runs", "repairing the wake-up of %s", r->run_id);
@@ -874,6 +880,9 @@ void kf_runs_finish_recovery(kf_runs_t *rs, kf_ctx_t *ctx) {
                        r->status == ST_LEASED ? r->detail->lease_expires_ms : r->detail->due_ms);
         }
     }
+    free(rs->timed);
+    rs->timed = NULL;
+    rs->timed_count = rs->timed_cap = 0;
 }
 
 /* ---- lifecycle ----------------------------------------------------------- */
@@ -929,6 +938,7 @@ void kf_runs_destroy(kf_runs_t *rs) {
     kf_map_deinit(&rs->queues);
     kf_map_deinit(&rs->groups);
     kf_map_deinit(&rs->waitlists);
+    free(rs->timed);
     free(rs);
 }
 

@@ -191,6 +191,9 @@ struct kf_runs {
                                     (finished) once durable, in group order */
     run_detail_t *settling_tail;
     uint64_t memory_bytes; /* held by runs, details, bodies, queues and groups */
+    run_t **timed;         /* recovery only: LEASED and DELAYED runs, for their timers */
+    size_t timed_count;
+    size_t timed_cap;
     kf_key_t sweep_cursor; /* wake-ups before it were swept */
     bool sweep_started;
 };
@@ -337,7 +340,8 @@ void kf__run_delete_stored(kf_ctx_t *ctx, const char *run_id, const char *workfl
 /* ---- recovery (recover.c, with runs.c's part) ------------------------------ */
 
 /* A run enters memory: the table, its workflow; nothing else yet. The
- * run_id has the shape of one (kf__run_id_split gives key_len). */
+ * run_id has the shape of one (kf__run_id_split gives key_len). NULL when
+ * a run with that ID is in memory already (nothing changed). */
 run_t *kf__run_new(kf_runs_t *rs, const char *run_id, const char *workflow, size_t key_len,
                    uint64_t seq);
 /* Gives `r` an empty detail (no timer armed, no texts) and returns it. */
@@ -348,8 +352,6 @@ void kf__detail_load(kf_runs_t *rs, run_t *r, const Keyflow__Records__RunLiveRec
  * PENDING run's detail, if it has one, goes once the recovery's own write
  * is durable. */
 void kf__runs_adopt(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r);
-/* Undoes kf__run_new for a run that did not join (recovery refused it). */
-void kf__runs_discard(kf_runs_t *rs, run_t *r);
 /* Reads the run sequence into rs->next_seq. */
 kf_status_t kf__runs_load_seq(kf_runs_t *rs, kf_ctx_t *ctx, kf_error_t *err);
 

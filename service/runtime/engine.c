@@ -100,6 +100,7 @@ struct kf_engine {
     uint64_t disk_free_bytes;    /* at the last measure */
     uint64_t disk_written_bytes; /* group bytes written since */
     int64_t disk_checked_us;     /* monotonic; 0 = never measured */
+    int64_t memory_checked_us;   /* the store's memory gauges (engine thread); 0 = never */
     char disk_why[KF_ERROR_MESSAGE_BYTES_MAX];
     bool disk_error_logged; /* statvfs failed, said once */
     atomic_bool disk_low;   /* free space (estimated) below the reserve */
@@ -439,6 +440,22 @@ static void fail_held(kf_engine_t *e, group_t *open) {
     reply_failed(e, held, false);
 }
 
+/* What the store holds in memory, for /metrics: now and then (each of
+ * RocksDB's property reads takes its mutex). Engine thread (its metrics
+ * slot). */
+static void store_memory_refresh(kf_engine_t *e) {
+    int64_t now_us = kf_mono_us();
+    if (e->memory_checked_us != 0 &&
+        now_us - e->memory_checked_us < KF_STORE_MEMORY_CHECK_INTERVAL_MS * 1000) {
+        return;
+    }
+    kf_store_memory_t memory;
+    kf_store_memory(e->store, &memory);
+    kf_gauge_set(KF_G_STORE_MEMTABLE_BYTES, (int64_t)memory.memtable_bytes);
+    kf_gauge_set(KF_G_STORE_BLOCK_CACHE_BYTES, (int64_t)memory.block_cache_bytes);
+    e->memory_checked_us = now_us;
+}
+
 static void *engine_main(void *arg) {
     kf_engine_t *e = arg;
     pthread_setname_np(pthread_self(), "kf-engine");
@@ -503,6 +520,7 @@ static void *engine_main(void *arg) {
             disk_refresh(e, false);
         }
         kf_core_set_disk_low(e->core, disk_low_why(e, disk_why, sizeof disk_why) ? disk_why : NULL);
+        store_memory_refresh(e);
         /* Due timers first: a request that arrives after a window's due
          * time must find that window closed (its run started), not join it. */
         kf_core_tick(e->core, KF_TIMERS_PER_TURN_MAX);
