@@ -313,6 +313,16 @@ static rocksdb_options_t *family_options(const rocks_store_t *rs, const kf_rocks
         rocksdb_options_set_max_write_buffer_number(opt, KF_ROCKS_JOURNAL_MEMTABLES);
         rocksdb_options_set_min_write_buffer_number_to_merge(opt, KF_ROCKS_JOURNAL_FLUSH_MERGE);
     }
+    if (cf == KF_CF_RUNS || cf == KF_CF_RUN_INDEX || cf == KF_CF_RUN_LIVE ||
+        cf == KF_CF_RUN_STATE || cf == KF_CF_WAKEUPS) {
+        /* Retention deletes every run (all of its records) some time after
+         * it finished; a tombstone stays in each file it reaches until a
+         * compaction brings it to the last level, and every read that
+         * passes it steps over it. A file dense with tombstones is
+         * compacted soon rather than when its level happens to fill. */
+        rocksdb_options_add_compact_on_deletion_collector_factory(
+            opt, KF_ROCKS_DELETION_WINDOW_ENTRIES, KF_ROCKS_DELETION_TRIGGER_ENTRIES);
+    }
     return opt;
 }
 

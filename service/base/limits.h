@@ -100,6 +100,15 @@
 /* Records a list call may examine before it returns a partial page with a
  * continuation token, so one call never scans without bound. */
 #define KF_LIST_SCAN_MAX 10000
+/* A move of a listing's iterator this slow stepped over many deleted index
+ * entries (about 0.1 us each in a memtable); the listing remembers where it
+ * landed so that the next one seeks there (runs/ops.c). A live entry's step
+ * takes under 1 us, a block read from disk longer: a useless shortcut
+ * costs only its memory. */
+#define KF_LIST_HINT_LEARN_US 100
+/* Shortcuts remembered (each under 300 bytes); all are forgotten when one
+ * more would pass this, and slow moves learn them again. */
+#define KF_LIST_HINTS_MAX 4096
 
 /* ---- engine ----------------------------------------------------------- */
 
@@ -243,6 +252,12 @@
  * on the reference machine, so about 1 s); lower means more, smaller
  * flushes. */
 #define KF_ROCKS_WAL_BYTES_MAX (64 * 1024 * 1024)
+/* A table file of a family that retention deletes from (runs, wake-ups) is
+ * compacted as soon as some run of this many consecutive entries in it
+ * holds at least KF_ROCKS_DELETION_TRIGGER_ENTRIES tombstones: reads then
+ * stop stepping over them (storage/store_rocks.c). */
+#define KF_ROCKS_DELETION_WINDOW_ENTRIES  10000
+#define KF_ROCKS_DELETION_TRIGGER_ENTRIES 5000
 /* RocksDB's block cache, one for every family: what the engine does not
  * keep in memory (run bodies, finished runs, journals) is read through it.
  * Without one of its own each family would have RocksDB's default 8 MiB

@@ -11,6 +11,7 @@
 #include "base/alloc.h"
 #include "base/assert.h"
 #include "base/bytes.h"
+#include "base/clock.h"
 #include "base/crypto.h"
 #include "base/json.h"
 #include "base/log.h"
@@ -923,6 +924,122 @@ static bool run_id_of_key(const char *run_id, size_t len, const char *key, size_
            run_id[key_len] == '@';
 }
 
+/* ---- ListRuns's shortcuts past deleted index entries ----------------------
+ *
+ * Retention deletes runs oldest first, so their index entries pile up, as
+ * tombstones until compaction drops them, at the head of each workflow's
+ * range; an iterator steps over every one of them, and a listing that starts
+ * there got slower with every run deleted (p50 7 -> 44 ms over a soak). When
+ * one move of a listing's iterator is slow, the listing remembers where the
+ * move came from (a workflow's start, or an index entry) and the entry it
+ * landed on, both in one workflow; the next listing that comes from there
+ * seeks to that entry instead. A shortcut stays right for good: run
+ * sequences only grow, so a new entry of the workflow comes after every
+ * existing one and none can appear between a shortcut's ends (a group is
+ * read only once written, and groups are written in order); deletions only
+ * widen the gap, and a seek to a deleted target lands on the entry after it.
+ * So each listing steps only over what was deleted since the last one. */
+
+typedef struct list_hint {
+    kf_map_node_t node; /* by key */
+    uint64_t seq;       /* the entry a move from `key` lands on (or after) */
+    size_t key_len;
+    uint8_t key[]; /* lp(workflow), or lp(workflow) | run_seq be64 */
+} list_hint_t;
+
+static int64_t list_hint_learn_us = KF_LIST_HINT_LEARN_US;
+
+void kf_runs_list_hints_learn_us(int64_t us) {
+    list_hint_learn_us = us;
+}
+
+static size_t hint_bytes(size_t key_len) {
+    return ALLOC(sizeof(list_hint_t) + key_len) + SLOTS;
+}
+
+void kf__list_hints_clear(kf_runs_t *rs) {
+    size_t b;
+    kf_map_node_t *n = kf_map_first(&rs->list_hints, &b);
+    while (n != NULL) {
+        list_hint_t *h = KF_CONTAINER_OF(n, list_hint_t, node);
+        n = kf_map_next(&rs->list_hints, &b, n);
+        kf_map_remove(&rs->list_hints, &h->node);
+        KF_ASSERT(rs->memory_bytes >= hint_bytes(h->key_len));
+        rs->memory_bytes -= hint_bytes(h->key_len);
+        free(h);
+    }
+}
+
+/* The length of an index key's (or a workflow start's) lp(workflow) head;
+ * 0 when it has none (the start of a listing of every workflow). */
+static size_t workflow_head_len(const uint8_t *key, size_t len) {
+    kf_key_reader_t r = kf_key_reader(key, len);
+    const char *workflow;
+    size_t workflow_len;
+    return kf_key_read_lp(&r, &workflow, &workflow_len) ? len - r.left : 0;
+}
+
+static void hint_learn(kf_runs_t *rs, const uint8_t *from, size_t from_len, const uint8_t *landed,
+                       size_t landed_len) {
+    size_t head = workflow_head_len(landed, landed_len);
+    if (head == 0 || landed_len != head + 8) {
+        return; /* not an index key: the store is read as it is, not trusted */
+    }
+    if (workflow_head_len(from, from_len) != head || memcmp(from, landed, head) != 0) {
+        from_len = head; /* another workflow's entry: what it skipped was that workflow's head */
+        from = landed;
+    }
+    uint64_t seq = kf_get_be64(landed + head);
+    kf_map_node_t *n = kf_map_get(&rs->list_hints, from, from_len);
+    if (n != NULL) {
+        list_hint_t *h = KF_CONTAINER_OF(n, list_hint_t, node);
+        h->seq = seq > h->seq ? seq : h->seq;
+        return;
+    }
+    if (rs->list_hints.count >= KF_LIST_HINTS_MAX) {
+        kf__list_hints_clear(rs); /* bounded; the next slow moves learn again */
+    }
+    list_hint_t *h = kf_xmalloc(sizeof *h + from_len);
+    memcpy(h->key, from, from_len);
+    h->key_len = from_len;
+    h->seq = seq;
+    kf_map_insert(&rs->list_hints, &h->node, h->key, h->key_len);
+    rs->memory_bytes += hint_bytes(from_len);
+}
+
+/* Moves `it` to the first entry after `from` (an index key, or a
+ * workflow's start: lp(workflow); empty for the start of every workflow):
+ * through a shortcut when there is one, else by a step when `it` is on
+ * `from`, else by a seek. A slow move leaves a shortcut. */
+static void list_move(kf_runs_t *rs, kf_iter_t *it, const kf_key_t *from, bool on_from) {
+    int64_t t0_us = kf_mono_us();
+    kf_map_node_t *n = from->len ? kf_map_get(&rs->list_hints, from->bytes, from->len) : NULL;
+    if (n != NULL) {
+        list_hint_t *h = KF_CONTAINER_OF(n, list_hint_t, node);
+        kf_key_t target;
+        kf_key_reset(&target);
+        kf_key_raw(&target, from->bytes, workflow_head_len(from->bytes, from->len));
+        kf_key_be64(&target, h->seq);
+        kf_iter_seek(it, target.bytes, target.len);
+    } else if (on_from) {
+        kf_iter_next(it);
+    } else if (from->len == 0) {
+        kf_iter_seek_first(it);
+    } else {
+        kf_iter_seek(it, from->bytes, from->len);
+        size_t klen;
+        const void *k = kf_iter_valid(it) ? kf_iter_key(it, &klen) : NULL;
+        if (k != NULL && klen == from->len && memcmp(k, from->bytes, klen) == 0) {
+            kf_iter_next(it); /* a token names the last entry already returned */
+        }
+    }
+    if (kf_iter_valid(it) && kf_mono_us() - t0_us >= list_hint_learn_us) {
+        size_t klen;
+        const uint8_t *k = kf_iter_key(it, &klen);
+        hint_learn(rs, from->bytes, from->len, k, klen);
+    }
+}
+
 /* Lists runs in (workflow, creation) order through the run index. Runs in
  * memory are shown as they are now; others as stored. Examines at most
  * KF_LIST_SCAN_MAX index entries per call and returns a token to go on. A
@@ -976,18 +1093,10 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     Keyflow__V1__ListRunsResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__list_runs_response__init(resp);
     resp->runs = kf_arena_new(cmd->arena, (size_t)page * sizeof *resp->runs);
-    if (req->page_token[0]) {
-        kf_iter_seek(it, after.bytes, after.len);
-        if (kf_iter_valid(it)) {
-            size_t klen;
-            const void *k = kf_iter_key(it, &klen);
-            if (klen == after.len && memcmp(k, after.bytes, klen) == 0) {
-                kf_iter_next(it); /* the token names the last entry already returned */
-            }
-        }
-    } else {
-        kf_iter_seek_first(it);
-    }
+    /* From the token's entry, else from the workflow's start (lower), else
+     * from the start of every workflow (lower is empty). */
+    list_move(rs, it, req->page_token[0] ? &after : &lower, false);
+    kf_key_t from;
     size_t examined = 0, bytes = 0, key_len = strlen(req->key);
     bool more = false;
     while (kf_iter_valid(it)) {
@@ -1001,8 +1110,10 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         }
         examined++;
         resp->next_page_token = token_encode(cmd->arena, (uint8_t)req->status, req->key, k, klen);
+        kf_key_reset(&from);
+        kf_key_raw(&from, k, klen);
         if (key_len > 0 && !run_id_of_key(v, vlen, req->key, key_len)) {
-            kf_iter_next(it);
+            list_move(rs, it, &from, true);
             continue;
         }
         char *run_id = kf_arena_strndup(cmd->arena, v, vlen);
@@ -1031,7 +1142,7 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             resp->runs[resp->n_runs++] = p;
             bytes += strlen(p->input_json) + strlen(p->result_json) + 256;
         }
-        kf_iter_next(it);
+        list_move(rs, it, &from, true);
     }
     if (!more) {
         resp->next_page_token = ""; /* reached the end */

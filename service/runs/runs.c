@@ -27,15 +27,7 @@ void kf__runs_publish(const kf_runs_t *rs) {
     kf_gauge_set(KF_G_RUNS_MEMORY_BYTES, (int64_t)rs->memory_bytes);
 }
 
-/* ---- memory accounting ----------------------------------------------------------
- *
- * What the table holds, as the memory budget counts it (docs/semantics.md,
- * "Memory budget"): each allocation with malloc's 16-byte header, and the
- * slots a run or entry takes in its map and queue. Erring high is fine;
- * low is not. */
-
-#define ALLOC(bytes) ((bytes) + 16)
-#define SLOTS        (3 * sizeof(void *)) /* a map bucket (load <= 1), a queue slot */
+/* ---- memory accounting (runs_int.h) ------------------------------------------ */
 
 uint64_t kf_runs_memory_bytes(const kf_runs_t *rs) {
     return rs->memory_bytes;
@@ -893,6 +885,7 @@ kf_runs_t *kf_runs_create(void) {
     kf_map_init(&rs->queues);
     kf_map_init(&rs->groups);
     kf_map_init(&rs->waitlists);
+    kf_map_init(&rs->list_hints);
     return rs;
 }
 
@@ -938,6 +931,8 @@ void kf_runs_destroy(kf_runs_t *rs) {
     kf_map_deinit(&rs->queues);
     kf_map_deinit(&rs->groups);
     kf_map_deinit(&rs->waitlists);
+    kf__list_hints_clear(rs);
+    kf_map_deinit(&rs->list_hints);
     free(rs->timed);
     free(rs);
 }

@@ -166,6 +166,10 @@ void kf_runs_complete(kf_runs_t *runs, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_runs_release(kf_runs_t *runs, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_runs_get(kf_runs_t *runs, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_runs_list(kf_runs_t *runs, kf_ctx_t *ctx, kf_cmd_t *cmd);
+/* A move of ListRuns's iterator at least this slow leaves a shortcut
+ * (ops.c); KF_LIST_HINT_LEARN_US unless a test sets it (0: every move).
+ * Process-wide. */
+void kf_runs_list_hints_learn_us(int64_t us);
 void kf_runs_cancel(kf_runs_t *runs, kf_ctx_t *ctx, kf_cmd_t *cmd);
 
 /* ---- windows: runs that do not exist yet ---------------------------------

@@ -190,13 +190,24 @@ struct kf_runs {
     run_detail_t *settling_head; /* details to drop (PENDING) or runs to forget
                                     (finished) once durable, in group order */
     run_detail_t *settling_tail;
-    uint64_t memory_bytes; /* held by runs, details, bodies, queues and groups */
+    uint64_t memory_bytes; /* held by runs, details, bodies, queues, groups and hints */
+    kf_map_t list_hints;   /* ListRuns's shortcuts past deleted index entries (ops.c) */
     run_t **timed;         /* recovery only: LEASED and DELAYED runs, for their timers */
     size_t timed_count;
     size_t timed_cap;
     kf_key_t sweep_cursor; /* wake-ups before it were swept */
     bool sweep_started;
 };
+
+/* ---- memory accounting ----------------------------------------------------------
+ *
+ * What the table holds, as the memory budget counts it (docs/semantics.md,
+ * "Memory budget"): each allocation with malloc's 16-byte header, and the
+ * slots a run or entry takes in its map and queue. Erring high is fine;
+ * low is not. */
+
+#define ALLOC(bytes) ((bytes) + 16)
+#define SLOTS        (3 * sizeof(void *)) /* a map bucket (load <= 1), a queue slot */
 
 /* ---- runs.c: the table and its state changes ---------------------------- */
 
@@ -356,6 +367,9 @@ void kf__runs_adopt(kf_runs_t *rs, kf_ctx_t *ctx, run_t *r);
 kf_status_t kf__runs_load_seq(kf_runs_t *rs, kf_ctx_t *ctx, kf_error_t *err);
 
 /* ---- ops.c: the RPC handlers' shared parts -------------------------------- */
+
+/* Forgets ListRuns's shortcuts (when too many, and at the end). */
+void kf__list_hints_clear(kf_runs_t *rs);
 
 /* Answers every GetRun waiting for `run_id`: with `r` (as it is now), or
  * NOT_FOUND when r is NULL. */

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "sim.h"
+#include "base/limits.h"
+#include "runs/runs.h"
 #include "records/records.pb-c.h"
 #include "storage/keys.h"
 
@@ -432,4 +434,108 @@ Test(runs, a_malformed_stored_run_is_corrupt_when_read) {
             cr_assert(strstr(c->error.message, id) != NULL, "%s", c->error.message);
         }
     }
+}
+
+/* ---- ListRuns's shortcuts past deleted index entries ------------------------ */
+
+#define SHORTCUT_RUNS 64
+
+typedef struct listed_run {
+    const char *id;
+    const char *workflow;
+    bool gone;
+} listed_run_t;
+
+/* Every listing (of every workflow and of each one, at several page sizes)
+ * shows exactly the runs not gone, each once, by workflow then creation. */
+static void check_listings(const listed_run_t *runs, int n) {
+    const char *filters[] = {"", "a", "b", "c", "d", "e"};
+    const int64_t page_sizes[] = {1, 3, 100};
+    for (size_t f = 0; f < sizeof filters / sizeof *filters; f++) {
+        const char *expected[SHORTCUT_RUNS];
+        int want = 0;
+        for (char w = 'a'; w <= 'e'; w++) {
+            for (int i = 0; i < n; i++) {
+                if (!runs[i].gone && runs[i].workflow[0] == w &&
+                    (filters[f][0] == '\0' || filters[f][0] == w)) {
+                    expected[want++] = runs[i].id;
+                }
+            }
+        }
+        for (size_t p = 0; p < sizeof page_sizes / sizeof *page_sizes; p++) {
+            Keyflow__V1__ListRunsRequest req = KEYFLOW__V1__LIST_RUNS_REQUEST__INIT;
+            req.workflow = (char *)filters[f];
+            req.page_size = page_sizes[p];
+            int got = 0;
+            for (int calls = 0; calls <= SHORTCUT_RUNS; calls++) {
+                kf_cmd_t *c = sim_exec(&sim, KF_OP_LIST_RUNS, &req.base);
+                cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+                Keyflow__V1__ListRunsResponse *resp = (Keyflow__V1__ListRunsResponse *)c->response;
+                for (size_t i = 0; i < resp->n_runs; i++) {
+                    cr_assert_lt(got, want, "workflow '%s', page %lld: more runs than %d",
+                                 filters[f], (long long)page_sizes[p], want);
+                    cr_assert_str_eq(resp->runs[i]->run_id, expected[got],
+                                     "workflow '%s', page %lld, run %d", filters[f],
+                                     (long long)page_sizes[p], got);
+                    got++;
+                }
+                if (resp->next_page_token[0] == '\0') {
+                    break;
+                }
+                req.page_token = resp->next_page_token;
+            }
+            cr_assert_eq(got, want, "workflow '%s', page %lld", filters[f],
+                         (long long)page_sizes[p]);
+        }
+    }
+}
+
+/* Here every move of a listing's iterator leaves a shortcut (the server
+ * leaves one only after a slow move): listings must still show every run
+ * once, in order, after the shortcuts' targets are deleted and after new
+ * runs join old workflows and new workflows between the old ones. */
+Test(runs, list_shortcuts_past_deleted_runs_never_hide_or_repeat_a_run) {
+    kf_runs_list_hints_learn_us(0);
+    listed_run_t runs[SHORTCUT_RUNS];
+    int n = 0;
+    const char *old_workflows[] = {"a", "c", "e"};
+    for (int i = 0; i < 30; i++) {
+        char key[8];
+        snprintf(key, sizeof key, "k%d", i);
+        runs[n].workflow = old_workflows[i % 3];
+        runs[n].id = make_run(runs[n].workflow, key, "1");
+        runs[n++].gone = false;
+    }
+    check_listings(runs, n); /* leaves shortcuts between neighbours */
+
+    /* In each workflow the oldest and the youngest run stay leased; the
+     * eight between them finish, and retention deletes them. */
+    int64_t t0 = sim.now_ms;
+    for (int w = 0; w < 3; w++) {
+        Keyflow__V1__PollRunsResponse *p =
+            POLL_RESP(sim_poll(&sim, old_workflows[w], KF_LEASE_MS_MAX, 10, 0));
+        cr_assert_eq(p->n_runs, 10);
+        for (size_t i = 1; i + 1 < p->n_runs; i++) {
+            kf_cmd_t *c = sim_complete(&sim, p->runs[i]->run_id, p->runs[i]->lease, "2", NULL);
+            cr_assert_eq(c->error.status, KF_OK, "%s", c->error.message);
+            for (int j = 0; j < n; j++) {
+                runs[j].gone |= strcmp(runs[j].id, p->runs[i]->run_id) == 0;
+            }
+        }
+    }
+    sim_advance(&sim, t0 + 10000 + 1);
+    sim_advance(&sim, t0 + 12000);
+    check_listings(runs, n); /* the shortcuts' targets are gone */
+    check_listings(runs, n); /* through the shortcuts the last listings left */
+
+    const char *new_workflows[] = {"a", "b", "c", "d", "e"};
+    for (int i = 0; i < 20; i++) {
+        char key[8];
+        snprintf(key, sizeof key, "n%d", i);
+        runs[n].workflow = new_workflows[i % 5];
+        runs[n].id = make_run(runs[n].workflow, key, "1");
+        runs[n++].gone = false;
+    }
+    check_listings(runs, n);
+    kf_runs_list_hints_learn_us(KF_LIST_HINT_LEARN_US);
 }
