@@ -3,10 +3,9 @@
  * document per line, for scripts) or tables (aligned columns, for people).
  *
  * Invariants
- *   1. JSON is the gateway's mapping (kf_message_to_jansson), plus every
- *      repeated field the response message has, empty ones included as []:
- *      proto3 JSON leaves an empty list out, and `jq '.runs[]'` on a missing
- *      key is an error rather than nothing.
+ *   1. JSON is the gateway's mapping (kf_message_to_jansson), byte for
+ *      byte what curl gets: every repeated field is there, [] when empty
+ *      (json_map.h), so `jq '.runs[]'` works on an empty list.
  *   2. A table shows the same data: the message is flattened into
  *      "label  value" lines, and each list of objects (runs, functions,
  *      output rows) becomes a table of one row per element, its columns the
@@ -521,31 +520,6 @@ static void print_table(FILE *out, json_t *doc, const ProtobufCMessageDescriptor
     cells_free(&cells);
 }
 
-/* Adds [] for every repeated field `obj` lacks, here and in the messages
- * inside it (invariant 1). */
-static void add_empty_lists(json_t *obj, const ProtobufCMessageDescriptor *desc) {
-    for (unsigned i = 0; i < desc->n_fields; i++) {
-        const ProtobufCFieldDescriptor *f = &desc->fields[i];
-        char name[KF_JSON_NAME_BYTES_MAX];
-        bool embedded;
-        kf_json_field_name(desc, f, name, &embedded);
-        json_t *v = json_object_get(obj, name);
-        if (f->label == PROTOBUF_C_LABEL_REPEATED && v == NULL) {
-            json_object_set_new(obj, name, json_array());
-        } else if (f->type == PROTOBUF_C_TYPE_MESSAGE && json_is_object(v)) {
-            add_empty_lists(v, f->descriptor);
-        } else if (f->type == PROTOBUF_C_TYPE_MESSAGE && json_is_array(v)) {
-            size_t k;
-            json_t *e;
-            json_array_foreach(v, k, e) {
-                if (json_is_object(e)) {
-                    add_empty_lists(e, f->descriptor);
-                }
-            }
-        }
-    }
-}
-
 int kf__cli_print(kf__cli_t *cli, const ProtobufCMessage *msg) {
     json_t *doc = kf_message_to_jansson(msg);
     if (doc == NULL) {
@@ -553,7 +527,6 @@ int kf__cli_print(kf__cli_t *cli, const ProtobufCMessage *msg) {
                 msg->descriptor->name);
         return KF__CLI_EXIT_ERROR;
     }
-    add_empty_lists(doc, msg->descriptor);
     kf__cli_progress_clear(cli);
     int rc = KF__CLI_EXIT_OK;
     if (cli->output == KF__CLI_OUTPUT_TABLE) {

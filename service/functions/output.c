@@ -49,6 +49,14 @@ static kf_status_t read_rows(kf_ctx_t *ctx, function_t *fn, int64_t after, int64
     resp->high_water_seq = (int64_t)high;
     resp->first_retained_seq = (int64_t)fn->trimmed_seq + 1;
     resp->next_after_seq = after;
+    if (format == KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON) {
+        /* An empty page is the empty array, not an absent field: over HTTP
+         * "rows" is then [] like every other list (json_map.h). */
+        resp->rows_json = kf_arena_strdup(arena, "[]");
+        if (resp->rows_json == NULL) {
+            return kf_error_set(err, KF_E_TOO_LARGE, "limit: the page is too large");
+        }
+    }
     if ((uint64_t)after >= high) {
         return KF_OK;
     }

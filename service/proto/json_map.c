@@ -24,7 +24,8 @@
  *   6. No mutable static state: every function may run on any thread.
  *
  * Depth is counted in containers: the body object is level 1, an object or
- * array inside it level 2, and so on; a scalar adds no level.
+ * array inside it level 2, and so on; a scalar, and an empty array, add no
+ * level.
  */
 #include "proto/json_map.h"
 
@@ -882,10 +883,12 @@ static kf_status_t decode_repeated(decoder_t *d, ProtobufCMessage *msg,
     if (!json_is_array(v)) {
         return fail(d, KF_E_INVALID, "expected an array, got %s", excerpt(v, &e));
     }
-    if (level + 1 > KF_JSON_DEPTH_MAX) {
+    size_t count = json_array_size(v);
+    /* An empty array nests nothing, so it adds no level: every response
+     * (which holds all its lists, [] when empty) reads back as a request. */
+    if (count > 0 && level + 1 > KF_JSON_DEPTH_MAX) {
         return fail_depth(d);
     }
-    size_t count = json_array_size(v);
     size_t size = value_size(f->type);
     char *items = NULL;
     if (count > 0) {
@@ -1406,7 +1409,9 @@ static json_t *message_to_jansson(const ProtobufCMessage *msg) {
     }
     for (unsigned i = 0; i < desc->n_fields; i++) {
         const ProtobufCFieldDescriptor *f = &desc->fields[i];
-        if (!field_is_present(msg, f)) {
+        /* A repeated field is always there, [] when empty, so that a
+         * client can iterate it without a presence check (`jq '.runs[]'`). */
+        if (f->label != PROTOBUF_C_LABEL_REPEATED && !field_is_present(msg, f)) {
             continue;
         }
         char key[JSON_NAME_BYTES_MAX];

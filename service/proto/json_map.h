@@ -28,7 +28,10 @@
  *     ("inputJson": "<text>") is accepted as well. On output the text is
  *     parsed and embedded (empty text is omitted).
  *   - Output omits fields at their default (proto3 default), except oneof
- *     members whose case is set (they are emitted even when 0).
+ *     members whose case is set (they are emitted even when 0) and repeated
+ *     fields, which are always emitted, [] when empty (proto3 JSON's
+ *     "emit default values" for lists only), so that `jq '.runs[]'` works
+ *     on every response. On input an empty array is the same as absent.
  *   - Unknown JSON fields are an error naming the field (so typos are caught).
  *
  * Errors name the JSON path of the offending value, e.g.
@@ -54,7 +57,8 @@
  *   - Present message fields merge into an existing sub-message; present
  *     repeated fields replace the existing elements; null elements in an
  *     array are an error. One field given under two spellings is an error.
- *   - Depth counts containers: the body object is level 1. An embedded
+ *   - Depth counts containers: the body object is level 1; an empty array
+ *     adds no level (so every output, lists included, reads back). An embedded
  *     `_json` value has a limit of its own (KF_JSON_DEPTH_MAX levels of the
  *     value itself, as kf_json_check applies over gRPC).
  *   - "\u0000" is accepted in JSON strings (it is valid JSON); a string

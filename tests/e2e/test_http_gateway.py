@@ -53,7 +53,7 @@ class Response:
 @unittest.skipIf(shutil.which("curl") is None, "curl is not installed")
 class GatewayTest(unittest.TestCase):
     def setUp(self):
-        self.server = harness.Keyflowd().start()
+        self.server = harness.Keyflowd(args=["--plugin-dir", os.path.join(harness.BUILD, "handlers")]).start()
         self.addCleanup(self.server.cleanup)
         self.wf = "wf-" + uuid.uuid4().hex[:8]
 
@@ -385,11 +385,68 @@ class GatewayTest(unittest.TestCase):
             with self.subTest(q=q):
                 page = self.ok("GET", "/v1/runs?workflow=%s&%s" % (enc(self.wf), q))
                 self.assertEqual([x["runId"] for x in page.get("runs", [])], want)
-        self.assertEqual(self.ok("GET", "/v1/runs?workflow=other-" + self.wf), {})
+        self.assertEqual(self.ok("GET", "/v1/runs?workflow=other-" + self.wf), {"runs": []})
         self.assert_error(self.curl("GET", "/v1/runs?pageToken=zz"), 400, 3, "INVALID_ARGUMENT", "page_token")
         self.assert_error(self.curl("GET", "/v1/runs?pageSize=many"), 400, 3, "INVALID_ARGUMENT", "pageSize")
         self.assert_error(self.curl("GET", "/v1/runs?status=bogus"), 400, 3, "INVALID_ARGUMENT", "status")
         self.assert_error(self.curl("GET", "/v1/runs?nosuch=1"), 400, 3, "INVALID_ARGUMENT", "nosuch")
+
+    def test_every_list_is_present_when_empty(self):
+        """The README's promise: every list of a response is there, [] when
+        empty, so `jq '.runs[]'` works. Checked against the OpenAPI
+        document: every array-typed property of every object the answer
+        holds (nested ones too) must be present."""
+        doc = self.ok("GET", "/openapi.json")
+        schemas = doc["components"]["schemas"]
+
+        def missing(schema, value, where):
+            if "$ref" in schema:
+                schema = schemas[schema["$ref"].split("/")[-1]]
+            if isinstance(value, list):
+                return [m for i, v in enumerate(value)
+                        for m in missing(schema.get("items", {}), v, "%s[%d]" % (where, i))]
+            if not isinstance(value, dict) or schema.get("type") != "object":
+                return []
+            out = []
+            for name, prop in schema.get("properties", {}).items():
+                if prop.get("type") == "array" and name not in value:
+                    out.append("%s.%s" % (where, name))
+                elif name in value:
+                    out += missing(prop, value[name], "%s.%s" % (where, name))
+            return out
+
+        with open(os.path.join(harness.BUILD, "handlers", "running_sum.descriptor.json")) as f:
+            descriptor = json.load(f)
+        self.ok("POST", "/v1/functions", descriptor)
+        run = self.send("r", {"rule": {"kind": "debounce", "windowMs": 60000}, "input": 1})
+        nothing = "none-" + self.wf
+        answers = {
+            "ListRuns": self.ok("GET", "/v1/runs?workflow=" + nothing),
+            "PollRuns": self.ok("POST", "/v1/runs:poll", {"workerId": "w", "workflows": [nothing]}),
+            "ListFunctions": self.ok("GET", "/v1/functions?pageSize=1"),
+            "GetFunction": self.ok("GET", "/v1/functions/running_sum"),
+            "ReadOutput": self.ok("GET", "/v1/functions/running_sum/output?after=0"),
+            "GetKeyState": self.ok("GET", "/v1/functions/running_sum/keys/nobody"),
+            "ListKeys": self.ok("GET", "/v1/keys"),
+            "DescribeCoordinator": self.describe("batch", "nothing-here"),
+            "GetRun": self.ok("GET", self.run_path(run["receipt"]["runId"])),
+        }
+        for name, body in answers.items():
+            with self.subTest(rpc=name):
+                generic, = [item for path, item in doc["paths"].items()
+                            if path.startswith("/v1/keyflow.v1.") and path.endswith("/" + name)]
+                schema = generic["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+                self.assertEqual(missing(schema, body, name), [], body)
+        self.assertEqual(answers["ListRuns"], {"runs": []})
+        self.assertEqual(answers["PollRuns"]["runs"], [])
+        self.assertEqual(answers["ListKeys"], {"keys": []})
+        self.assertEqual(answers["ReadOutput"]["rows"], [], "the JSON rows of an empty page")
+        self.assertEqual(answers["GetKeyState"]["timers"], [])
+        described = answers["DescribeCoordinator"]
+        self.assertEqual((described["journal"], described["recentRunIds"], described["rememberedIds"]),
+                         ([], [], []))
+        self.assertEqual(answers["GetRun"]["eventIds"], [])
+        self.assertEqual(answers["GetFunction"]["descriptor"]["timerNames"], [])
 
     def test_errors_name_the_field_and_change_nothing(self):
         path = self.events_path("bad")

@@ -635,12 +635,18 @@ Test(repeated, every_kind_encodes) {
                       "\"rInner\":[{\"name\":\"x\"},{}]}");
 }
 
-Test(repeated, empty_and_null_arrays_are_absent) {
+/* On input an empty or null array is absent; on output every list is
+ * there, so a client can iterate it without checking (json_map.h). */
+Test(repeated, empty_and_null_arrays_are_absent_and_emitted_as_empty) {
     Keyflow__Test__Lists *m = decode_lists("{\"rInt32\": [], \"rString\": null, \"rInner\": []}");
     cr_assert_eq(m->n_r_int32, 0u);
     cr_assert_eq(m->n_r_string, 0u);
     cr_assert_eq(m->n_r_inner, 0u);
-    cr_assert_str_eq(encode(m), "{}");
+    cr_assert_str_eq(encode(m), "{\"rInt32\":[],\"rSint32\":[],\"rInt64\":[],\"rUint64\":[],"
+                                "\"rFixed32\":[],\"rDouble\":[],\"rFloat\":[],\"rBool\":[],"
+                                "\"rString\":[],\"rBytes\":[],\"rColor\":[],\"rInner\":[]}");
+    Keyflow__Test__Deep deep = KEYFLOW__TEST__DEEP__INIT;
+    cr_assert_str_eq(encode(&deep), "{\"many\":[]}", "empty lists even in an empty message");
 }
 
 Test(repeated, errors_name_the_element) {
@@ -974,6 +980,18 @@ Test(depth, one_level_more_is_an_error_naming_the_path) {
     free(json);
 }
 
+/* The deepest message a request may hold encodes with an empty list at
+ * the bottom ("many": []), one level deeper than the body: it must read
+ * back, as every response must. */
+Test(depth, an_empty_array_adds_no_level) {
+    char *json = nested_next(KF_JSON_DEPTH_MAX);
+    ProtobufCMessage *msg = decode(DEEP, json);
+    const char *out = encode(msg);
+    cr_assert_not_null(strstr(out, "{\"value\":1,\"many\":[]}"), "%s", out);
+    decode(DEEP, out);
+    free(json);
+}
+
 Test(depth, embedded_json_has_the_limit_of_its_own) {
     /* An embedded value may nest KF_JSON_DEPTH_MAX levels wherever it sits,
      * the same bound the engine applies to the text over gRPC. */
@@ -994,7 +1012,7 @@ Test(depth, deep_embedded_text_is_emitted_as_a_string) {
     m.data_json = strchr(json, '[');
     json[strlen(json) - 1] = '\0'; /* drop the closing brace of the body */
     const char *out = encode(&m);
-    cr_assert(strncmp(out, "{\"dataJson\":\"[[[", 16) == 0, "%.40s", out);
+    cr_assert(strncmp(out, "{\"many\":[],\"dataJson\":\"[[[", 26) == 0, "%.40s", out);
     Keyflow__Test__Deep *back = (Keyflow__Test__Deep *)decode(DEEP, out);
     cr_assert_str_eq(back->data_json, m.data_json);
     free(json);
@@ -1003,7 +1021,7 @@ Test(depth, deep_embedded_text_is_emitted_as_a_string) {
 Test(depth, arrays_of_messages_count_both_levels) {
     /* Level 1 body, 2 "many" array, 3 its object, 4 array, 5 object. */
     expect_round_trip(DEEP, "{\"many\": [{\"many\": [{\"value\": 5}]}]}",
-                      "{\"many\":[{\"many\":[{\"value\":5}]}]}");
+                      "{\"many\":[{\"many\":[{\"value\":5,\"many\":[]}]}]}");
     size_t cap = (size_t)KF_JSON_DEPTH_MAX * 16;
     char *json = malloc(cap);
     size_t o = 0;
@@ -1023,16 +1041,22 @@ Test(depth, arrays_of_messages_count_both_levels) {
     free(json);
 }
 
-Test(depth, an_array_past_the_limit_is_an_error_even_when_empty) {
-    /* The innermost object is at level 64; its array would be level 65. */
+Test(depth, an_array_past_the_limit_is_an_error_unless_empty) {
+    /* The innermost object is at level 64; its array would be level 65:
+     * refused when it holds something, accepted empty (it nests nothing). */
     char *json = nested_next(KF_JSON_DEPTH_MAX);
     char *inner = strstr(json, "{\"value\": 1}");
     cr_assert_not_null(inner);
-    const char *replacement = "{\"many\": []}";
-    cr_assert_eq(strlen(replacement), strlen("{\"value\": 1}"));
-    memcpy(inner, replacement, strlen(replacement));
+    const char *empty = "{\"many\": []}";
+    cr_assert_eq(strlen(empty), strlen("{\"value\": 1}"));
+    memcpy(inner, empty, strlen(empty));
+    decode(DEEP, json);
+    const char *full = "{\"many\":[1]}"; /* refused for its depth before its type */
+    cr_assert_eq(strlen(full), strlen(empty));
+    memcpy(inner, full, strlen(full));
     ProtobufCMessage *msg = NULL;
-    cr_assert_eq(kf_json_to_message(json, strlen(json), DEEP, &arena, &msg, &err), KF_E_INVALID);
+    cr_assert_eq(kf_json_to_message(json, strlen(json), DEEP, &arena, &msg, &err), KF_E_INVALID,
+                 "%s", json);
     const char *tail = ".next.many: JSON nested deeper than 64 levels";
     size_t len = strlen(err.message);
     cr_assert(len > strlen(tail));
@@ -1172,13 +1196,13 @@ Test(api, run_encodes_with_embedded_json) {
     cr_assert_str_eq(encode(&run),
                      "{\"runId\":\"k@u\",\"kind\":\"RULE_KIND_BATCH\",\"input\":[{\"a\":1},"
                      "{\"a\":2}],\"eventCount\":\"2\",\"status\":\"RUN_STATUS_COMPLETED\","
-                     "\"result\":{\"sum\":3},\"finishedMs\":\"1700000000000\"}");
+                     "\"result\":{\"sum\":3},\"finishedMs\":\"1700000000000\",\"eventIds\":[]}");
     run.result_json = "";
     run.input_json = "oops";
     cr_assert_str_eq(encode(&run),
                      "{\"runId\":\"k@u\",\"kind\":\"RULE_KIND_BATCH\",\"inputJson\":\"oops\","
                      "\"eventCount\":\"2\",\"status\":\"RUN_STATUS_COMPLETED\","
-                     "\"finishedMs\":\"1700000000000\"}");
+                     "\"finishedMs\":\"1700000000000\",\"eventIds\":[]}");
 }
 
 Test(api, describe_response_with_repeated_fields) {
@@ -1234,8 +1258,11 @@ Test(set_text, repeated_fields_append) {
     expect_set_text(&lists.base, "r_color", "deep_blue");
     expect_set_text(&lists.base, "rInt64", "-9223372036854775808");
     expect_set_text(&lists.base, "rBool", "true");
-    cr_assert_str_eq(encode(&lists), "{\"rInt64\":[\"-9223372036854775808\"],\"rBool\":[true],"
-                                     "\"rColor\":[\"COLOR_RED\",\"COLOR_DEEP_BLUE\"]}");
+    cr_assert_str_eq(encode(&lists),
+                     "{\"rInt32\":[],\"rSint32\":[],\"rInt64\":[\"-9223372036854775808\"],"
+                     "\"rUint64\":[],\"rFixed32\":[],\"rDouble\":[],\"rFloat\":[],"
+                     "\"rBool\":[true],\"rString\":[],\"rBytes\":[],"
+                     "\"rColor\":[\"COLOR_RED\",\"COLOR_DEEP_BLUE\"],\"rInner\":[]}");
 }
 
 Test(set_text, every_scalar_type) {
@@ -1468,7 +1495,10 @@ Test(encode, null_strings_are_empty) {
     char *strings[] = {NULL, "b"};
     lists.n_r_string = 2;
     lists.r_string = strings;
-    cr_assert_str_eq(encode(&lists), "{\"rString\":[\"\",\"b\"]}");
+    cr_assert_str_eq(encode(&lists), "{\"rInt32\":[],\"rSint32\":[],\"rInt64\":[],\"rUint64\":[],"
+                                     "\"rFixed32\":[],\"rDouble\":[],\"rFloat\":[],\"rBool\":[],"
+                                     "\"rString\":[\"\",\"b\"],\"rBytes\":[],\"rColor\":[],"
+                                     "\"rInner\":[]}");
 }
 
 Test(encode, arena_exhaustion_returns_null) {
@@ -1488,9 +1518,11 @@ Test(encode, arena_exhaustion_returns_null) {
 Test(encode, deep_everything_round_trips) {
     const char *json =
         "{\"scalars\":{\"fInt64\":\"1\",\"color\":\"COLOR_DEEP_BLUE\",\"inner\":{\"child\":"
-        "{\"name\":\"c\"}}},\"lists\":{\"rInner\":[{\"count\":1},{\"count\":2}]},"
+        "{\"name\":\"c\"}}},\"lists\":{\"rInt32\":[],\"rSint32\":[],\"rInt64\":[],"
+        "\"rUint64\":[],\"rFixed32\":[],\"rDouble\":[],\"rFloat\":[],\"rBool\":[],"
+        "\"rString\":[],\"rBytes\":[],\"rColor\":[],\"rInner\":[{\"count\":1},{\"count\":2}]},"
         "\"choice\":{\"payload\":[1,[2,[3]]],\"meta\":{}},"
-        "\"deep\":{\"next\":{\"dataJson\":\"{x\"},\"many\":[{}]}}";
+        "\"deep\":{\"next\":{\"many\":[],\"dataJson\":\"{x\"},\"many\":[{\"many\":[]}]}}";
     ProtobufCMessage *m = decode(&keyflow__test__everything__descriptor, json);
     cr_assert_str_eq(encode(m), json);
     expect_binary_round_trip(m);
