@@ -407,6 +407,10 @@
  * keeps concurrent lines whole): room for a function key, the longest
  * identifier a line carries, escaped, plus the rest; longer values are cut. */
 #define KF_LOG_LINE_BYTES_MAX 8192
+/* The path an HTTP request that names no RPC is logged with (debug),
+ * percent-encoded: enough to recognise it, bounded like everything a client
+ * can make the log hold. */
+#define KF_LOG_PATH_BYTES_MAX 512
 
 _Static_assert(KF_BATCH_EVENTS_DEFAULT <= KF_BATCH_EVENTS_MAX, "default within bound");
 _Static_assert(KF_ROCKS_JOURNAL_FLUSH_MERGE < KF_ROCKS_JOURNAL_MEMTABLES,
@@ -443,6 +447,7 @@ _Static_assert(KF_WORKER_CONCURRENCY_MAX <= KF_FN_CALLS_IN_FLIGHT_MAX,
 _Static_assert(KF_WORKERS_PER_FUNCTION_MAX <= KF_WORKER_STREAMS_MAX, "workers are streams");
 _Static_assert(KF_KEY_COLUMNS_MAX <= KF_SCHEMA_FIELDS_MAX, "key columns are input columns");
 _Static_assert(KF_FUNCTION_KEY_BYTES_MAX < KF_LOG_LINE_BYTES_MAX, "a key fits a log line");
+_Static_assert(KF_LOG_PATH_BYTES_MAX < KF_LOG_LINE_BYTES_MAX, "a logged path fits a log line");
 _Static_assert(KF_GRANT_PREFIX_BYTES_MAX >= KF_WORKFLOW_BYTES_MAX &&
                    KF_GRANT_PREFIX_BYTES_MAX >= KF_FUNCTION_ID_BYTES_MAX,
                "a prefix can be a whole workflow or function name");

@@ -300,6 +300,51 @@ static void record_request(http_call_t *call, int metrics_id, int grpc_code, int
     kf_log_request("http", call->method->name, grpc_code, http_status, duration_us, request);
 }
 
+/* The debug line of an HTTP request that names no RPC (a probe,
+ * /openapi.json, a path no route has, a method no route of the path
+ * takes): method "-", the HTTP method and the path as sent (without the
+ * query), and the HTTP status
+ * the answer carried. The path is percent-encoded past printable ASCII and
+ * cut to KF_LOG_PATH_BYTES_MAX, so whatever a client sends, the line stays
+ * one readable line. Loop thread, after the answer was sent. */
+static void log_plain_request(const h2o_req_t *req, int64_t start_us) {
+    if (!kf_log_enabled(KF_LOG_DEBUG)) {
+        return;
+    }
+    static const char hex[] = "0123456789ABCDEF";
+    char path[KF_LOG_PATH_BYTES_MAX + 4];
+    char method[16];
+    size_t o = 0;
+    size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len; /* no query */
+    for (size_t i = 0; i < path_len; i++) {
+        unsigned char c = (unsigned char)req->path.base[i];
+        bool plain = c > ' ' && c < 0x7f;
+        if (o + (plain ? 1 : 3) > KF_LOG_PATH_BYTES_MAX) {
+            memcpy(path + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (plain) {
+            path[o++] = (char)c;
+        } else {
+            path[o++] = '%';
+            path[o++] = hex[c >> 4];
+            path[o++] = hex[c & 15];
+        }
+    }
+    path[o] = '\0';
+    size_t m = 0;
+    for (size_t i = 0; i < req->method.len && m + 1 < sizeof method; i++) {
+        unsigned char c = (unsigned char)req->method.base[i];
+        method[m++] = c > ' ' && c < 0x7f ? (char)c : '?';
+    }
+    method[m] = '\0';
+    kf_log_kv(KF_LOG_DEBUG, "http", "request", KF_LOG_STR("method", "-"),
+              KF_LOG_STR("transport", "http"), KF_LOG_STR("http_method", method),
+              KF_LOG_STR("path", path), KF_LOG_INT("http_status", req->res.status),
+              KF_LOG_INT("duration_us", kf_mono_us() - start_us));
+}
+
 /* Frees the call's memory (the loop's, or a worker's: nothing else refers
  * to it then). */
 static void call_memory_free(http_call_t *call) {
@@ -671,6 +716,7 @@ static bool refuse_browser_without_keys(kf_gateway_t *gw, h2o_req_t *req) {
 
 static int on_probe_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
+    int64_t start_us = kf_mono_us();
     kf_http_conn_request(req);
     if (refuse_browser_without_keys(gw, req)) {
         return 0;
@@ -679,6 +725,7 @@ static int on_probe_req(h2o_handler_t *self, h2o_req_t *req) {
         send_error(req, KF_E_NOT_FOUND,
                    "path: the probe listener serves /healthz, /readyz and /metrics only", 0);
     }
+    log_plain_request(req, start_us);
     return 0;
 }
 
@@ -746,24 +793,28 @@ static void copy_request(http_call_t *call) {
 
 static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
+    int64_t start_us = kf_mono_us();
     kf_http_conn_t *conn = kf_http_conn_request(req);
     size_t path_len = path_length(req);
     if (refuse_browser_without_keys(gw, req) || serve_probe(gw, req, path_len, true) ||
         serve_placement(gw, req, path_len)) {
+        log_plain_request(req, start_us);
         return 0;
     }
     if (atomic_load(&gw->stopping)) {
         send_error(req, KF_E_UNAVAILABLE, "the server is shutting down", 0);
+        log_plain_request(req, start_us);
         return 0;
     }
     http_call_t *call = calloc(1, sizeof *call);
     if (call == NULL) {
         send_error(req, KF_E_NOMEM, "out of memory", 0);
+        log_plain_request(req, start_us);
         return 0;
     }
     call->gw = gw;
     call->watch_fd = -1;
-    call->start_us = kf_mono_us();
+    call->start_us = start_us;
     call->conn = conn;
     kf_http_conn_hold(conn);
     kf_arena_init(&call->arena, 0);
@@ -818,6 +869,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         if (call->method != NULL) { /* a refused request of a known method counts */
             record_request(call, gw->metrics_ids[call->method - kf_methods],
                            kf_status_grpc_code(st), sent, NULL);
+        } else {
+            log_plain_request(req, start_us);
         }
         call_free(call);
         return 0;

@@ -168,6 +168,44 @@ class JsonLogTest(Server):
         self.assertEqual(serving[0]["version"], project_version())
 
 
+    def raw_http(self, request_line):
+        """Sends one HTTP/1.1 request head as raw bytes (a path no client
+        library would send as is) and returns the status."""
+        import socket
+        with socket.create_connection(("127.0.0.1", self.server.http_port), timeout=10) as s:
+            s.sendall(request_line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+            head = b""
+            while b"\r\n" not in head:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+        return int(head.split(b" ")[1])
+
+    def test_requests_naming_no_rpc_are_logged_too(self):
+        """A request no route takes (404, a 405 of a path whose routes take
+        other methods) and the probes get a debug line as well: method "-",
+        the HTTP method and the path, escaped so the line stays one line."""
+        cases = [(b"GET /nope%FF%0A HTTP/1.1", 404, "GET", "/nope%FF%0A"),
+                 (b"GET /caf\xc3\xa9/\xff HTTP/1.1", 404, "GET", "/caf%C3%A9/%FF"),
+                 (b"PUT /v1/runs?workflow=x HTTP/1.1", 405, "PUT", "/v1/runs"),
+                 (b"GET /healthz HTTP/1.1", 200, "GET", "/healthz")]
+        for line, status, method, path in cases:
+            with self.subTest(line=line):
+                self.assertEqual(self.raw_http(line), status)
+                rec = wait_until(lambda: self.find("request", method="-", path=path), 10,
+                                 "the request line of %r" % line)
+                self.assertEqual((rec[0]["level"], rec[0]["transport"], rec[0]["http_method"],
+                                  rec[0]["http_status"]), ("debug", "http", method, status))
+                self.assertIsInstance(rec[0]["duration_us"], int)
+        long_path = b"/" + b"x" * 5000
+        self.assertEqual(self.raw_http(b"GET " + long_path + b" HTTP/1.1"), 404)
+        rec = wait_until(lambda: [r for r in self.find("request", method="-")
+                                  if r["path"].startswith("/xxx")], 10, "the long path's line")
+        self.assertLessEqual(len(rec[0]["path"]), 520, "a logged path is bounded")
+        self.assertTrue(rec[0]["path"].endswith("..."))
+
+
 class TextLogTest(Server):
     args = ()
 
