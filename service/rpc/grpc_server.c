@@ -445,11 +445,12 @@ static bool health_serving(const kf_grpc_server_t *s) {
     return kf_health_serving() && !kf_router_failed(s->router);
 }
 
-/* Known: "" (the whole server), or a service with an RPC here other than
- * the health service itself. */
-static bool health_service_known(const call_t *c, const char *service) {
-    return service[0] == '\0' ||
-           (kf_method_service_known(service) && strcmp(service, c->method->service) != 0);
+/* Known: "" (the whole server), or any service with an RPC in the table:
+ * the keyflow services, health itself and reflection, the very list
+ * reflection gives, so a client that checks each listed service before
+ * using it finds every one SERVING. */
+static bool health_service_known(const char *service) {
+    return service[0] == '\0' || kf_method_service_known(service);
 }
 
 static int watch_status(const call_t *c) {
@@ -510,7 +511,7 @@ static void start_watch(call_t *c, const Grpc__Health__V1__HealthCheckRequest *r
     atomic_store(&c->refs, 1);
     c->refs_watch = true;
     c->watch_sent = -1;
-    c->watch_unknown = !health_service_known(c, req->service);
+    c->watch_unknown = !health_service_known(req->service);
     atomic_fetch_add(&s->watches, 1);
     c->tag_close.state = CALL_WATCH_CLOSED;
     if (grpc_call_start_batch(c->call, &close_op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
@@ -1166,7 +1167,7 @@ static ProtobufCMessage *unpack_or_refuse(call_t *c) {
 /* Health/Check: the whole server (service "") or one of its services. */
 static void health_check(call_t *c, const Grpc__Health__V1__HealthCheckRequest *req) {
     Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-    if (!health_service_known(c, req->service)) {
+    if (!health_service_known(req->service)) {
         send_reply(c, KF_E_NOT_FOUND, "service: unknown service name", NULL);
         return;
     }

@@ -27,6 +27,7 @@ harness.stubs()
 import grpc  # noqa: E402
 from grpc.health.v1 import health_pb2 as H  # noqa: E402
 from grpc.health.v1 import health_pb2_grpc as HG  # noqa: E402
+from grpc.reflection.v1 import reflection_pb2 as RF  # noqa: E402
 from keyflow.v1 import coordinators_pb2 as C  # noqa: E402
 from keyflow.v1 import coordinators_pb2_grpc as CG  # noqa: E402
 
@@ -110,15 +111,31 @@ class HealthTest(unittest.TestCase):
             return CG.CoordinatorsStub(ch).SendEvent(C.SendEventRequest(
                 workflow="wf", key=key, event=C.Event(rule=rule, input_json="1")), timeout=10)
 
+    def served_services(self):
+        """The services the server says it serves (reflection's list)."""
+        with grpc.insecure_channel(self.server.grpc_target) as ch:
+            info = ch.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                    request_serializer=RF.ServerReflectionRequest.SerializeToString,
+                                    response_deserializer=RF.ServerReflectionResponse.FromString)
+            answer, = info(iter([RF.ServerReflectionRequest(list_services="")]), timeout=10)
+        return [s.name for s in answer.list_services_response.service]
+
     def test_unknown_services_and_check_agrees_with_readyz(self):
         self.start()
         self.assertEqual(self.check(), SERVING)
         self.assertEqual(self.readyz(), 200)
-        for service in ("keyflow.v1.Coordinators", "keyflow.v1.Runs", "keyflow.v1.Functions"):
+        # Every service reflection lists is one health knows: the keyflow
+        # services, health itself and both reflection services.
+        served = self.served_services()
+        self.assertGreaterEqual(set(served), {
+            "keyflow.v1.Coordinators", "keyflow.v1.Runs", "keyflow.v1.Functions",
+            "keyflow.v1.Keys", "keyflow.v1.Workers", "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"})
+        for service in served:
             self.assertEqual(self.check(service), SERVING, service)
             w = self.watch(service)
             self.assertEqual(w.next(), SERVING, service)
-        for service in ("nope.v1.Nothing", "keyflow.v1", "grpc.health.v1.Health"):
+        for service in ("nope.v1.Nothing", "keyflow.v1", "grpc.health.v1", "Health"):
             with self.assertRaises(grpc.RpcError) as e:
                 self.check(service)
             self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, service)
