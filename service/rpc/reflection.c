@@ -77,8 +77,22 @@ static kf_status_t add_symbol(kf_reflection_t *r, const char *scope, const char 
     return KF_OK;
 }
 
-/* A message, its nested messages and enums. `depth` bounds the recursion
- * (protoc allows deep nesting; the API nests two levels). */
+/* An enum and its values. As in protobuf's own scoping (and the reference
+ * servers' descriptor pools), a value is a sibling of its enum, not a
+ * member: keyflow.v1.RUN_STATUS_PENDING, not keyflow.v1.RunStatus.RUN_... */
+static kf_status_t add_enum(kf_reflection_t *r, const char *scope,
+                            const Google__Protobuf__EnumDescriptorProto *e, int file,
+                            kf_error_t *err) {
+    kf_status_t st = add_symbol(r, scope, e->name, file, SYMBOL_OTHER, err);
+    for (size_t i = 0; st == KF_OK && i < e->n_value; i++) {
+        st = add_symbol(r, scope, e->value[i]->name, file, SYMBOL_OTHER, err);
+    }
+    return st;
+}
+
+/* A message, its fields and oneofs (Message.field), its nested messages
+ * and enums. `depth` bounds the recursion (protoc allows deep nesting; the
+ * API nests two levels). */
 static kf_status_t add_message(kf_reflection_t *r, const char *scope,
                                const Google__Protobuf__DescriptorProto *m, int file, int depth,
                                kf_error_t *err) {
@@ -90,8 +104,14 @@ static kf_status_t add_message(kf_reflection_t *r, const char *scope,
         return st;
     }
     const char *self = r->symbols[r->symbol_count - 1].name;
+    for (size_t i = 0; st == KF_OK && i < m->n_field; i++) {
+        st = add_symbol(r, self, m->field[i]->name, file, SYMBOL_OTHER, err);
+    }
+    for (size_t i = 0; st == KF_OK && i < m->n_oneof_decl; i++) {
+        st = add_symbol(r, self, m->oneof_decl[i]->name, file, SYMBOL_OTHER, err);
+    }
     for (size_t i = 0; st == KF_OK && i < m->n_enum_type; i++) {
-        st = add_symbol(r, self, m->enum_type[i]->name, file, SYMBOL_OTHER, err);
+        st = add_enum(r, self, m->enum_type[i], file, err);
     }
     for (size_t i = 0; st == KF_OK && i < m->n_nested_type; i++) {
         st = add_message(r, self, m->nested_type[i], file, depth + 1, err);
@@ -107,7 +127,7 @@ static kf_status_t add_file(kf_reflection_t *r, const Google__Protobuf__FileDesc
         st = add_message(r, package, f->message_type[i], file, 0, err);
     }
     for (size_t i = 0; st == KF_OK && i < f->n_enum_type; i++) {
-        st = add_symbol(r, package, f->enum_type[i]->name, file, SYMBOL_OTHER, err);
+        st = add_enum(r, package, f->enum_type[i], file, err);
     }
     for (size_t i = 0; st == KF_OK && i < f->n_service; i++) {
         const Google__Protobuf__ServiceDescriptorProto *svc = f->service[i];
@@ -176,6 +196,11 @@ kf_status_t kf_reflection_create(kf_reflection_t **out, kf_error_t *err) {
         return st;
     }
     qsort(r->symbols, r->symbol_count, sizeof *r->symbols, by_name);
+    for (size_t i = 1; i < r->symbol_count; i++) {
+        /* protoc refuses a name defined twice in one scope; across files,
+         * the set would be unusable. Either way a build error. */
+        KF_ASSERT(strcmp(r->symbols[i - 1].name, r->symbols[i].name) != 0);
+    }
     *out = r;
     return KF_OK;
 }
@@ -203,6 +228,102 @@ static const symbol_t *find_symbol(const kf_reflection_t *r, const char *name) {
     }
     symbol_t key = {.name = (char *)name};
     return bsearch(&key, r->symbols, r->symbol_count, sizeof *r->symbols, by_name);
+}
+
+/* ---- the request's own bytes ---------------------------------------------- */
+
+/* protobuf-c keeps a string NUL-terminated without its length, so "h\0x"
+ * arrives as "h". The answer echoes valid_host and original_request, and
+ * looks names up, from the request's bytes instead, as a reference server
+ * (which keeps the length) would. */
+
+static bool read_varint(const uint8_t *p, size_t len, size_t *at, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && *at < len; shift += 7) {
+        uint8_t b = p[(*at)++];
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if ((b & 0x80) == 0) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The bytes of the last occurrence of length-delimited field `number` at
+ * the top level of a message (the one protobuf keeps), or false when the
+ * message has none or its bytes do not walk. */
+static bool raw_field(const uint8_t *p, size_t len, uint32_t number, const uint8_t **value,
+                      size_t *value_len) {
+    bool found = false;
+    size_t at = 0;
+    while (at < len) {
+        uint64_t key, size;
+        if (!read_varint(p, len, &at, &key)) {
+            return false;
+        }
+        switch (key & 7) {
+        case 0:
+            if (!read_varint(p, len, &at, &size)) {
+                return false;
+            }
+            break;
+        case 1: size = 8; goto skip;
+        case 5: size = 4; goto skip;
+        case 2:
+            if (!read_varint(p, len, &at, &size)) {
+                return false;
+            }
+            if ((key >> 3) == number && size <= len - at) {
+                *value = p + at;
+                *value_len = (size_t)size;
+                found = true;
+            }
+        skip:
+            if (size > len - at) {
+                return false;
+            }
+            at += (size_t)size;
+            break;
+        default: return false; /* groups: not in this protocol */
+        }
+    }
+    return found;
+}
+
+/* Whether the string the request holds in field `number` is `text` whole:
+ * false when its bytes hold a NUL that cut `text` short (such a name names
+ * nothing). */
+static bool string_is_whole(const uint8_t *request, size_t len, uint32_t number, const char *text) {
+    const uint8_t *raw;
+    size_t raw_len;
+    return !raw_field(request, len, number, &raw, &raw_len) || raw_len == strlen(text);
+}
+
+static size_t varint_size(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v) {
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+/* Appends field `number` (length-delimited) holding bytes[0..n). */
+static uint8_t *put_bytes(uint8_t *p, uint32_t number, const uint8_t *bytes, size_t n) {
+    p = put_varint(p, (uint64_t)number << 3 | 2);
+    p = put_varint(p, n);
+    memcpy(p, bytes, n);
+    return p + n;
 }
 
 /* ---- answers ------------------------------------------------------------- */
@@ -301,6 +422,79 @@ static void answer_extensions(const kf_reflection_t *r, response_t *resp, kf_are
     resp->all_extension_numbers_response = en;
 }
 
+/* The name a request looks up (a file, a symbol, a type), or NULL. */
+static const char *name_asked(const request_t *req) {
+    switch (req->message_request_case) {
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME:
+        return req->file_by_filename;
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL:
+        return req->file_containing_symbol;
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_ALL_EXTENSION_NUMBERS_OF_TYPE:
+        return req->all_extension_numbers_of_type;
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
+        return NULL; /* its text means nothing */
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_EXTENSION:
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST__NOT_SET: return NULL;
+    default:
+        /* protobuf-c's enum also has a _PROTOBUF_C_..._IS_INT_SIZE member. */
+        KF_UNREACHABLE();
+    }
+}
+
+static const char *request_field_name(const request_t *req) {
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(
+        req->base.descriptor, (unsigned)req->message_request_case);
+    KF_ASSERT(f != NULL);
+    return f->name;
+}
+
+/* The answer to one decoded request, into resp. */
+static void answer(const kf_reflection_t *r, const request_t *req, response_t *resp,
+                   kf_arena_t *arena) {
+    char message[SYMBOL_BYTES_MAX + 64];
+    switch (req->message_request_case) {
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
+        answer_services(resp, arena);
+        break;
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME: {
+        int file = file_index(r, req->file_by_filename);
+        if (file >= 0) {
+            answer_file(r, resp, arena, file);
+        } else {
+            snprintf(message, sizeof message, "file_by_filename: no file %.*s", SYMBOL_BYTES_MAX,
+                     req->file_by_filename);
+            answer_error(resp, arena, CODE_NOT_FOUND, message);
+        }
+        break;
+    }
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL: {
+        const symbol_t *s = find_symbol(r, req->file_containing_symbol);
+        if (s != NULL) {
+            answer_file(r, resp, arena, s->file);
+        } else {
+            snprintf(message, sizeof message, "file_containing_symbol: no symbol %.*s",
+                     SYMBOL_BYTES_MAX, req->file_containing_symbol);
+            answer_error(resp, arena, CODE_NOT_FOUND, message);
+        }
+        break;
+    }
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_EXTENSION:
+        answer_error(resp, arena, CODE_NOT_FOUND,
+                     "file_containing_extension: keyflow's API defines no extensions");
+        break;
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_ALL_EXTENSION_NUMBERS_OF_TYPE:
+        answer_extensions(r, resp, arena, req->all_extension_numbers_of_type);
+        break;
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST__NOT_SET:
+        answer_error(resp, arena, CODE_INVALID_ARGUMENT,
+                     "message_request: none of its fields is set");
+        break;
+    default:
+        /* protobuf-c's enum also has a _PROTOBUF_C_..._IS_INT_SIZE member. */
+        KF_UNREACHABLE();
+    }
+}
+
 kf_status_t kf_reflection_answer(const kf_reflection_t *r, const uint8_t *bytes, size_t len,
                                  kf_arena_t *arena, uint8_t **out, size_t *out_len,
                                  kf_error_t *err) {
@@ -310,58 +504,41 @@ kf_status_t kf_reflection_answer(const kf_reflection_t *r, const uint8_t *bytes,
         return kf_error_set(err, KF_E_INVALID, "request: not a ServerReflectionRequest");
     }
     response_t resp = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
-    resp.valid_host = req->host;
-    resp.original_request = req;
+    /* valid_host (1) and original_request (2) are appended below, from the
+     * request's bytes. */
+    const uint8_t *host = NULL;
+    size_t host_len = 0;
+    if (!raw_field(bytes, len, 1, &host, &host_len)) {
+        host_len = 0;
+    }
     char message[SYMBOL_BYTES_MAX + 64];
-    switch (req->message_request_case) {
-    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
-        answer_services(&resp, arena);
-        break;
-    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME: {
-        int file = file_index(r, req->file_by_filename);
-        if (file >= 0) {
-            answer_file(r, &resp, arena, file);
-        } else {
-            snprintf(message, sizeof message, "file_by_filename: no file %.*s", SYMBOL_BYTES_MAX,
-                     req->file_by_filename);
-            answer_error(&resp, arena, CODE_NOT_FOUND, message);
-        }
-        break;
-    }
-    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL: {
-        const symbol_t *s = find_symbol(r, req->file_containing_symbol);
-        if (s != NULL) {
-            answer_file(r, &resp, arena, s->file);
-        } else {
-            snprintf(message, sizeof message, "file_containing_symbol: no symbol %.*s",
-                     SYMBOL_BYTES_MAX, req->file_containing_symbol);
-            answer_error(&resp, arena, CODE_NOT_FOUND, message);
-        }
-        break;
-    }
-    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_EXTENSION:
-        answer_error(&resp, arena, CODE_NOT_FOUND,
-                     "file_containing_extension: keyflow's API defines no extensions");
-        break;
-    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_ALL_EXTENSION_NUMBERS_OF_TYPE:
-        answer_extensions(r, &resp, arena, req->all_extension_numbers_of_type);
-        break;
-    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST__NOT_SET:
-        answer_error(&resp, arena, CODE_INVALID_ARGUMENT,
-                     "message_request: none of its fields is set");
-        break;
-    default:
-        /* protobuf-c's enum also has a _PROTOBUF_C_..._IS_INT_SIZE member. */
-        KF_UNREACHABLE();
+    const char *name = name_asked(req);
+    if (name != NULL && !string_is_whole(bytes, len, (uint32_t)req->message_request_case, name)) {
+        snprintf(message, sizeof message, "%s: holds a NUL byte, which no name does",
+                 request_field_name(req));
+        answer_error(&resp, arena, CODE_NOT_FOUND, message);
+    } else {
+        answer(r, req, &resp, arena);
     }
     size_t n = grpc__reflection__v1__server_reflection_response__get_packed_size(&resp);
-    uint8_t *buf = kf_arena_alloc(arena, n > 0 ? n : 1);
+    size_t echo = 1 + varint_size(len) + len;
+    if (host_len > 0) {
+        echo += 1 + varint_size(host_len) + host_len; /* proto3: an empty host is absent */
+    }
+    uint8_t *buf = kf_arena_alloc(arena, n + echo);
     if (buf == NULL) {
         return kf_error_set(err, KF_E_TOO_LARGE, "response: larger than the call's arena");
     }
     size_t packed = grpc__reflection__v1__server_reflection_response__pack(&resp, buf);
     KF_ASSERT(packed == n);
+    /* Fields may come in any order on the wire: the echoes go last. */
+    uint8_t *end = buf + n;
+    if (host_len > 0) {
+        end = put_bytes(end, 1, host, host_len);
+    }
+    end = put_bytes(end, 2, bytes, len);
+    KF_ASSERT((size_t)(end - buf) == n + echo);
     *out = buf;
-    *out_len = n;
+    *out_len = n + echo;
     return KF_OK;
 }

@@ -10,13 +10,19 @@
  *                                  to build any of its types)
  *   file_containing_symbol NAME    the same for the file defining NAME: a
  *                                  service, a method (pkg.Service.Method), a
- *                                  message or an enum, nested ones included
+ *                                  message or an enum, nested ones included,
+ *                                  a field or oneof (pkg.Message.field), an
+ *                                  enum value (named beside its enum, as
+ *                                  protobuf scopes it: pkg.RUN_STATUS_PENDING)
  *   all_extension_numbers_of_type  none, for a known message: keyflow's API
  *                                  defines no extensions
  *   file_containing_extension      NOT_FOUND, for the same reason
  *
- * A name nobody defines is an ErrorResponse with NOT_FOUND naming it; a
- * request that asks nothing, INVALID_ARGUMENT. Either way the stream goes on.
+ * A name nobody defines is an ErrorResponse with NOT_FOUND naming it (a
+ * name holding a NUL byte names nothing); a request that asks nothing,
+ * INVALID_ARGUMENT. Either way the stream goes on. valid_host and
+ * original_request echo the request's own bytes (protobuf-c would cut a
+ * string at a NUL).
  * The index is built once and read-only afterwards: any thread.
  */
 #ifndef KF_RPC_REFLECTION_H

@@ -217,6 +217,68 @@ class ReflectionTest(unittest.TestCase):
             answers[0].file_descriptor_response.file_descriptor_proto[0])
         self.assertTrue(any(loc.leading_comments.strip() for loc in fd.source_code_info.location))
 
+    def test_every_name_a_file_defines_resolves_to_that_file(self):
+        """As reference servers (a descriptor pool) answer: messages, nested
+        ones, fields and oneofs (pkg.Message.field), enums and their values
+        (named beside the enum: pkg.RUN_STATUS_PENDING), services, methods."""
+        services = [s.name for s in self.ask("grpc.reflection.v1", {"list_services": ""})[0]
+                    .list_services_response.service]
+        files = {}
+        for service in services:
+            (resp,) = self.ask("grpc.reflection.v1", {"file_containing_symbol": service})
+            for raw in resp.file_descriptor_response.file_descriptor_proto:
+                fd = descriptor_pb2.FileDescriptorProto.FromString(raw)
+                files[fd.name] = fd
+        wanted = []  # (symbol, the file defining it)
+
+        def enum(scope, e, file):
+            wanted.append((scope + e.name, file))
+            wanted.extend((scope + v.name, file) for v in e.value)
+
+        def message(scope, m, file):
+            name = scope + m.name
+            wanted.append((name, file))
+            wanted.extend((name + "." + f.name, file) for f in m.field)
+            wanted.extend((name + "." + o.name, file) for o in m.oneof_decl)
+            for e in m.enum_type:
+                enum(name + ".", e, file)
+            for nested in m.nested_type:
+                message(name + ".", nested, file)
+
+        for fd in files.values():
+            scope = fd.package + "." if fd.package else ""
+            for m in fd.message_type:
+                message(scope, m, fd.name)
+            for e in fd.enum_type:
+                enum(scope, e, fd.name)
+            for svc in fd.service:
+                wanted.append((scope + svc.name, fd.name))
+                wanted.extend((scope + svc.name + "." + m.name, fd.name) for m in svc.method)
+        self.assertIn(("keyflow.v1.Run.status", "keyflow/v1/runs.proto"), wanted)
+        self.assertIn(("keyflow.v1.RUN_STATUS_PENDING", "keyflow/v1/runs.proto"), wanted)
+        self.assertGreater(len(wanted), 300)
+        for package in ("grpc.reflection.v1", "grpc.reflection.v1alpha"):
+            answers = self.ask(package, *[{"file_containing_symbol": s} for s, _ in wanted])
+            got = [(s, a.error_response.error_message if a.HasField("error_response") else
+                    descriptor_pb2.FileDescriptorProto.FromString(
+                        a.file_descriptor_response.file_descriptor_proto[0]).name)
+                   for (s, _), a in zip(wanted, answers)]
+            self.assertEqual([g for g, w in zip(got, wanted) if g != w], [], package)
+
+    def test_strings_with_a_nul_byte_are_echoed_whole_and_name_nothing(self):
+        answers = self.ask("grpc.reflection.v1",
+                           {"host": "h\x00x", "list_services": ""},
+                           {"host": "h", "file_containing_symbol": "keyflow.v1.Run\x00x"},
+                           {"file_by_filename": "keyflow/v1/runs.proto\x00"})
+        self.assertEqual(answers[0].valid_host, "h\x00x")
+        self.assertEqual(answers[0].original_request.host, "h\x00x")
+        self.assertTrue(answers[0].list_services_response.service)
+        self.assertEqual(answers[1].valid_host, "h")
+        self.assertEqual(answers[1].original_request.file_containing_symbol, "keyflow.v1.Run\x00x")
+        for a in answers[1:]:
+            self.assertEqual(a.error_response.error_code, 5, a)  # NOT_FOUND
+            self.assertIn("NUL", a.error_response.error_message)
+
     def test_a_stream_with_no_request_ends_ok_and_garbage_ends_it_invalid(self):
         Request, Response = reflection_messages("grpc.reflection.v1")
         raw = self.channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
