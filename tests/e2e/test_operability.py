@@ -232,6 +232,23 @@ class TextLogTest(Server):
         self.assertIn("got yaml", p.stderr.decode())
 
 
+class ConfigurationDocsTest(unittest.TestCase):
+    def test_the_readme_lists_every_environment_variable_of_help(self):
+        """README's Configuration names each variable `keyflowd --help`
+        reads, and none it does not."""
+        p = subprocess.run([harness.KEYFLOWD, "--help"], capture_output=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        helped = set(re.findall(r"\bKEYFLOW_[A-Z0-9_]+", p.stdout.decode()))
+        self.assertGreater(len(helped), 20)
+        with open(os.path.join(harness.ROOT, "README.md")) as f:
+            readme = f.read()
+        section = readme[readme.index("## Configuration"):]
+        section = section[:section.index("\nPort 0 binds")]
+        listed = set(re.findall(r"`(KEYFLOW_[A-Z0-9_]+)", section))
+        self.assertEqual(sorted(helped - listed), [], "in --help, not in the README")
+        self.assertEqual(sorted(listed - helped), [], "in the README, not in --help")
+
+
 class VersionAndMetricsTest(Server):
     def test_version_flags_match_the_build_info_metric(self):
         version = project_version()
