@@ -64,6 +64,8 @@ static histogram_t histograms[KF_HISTOGRAM_COUNT] = {
 #define GRPC_CODES 17
 static const char *method_names[KF_METRICS_METHODS_MAX];
 static int method_count;
+/* Whether a front end serves the method over the transport (it has series). */
+static bool method_served[KF_METRICS_METHODS_MAX][KF_TRANSPORT_COUNT];
 static atomic_uint_fast64_t request_counts[KF_METRICS_METHODS_MAX][KF_TRANSPORT_COUNT][GRPC_CODES];
 static histogram_t request_latency[KF_METRICS_METHODS_MAX][KF_TRANSPORT_COUNT];
 
@@ -133,13 +135,16 @@ void kf_histogram_observe_us(kf_histogram_t h, int64_t us) {
     observe(&histograms[h], (double)us / 1e6);
 }
 
-int kf_metrics_method_register(const char *name) {
+int kf_metrics_method_register(const char *name, kf_transport_t transport) {
+    KF_ASSERT((unsigned)transport < KF_TRANSPORT_COUNT);
     for (int i = 0; i < method_count; i++) {
         if (strcmp(method_names[i], name) == 0) {
+            method_served[i][transport] = true;
             return i;
         }
     }
     KF_ASSERT(method_count < KF_METRICS_METHODS_MAX);
+    method_served[method_count][transport] = true;
     method_names[method_count] = name;
     for (int t = 0; t < KF_TRANSPORT_COUNT; t++) {
         request_latency[method_count][t].name = "keyflow_request_duration_seconds";
@@ -149,7 +154,8 @@ int kf_metrics_method_register(const char *name) {
 }
 
 void kf_metrics_request(int method, kf_transport_t transport, int grpc_code, int64_t latency_us) {
-    if (method < 0 || method >= method_count || grpc_code < 0 || grpc_code >= GRPC_CODES) {
+    if (method < 0 || method >= method_count || grpc_code < 0 || grpc_code >= GRPC_CODES ||
+        !method_served[method][transport]) {
         return;
     }
     atomic_fetch_add_explicit(&request_counts[method][transport][grpc_code], 1,
@@ -392,6 +398,9 @@ char *kf_metrics_render(size_t *len) {
              "# TYPE keyflow_request_duration_seconds histogram\n");
     for (int m = 0; m < method_count; m++) {
         for (int t = 0; t < KF_TRANSPORT_COUNT; t++) {
+            if (!method_served[m][t]) {
+                continue;
+            }
             char labels[160];
             snprintf(labels, sizeof labels, "method=\"%s\",transport=\"%s\"", method_names[m],
                      transport_names[t]);

@@ -145,8 +145,12 @@ typedef enum kf_transport {
 } kf_transport_t;
 
 /* Returns the method's id (0..KF_METRICS_METHODS_MAX-1); the same name twice
- * gives the same id. Call before serving (not thread-safe against record). */
-int kf_metrics_method_register(const char *name);
+ * gives the same id. A front end registers what it serves over its
+ * transport, and only those (method, transport) pairs have series: the
+ * gateway never renders a latency histogram for a stream it cannot serve.
+ * A request of a pair never registered is not counted. Call before serving
+ * (not thread-safe against record). */
+int kf_metrics_method_register(const char *name, kf_transport_t transport);
 void kf_metrics_request(int method, kf_transport_t transport, int grpc_code, int64_t latency_us);
 
 /* The build, rendered as keyflow_build_info{version="...",commit="..."} 1.

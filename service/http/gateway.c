@@ -1246,7 +1246,10 @@ kf_status_t kf_gateway_create(const kf_gateway_options_t *options, kf_router_t *
         return st;
     }
     for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
-        gw->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name);
+        /* Series only for what the gateway serves (the RPC table says). */
+        gw->metrics_ids[i] = kf_http_serves(&kf_methods[i])
+                                 ? kf_metrics_method_register(kf_methods[i].name, KF_TRANSPORT_HTTP)
+                                 : -1;
     }
     h2o_multithread_register_receiver(gw->main.queue, &gw->replies, on_replies);
     h2o_timeout_init(gw->main.loop, &gw->watch_timeout, WATCH_INTERVAL_MS);

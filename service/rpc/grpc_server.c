@@ -1601,7 +1601,7 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_router_t 
     for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
         s->registered[i] = grpc_server_register_method(
             s->server, kf_methods[i].path, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-        s->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name);
+        s->metrics_ids[i] = kf_metrics_method_register(kf_methods[i].name, KF_TRANSPORT_GRPC);
     }
     grpc_server_credentials *creds = server_credentials(s, options->tls);
     int bound = grpc_server_add_http2_port(s->server, options->address, creds);

@@ -687,6 +687,19 @@ class GatewayTest(unittest.TestCase):
                             'method="SendEvent",transport="http"')
         self.assertEqual(buckets[-1][1], total)
         self.assertGreaterEqual(total, 4)
+        # Latency series exist exactly for what a transport serves: over
+        # HTTP the RPCs the OpenAPI document routes (no stream, no health,
+        # no reflection); over gRPC every RPC.
+        doc = self.ok("GET", "/openapi.json")
+        over_http = {p.rsplit("/", 1)[1] for p in doc["paths"] if p.startswith("/v1/keyflow.v1.")}
+        series = {}
+        for m in re.finditer(r'^keyflow_request_duration_seconds_count\{method="([^"]+)",'
+                             r'transport="([^"]+)"\}', after, re.M):
+            series.setdefault(m.group(2), set()).add(m.group(1))
+        self.assertEqual(series["http"], over_http)
+        self.assertLess(series["http"], series["grpc"])
+        self.assertLessEqual({"HealthWatch", "WorkerServe", "ServerReflectionInfo", "TailOutput"},
+                             series["grpc"] - series["http"])
 
     def test_metrics_count_refused_bodies_and_only_synced_groups(self):
         """A request the gateway refuses while mapping its JSON is still a

@@ -589,23 +589,27 @@ Test(metrics, bucket_counts_agree_with_le_labels) {
 }
 
 Test(metrics, method_registration_is_idempotent) {
-    int send = kf_metrics_method_register("SendEvent");
-    int poll = kf_metrics_method_register("PollRuns");
+    int send = kf_metrics_method_register("SendEvent", KF_TRANSPORT_GRPC);
+    int poll = kf_metrics_method_register("PollRuns", KF_TRANSPORT_GRPC);
     cr_assert_neq(send, poll);
     cr_assert(send >= 0 && send < KF_METRICS_METHODS_MAX);
     cr_assert(poll >= 0 && poll < KF_METRICS_METHODS_MAX);
     char again[] = "SendEvent"; /* a different pointer, the same name */
-    cr_assert_eq(kf_metrics_method_register(again), send);
+    cr_assert_eq(kf_metrics_method_register(again, KF_TRANSPORT_GRPC), send);
+    cr_assert_eq(kf_metrics_method_register(again, KF_TRANSPORT_HTTP), send, "one id, both");
 }
 
 Test(metrics, requests_by_method_transport_and_code) {
-    int send = kf_metrics_method_register("SendEvent");
-    int poll = kf_metrics_method_register("PollRuns");
+    int send = kf_metrics_method_register("SendEvent", KF_TRANSPORT_GRPC);
+    (void)kf_metrics_method_register("SendEvent", KF_TRANSPORT_HTTP);
+    int poll = kf_metrics_method_register("PollRuns", KF_TRANSPORT_HTTP);
+    int stream = kf_metrics_method_register("TailOutput", KF_TRANSPORT_GRPC);
     kf_metrics_request(send, KF_TRANSPORT_GRPC, 0, 120);
     kf_metrics_request(send, KF_TRANSPORT_GRPC, 0, 80);
     kf_metrics_request(send, KF_TRANSPORT_GRPC, 3, 40);
     kf_metrics_request(send, KF_TRANSPORT_HTTP, 8, 2000000);
     kf_metrics_request(poll, KF_TRANSPORT_HTTP, 5, 10);
+    kf_metrics_request(stream, KF_TRANSPORT_HTTP, 0, 10); /* not served there: not counted */
     exposition_t e;
     char *text = render_valid(&e);
     cr_assert(has_line(text, "keyflow_requests_total{method=\"SendEvent\",transport=\"grpc\","
@@ -636,18 +640,25 @@ Test(metrics, requests_by_method_transport_and_code) {
     cr_assert_eq(sample(text, "keyflow_request_duration_seconds_count{method=\"PollRuns\","
                               "transport=\"http\"}"),
                  1);
-    /* 2 methods x 2 transports latency series. */
+    /* A latency series for each (method, transport) a front end serves, and
+     * no other: SendEvent over both, PollRuns over HTTP, TailOutput over
+     * gRPC (PollRuns over gRPC was not registered here). */
     int request_series = 0;
     for (int i = 0; i < e.series_count; i++) {
         request_series += strcmp(e.series[i].family, "keyflow_request_duration_seconds") == 0;
     }
     cr_assert_eq(request_series, 4);
+    cr_assert_null(strstr(text, "method=\"TailOutput\",transport=\"http\""));
+    cr_assert_null(strstr(text, "method=\"PollRuns\",transport=\"grpc\""));
+    cr_assert_eq(sample(text, "keyflow_request_duration_seconds_count{method=\"TailOutput\","
+                              "transport=\"grpc\"}"),
+                 0);
     exposition_free(&e);
     free(text);
 }
 
 Test(metrics, requests_with_bad_method_or_code_are_ignored) {
-    int send = kf_metrics_method_register("SendEvent");
+    int send = kf_metrics_method_register("SendEvent", KF_TRANSPORT_GRPC);
     kf_metrics_request(send + 1, KF_TRANSPORT_GRPC, 0, 1);
     kf_metrics_request(-1, KF_TRANSPORT_GRPC, 0, 1);
     kf_metrics_request(send, KF_TRANSPORT_GRPC, 17, 1);
@@ -668,7 +679,8 @@ Test(metrics, large_renderings_stay_valid) {
     static char names[KF_METRICS_METHODS_MAX][24];
     for (int i = 0; i < KF_METRICS_METHODS_MAX; i++) {
         snprintf(names[i], sizeof names[i], "Method%02d", i);
-        int id = kf_metrics_method_register(names[i]);
+        int id = kf_metrics_method_register(names[i], KF_TRANSPORT_GRPC);
+        cr_assert_eq(kf_metrics_method_register(names[i], KF_TRANSPORT_HTTP), id);
         cr_assert_eq(id, i);
         for (int code = 0; code < 17; code++) {
             kf_metrics_request(id, KF_TRANSPORT_GRPC, code, 100 * code);
@@ -691,13 +703,13 @@ Test(metrics, too_many_methods_asserts, .signal = SIGABRT) {
     static char names[KF_METRICS_METHODS_MAX + 1][24];
     for (int i = 0; i <= KF_METRICS_METHODS_MAX; i++) {
         snprintf(names[i], sizeof names[i], "M%d", i);
-        (void)kf_metrics_method_register(names[i]);
+        (void)kf_metrics_method_register(names[i], KF_TRANSPORT_GRPC);
     }
 }
 
 /* "Zeroes everything": gauges, counters, histograms and request metrics. */
 Test(metrics, reset_zeroes_everything) {
-    int send = kf_metrics_method_register("SendEvent");
+    int send = kf_metrics_method_register("SendEvent", KF_TRANSPORT_GRPC);
     kf_gauge_set(KF_G_TIMERS, 9);
     kf_counter_add(KF_C_RUNS_CREATED, 9);
     kf_histogram_observe(KF_H_GROUP_BYTES, 9);
