@@ -190,7 +190,7 @@ static void format_stamp_ms(int64_t ms, char *out, size_t cap) {
 }
 
 /* The enum value's name without the prefix its values share
- * (RUN_STATUS_PENDING -> PENDING), as json_map accepts it on input. */
+ * (RUN_STATUS_PENDING -> PENDING): short in a table column. */
 static const char *enum_short(const ProtobufCEnumDescriptor *e, const char *name) {
     size_t common = strlen(name);
     for (unsigned i = 0; i < e->n_values; i++) {

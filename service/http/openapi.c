@@ -155,8 +155,84 @@ static json_t *ref_to(const char *name) {
 
 static void add_message(doc_t *d, const ProtobufCMessageDescriptor *desc);
 
-/* The schema of one value of field f (not the array around a repeated one). */
-static json_t *value_schema(doc_t *d, const ProtobufCFieldDescriptor *f, bool embedded) {
+/* Enum values a request field refuses although the enum has them (the
+ * engine's checks: a coordinator is debounce or batch, a WINDOW_OPEN run
+ * cannot be listed, ...). The document leaves them out of that field's
+ * values, so that it lists exactly what the server takes; test_openapi.py
+ * sends every value of every enum parameter, and these, to the running
+ * server. Responses never hold them. */
+static const struct {
+    const char *field; /* "package.Message.field" */
+    const char *value; /* the value's full name */
+} refused_values[] = {
+    {"keyflow.v1.Rule.kind", "RULE_KIND_UNSPECIFIED"},
+    {"keyflow.v1.CoordinatorRef.kind", "RULE_KIND_UNSPECIFIED"},
+    {"keyflow.v1.ListRunsRequest.status", "RUN_STATUS_WINDOW_OPEN"},
+    {"keyflow.v1.FunctionDescriptor.runtime", "RUNTIME_UNSPECIFIED"},
+    {"keyflow.v1.Field.type", "FIELD_TYPE_UNSPECIFIED"},
+};
+
+static bool refused(const ProtobufCMessageDescriptor *holder, const ProtobufCFieldDescriptor *f,
+                    const char *value) {
+    char field[NAME_BYTES_MAX];
+    snprintf(field, sizeof field, "%s.%s", holder->name, f->name);
+    for (size_t i = 0; i < sizeof refused_values / sizeof refused_values[0]; i++) {
+        if (strcmp(refused_values[i].field, field) == 0 &&
+            strcmp(refused_values[i].value, value) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* An enum field's values, as json_map takes them: each value's full name
+ * and its short name ("RULE_KIND_BATCH", "batch"); in a body also its
+ * number, as a JSON integer (proto3 JSON); in a path or query (`text`), the
+ * names only. Values the field refuses are left out. */
+static json_t *enum_schema(doc_t *d, const ProtobufCMessageDescriptor *holder,
+                           const ProtobufCFieldDescriptor *f, bool text) {
+    const ProtobufCEnumDescriptor *e = f->descriptor;
+    json_t *names = json_array();
+    json_t *numbers = json_array();
+    /* In the order of the values, then their aliases (values_by_name holds
+     * every name, sorted). */
+    for (unsigned i = 0; i < e->n_values + e->n_value_names; i++) {
+        bool alias = i >= e->n_values;
+        const ProtobufCEnumValue *v =
+            alias ? &e->values[e->values_by_name[i - e->n_values].index] : &e->values[i];
+        const char *full = alias ? e->values_by_name[i - e->n_values].name : v->name;
+        if ((alias && strcmp(full, v->name) == 0) || refused(holder, f, v->name)) {
+            continue; /* listed already; or refused, by its first name, aliases too */
+        }
+        char short_name[KF_JSON_NAME_BYTES_MAX];
+        kf_json_enum_short_name(e, full, short_name);
+        json_array_append_new(names, json_string(full));
+        json_array_append_new(names, json_string(short_name));
+        bool listed = false;
+        for (size_t k = 0; k < json_array_size(numbers) && !listed; k++) {
+            listed = json_integer_value(json_array_get(numbers, k)) == v->value;
+        }
+        if (!listed) {
+            json_array_append_new(numbers, json_integer(v->value));
+        }
+    }
+    json_t *schema;
+    if (text) {
+        json_decref(numbers);
+        schema = json_pack("{s:s, s:o}", "type", "string", "enum", names);
+    } else {
+        schema = json_pack("{s:[{s:s, s:o}, {s:s, s:o}]}", "anyOf", "type", "string", "enum", names,
+                           "type", "integer", "enum", numbers);
+    }
+    json_object_set_new(schema, "title", json_string(e->name));
+    describe(schema, d, e->name);
+    return schema;
+}
+
+/* The schema of one value of field f of `holder` (not the array around a
+ * repeated one); `text`: as a path or query parameter. */
+static json_t *value_schema(doc_t *d, const ProtobufCMessageDescriptor *holder,
+                            const ProtobufCFieldDescriptor *f, bool embedded, bool text) {
     if (embedded) {
         return json_pack("{s:s}", "description",
                          "Any JSON value (carried over gRPC as JSON text in the *_json field).");
@@ -165,11 +241,13 @@ static json_t *value_schema(doc_t *d, const ProtobufCFieldDescriptor *f, bool em
     case PROTOBUF_C_TYPE_INT32:
     case PROTOBUF_C_TYPE_SINT32:
     case PROTOBUF_C_TYPE_SFIXED32:
-        return json_pack("{s:s, s:s}", "type", "integer", "format", "int32");
+        /* proto3 JSON takes integers as decimal strings too */
+        return json_pack("{s:[s,s], s:s, s:s}", "type", "integer", "string", "format", "int32",
+                         "pattern", "^-?[0-9]+$");
     case PROTOBUF_C_TYPE_UINT32:
     case PROTOBUF_C_TYPE_FIXED32:
-        return json_pack("{s:s, s:i, s:I}", "type", "integer", "minimum", 0, "maximum",
-                         (json_int_t)4294967295LL);
+        return json_pack("{s:[s,s], s:i, s:I, s:s}", "type", "integer", "string", "minimum", 0,
+                         "maximum", (json_int_t)4294967295LL, "pattern", "^[0-9]+$");
     case PROTOBUF_C_TYPE_INT64:
     case PROTOBUF_C_TYPE_SINT64:
     case PROTOBUF_C_TYPE_SFIXED64:
@@ -183,23 +261,16 @@ static json_t *value_schema(doc_t *d, const ProtobufCFieldDescriptor *f, bool em
                          "pattern", "^[0-9]+$");
     case PROTOBUF_C_TYPE_FLOAT:
     case PROTOBUF_C_TYPE_DOUBLE:
-        return json_pack("{s:[{s:s}, {s:s, s:[s,s,s]}]}", "oneOf", "type", "number", "type",
-                         "string", "enum", "NaN", "Infinity", "-Infinity");
+        /* A number, a decimal string, or proto3 JSON's non-finite names. */
+        return json_pack("{s:[{s:s}, {s:s, s:s}, {s:s, s:[s,s,s]}]}", "anyOf", "type", "number",
+                         "type", "string", "pattern",
+                         "^-?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][+-]?[0-9]+)?$", "type", "string",
+                         "enum", "NaN", "Infinity", "-Infinity");
     case PROTOBUF_C_TYPE_BOOL: return json_pack("{s:s}", "type", "boolean");
     case PROTOBUF_C_TYPE_STRING: return json_pack("{s:s}", "type", "string");
     case PROTOBUF_C_TYPE_BYTES:
         return json_pack("{s:s, s:s}", "type", "string", "contentEncoding", "base64");
-    case PROTOBUF_C_TYPE_ENUM: {
-        const ProtobufCEnumDescriptor *e = f->descriptor;
-        json_t *names = json_array();
-        for (unsigned i = 0; i < e->n_values; i++) {
-            json_array_append_new(names, json_string(e->values[i].name));
-        }
-        json_t *schema = json_pack("{s:s, s:o}", "type", "string", "enum", names);
-        json_object_set_new(schema, "title", json_string(e->name));
-        describe(schema, d, e->name);
-        return schema;
-    }
+    case PROTOBUF_C_TYPE_ENUM: return enum_schema(d, holder, f, text);
     case PROTOBUF_C_TYPE_MESSAGE: {
         const ProtobufCMessageDescriptor *m = f->descriptor;
         add_message(d, m);
@@ -210,11 +281,11 @@ static json_t *value_schema(doc_t *d, const ProtobufCFieldDescriptor *f, bool em
 }
 
 static json_t *field_schema(doc_t *d, const ProtobufCMessageDescriptor *desc,
-                            const ProtobufCFieldDescriptor *f) {
+                            const ProtobufCFieldDescriptor *f, bool text) {
     char json_name[KF_JSON_NAME_BYTES_MAX];
     bool embedded;
     kf_json_field_name(desc, f, json_name, &embedded);
-    json_t *value = value_schema(d, f, embedded);
+    json_t *value = value_schema(d, desc, f, embedded, text);
     json_t *schema = value;
     if (f->label == PROTOBUF_C_LABEL_REPEATED) {
         schema = json_pack("{s:s, s:o}", "type", "array", "items", value);
@@ -236,6 +307,26 @@ static json_t *field_schema(doc_t *d, const ProtobufCMessageDescriptor *desc,
 /* Adds the message's schema to components (once), and every message it
  * reaches. Recursion follows the API's message graph, which is finite and
  * guarded by the schema being registered before its fields are walked. */
+/* `{"not": {"anyOf": [{"required": [a, b]}, ...]}}` for every pair of
+ * `keys`: at most one of them may appear. */
+static json_t *at_most_one(json_t *keys) {
+    json_t *pairs = json_array();
+    for (size_t a = 0; a < json_array_size(keys); a++) {
+        for (size_t b = a + 1; b < json_array_size(keys); b++) {
+            json_array_append_new(pairs, json_pack("{s:[O,O]}", "required", json_array_get(keys, a),
+                                                   json_array_get(keys, b)));
+        }
+    }
+    return json_pack("{s:{s:o}}", "not", "anyOf", pairs);
+}
+
+/* Adds the message's schema to components (once), and every message it
+ * reaches. Recursion follows the API's message graph, which is finite and
+ * guarded by the schema being registered before its fields are walked.
+ * Its properties are every key json_map takes (kf_json_field_keys): the
+ * lowerCamelCase name, and the proto name as another spelling (proto3
+ * JSON), a `_json` field's text form too; one field may come under one of
+ * them only, and a oneof's members are exclusive (json_map refuses two). */
 static void add_message(doc_t *d, const ProtobufCMessageDescriptor *desc) {
     if (json_object_get(d->schemas, desc->name) != NULL) {
         return;
@@ -247,12 +338,33 @@ static void add_message(doc_t *d, const ProtobufCMessageDescriptor *desc) {
     json_object_set_new(d->schemas, desc->name, schema);
     json_t *properties = json_object_get(schema, "properties");
     json_t *oneofs = json_object();
+    json_t *all_of = json_array();
     for (unsigned i = 0; i < desc->n_fields; i++) {
         const ProtobufCFieldDescriptor *f = &desc->fields[i];
-        char json_name[KF_JSON_NAME_BYTES_MAX];
-        bool embedded;
-        kf_json_field_name(desc, f, json_name, &embedded);
-        json_object_set_new(properties, json_name, field_schema(d, desc, f));
+        kf_json_key_t keys[KF_JSON_FIELD_KEYS_MAX];
+        size_t count = kf_json_field_keys(desc, f, keys);
+        json_t *names = json_array();
+        for (size_t k = 0; k < count; k++) {
+            json_t *property;
+            char text[NAME_BYTES_MAX * 2];
+            if (k == 0) {
+                property = field_schema(d, desc, f, false);
+            } else if (keys[0].embedded && !keys[k].embedded) {
+                snprintf(text, sizeof text,
+                         "`%s` as JSON text in a string (its gRPC form); give one of the two",
+                         keys[0].name);
+                property = json_pack("{s:s, s:s}", "type", "string", "description", text);
+            } else {
+                snprintf(text, sizeof text,
+                         "`%s` under its proto field name (proto3 JSON takes either spelling, "
+                         "not both)",
+                         keys[0].name);
+                property = field_schema(d, desc, f, false);
+                json_object_set_new(property, "description", json_string(text));
+            }
+            json_object_set_new(properties, keys[k].name, property);
+            json_array_append_new(names, json_string(keys[k].name));
+        }
         if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
             /* Members of one oneof share its quantifier: group by it. */
             char group[32];
@@ -262,26 +374,18 @@ static void add_message(doc_t *d, const ProtobufCMessageDescriptor *desc) {
                 members = json_array();
                 json_object_set_new(oneofs, group, members);
             }
-            json_array_append_new(members, json_string(json_name));
+            json_array_extend(members, names);
+        } else if (json_array_size(names) > 1) {
+            json_array_append_new(all_of, at_most_one(names));
         }
+        json_decref(names);
     }
-    /* At most one member of each oneof (json_map refuses two). */
-    json_t *all_of = json_array();
     const char *group;
     json_t *members;
     json_object_foreach(oneofs, group, members) {
-        if (json_array_size(members) < 2) {
-            continue;
+        if (json_array_size(members) > 1) {
+            json_array_append_new(all_of, at_most_one(members));
         }
-        json_t *pairs = json_array();
-        for (size_t a = 0; a < json_array_size(members); a++) {
-            for (size_t b = a + 1; b < json_array_size(members); b++) {
-                json_array_append_new(pairs,
-                                      json_pack("{s:[O,O]}", "required", json_array_get(members, a),
-                                                json_array_get(members, b)));
-            }
-        }
-        json_array_append_new(all_of, json_pack("{s:{s:o}}", "not", "anyOf", pairs));
     }
     if (json_array_size(all_of) > 0) {
         json_object_set_new(schema, "allOf", all_of);
@@ -355,7 +459,7 @@ static json_t *parameter(doc_t *d, const char *name, const char *in,
                          const ProtobufCMessageDescriptor *holder,
                          const ProtobufCFieldDescriptor *f) {
     json_t *p = json_pack("{s:s, s:s, s:b, s:o}", "name", name, "in", in, "required",
-                          strcmp(in, "path") == 0, "schema", field_schema(d, holder, f));
+                          strcmp(in, "path") == 0, "schema", field_schema(d, holder, f, true));
     if (f->label == PROTOBUF_C_LABEL_REPEATED) {
         json_object_set_new(p, "explode", json_true()); /* ?workflow=a&workflow=b */
     }
@@ -474,7 +578,7 @@ static void add_route(doc_t *d, json_t *paths, const kf_http_route_def_t *r) {
             const ProtobufCMessageDescriptor *holder;
             const ProtobufCFieldDescriptor *f =
                 field_at(m->request, r->body, strlen(r->body), &holder);
-            schema = field_schema(d, holder, f);
+            schema = field_schema(d, holder, f, false);
         }
         json_object_set_new(op, "requestBody",
                             json_pack("{s:b, s:{s:{s:o}}}", "required", strcmp(r->body, "*") != 0,
@@ -557,10 +661,13 @@ kf_status_t kf_openapi_render(const char *version, char **out, size_t *len, kf_e
         "s:s}}}, s:[{s:[]}, {}]}",
         "openapi", "3.1.0", "info", "title", "keyflow HTTP/JSON gateway", "version",
         version != NULL ? version : "unknown", "description",
-        "The HTTP/JSON mapping of keyflow's gRPC API (proto3 JSON: lowerCamelCase names, "
-        "64-bit integers as strings, enums by name; `*_json` fields as embedded JSON values; "
-        "unknown fields are refused). Every GET also answers HEAD. Generated by keyflowd from "
-        "its route table and protos.",
+        "The HTTP/JSON mapping of keyflow's gRPC API (proto3 JSON: lowerCamelCase names, the "
+        "proto names taken in bodies too; 64-bit integers as strings; enums by their full or "
+        "lowercase short name, and in bodies their number; `*_json` fields as embedded JSON "
+        "values; unknown fields are refused). Every list of a response is present, [] when "
+        "empty. Query parameters only on routes without a body, named as listed here. Every "
+        "GET also answers HEAD. Generated by keyflowd from its route table and protos; it "
+        "lists every spelling the gateway takes and no other.",
         "paths", paths, "components", "schemas", d.schemas, "responses", "Error", "description",
         "An error", "content", "application/json", "schema", "$ref", "#/components/schemas/Error",
         "securitySchemes", "apiKey", "type", "http", "scheme", "bearer", "description",

@@ -58,6 +58,8 @@ const kf_http_route_def_t *kf_http_routes(size_t *count) {
 }
 
 #define SEGMENTS_MAX 16
+/* A query parameter's name as a path of fields: the API nests two levels. */
+#define QUERY_NAME_BYTES_MAX 256
 
 typedef struct span {
     const char *p;
@@ -237,20 +239,96 @@ static const char *alias_of(const char *aliases, const char *name, kf_arena_t *a
     return name;
 }
 
+/* The route's query name for `field_path` (a dotted path of proto field
+ * names) when one of its aliases targets it, which is then its only query
+ * name: written into out, true. */
+static bool alias_for(const char *aliases, const char *field_path, char *out, size_t cap) {
+    size_t n = strlen(field_path);
+    for (const char *a = aliases; a != NULL && *a != '\0';) {
+        const char *eq = strchr(a, '=');
+        const char *amp = strchr(a, '&');
+        size_t end = amp ? (size_t)(amp - a) : strlen(a);
+        if (eq != NULL && eq < a + end && (size_t)(a + end - eq - 1) == n &&
+            memcmp(eq + 1, field_path, n) == 0) {
+            snprintf(out, cap, "%.*s", (int)(eq - a), a);
+            return true;
+        }
+        a = amp ? amp + 1 : NULL;
+    }
+    return false;
+}
+
+/* A client's query parameter must be spelled as the OpenAPI document
+ * spells it: the route's alias, else the lowerCamelCase JSON name of each
+ * dotted segment ("pageSize", not "page_size"; "after", not "afterSeq",
+ * where the route aliases after_seq). A name that fits no field at all is
+ * left to kf_message_set_text_as, which names the fields there are. */
+static kf_status_t check_query_name(const ProtobufCMessageDescriptor *desc, const char *name,
+                                    const char *aliases, kf_error_t *err) {
+    char field_path[QUERY_NAME_BYTES_MAX] = "";
+    char documented[QUERY_NAME_BYTES_MAX] = "";
+    bool exact = true;
+    for (const char *segment = name; desc != NULL;) {
+        const char *dot = strchr(segment, '.');
+        size_t len = dot != NULL ? (size_t)(dot - segment) : strlen(segment);
+        const ProtobufCFieldDescriptor *found = NULL;
+        char json_name[KF_JSON_NAME_BYTES_MAX];
+        for (unsigned i = 0; i < desc->n_fields && found == NULL; i++) {
+            const ProtobufCFieldDescriptor *f = &desc->fields[i];
+            bool embedded;
+            kf_json_field_name(desc, f, json_name, &embedded);
+            bool same_json = strlen(json_name) == len && memcmp(json_name, segment, len) == 0;
+            bool same_proto = strlen(f->name) == len && memcmp(f->name, segment, len) == 0;
+            if (same_json || same_proto) {
+                found = f;
+                exact = exact && same_json;
+            }
+        }
+        if (found == NULL) {
+            return KF_OK; /* unknown: kf_message_set_text_as says so */
+        }
+        size_t used = strlen(field_path);
+        snprintf(field_path + used, sizeof field_path - used, "%s%s", used > 0 ? "." : "",
+                 found->name);
+        used = strlen(documented);
+        snprintf(documented + used, sizeof documented - used, "%s%s", used > 0 ? "." : "",
+                 json_name);
+        if (dot == NULL) {
+            break;
+        }
+        desc = found->type == PROTOBUF_C_TYPE_MESSAGE ? found->descriptor : NULL;
+        segment = dot + 1;
+    }
+    if (alias_for(aliases, field_path, documented, sizeof documented) || !exact) {
+        return kf_error_set(err, KF_E_INVALID, "query: %s: spelled %s in a query", name,
+                            documented);
+    }
+    return KF_OK;
+}
+
 /* Sets the fields a query string names. A singular field may be given once
  * in all of path, query and body (mode KF_SET_ONCE); the route's defaults
- * use KF_SET_DEFAULT, after everything the client sent. */
+ * use KF_SET_DEFAULT, after everything the client sent, and are written
+ * with proto field names (`strict` false); a client's names are checked
+ * (check_query_name). The number of parameters is bounded before any is
+ * read. */
 static kf_status_t apply_query(const char *q, size_t left, const char *aliases, kf_set_mode_t mode,
-                               ProtobufCMessage *msg, kf_arena_t *arena, kf_error_t *err) {
+                               bool strict, ProtobufCMessage *msg, kf_arena_t *arena,
+                               kf_error_t *err) {
     size_t params = 0;
+    for (size_t i = 0; i < left; i++) {
+        if ((i == 0 || q[i - 1] == '&') && q[i] != '&') {
+            params++;
+        }
+    }
+    if (params > KF_HTTP_QUERY_PARAMS_MAX) {
+        return kf_error_set(err, KF_E_INVALID, "query: at most %d parameters",
+                            KF_HTTP_QUERY_PARAMS_MAX);
+    }
     while (q != NULL && left > 0) {
         const char *amp = memchr(q, '&', left);
         size_t len = amp ? (size_t)(amp - q) : left;
         if (len > 0) {
-            if (++params > KF_HTTP_QUERY_PARAMS_MAX) {
-                return kf_error_set(err, KF_E_INVALID, "query: at most %d parameters",
-                                    KF_HTTP_QUERY_PARAMS_MAX);
-            }
             const char *eq = memchr(q, '=', len);
             size_t name_len = eq ? (size_t)(eq - q) : len;
             bool nul_name = false, nul_value = false;
@@ -264,6 +342,12 @@ static kf_status_t apply_query(const char *q, size_t left, const char *aliases, 
                                     nul_name ? "a parameter name" : name);
             }
             const char *field = alias_of(aliases, name, arena);
+            if (strict && field == name) {
+                kf_status_t st = check_query_name(msg->descriptor, name, aliases, err);
+                if (st != KF_OK) {
+                    return st;
+                }
+            }
             kf_status_t st = field ? kf_message_set_text_as(msg, field, value, mode, arena, err)
                                    : kf_error_set(err, KF_E_TOO_LARGE, "query: too large");
             if (st != KF_OK) {
@@ -418,7 +502,14 @@ kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
         st = kf_error_set(err, KF_E_INVALID, "body: %s takes no body", m->name);
     }
     if (st == KF_OK && req->query_len > 0) {
-        st = apply_query(req->query, req->query_len, aliases, KF_SET_ONCE, msg, arena, err);
+        /* A route with a body takes its request in the path and the body:
+         * its query would be a third, undocumented place. */
+        st = body_field != NULL
+                 ? kf_error_set(err, KF_E_INVALID,
+                                "query: %s takes no query parameters; its fields go in the %s",
+                                m->name, ncaps > 0 ? "path or the body" : "body")
+                 : apply_query(req->query, req->query_len, aliases, KF_SET_ONCE, true, msg, arena,
+                               err);
     }
     for (size_t i = 0; st == KF_OK && i < ncaps; i++) {
         char *field = kf_arena_strndup(arena, caps[i].field, caps[i].field_len);
@@ -433,7 +524,7 @@ kf_status_t kf_http_route(const kf_http_request_t *req, kf_arena_t *arena,
         st = kf_message_set_text_as(msg, field, value, KF_SET_ONCE, arena, err);
     }
     if (st == KF_OK && defaults != NULL) {
-        st = apply_query(defaults, strlen(defaults), NULL, KF_SET_DEFAULT, msg, arena, err);
+        st = apply_query(defaults, strlen(defaults), NULL, KF_SET_DEFAULT, false, msg, arena, err);
     }
     if (st != KF_OK) {
         return st;

@@ -6,7 +6,9 @@
  * the gateway serves and fields its request has.
  * Path parameters and query parameters set request fields by name; the body
  * is merged into the whole request ("*", a JSON object) or into one field
- * ("event"; "events" takes a JSON array).
+ * ("event"; "events" takes a JSON array). Only a route without a body takes
+ * a query, its parameters named as the OpenAPI document names them (the
+ * route's alias, else the lowerCamelCase name; service/http/README.md).
  *
  *   POST /v1/workflows/{workflow}/keys/{key}/events     SendEvent (body: event)
  *   POST /v1/events:batch                               SendEvents (body: events, a JSON
@@ -22,7 +24,7 @@
  *   POST /v1/functions                                  RegisterFunction (body: descriptor)
  *   GET  /v1/functions                                  ListFunctions
  *   GET  /v1/functions/{function_id}                    GetFunction
- *   DELETE /v1/functions/{function_id}                  DeleteFunction (?allow_missing=true)
+ *   DELETE /v1/functions/{function_id}                  DeleteFunction (?allowMissing=true)
  *   POST /v1/functions/{function_id}/batches            PushBatch (body: *, "rows": [{...}])
  *   DELETE /v1/functions/{function_id}/producers/{producer_id}  DeleteProducer
  *   GET  /v1/functions/{function_id}/output             ReadOutput (?after=&limit=&wait=;

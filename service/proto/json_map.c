@@ -57,7 +57,7 @@
 /* How much of an offending value an error message quotes. */
 #define EXCERPT_BYTES_MAX 48
 /* The list of expected names in an error message. */
-#define NAME_LIST_BYTES_MAX 200
+#define NAME_LIST_BYTES_MAX 256
 /* Shown as the path of errors about the document itself. */
 #define ROOT_PATH "body"
 /* Up to 2^53 every integer is a double; beyond it a JSON number may already
@@ -186,17 +186,42 @@ void kf_json_field_name(const ProtobufCMessageDescriptor *desc, const ProtobufCF
     *embedded = json_text_base_len(desc, f) > 0;
 }
 
-static bool ascii_iequal(const char *a, const char *b) {
-    for (;; a++, b++) {
-        char ca = (*a >= 'A' && *a <= 'Z') ? (char)(*a - 'A' + 'a') : *a;
-        char cb = (*b >= 'A' && *b <= 'Z') ? (char)(*b - 'A' + 'a') : *b;
-        if (ca != cb) {
-            return false;
+size_t kf_json_field_keys(const ProtobufCMessageDescriptor *desc, const ProtobufCFieldDescriptor *f,
+                          kf_json_key_t keys[KF_JSON_FIELD_KEYS_MAX]) {
+    size_t n = 0;
+    size_t base_len = json_text_base_len(desc, f);
+    /* The spellings find_field takes, the emitted one first. */
+    const struct {
+        size_t len;
+        bool camel;
+        bool embedded;
+    } forms[] = {
+        {base_len, true, true},
+        {base_len, false, true},
+        {strlen(f->name), true, false},
+        {strlen(f->name), false, false},
+    };
+    for (size_t i = base_len > 0 ? 0 : 2; i < sizeof forms / sizeof forms[0]; i++) {
+        char name[JSON_NAME_BYTES_MAX];
+        KF_ASSERT(forms[i].len < sizeof name);
+        if (forms[i].camel) {
+            camel_name(f->name, forms[i].len, name);
+        } else {
+            memcpy(name, f->name, forms[i].len);
+            name[forms[i].len] = '\0';
         }
-        if (ca == '\0') {
-            return true;
+        bool seen = false;
+        for (size_t k = 0; k < n && !seen; k++) {
+            seen = strcmp(keys[k].name, name) == 0;
+        }
+        if (!seen) {
+            KF_ASSERT(n < KF_JSON_FIELD_KEYS_MAX);
+            memcpy(keys[n].name, name, sizeof name);
+            keys[n].embedded = forms[i].embedded;
+            n++;
         }
     }
+    return n;
 }
 
 /* Appends item to a ", "-separated list in buf, ending it with "..." once it
@@ -700,23 +725,12 @@ static kf_status_t decode_floating(decoder_t *d, ProtobufCType type, const json_
     return KF_OK;
 }
 
-/* The enum value a name means: the full name, then the full name in any
- * case, then the name without the values' common prefix in any case. */
-static const ProtobufCEnumValue *enum_by_name(const ProtobufCEnumDescriptor *ed, const char *name) {
-    for (unsigned i = 0; i < ed->n_value_names; i++) {
-        if (strcmp(ed->values_by_name[i].name, name) == 0) {
-            return &ed->values[ed->values_by_name[i].index];
-        }
-    }
-    for (unsigned i = 0; i < ed->n_value_names; i++) {
-        if (ascii_iequal(ed->values_by_name[i].name, name)) {
-            return &ed->values[ed->values_by_name[i].index];
-        }
-    }
-    /* The common prefix, cut back to its last '_' ("RULE_KIND_"). Computed
-     * over values_by_name, which includes aliases. */
-    if (ed->n_value_names == 0) {
-        return NULL;
+/* The length of the prefix all of an enum's names share, cut back to its
+ * last '_' ("RULE_KIND_"); 0 when there is none. Computed over
+ * values_by_name, which includes aliases. */
+static size_t enum_prefix_len(const ProtobufCEnumDescriptor *ed) {
+    if (ed->n_value_names < 2) {
+        return 0;
     }
     const char *first = ed->values_by_name[0].name;
     size_t prefix_len = strlen(first);
@@ -731,12 +745,36 @@ static const ProtobufCEnumValue *enum_by_name(const ProtobufCEnumDescriptor *ed,
     while (prefix_len > 0 && first[prefix_len - 1] != '_') {
         prefix_len--;
     }
-    if (prefix_len == 0) {
-        return NULL;
+    return prefix_len;
+}
+
+void kf_json_enum_short_name(const ProtobufCEnumDescriptor *ed, const char *full,
+                             char out[KF_JSON_NAME_BYTES_MAX]) {
+    size_t prefix_len = enum_prefix_len(ed);
+    if (strlen(full) <= prefix_len) {
+        prefix_len = 0; /* never an empty short name */
+    }
+    size_t o = 0;
+    for (const char *c = full + prefix_len; *c != '\0'; c++) {
+        KF_ASSERT(o + 1 < KF_JSON_NAME_BYTES_MAX);
+        out[o++] = *c >= 'A' && *c <= 'Z' ? (char)(*c - 'A' + 'a') : *c;
+    }
+    out[o] = '\0';
+}
+
+/* The enum value a name means: exactly its full name ("RULE_KIND_BATCH"),
+ * or exactly its short name (kf_json_enum_short_name: "batch"). Nothing
+ * else, so that the OpenAPI document can list every spelling. */
+static const ProtobufCEnumValue *enum_by_name(const ProtobufCEnumDescriptor *ed, const char *name) {
+    for (unsigned i = 0; i < ed->n_value_names; i++) {
+        if (strcmp(ed->values_by_name[i].name, name) == 0) {
+            return &ed->values[ed->values_by_name[i].index];
+        }
     }
     for (unsigned i = 0; i < ed->n_value_names; i++) {
-        const char *full = ed->values_by_name[i].name;
-        if (strlen(full) > prefix_len && ascii_iequal(full + prefix_len, name)) {
+        char short_name[KF_JSON_NAME_BYTES_MAX];
+        kf_json_enum_short_name(ed, ed->values_by_name[i].name, short_name);
+        if (strcmp(short_name, name) == 0) {
             return &ed->values[ed->values_by_name[i].index];
         }
     }
@@ -745,42 +783,39 @@ static const ProtobufCEnumValue *enum_by_name(const ProtobufCEnumDescriptor *ed,
 
 static kf_status_t fail_enum(decoder_t *d, const ProtobufCEnumDescriptor *ed, const json_t *v) {
     char names[NAME_LIST_BYTES_MAX] = "";
+    char short_names[NAME_LIST_BYTES_MAX] = "";
     for (unsigned i = 0; i < ed->n_values; i++) {
+        char short_name[KF_JSON_NAME_BYTES_MAX];
+        kf_json_enum_short_name(ed, ed->values[i].name, short_name);
         list_append(names, sizeof names, ed->values[i].name);
+        list_append(short_names, sizeof short_names, short_name);
     }
     excerpt_t e;
-    return fail(d, KF_E_INVALID, "expected one of %s, got %s", names, excerpt(v, &e));
+    return fail(d, KF_E_INVALID, "expected one of %s (or %s), got %s", names, short_names,
+                excerpt(v, &e));
 }
 
-/* Names (see enum_by_name) or known numbers, as JSON integers or strings.
- * Unknown numbers are refused: over HTTP they can only be typos. */
+/* A name (see enum_by_name), or in a body a known number as a JSON integer
+ * (proto3 JSON). Unknown numbers are refused: over HTTP they can only be
+ * typos. A number as a string is not a name: refused (a query parameter's
+ * text always comes as a string, so it takes names only). */
 static kf_status_t decode_enum(decoder_t *d, const ProtobufCEnumDescriptor *ed, const json_t *v,
                                void *slot) {
-    bool negative = false;
-    uint64_t magnitude = 0;
+    int value;
     if (json_is_string(v)) {
         const ProtobufCEnumValue *ev = enum_by_name(ed, json_string_value(v));
-        if (ev != NULL) {
-            int value = ev->value;
-            memcpy(slot, &value, sizeof value);
-            return KF_OK;
-        }
-        if (kf_json_integer_text(json_string_value(v), json_string_length(v), &negative,
-                                 &magnitude) != KF_JSON_NUMBER_OK) {
+        if (ev == NULL) {
             return fail_enum(d, ed, v);
         }
+        value = ev->value;
     } else if (json_is_integer(v)) {
         json_int_t x = json_integer_value(v);
-        negative = x < 0;
-        magnitude = negative ? (uint64_t)(-(x + 1)) + 1 : (uint64_t)x;
+        if (x < INT32_MIN || x > INT32_MAX ||
+            protobuf_c_enum_descriptor_get_value(ed, (int)x) == NULL) {
+            return fail_enum(d, ed, v);
+        }
+        value = (int)x;
     } else {
-        return fail_enum(d, ed, v);
-    }
-    if (magnitude > (negative ? (uint64_t)INT32_MAX + 1 : (uint64_t)INT32_MAX)) {
-        return fail_enum(d, ed, v);
-    }
-    int value = negative && magnitude > 0 ? -(int)(magnitude - 1) - 1 : (int)magnitude;
-    if (protobuf_c_enum_descriptor_get_value(ed, value) == NULL) {
         return fail_enum(d, ed, v);
     }
     memcpy(slot, &value, sizeof value);
@@ -1109,15 +1144,10 @@ static kf_status_t text_to_jansson(decoder_t *d, const ProtobufCFieldDescriptor 
         }
         return KF_OK;
     }
-    if (f->type == PROTOBUF_C_TYPE_BOOL) {
-        if (ascii_iequal(text, "true") || strcmp(text, "1") == 0) {
-            *out = json_true();
-            return KF_OK;
-        }
-        if (ascii_iequal(text, "false") || strcmp(text, "0") == 0) {
-            *out = json_false();
-            return KF_OK;
-        }
+    if (f->type == PROTOBUF_C_TYPE_BOOL &&
+        (strcmp(text, "true") == 0 || strcmp(text, "false") == 0)) {
+        *out = text[0] == 't' ? json_true() : json_false(); /* as OpenAPI writes a boolean */
+        return KF_OK;
     }
     *out = json_stringn(text, len);
     if (*out == NULL) {

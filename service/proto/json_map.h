@@ -11,9 +11,13 @@
  *     float/double: numbers ("NaN", "Infinity", "-Infinity" strings accepted).
  *   - bytes are standard base64 (padded) when emitted; standard or URL-safe,
  *     padded or not, on input.
- *   - enums are emitted as their value name ("RULE_KIND_BATCH"); on input the
- *     full name, the name without the enum's common prefix ("BATCH"), either
- *     case-insensitively ("batch"), or the integer value are accepted.
+ *   - enums are emitted as their value name ("RULE_KIND_BATCH"); on input
+ *     exactly the full name, or exactly the short name: the name without the
+ *     enum's common prefix in lowercase ("batch", kf_json_enum_short_name),
+ *     or, in a body, the value as a JSON integer (proto3 JSON). Nothing else
+ *     ("Batch", "BATCH", "2" are refused), so that the OpenAPI document
+ *     lists every accepted spelling; a query or path parameter, which is
+ *     text, takes the two names only.
  *   - repeated fields are arrays; messages are objects; JSON null for a field
  *     means "absent/default".
  *   - oneof members: a member present in JSON sets the oneof case (so an
@@ -102,7 +106,8 @@ kf_status_t kf_json_merge(json_t *obj, ProtobufCMessage *msg, const char *path, 
  * messages ("coordinator.workflow"); `text` is converted to the field's type
  * (integers, bools, enums by name, strings as-is). Repeated fields get the
  * value appended. Errors: KF_E_INVALID naming the parameter.
- * Bools take true/false (any case) or 1/0; bytes are base64. Intermediate
+ * Bools take true or false; enums their two names (no number); bytes are
+ * base64. Intermediate
  * messages are created as needed. A oneof member switches the oneof to
  * itself. The embedded name of a `_json` field ("input") takes JSON text;
  * its full name ("inputJson") takes any text. A message-typed field cannot
@@ -131,6 +136,27 @@ kf_status_t kf_message_set_text_as(ProtobufCMessage *msg, const char *name, cons
 #define KF_JSON_NAME_BYTES_MAX 128
 void kf_json_field_name(const ProtobufCMessageDescriptor *desc, const ProtobufCFieldDescriptor *f,
                         char out[KF_JSON_NAME_BYTES_MAX], bool *embedded);
+
+/* Every key a JSON object may give field `f` of `desc` under, the emitted
+ * one (kf_json_field_name) first: its lowerCamelCase name and its proto
+ * name; for a `_json` field the embedded name (taking any JSON value) and
+ * the full names (taking JSON text as a string). Returns how many (1..4).
+ * What the OpenAPI document lists as a message's properties. */
+#define KF_JSON_FIELD_KEYS_MAX 4
+typedef struct kf_json_key {
+    char name[KF_JSON_NAME_BYTES_MAX];
+    bool embedded; /* takes the value itself, not JSON text (a `_json` field's short name) */
+} kf_json_key_t;
+size_t kf_json_field_keys(const ProtobufCMessageDescriptor *desc, const ProtobufCFieldDescriptor *f,
+                          kf_json_key_t keys[KF_JSON_FIELD_KEYS_MAX]);
+
+/* The short name of the enum value named `full` (a name of `ed`): without
+ * the prefix every name of the enum shares, cut back to its last '_', in
+ * lowercase ("RULE_KIND_BATCH" -> "batch"; without such a prefix, the
+ * whole name in lowercase). What the decoder accepts besides the full name,
+ * and what the OpenAPI document lists. */
+void kf_json_enum_short_name(const ProtobufCEnumDescriptor *ed, const char *full,
+                             char out[KF_JSON_NAME_BYTES_MAX]);
 
 /* Renders a message as compact JSON (NUL-terminated, in the arena). NULL
  * only when the arena is exhausted. */

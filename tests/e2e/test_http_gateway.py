@@ -199,7 +199,7 @@ class GatewayTest(unittest.TestCase):
         self.assertRegex(run["lease"], "^" + UUID_RE + "$")
 
     def test_batch_full_starts_run_in_the_same_request(self):
-        rule = {"kind": "BATCH", "maxEvents": "2", "maxWaitMs": 60000}
+        rule = {"kind": "batch", "maxEvents": "2", "maxWaitMs": 60000}
         r1 = self.send("k", {"rule": rule, "input": "a"})
         r2 = self.send("k", {"rule": rule, "input": "b"})
         self.assertNotIn("runStarted", r1)
@@ -221,13 +221,19 @@ class GatewayTest(unittest.TestCase):
         self.assertGreaterEqual(int(runs[0]["createdMs"]), int(r["receipt"]["dueMs"]))
 
     def test_debounce_defaults_aliases_and_latest_input(self):
-        for i, kind in enumerate(["debounce", "DEBOUNCE", "RULE_KIND_DEBOUNCE", "Debounce", 1]):
+        # The spellings the OpenAPI document lists: the short name, the full
+        # name, the number (proto3 JSON); any other case is refused.
+        for i, kind in enumerate(["debounce", "RULE_KIND_DEBOUNCE", 1]):
             r = self.send("k", {"rule": {"kind": kind, "windowMs": "60000"}, "input": {"n": i}})
             if i == 0:
                 first = r
             self.assertEqual(r["receipt"]["runId"], first["receipt"]["runId"], "kind %r" % (kind,))
+        for kind in ["DEBOUNCE", "Debounce", "1"]:
+            self.assert_error(self.curl("POST", self.events_path("k"),
+                                        {"rule": {"kind": kind, "windowMs": "60000"}, "input": 0}),
+                              400, 3, "INVALID_ARGUMENT", "event.rule.kind: expected one of")
         d = self.describe("debounce", "k")
-        self.assertEqual(d["window"]["eventCount"], "5")
+        self.assertEqual(d["window"]["eventCount"], "3")
         self.assertEqual(d["window"]["rule"], {"kind": "RULE_KIND_DEBOUNCE", "windowMs": "60000",
                                                "maxWaitMs": "0", "dedupMs": "600000",
                                                "edge": "EDGE_TRAILING"})
@@ -239,11 +245,14 @@ class GatewayTest(unittest.TestCase):
                              "disposition": "DISPOSITION_CLOSED"})
         run = self.ok("GET", self.run_path(f["runId"]))
         self.assertEqual(run["input"], {"n": "last"}, "a debounce run gets the latest input")
-        self.assertEqual(run["eventCount"], "6")
-        # The coordinator path takes the kind's aliases too.
+        self.assertEqual(run["eventCount"], "4")
+        # The coordinator path takes the kind's full name too (a path is
+        # text: no number).
         self.assertEqual(self.ok("GET", "/v1/coordinators/RULE_KIND_DEBOUNCE/%s/k" % enc(self.wf)).get("exists"),
                          None, "no IDs were remembered, so the coordinator is gone (exists false is omitted)")
-        self.assertIs(self.ok("GET", "/v1/coordinators/1/%s/never" % enc(self.wf)).get("exists", False), False)
+        self.assertIs(self.ok("GET", "/v1/coordinators/debounce/%s/never" % enc(self.wf)).get("exists", False), False)
+        self.assert_error(self.curl("GET", "/v1/coordinators/1/%s/never" % enc(self.wf)), 400, 3,
+                          "INVALID_ARGUMENT", "expected one of")
 
     def test_key_with_slash_and_colon_in_path(self):
         for key in ["tenant/42/orders", "user:42", "a b/ü?#%"]:
@@ -381,7 +390,7 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual([status[i] for i in ids], ["RUN_STATUS_COMPLETED", "RUN_STATUS_FAILED", "RUN_STATUS_LEASED",
                                                     "RUN_STATUS_PENDING", "RUN_STATUS_PENDING"])
         for q, want in [("status=pending", ids[3:]), ("status=RUN_STATUS_COMPLETED", ids[:1]),
-                        ("status=failed", ids[1:2]), ("status=LEASED&page_size=1", ids[2:3])]:
+                        ("status=failed", ids[1:2]), ("status=leased&pageSize=1", ids[2:3])]:
             with self.subTest(q=q):
                 page = self.ok("GET", "/v1/runs?workflow=%s&%s" % (enc(self.wf), q))
                 self.assertEqual([x["runId"] for x in page.get("runs", [])], want)

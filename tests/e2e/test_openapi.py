@@ -120,9 +120,32 @@ class OpenApiTest(unittest.TestCase):
         run = doc["components"]["schemas"]["keyflow.v1.Run"]
         self.assertFalse(run["additionalProperties"])
         self.assertEqual(run["properties"]["createdMs"]["type"], ["string", "integer"])
-        self.assertIn("RUN_STATUS_PENDING", run["properties"]["status"]["enum"])
+        # Enums: every spelling json_map takes (the full name, the short one,
+        # the number in a body), and only those.
+        status_names, status_numbers = run["properties"]["status"]["anyOf"]
+        self.assertLessEqual({"RUN_STATUS_PENDING", "pending", "RUN_STATUS_WINDOW_OPEN",
+                              "window_open"}, set(status_names["enum"]))
+        self.assertNotIn("PENDING", status_names["enum"])
+        self.assertIn(1, status_numbers["enum"])
+        listed = {p["name"]: p for p in doc["paths"]["/v1/runs"]["get"]["parameters"]}
+        self.assertIn("completed", listed["status"]["schema"]["enum"])
+        self.assertNotIn("window_open", listed["status"]["schema"]["enum"], "ListRuns refuses it")
+        self.assertNotIn("RUN_STATUS_WINDOW_OPEN", listed["status"]["schema"]["enum"])
+        self.assertEqual(listed["status"]["schema"]["type"], "string", "no numbers in a query")
+        self.assertIn("pageSize", listed)
+        self.assertNotIn("page_size", listed)
+        kind = doc["paths"]["/v1/coordinators/{coordinator.kind}/{coordinator.workflow}/"
+                            "{coordinator.key}"]["get"]["parameters"][0]
+        self.assertEqual(sorted(kind["schema"]["enum"]),
+                         ["RULE_KIND_BATCH", "RULE_KIND_DEBOUNCE", "batch", "debounce"])
+        # Bodies take the proto field names too (proto3 JSON), and a _json
+        # field's text form; not two spellings of one field at once.
+        rule = doc["components"]["schemas"]["keyflow.v1.Rule"]
+        self.assertIn("max_events", rule["properties"])
+        self.assertIn("maxEvents", rule["properties"])
+        self.assertIn("inputJson", doc["components"]["schemas"]["keyflow.v1.Event"]["properties"])
         self.assertIn("input", run["properties"], "input_json is the embedded value 'input'")
-        self.assertNotIn("inputJson", run["properties"])
+        self.assertEqual(run["properties"]["inputJson"]["type"], "string", "its text form")
         described = [f for s in doc["components"]["schemas"].values()
                      for f in s.get("properties", {}).values() if f.get("description")]
         self.assertGreater(len(described), 20, "comments from the protos")
@@ -165,15 +188,20 @@ class OpenApiTest(unittest.TestCase):
         key_id = json.loads(text)["key"]["keyId"]
 
         rows = [{"user": "ann", "ts": 1, "amount": 5}]
-        event = {"rule": {"kind": "RULE_KIND_DEBOUNCE", "windowMs": "60000"}, "input": {"n": 1}}
+        # The README's spellings ("debounce", lowerCamelCase) and the other
+        # ones proto3 JSON allows (the full enum name and its number, the
+        # proto field name): each must be in the document and taken.
+        event = {"rule": {"kind": "debounce", "windowMs": "60000"}, "input": {"n": 1}}
         coordinator = {"kind": "RULE_KIND_DEBOUNCE", "workflow": wf, "key": "k"}
+        events = [{"workflow": wf, "key": "b1",
+                   "event": {"rule": {"kind": 1, "window_ms": 60000}, "inputJson": "[1]"}}]
         path_values = {"workflow": wf, "key": "k", "coordinator.kind": "debounce",
                        "coordinator.workflow": wf, "coordinator.key": "k", "run_id": run_id,
                        "function_id": "running_sum", "producer_id": "doc-" + wf,
                        "sequence": "1", "key_id": key_id}
         bodies = {  # by operationId; the generic routes take the whole request
             "SendEvent": event,
-            "SendEvents": [{"workflow": wf, "key": "b1", "event": event}],
+            "SendEvents": events,
             "keyflow.v1.Coordinators.SendEvents": {"events": [{"workflow": wf, "key": "b2",
                                                               "event": event}]},
             "keyflow.v1.Coordinators.SendEvent": {"workflow": wf, "key": "k", "event": event},
@@ -188,7 +216,7 @@ class OpenApiTest(unittest.TestCase):
             "keyflow.v1.Runs.CompleteRun": {"runId": leased, "lease": lease,
                                             "result": {"done": True}},  # a retry: same answer
             "keyflow.v1.Runs.GetRun": {"runId": run_id},
-            "keyflow.v1.Runs.ListRuns": {"workflow": wf},
+            "keyflow.v1.Runs.ListRuns": {"workflow": wf, "status": "completed"},
             "RegisterFunction": descriptor,
             "keyflow.v1.Functions.RegisterFunction": {"descriptor": descriptor},
             "keyflow.v1.Functions.GetFunction": {"functionId": "running_sum"},
@@ -201,6 +229,14 @@ class OpenApiTest(unittest.TestCase):
             "CreateKey": {"name": "doc2", "grants": [{"scope": "runs:read"}]},
             "keyflow.v1.Keys.CreateKey": {"name": "doc3", "grants": [{"scope": "runs:read"}]},
             "keyflow.v1.Keys.RevokeKey": {"keyId": key_id},  # revoked already: an answer too
+        }
+        queries = {  # by operationId: the README's query spellings
+            "ListRuns": {"workflow": wf, "status": "completed", "pageSize": "10"},
+            "GetRun": {"waitMs": "0"},
+            "ReadOutput": {"after": "0", "limit": "100", "wait": "0", "format": "json"},
+            "ListFunctions": {"pageSize": "5"},
+            "DeleteProducer": {"allowMissing": "true"},
+            "DeleteFunction": {"allowMissing": "true"},
         }
         # The few that may answer an error (the state they act on is gone by
         # the time the generic twin runs); every other one must be a 200.
@@ -220,6 +256,9 @@ class OpenApiTest(unittest.TestCase):
             for name, value in values.items():
                 url = url.replace("{%s}" % name, urllib.parse.quote(value, safe=""))
             self.assertNotIn("{", url, "a path parameter without a value: " + path)
+            query = queries.get(op["operationId"], {})
+            if query:
+                url += "?" + urllib.parse.urlencode(query)
             body = bodies.get(op["operationId"])
             example = body is not None or "requestBody" not in op
             if body is None and "requestBody" in op:
@@ -233,16 +272,100 @@ class OpenApiTest(unittest.TestCase):
             self.assertNotIn("no such route", text, (method, path))
             if example and op["operationId"] not in may_fail:
                 self.assertEqual(status, 200, (method, url, body, text))
+            sent = {"path": {n: v for n, v in values.items() if "{%s}" % n in path},
+                    "query": query}
+            if body is not None:
+                sent["body"] = body
             if ctype == "application/json":
                 samples.append({"path": path, "method": method, "status": status,
-                                "body": json.loads(text)})
+                                "body": json.loads(text), "request": sent})
+            else:
+                samples.append({"path": path, "method": method, "request": sent})
         self.assertEqual(seen, sum(len(item) for item in doc["paths"].values()))
         self.assertGreaterEqual(seen, 38)
         code, out, err = check_with_node(doc, samples)
         self.assertEqual(code, 0, out + err)
         result = json.loads(out)
         self.assertTrue(result["valid"])
-        self.assertEqual(result["checked"], len(samples), "every JSON answer was validated")
+        self.assertEqual(result["checked"], len([s for s in samples if "status" in s]),
+                         "every JSON answer was validated")
+        self.assertEqual(result["requestsChecked"], len(samples), "every request too")
+
+    def test_enum_parameters_take_exactly_what_the_document_lists(self):
+        """Every value a path or query parameter's enum lists is taken, and
+        every other spelling of the proto enum's values (a refused value,
+        another case, a number) is refused naming the parameter."""
+        harness.stubs()
+        from google.protobuf import descriptor_pool
+        import keyflow.v1.coordinators_pb2  # noqa: F401  (the enums, into the pool)
+        import keyflow.v1.functions_pb2  # noqa: F401
+        import keyflow.v1.runs_pb2  # noqa: F401
+        pool = descriptor_pool.Default()
+        doc = self.document()
+        with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
+            self.request("post", "/v1/functions", json.load(f))
+        wf = "wf-" + uuid.uuid4().hex[:8]
+        values = {"coordinator.workflow": wf, "coordinator.key": "k", "coordinator.kind": "batch",
+                  "function_id": "running_sum", "workflow": wf, "key": "k"}
+        checked = 0
+        for path, item in doc["paths"].items():
+            for method, op in item.items():
+                if method == "delete":
+                    continue
+                for param in op.get("parameters", []):
+                    listed = param["schema"].get("enum")
+                    if listed is None:
+                        continue
+                    enum = pool.FindEnumTypeByName(param["schema"]["title"])
+                    names = [v.name for v in enum.values]
+                    prefix = os.path.commonprefix(names)
+                    prefix = prefix[:prefix.rfind("_") + 1]
+                    every = set(names) | {n[len(prefix):].lower() for n in names}
+                    refused = (every - set(listed)) | {n[len(prefix):] for n in names} | {
+                        n[len(prefix):].capitalize() for n in names} | {
+                        str(v.number) for v in enum.values}
+                    self.assertLessEqual(set(listed), every, (path, param["name"]))
+                    for value, taken in [(v, True) for v in listed] + [(v, False) for v in refused]:
+                        url = path
+                        query = {}
+                        for name, text in dict(values, **{param["name"]: value}).items():
+                            if "{%s}" % name in url:
+                                url = url.replace("{%s}" % name, urllib.parse.quote(text, safe=""))
+                        if param["in"] == "query":
+                            query[param["name"]] = value
+                        if query:
+                            url += "?" + urllib.parse.urlencode(query)
+                        status, _, text, _ = self.request(method, url,
+                                                          {} if method == "post" else None)
+                        named = status == 400 and param["name"] in json.loads(text)["message"]
+                        self.assertEqual(not named, taken, (method, url, status, text))
+                        checked += 1
+        self.assertGreater(checked, 40)
+
+    def test_query_names_are_spelled_as_documented(self):
+        """A query parameter goes by the name the document gives it: the
+        route's alias, else the lowerCamelCase name; a route with a body
+        takes no query at all."""
+        for url, want in [("/v1/runs?page_size=1", "spelled pageSize"),
+                          ("/v1/runs?pageSize=1&workflow=x", None),
+                          ("/v1/functions/f/output?afterSeq=0", "spelled after"),
+                          ("/v1/functions/f/output?after_seq=0", "spelled after"),
+                          ("/v1/functions/f/output?waitMs=0", "spelled wait"),
+                          ("/v1/runs/r@x?wait_ms=0", "spelled waitMs"),
+                          ("/v1/runs?status=2", "status: expected one of"),
+                          ("/v1/runs?status=Completed", "status: expected one of")]:
+            with self.subTest(url=url):
+                status, _, text, _ = self.request("get", url)
+                if want is None:
+                    self.assertEqual(status, 200, text)
+                else:
+                    self.assertEqual(status, 400, text)
+                    self.assertIn(want, json.loads(text)["message"])
+        for url, body in [("/v1/runs:poll?workerId=w", {"workerId": "w"}),
+                          ("/v1/keyflow.v1.Runs/ListRuns?workflow=x", {})]:
+            status, _, text, _ = self.request("post", url, body)
+            self.assertEqual(status, 400, text)
+            self.assertIn("takes no query parameters", json.loads(text)["message"])
 
 
 if __name__ == "__main__":

@@ -8,8 +8,13 @@
 // sample ({"path", "method", "status", "body"}: a real answer of the server)
 // is then validated with ajv (JSON Schema 2020-12, OpenAPI 3.1's dialect)
 // against the response schema the document gives for that operation and
-// status. Prints {"valid": bool, "errors": [...], "checked": N} and exits 0
-// only when everything is valid.
+// status. A sample may also carry the request that was sent
+// ({"request": {"path": {name: text}, "query": {name: [text, ...]},
+// "body": JSON}}): each parameter is validated against its documented
+// schema (as text, the way OpenAPI serializes it: types are coerced) and
+// unknown parameters are errors, and the body against the requestBody
+// schema. Prints {"valid": bool, "errors": [...], "checked": N,
+// "requestsChecked": M} and exits 0 only when everything is valid.
 'use strict';
 
 const fs = require('fs');
@@ -42,13 +47,60 @@ async function main() {
     }
   }
   let checked = 0;
+  let requestsChecked = 0;
   if (samplesPath && errors.length === 0) {
     const ajv = new Ajv2020({ strict: false, allErrors: true });
+    // Parameters travel as text: coerced to their schema's type first.
+    const ajvText = new Ajv2020({ strict: false, allErrors: true, coerceTypes: 'array' });
     // The document's components, addressable as "#/components/..." by
     // rewriting each $ref against one schema that holds them.
     ajv.addSchema({ $id: 'doc', components: doc.components });
+    ajvText.addSchema({ $id: 'doc', components: doc.components });
+    const local = (schema) => JSON.parse(JSON.stringify(schema).replace(/"#\/components\//g, '"doc#/components/'));
     const samples = JSON.parse(fs.readFileSync(samplesPath, 'utf8'));
     for (const s of samples) {
+      if (s.request) {
+        const where = `${s.method.toUpperCase()} ${s.path} request`;
+        const op = doc.paths[s.path] && doc.paths[s.path][s.method];
+        if (!op) {
+          errors.push({ where, errors: 'no such operation' });
+          continue;
+        }
+        requestsChecked++;
+        const params = op.parameters || [];
+        for (const [into, values] of [['path', s.request.path || {}], ['query', s.request.query || {}]]) {
+          for (const [name, value] of Object.entries(values)) {
+            const p = params.find((x) => x.in === into && x.name === name);
+            if (!p) {
+              errors.push({ where, errors: `${into} parameter ${name} is not documented` });
+              continue;
+            }
+            const list = Array.isArray(value) ? value : [value];
+            if (list.length > 1 && !(p.schema.type === 'array' || p.explode)) {
+              errors.push({ where, errors: `${into} parameter ${name} given ${list.length} times` });
+            }
+            for (const text of list) {
+              const holder = { v: text };
+              const validate = ajvText.compile({ type: 'object', properties: { v: local(p.schema) } });
+              if (!validate(holder)) {
+                errors.push({ where, parameter: name, value: text, errors: validate.errors });
+              }
+            }
+          }
+        }
+        if (s.request.body !== undefined) {
+          const media = op.requestBody && op.requestBody.content['application/json'];
+          if (!media) {
+            errors.push({ where, errors: 'a body was sent; the operation documents none' });
+          } else {
+            const validate = ajv.compile(local(media.schema));
+            if (!validate(s.request.body)) {
+              errors.push({ where, body: s.request.body, errors: validate.errors });
+            }
+          }
+        }
+      }
+      if (s.status === undefined) continue; // a request only
       const found = responseSchema(doc, s.path, s.method, s.status);
       if (found.error) {
         errors.push({ where: `${s.method} ${s.path}`, errors: found.error });
@@ -63,7 +115,7 @@ async function main() {
       }
     }
   }
-  process.stdout.write(JSON.stringify({ valid: errors.length === 0, errors, checked }) + '\n');
+  process.stdout.write(JSON.stringify({ valid: errors.length === 0, errors, checked, requestsChecked }) + '\n');
   process.exit(errors.length === 0 ? 0 : 1);
 }
 

@@ -486,15 +486,11 @@ Test(bytes, malformed_base64_is_refused) {
 
 /* ---- enums ------------------------------------------------------------ */
 
+/* Exactly the full name, the short name (lowercase, without the prefix) or,
+ * in a body, the number as a JSON integer: the spellings the OpenAPI
+ * document lists, and no others. */
 Test(enums, accepted_spellings) {
-    const char *forms[] = {"\"COLOR_GREEN\"",
-                           "\"color_green\"",
-                           "\"Color_Green\"",
-                           "\"GREEN\"",
-                           "\"green\"",
-                           "\"gReEn\"",
-                           "2",
-                           "\"2\""};
+    const char *forms[] = {"\"COLOR_GREEN\"", "\"green\"", "2"};
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         char json[64];
         snprintf(json, sizeof json, "{\"color\": %s}", forms[i]);
@@ -503,6 +499,30 @@ Test(enums, accepted_spellings) {
     }
     cr_assert_eq(decode_scalars("{\"color\": \"deep_blue\"}")->color,
                  KEYFLOW__TEST__COLOR__COLOR_DEEP_BLUE);
+    const char *refused[] = {"\"color_green\"", "\"Color_Green\"", "\"GREEN\"",    "\"gReEn\"",
+                             "\"2\"",           "\"Green\"",       "\"DEEP_BLUE\""};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char json[64], message[256];
+        snprintf(json, sizeof json, "{\"color\": %s}", refused[i]);
+        snprintf(message, sizeof message,
+                 "color: expected one of COLOR_UNSPECIFIED, COLOR_RED, COLOR_GREEN, "
+                 "COLOR_DEEP_BLUE (or unspecified, red, green, deep_blue), got %s",
+                 refused[i]);
+        expect_error(SCALARS, json, message);
+    }
+}
+
+Test(enums, short_names) {
+    char out[KF_JSON_NAME_BYTES_MAX];
+    const ProtobufCEnumDescriptor *color = &keyflow__test__color__descriptor;
+    kf_json_enum_short_name(color, "COLOR_DEEP_BLUE", out);
+    cr_assert_str_eq(out, "deep_blue");
+    kf_json_enum_short_name(color, "COLOR_CRIMSON", out);
+    cr_assert_str_eq(out, "crimson");
+    kf_json_enum_short_name(&keyflow__test__level__descriptor, "HIGH", out);
+    cr_assert_str_eq(out, "high", "no common prefix: the whole name");
+    kf_json_enum_short_name(&keyflow__v1__rule_kind__descriptor, "RULE_KIND_BATCH", out);
+    cr_assert_str_eq(out, "batch");
 }
 
 Test(enums, aliases_decode_and_encode_by_the_first_name) {
@@ -516,12 +536,15 @@ Test(enums, aliases_decode_and_encode_by_the_first_name) {
 Test(enums, no_common_prefix_means_full_names_only) {
     cr_assert_eq(decode_scalars("{\"level\": \"high\"}")->level, KEYFLOW__TEST__LEVEL__HIGH);
     cr_assert_eq(decode_scalars("{\"level\": \"HIGH\"}")->level, KEYFLOW__TEST__LEVEL__HIGH);
-    expect_error(SCALARS, "{\"level\": \"IGH\"}", "level: expected one of LOW, HIGH, got \"IGH\"");
+    expect_error(SCALARS, "{\"level\": \"IGH\"}",
+                 "level: expected one of LOW, HIGH (or low, high), got \"IGH\"");
+    expect_error(SCALARS, "{\"level\": \"High\"}",
+                 "level: expected one of LOW, HIGH (or low, high), got \"High\"");
 }
 
 Test(enums, unknown_values_are_refused_with_the_choices) {
     const char *choices = "expected one of COLOR_UNSPECIFIED, COLOR_RED, COLOR_GREEN, "
-                          "COLOR_DEEP_BLUE, got ";
+                          "COLOR_DEEP_BLUE (or unspecified, red, green, deep_blue), got ";
     char message[256];
     snprintf(message, sizeof message, "color: %s\"purple\"", choices);
     expect_error(SCALARS, "{\"color\": \"purple\"}", message);
@@ -659,7 +682,7 @@ Test(repeated, errors_name_the_element) {
     expect_error(LISTS, "{\"rString\": \"a\"}", "rString: expected an array, got \"a\"");
     expect_error(LISTS, "{\"rColor\": [\"red\", \"blue\"]}",
                  "rColor[1]: expected one of COLOR_UNSPECIFIED, COLOR_RED, COLOR_GREEN, "
-                 "COLOR_DEEP_BLUE, got \"blue\"");
+                 "COLOR_DEEP_BLUE (or unspecified, red, green, deep_blue), got \"blue\"");
     expect_error(LISTS, "{\"rInt32\": [[1]]}", "rInt32[0]: expected an integer, got an array");
 }
 
@@ -1113,7 +1136,7 @@ Test(api, debounce_event_from_the_design) {
 
 Test(api, explicit_zero_rule_field_is_present) {
     Keyflow__V1__Event *e =
-        (Keyflow__V1__Event *)decode(EVENT, "{\"rule\": {\"kind\": \"BATCH\", \"maxEvents\": 0}}");
+        (Keyflow__V1__Event *)decode(EVENT, "{\"rule\": {\"kind\": \"batch\", \"maxEvents\": 0}}");
     cr_assert_eq(e->rule->max_events_present_case,
                  KEYFLOW__V1__RULE__MAX_EVENTS_PRESENT_MAX_EVENTS);
     cr_assert_eq(e->rule->max_events, 0);
@@ -1127,7 +1150,7 @@ Test(api, send_event_errors_name_the_path) {
                  "event.rule.maxEvents: expected an integer, got \"ten\"");
     expect_error(desc, "{\"event\": {\"rule\": {\"kind\": \"sometimes\"}}}",
                  "event.rule.kind: expected one of RULE_KIND_UNSPECIFIED, RULE_KIND_DEBOUNCE, "
-                 "RULE_KIND_BATCH, got \"sometimes\"");
+                 "RULE_KIND_BATCH (or unspecified, debounce, batch), got \"sometimes\"");
     expect_error(desc, "{\"event\": {\"rule\": {\"windowMs\": 1.5}}}",
                  "event.rule.windowMs: expected an integer, got 1.5");
     expect_error(desc, "{\"event\": {\"rule\": {\"window\": 1}}}",
@@ -1240,7 +1263,7 @@ Test(set_text, field_and_json_names) {
     cr_assert_eq(req.page_size, 50);
     cr_assert_str_eq(req.page_token, "t");
     cr_assert_eq(req.status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_FAILED);
-    expect_set_text(&req.base, "status", "3");
+    expect_set_text(&req.base, "status", "completed");
     cr_assert_eq(req.status, KEYFLOW__V1__RUN_STATUS__RUN_STATUS_COMPLETED);
 }
 
@@ -1271,7 +1294,7 @@ Test(set_text, every_scalar_type) {
     expect_set_text(&m.base, "fFloat", "NaN");
     expect_set_text(&m.base, "fInt32", "-7");
     expect_set_text(&m.base, "fUint64", "18446744073709551615");
-    expect_set_text(&m.base, "fBool", "TRUE");
+    expect_set_text(&m.base, "fBool", "true");
     expect_set_text(&m.base, "fString", " spaced, \"quoted\" ");
     expect_set_text(&m.base, "fBytes", "AAE");
     expect_set_text(&m.base, "level", "high");
@@ -1283,10 +1306,6 @@ Test(set_text, every_scalar_type) {
     cr_assert_str_eq(m.f_string, " spaced, \"quoted\" ");
     cr_assert_eq(m.f_bytes.len, 2u);
     cr_assert_eq(m.level, KEYFLOW__TEST__LEVEL__HIGH);
-    expect_set_text(&m.base, "fBool", "0");
-    cr_assert_eq(m.f_bool, 0);
-    expect_set_text(&m.base, "fBool", "1");
-    cr_assert_eq(m.f_bool, 1);
     expect_set_text(&m.base, "f_bool", "false");
     cr_assert_eq(m.f_bool, 0);
     expect_set_text(&m.base, "inner.child.name", "deep");
@@ -1303,9 +1322,15 @@ Test(set_text, errors_name_the_parameter) {
                           "waitMs)");
     Keyflow__Test__Scalars m = KEYFLOW__TEST__SCALARS__INIT;
     expect_set_text_error(&m.base, "fBool", "yes", "fBool: expected true or false, got \"yes\"");
+    /* As OpenAPI writes a boolean and an enum: no other spellings. */
+    expect_set_text_error(&m.base, "fBool", "1", "fBool: expected true or false, got \"1\"");
+    expect_set_text_error(&m.base, "fBool", "TRUE", "fBool: expected true or false, got \"TRUE\"");
     expect_set_text_error(&m.base, "color", "teal",
                           "color: expected one of COLOR_UNSPECIFIED, COLOR_RED, COLOR_GREEN, "
-                          "COLOR_DEEP_BLUE, got \"teal\"");
+                          "COLOR_DEEP_BLUE (or unspecified, red, green, deep_blue), got \"teal\"");
+    expect_set_text_error(&m.base, "color", "2",
+                          "color: expected one of COLOR_UNSPECIFIED, COLOR_RED, COLOR_GREEN, "
+                          "COLOR_DEEP_BLUE (or unspecified, red, green, deep_blue), got \"2\"");
     expect_set_text_error(&m.base, "fBytes", "A", "fBytes: expected base64, got \"A\"");
     expect_set_text_error(&m.base, "fDouble", "1,5", "fDouble: expected a number, got \"1,5\"");
     expect_set_text_error(&m.base, "fString", "\xff", "fString: not valid UTF-8");
