@@ -18,6 +18,8 @@
 //
 // It registers FUNCTION_ID (default running_sum_js) as a REMOTE function with
 // running_sum's schemas and this file's digest, then serves it until Ctrl-C.
+// Once keyflowd has welcomed its stream (batches pushed from then on are
+// handled) it prints "serving FUNCTION_ID" on stdout.
 const kf = require('..');
 
 const INT64_MIN = -(2n ** 63n);
@@ -102,6 +104,9 @@ async function main() {
   const reply = await worker.client.registerFunction(worker.descriptorFor(base));
   process.stderr.write(`registered ${functionId} (digest ${worker.digest})` +
     `${reply.alreadyRegistered ? ', already' : ''}\n`);
+  // Once a stream is welcomed, pushed batches are handled: say so on
+  // stdout, for a script that started this in the background.
+  worker.welcomed().then(() => process.stdout.write(`serving ${functionId}\n`));
   await worker.run();
 }
 

@@ -204,6 +204,34 @@ test('remote handler', { skip: !built && 'keyflowd is not built' }, async (t) =>
       (e) => e.codeName === 'FAILED_PRECONDITION');
   });
 
+  await t.test('the example says when it serves, and a push right after is handled', async () => {
+    // As the README runs it: in the background, pushing once it printed
+    // "serving ID" (before that there may be no function, or no worker).
+    const { spawn } = require('child_process');
+    const fid = unique('rs-js-example');
+    const child = spawn(process.execPath, [PORT_FILE, fid],
+      { env: { ...process.env, KEYFLOW_ADDR: server.target }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const stopped = new Promise((resolve) => child.on('exit', resolve));
+    try {
+      const first = await new Promise((resolve, reject) => {
+        let out = '';
+        child.stdout.on('data', (b) => {
+          out += b;
+          if (out.includes('\n')) resolve(out.slice(0, out.indexOf('\n') + 1));
+        });
+        child.on('exit', (code) => reject(new Error(`the example exited (${code}) first`)));
+      });
+      assert.strictEqual(first, `serving ${fid}\n`);
+      const ack = await client.pushBatch(fid, 'p-example', 1,
+        { rows: [{ user: 'ann', ts: T0, amount: 5 }], attempts: 1 });
+      assert.strictEqual(Number(ack.rowsAccepted), 1);
+      assert.strictEqual(Number((await client.keyState(fid, 'ann')).value), 5);
+    } finally {
+      child.kill('SIGTERM');
+      await stopped;
+    }
+  });
+
   await t.test('a wrong digest is refused for good', async () => {
     const remote = await registerRemote(digest);
     const w = new kf.FunctionWorker({ client, functionId: remote, handler: runningSum,

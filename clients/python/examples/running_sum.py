@@ -19,10 +19,14 @@ Run it against a keyflowd on 127.0.0.1:50051 (KEYFLOW_ADDR):
 
 It registers FUNCTION_ID (default running_sum_py) as a REMOTE function with
 running_sum's schemas and this file's digest, then serves it until Ctrl-C.
+Once keyflowd has welcomed its stream (batches pushed from then on are
+handled) it prints "serving FUNCTION_ID" on stdout, which a script started
+in the background can wait for before pushing.
 """
 
 import os
 import sys
+import threading
 
 import keyflow
 
@@ -92,6 +96,12 @@ def main():
     reply = worker.client.register_function(worker.descriptor_for(base))
     print("registered %s (digest %s)%s" % (function_id, worker.digest,
           ", already" if reply.already_registered else ""), file=sys.stderr)
+
+    def announce():
+        if worker.wait_welcomed():
+            print("serving %s" % function_id, flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
     worker.run()
 
 

@@ -67,6 +67,25 @@ class RemoteHandlerTest(unittest.TestCase):
             out.append(resp.batch.SerializeToString())
             after = resp.last_seq
 
+    def test_the_example_says_when_it_serves(self):
+        """As README runs it: in the background, then push once it printed
+        "serving ID" (pushing before that would find no function or no
+        worker). The first line on stdout is that line, and a push right
+        after it is handled."""
+        import subprocess
+        fid = unique("rs-example")
+        env = dict(os.environ, KEYFLOW_ADDR=self.server.grpc_target,
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        proc = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, "running_sum.py"), fid],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.addCleanup(proc.wait, 30)
+        self.addCleanup(proc.terminate)
+        self.assertEqual(proc.stdout.readline(), "serving %s\n" % fid, proc.stderr)
+        ack = self.client.producer(fid, "p-example").push(
+            [{"user": "ann", "ts": T0_US, "amount": 5}])
+        self.assertEqual(ack.rows_accepted, 1)
+        self.assertEqual(self.client.key_state(fid, "ann").value, 5)
+
     def test_python_port_matches_native_byte_for_byte(self):
         native = unique("rs-native")
         self.client.register_function(running_sum_descriptor(native))
