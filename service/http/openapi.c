@@ -304,9 +304,6 @@ static json_t *field_schema(doc_t *d, const ProtobufCMessageDescriptor *desc,
     return schema;
 }
 
-/* Adds the message's schema to components (once), and every message it
- * reaches. Recursion follows the API's message graph, which is finite and
- * guarded by the schema being registered before its fields are walked. */
 /* `{"not": {"anyOf": [{"required": [a, b]}, ...]}}` for every pair of
  * `keys`: at most one of them may appear. */
 static json_t *at_most_one(json_t *keys) {
@@ -326,7 +323,8 @@ static json_t *at_most_one(json_t *keys) {
  * Its properties are every key json_map takes (kf_json_field_keys): the
  * lowerCamelCase name, and the proto name as another spelling (proto3
  * JSON), a `_json` field's text form too; one field may come under one of
- * them only, and a oneof's members are exclusive (json_map refuses two). */
+ * them only, and a oneof's members are exclusive (json_map refuses two).
+ * The other spellings are writeOnly: answers use the first. */
 static void add_message(doc_t *d, const ProtobufCMessageDescriptor *desc) {
     if (json_object_get(d->schemas, desc->name) != NULL) {
         return;
@@ -361,6 +359,10 @@ static void add_message(doc_t *d, const ProtobufCMessageDescriptor *desc) {
                          keys[0].name);
                 property = field_schema(d, desc, f, false);
                 json_object_set_new(property, "description", json_string(text));
+            }
+            if (k > 0) {
+                /* Answers use the first spelling only. */
+                json_object_set_new(property, "writeOnly", json_true());
             }
             json_object_set_new(properties, keys[k].name, property);
             json_array_append_new(names, json_string(keys[k].name));

@@ -143,6 +143,8 @@ class OpenApiTest(unittest.TestCase):
         rule = doc["components"]["schemas"]["keyflow.v1.Rule"]
         self.assertIn("max_events", rule["properties"])
         self.assertIn("maxEvents", rule["properties"])
+        self.assertIs(rule["properties"]["max_events"].get("writeOnly"), True, "answers use maxEvents")
+        self.assertNotIn("writeOnly", rule["properties"]["maxEvents"])
         self.assertIn("inputJson", doc["components"]["schemas"]["keyflow.v1.Event"]["properties"])
         self.assertIn("input", run["properties"], "input_json is the embedded value 'input'")
         self.assertEqual(run["properties"]["inputJson"]["type"], "string", "its text form")
