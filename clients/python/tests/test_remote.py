@@ -80,7 +80,10 @@ class RemoteHandlerTest(unittest.TestCase):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.addCleanup(proc.wait, 30)
         self.addCleanup(proc.terminate)
-        self.assertEqual(proc.stdout.readline(), "serving %s\n" % fid, proc.stderr)
+        first = proc.stdout.readline()  # "" if it ended first
+        if first != "serving %s\n" % fid:
+            proc.terminate()
+            self.fail("first line %r; stderr: %s" % (first, proc.communicate(timeout=30)[1]))
         ack = self.client.producer(fid, "p-example").push(
             [{"user": "ann", "ts": T0_US, "amount": 5}])
         self.assertEqual(ack.rows_accepted, 1)
