@@ -718,10 +718,7 @@ static int on_probe_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
     int64_t start_us = kf_mono_us();
     kf_http_conn_request(req);
-    if (refuse_browser_without_keys(gw, req)) {
-        return 0;
-    }
-    if (!serve_probe(gw, req, path_length(req), false)) {
+    if (!refuse_browser_without_keys(gw, req) && !serve_probe(gw, req, path_length(req), false)) {
         send_error(req, KF_E_NOT_FOUND,
                    "path: the probe listener serves /healthz, /readyz and /metrics only", 0);
     }
