@@ -438,7 +438,6 @@ class GatewayTest(unittest.TestCase):
             "GetFunction": self.ok("GET", "/v1/functions/running_sum"),
             "ReadOutput": self.ok("GET", "/v1/functions/running_sum/output?after=0"),
             "GetKeyState": self.ok("GET", "/v1/functions/running_sum/keys/nobody"),
-            "ListKeys": self.ok("GET", "/v1/keys"),
             "DescribeCoordinator": self.describe("batch", "nothing-here"),
             "GetRun": self.ok("GET", self.run_path(run["receipt"]["runId"])),
         }
@@ -450,7 +449,6 @@ class GatewayTest(unittest.TestCase):
                 self.assertEqual(missing(schema, body, name), [], body)
         self.assertEqual(answers["ListRuns"], {"runs": []})
         self.assertEqual(answers["PollRuns"]["runs"], [])
-        self.assertEqual(answers["ListKeys"], {"keys": []})
         self.assertEqual(answers["ReadOutput"]["rows"], [], "the JSON rows of an empty page")
         self.assertEqual(answers["GetKeyState"]["timers"], [])
         described = answers["DescribeCoordinator"]

@@ -173,7 +173,7 @@ class JsonLogTest(Server):
         library would send as is) and returns the status."""
         import socket
         with socket.create_connection(("127.0.0.1", self.server.http_port), timeout=10) as s:
-            s.sendall(request_line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+            s.sendall(request_line + b"\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             head = b""
             while b"\r\n" not in head:
                 chunk = s.recv(4096)
