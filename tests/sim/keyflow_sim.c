@@ -16,7 +16,8 @@
  *   long polls that wait, and cancels of them), HeartbeatRun, CompleteRun
  *   (results, errors, retries, stale leases), GetRun, RegisterFunction,
  *   PushBatch (running_sum and session_counter, JSON and columnar rows,
- *   watermarks, retries of a producer sequence, handler refusals), a pump
+ *   watermarks, retries of a producer sequence, handler refusals; some
+ *   accepted batches replayed with ReplayBatch, which must reproduce them), a pump
  *   of deferred handler calls (half the worlds answer them only then, as a
  *   remote worker would), a move of the manual clock (stopping at every
  *   time something is due), a group commit, or a crash.
@@ -1368,6 +1369,30 @@ static void op_push(world_t *w) {
     push_replied(w, i, cmd);
 }
 
+/* ReplayBatch of a batch just accepted: both functions are REPLAY_SAFE and
+ * their handlers deterministic, so the replay must reproduce the step
+ * exactly (replay.c invariant 2: the same timers, in the same order, up to
+ * the step's bound); it applies nothing, which the model's later checks
+ * see. A push answered at once is the newest kept batch, so it is found;
+ * deferred ones may settle together, past what a function keeps. */
+static void check_replay(world_t *w, const c_push_t *p, bool must_find) {
+    Keyflow__V1__ReplayBatchRequest *req =
+        NEW(Keyflow__V1__ReplayBatchRequest, keyflow__v1__replay_batch_request__init);
+    req->function_id = (char *)m_fn_ids[p->fn];
+    req->producer_id = (char *)m_producer_names[p->producer];
+    req->sequence = p->sequence;
+    kf_cmd_t *cmd = exec(w, KF_OP_REPLAY_BATCH, &req->base);
+    say(w, "replay %s %s seq %" PRId64 " -> %s", m_fn_ids[p->fn], m_producer_names[p->producer],
+        p->sequence, kf_status_name(cmd->error.status));
+    if (cmd->error.status == KF_E_NOT_FOUND && !must_find) {
+        return;
+    }
+    expect_status(w, cmd, KF_OK, "ReplayBatch");
+    Keyflow__V1__ReplayBatchResponse *r = (Keyflow__V1__ReplayBatchResponse *)cmd->response;
+    CHECK(w, r->reproduced, "ReplayBatch: not reproduced: %s", r->first_difference);
+    CHECK_EQ(w, "ReplayBatch output rows", r->replayed_output_rows, r->recorded_output_rows);
+}
+
 /* A push's reply is here: compare it with the model, which applies the
  * push now (pushes of one function run one at a time, in arrival order, so
  * replies come in that order). */
@@ -1403,6 +1428,9 @@ static void push_replied(world_t *w, int i, const kf_cmd_t *cmd) {
     CHECK_EQ(w, "PushBatch watermark_us", a->watermark_us, want.ack.watermark_us);
     note_t n = {.kind = NOTE_PUSH, .index = i, .ack = want.ack};
     add_note(w, n);
+    if (!want.duplicate && chance(w, 30)) {
+        check_replay(w, p, !w->config.defer_handler_calls);
+    }
 }
 
 /* ---- time ------------------------------------------------------------------------------ */
@@ -1830,6 +1858,7 @@ static void world_open(world_t *w, uint64_t seed, long steps, bool verbose,
      * worker would: steps wait, later pushes queue behind them, and crashes
      * and reads meet steps half done. */
     w->config.defer_handler_calls = chance(w, 50);
+    w->config.replay_batches = PICK(w, 1, 2, 8);
     kf_arena_init(&w->arena, 0);
     w->cur = &w->arena;
     w->disk = kf_memdisk_create();
