@@ -29,7 +29,13 @@
 
 #include "base/limits.h"
 
-#define KF_STORE_KEY_BYTES_MAX 1024
+/* The longest key any record may have. Each kind of record whose key holds
+ * a client's bytes asserts that its longest key fits, here for the
+ * coordinators' and in functions/functions_int.h for process functions'
+ * (a timer by time: prefix, time and a canonical key of up to
+ * KF_FUNCTION_KEY_BYTES_MAX with a timer name, about 4.2 KB), so that no
+ * accepted request can reach the builders' assertion. */
+#define KF_STORE_KEY_BYTES_MAX 4352
 
 _Static_assert(1 + 2 + KF_WORKFLOW_BYTES_MAX + 2 + KF_KEY_BYTES_MAX + 8 + 9 <=
                    KF_STORE_KEY_BYTES_MAX,

@@ -78,6 +78,15 @@
 #include "functions/rows.h"
 #include "keyflow/handler.h"
 #include "records/records.pb-c.h"
+#include "storage/keys.h"
+
+/* The longest stored key of a function (the layout above): a timer by time,
+ * prefix u32 | ord(at_us) be64 | lp(canonical key) | lp(timer name). Every
+ * key the engine admits (KF_FUNCTION_KEY_BYTES_MAX) must fit the store's
+ * key builders, which abort on a key that does not. */
+_Static_assert(4 + 8 + 2 + KF_FUNCTION_KEY_BYTES_MAX + 2 + KF_FIELD_NAME_BYTES_MAX <=
+                   KF_STORE_KEY_BYTES_MAX,
+               "a function's longest stored key fits");
 
 /* "No timer" inside; also the watermark before the first one. */
 #define KF__NO_TIME             INT64_MIN

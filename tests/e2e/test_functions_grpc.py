@@ -1259,6 +1259,33 @@ class SessionCounterTest(FunctionsGrpcBase):
             grpc.StatusCode.FAILED_PRECONDITION, "REPLAY_SAFE")
 
 
+class LongestKeyTest(FunctionsGrpcBase):
+    """Keys up to KF_FUNCTION_KEY_BYTES_MAX (4096 bytes, the canonical
+    form) are stored, timers included, and recovered. Stored keys were once
+    capped at 1024 bytes: a row whose key was longer than 1016 bytes made
+    keyflowd abort on an assertion while writing its step, and the
+    producer's retry aborted it again. This class restarts its server."""
+
+    def test_the_longest_key_keeps_its_state_and_timer_across_a_restart(self):
+        d = sc_descriptor()
+        self.register(d)
+        longest = "k" * (4096 - 4)  # one key column: a 4-byte length, then the bytes
+        self.push(d, "p", 1, [{"user": longest, "ts": 10, "idle_us": 5},
+                              {"user": "short", "ts": 10, "idle_us": 5}])
+        self.push_error(d, "p", 2, [{"user": longest + "k", "ts": 10, "idle_us": 5}],
+                        grpc.StatusCode.RESOURCE_EXHAUSTED, "rows[0]: the key is 4097 bytes")
+        self.server.kill()
+        self.server.start()
+        self.connect()
+        state = self.key_state(d, longest)
+        self.assertEqual((state.state, state.value), (pb.STATE_KIND_VALUE, 1))
+        self.assertEqual([(t.name, t.at_us) for t in state.timers], [("idle", 15)])
+        ack = self.push(d, "p", 2, None, watermark=15)
+        self.assertEqual(ack.timer_callbacks, 2)
+        self.assertEqual([r["key"] for r in self.read_all(d)], ["short", longest])  # canonical key order
+        self.assertEqual(self.info(d).keys, 0)
+
+
 class OutputTest(FunctionsGrpcBase):
 
     def fill(self, n, keys=3):
