@@ -213,6 +213,9 @@ struct function {
     /* Why the last follow-on step was refused ("" when it was not): follow-on
      * steps then stop until a PushBatch step succeeds. */
     char due_error[KF_ERROR_MESSAGE_BYTES_MAX];
+    /* due_error says why the last attempt failed, but the follow-on steps
+     * go on once a worker can take them (its worker was lost). */
+    bool due_retry;
     replay_rec_t *replay_head; /* kept input batches (replay.c), oldest first */
     replay_rec_t *replay_tail;
     uint32_t replay_count;

@@ -864,12 +864,13 @@ void kf__due_unlink(kf_functions_t *fns, function_t *fn) {
     fn->in_due = false;
 }
 
-/* Follow-on steps may run: due timers, no refusal pending, and a host that
- * takes calls (a remote function without a worker waits, and re-enters
- * the list through kf__step_resume when one says hello). */
+/* Follow-on steps may run: due timers, no refusal pending (a lost worker is
+ * none: due_refused), and a host that takes calls (a remote function
+ * without a worker waits, and re-enters the list through kf__step_resume
+ * when one says hello). */
 void kf__due_update(kf_functions_t *fns, function_t *fn) {
-    bool runnable =
-        fn->host != NULL && fn->due_error[0] == '\0' && has_due(fn) && fn->host->room(fns, fn) >= 0;
+    bool runnable = fn->host != NULL && (fn->due_error[0] == '\0' || fn->due_retry) &&
+                    has_due(fn) && fn->host->room(fns, fn) >= 0;
     if (runnable == fn->in_due) {
         return;
     }
@@ -896,13 +897,21 @@ static bool fn_busy(const function_t *fn) {
 
 /* ---- the end of a step ------------------------------------------------- */
 
-/* A refused follow-on step: nothing of it is applied; the function's due
- * timers wait for its next PushBatch (whose step fires them first and
- * reports the refusal to its producer), and GetFunction shows why. */
+/* A refused follow-on step: nothing of it is applied, and GetFunction shows
+ * why. A refusal of the handler's (or a limit's) stops the follow-on steps:
+ * the due timers wait for the function's next PushBatch, whose step fires
+ * them first and reports the refusal to its producer. UNAVAILABLE is no
+ * verdict on the timers (its remote worker was lost): the follow-on steps
+ * run again as soon as a worker can take them, as they do for timers that
+ * fell due while no worker was connected, since the producers may have
+ * nothing more to push. */
 static void due_refused(step_t *s) {
     function_t *fn = s->fn;
     snprintf(fn->due_error, sizeof fn->due_error, "%s", s->err->message);
-    kf_log_kv(KF_LOG_WARN, "functions", "timer step refused; due timers wait for the next batch",
+    fn->due_retry = s->err->status == KF_E_UNAVAILABLE;
+    kf_log_kv(KF_LOG_WARN, "functions",
+              fn->due_retry ? "timer step failed; due timers wait for a worker"
+                            : "timer step refused; due timers wait for the next batch",
               KF_LOG_STR("function_id", fn->id), KF_LOG_STR("reason", s->err->message),
               KF_LOG_INT("due_timers", (int64_t)kf__due_timers(fn)));
 }
@@ -1065,6 +1074,7 @@ static void step_finish(step_t *s, kf_status_t st) {
         fn->has_watermark = s->has_watermark;
         fn->watermark_us = s->watermark;
         fn->due_error[0] = '\0';
+        fn->due_retry = false;
         int64_t first_seq, last_seq;
         commit(s, &first_seq, &last_seq);
         kf__step_memory_commit(s);

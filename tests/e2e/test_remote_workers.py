@@ -349,6 +349,63 @@ class RemoteWorkersTest(unittest.TestCase):
         self.assert_nothing_applied(fid, ["ann", "bob"])
         self.retry_applies_once(fid, rows)
 
+    def test_due_timers_resume_with_the_next_worker_after_one_is_lost(self):
+        """Losing the worker in a follow-on timer step is no refusal of the
+        timers: the next worker that connects fires them, with no batch
+        pushed in between (once, the follow-on steps stopped until the
+        function's next PushBatch)."""
+        from google.protobuf import json_format
+        d = dict(self.native_json, functionId=unique("rw-due"), runtime="RUNTIME_REMOTE",
+                 implementationDigest="ab" * 32, timerNames=["t"],
+                 limits={"maxTimerCallbacksPerStep": 2})
+        d["pipelineStateId"] = d["functionId"] + ".state"
+        fid = d["functionId"]
+        self.fns.RegisterFunction(fpb.RegisterFunctionRequest(
+            descriptor=json_format.ParseDict(d, fpb.FunctionDescriptor())), timeout=WAIT_S)
+        first = self.worker(fid)
+        first.welcome()
+        keys = ["k%d" % i for i in range(5)]
+        result = self.push_async(fid, 1, [(k, 1) for k in keys])
+        call = first.next()
+        arm = wpb.CallResult(call_id=call.call_id)
+        for i in range(len(call.activation_ids)):  # timer t at T0 + 1000 for every key
+            arm.timer_activations.append(i)
+            arm.timer_ops.append(wpb.TIMER_OP_SET)
+            arm.timer_names.append("t")
+            arm.timer_at_us.append(T0_US + 1000)
+        first.send(arm)
+        self.assertIsNone(result()[1])
+        # The watermark makes five timers due; the batch's step fires two.
+        req = fpb.PushBatchRequest(function_id=fid, producer_id="p", sequence=2,
+                                   watermark_us=T0_US + 2000)
+        pushed = {}
+        t = threading.Thread(target=lambda: pushed.update(ack=self.fns.PushBatch(
+            req, timeout=WAIT_S)), daemon=True)
+        t.start()
+        call = first.next()
+        self.assertEqual(list(call.callbacks), [wpb.CALLBACK_KIND_TIMER] * 2)
+        first.send(wpb.CallResult(call_id=call.call_id))
+        t.join(WAIT_S)
+        self.assertEqual(pushed["ack"].due_timers, 3)
+        first.next()  # the first follow-on step's call: the worker goes away with it
+        first.cancel()
+
+        def info():
+            return self.fns.GetFunction(fpb.GetFunctionRequest(function_id=fid), timeout=WAIT_S)
+        harness.wait_until(lambda: "was lost" in info().due_timers_error, WAIT_S,
+                           "the follow-on step to fail")
+        self.assertEqual(info().due_timers, 3)
+        second = self.worker(fid)
+        second.welcome()
+        fired = 0
+        while fired < 3:
+            call = second.next()  # no batch pushed: the follow-on steps resume by themselves
+            fired += len(call.activation_ids)
+            second.send(wpb.CallResult(call_id=call.call_id))
+        done = harness.wait_until(lambda: (lambda i: i if i.due_timers == 0 else None)(info()),
+                                  WAIT_S, "the due timers to fire")
+        self.assertEqual((done.timers, done.due_timers_error), (0, ""))
+
     def test_half_close_with_a_call_out_fails_the_batch(self):
         fid = self.register()
         w = self.worker(fid)
