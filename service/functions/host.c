@@ -261,7 +261,7 @@ static int set_bytes(kf_call_t *call, int column, const void *value, size_t len,
     if ((int64_t)(call->step->out.bytes + call->out.bytes + len) > limit) {
         return kf__call_fail(call, KF_E_LIMIT,
                              "max_output_bytes: the step would write more than %lld bytes of "
-                             "output; nothing applied",
+                             "output",
                              (long long)limit);
     }
     char *copy = kf_arena_alloc(call->step->arena, len + 1);

@@ -413,8 +413,8 @@ static kf_status_t validate(kf_call_t *call) {
     }
     if ((int64_t)(s->out.bytes + call->out.bytes) > fn->limits.max_output_bytes) {
         return kf_error_set(s->err, KF_E_LIMIT,
-                            "max_output_bytes: the step would write %llu bytes of output (limit "
-                            "%lld per step); nothing applied",
+                            "handler response rejected, nothing applied: max_output_bytes: the "
+                            "step would write %llu bytes of output (limit %lld per step)",
                             (unsigned long long)(s->out.bytes + call->out.bytes),
                             (long long)fn->limits.max_output_bytes);
     }

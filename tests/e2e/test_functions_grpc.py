@@ -1052,6 +1052,22 @@ class LimitsTest(FunctionsGrpcBase):
         ack = self.push(d, "p", 1, [{"user": "k", "ts": 1, "amount": 1}])
         self.assertEqual(ack.last_output_seq, 1)
 
+    def test_max_output_bytes_counts_8_per_cell_and_the_text(self):
+        """docs/semantics.md: a running_sum row weighs 4 cells x 8 bytes plus
+        its key and its `previous` text ("absent", 6 bytes). Both refusals
+        (a value that passes the limit as it is set, a row that passes it
+        as it ends) say "nothing applied" once."""
+        d = rs_descriptor(limits={"maxOutputBytes": 64})
+        self.register(d)
+        for user in ("k" * 27, "k" * 100):
+            message = self.push_error(d, "p", 1, [{"user": user, "ts": 1, "amount": 1}],
+                                      grpc.StatusCode.RESOURCE_EXHAUSTED, "max_output_bytes")
+            self.assertTrue(message.startswith("handler response rejected, nothing applied: "
+                                               "max_output_bytes: "), message)
+            self.assertEqual(message.count("nothing applied"), 1, message)
+        ack = self.push(d, "p", 1, [{"user": "k" * 26, "ts": 1, "amount": 1}])  # 64 bytes
+        self.assertEqual(ack.last_output_seq, 1)
+
     def test_max_timers(self):
         d = sc_descriptor(limits={"maxTimers": 2})
         self.register(d)
