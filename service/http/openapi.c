@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "base/json.h"
 #include "descriptor_set.h"
@@ -36,8 +37,7 @@ static void put_comment(json_t *comments, const char *name,
     /* One paragraph: line breaks and the indentation after them become
      * single spaces. */
     size_t n = strlen(text);
-    char *flat = malloc(n + 1);
-    KF_ASSERT(flat != NULL);
+    char *flat = kf_xmalloc(n + 1);
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         char c = text[i] == '\n' ? ' ' : text[i];

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/assert.h"
 #include "descriptor_set.h"
 #include "google/protobuf/descriptor.pb-c.h"
@@ -70,8 +71,7 @@ static kf_status_t add_symbol(kf_reflection_t *r, const char *scope, const char 
         return kf_error_set(err, KF_E_CORRUPT, "reflection: symbol %s.%s is too long", scope, name);
     }
     symbol_t *s = &r->symbols[r->symbol_count++];
-    s->name = strdup(full);
-    KF_ASSERT(s->name != NULL);
+    s->name = kf_xstrdup(full);
     s->file = file;
     s->kind = kind;
     return KF_OK;
@@ -154,10 +154,8 @@ static int file_index(const kf_reflection_t *r, const char *name) {
 }
 
 kf_status_t kf_reflection_create(kf_reflection_t **out, kf_error_t *err) {
-    kf_reflection_t *r = calloc(1, sizeof *r);
-    KF_ASSERT(r != NULL);
-    r->symbols = calloc(SYMBOLS_MAX, sizeof *r->symbols);
-    KF_ASSERT(r->symbols != NULL);
+    kf_reflection_t *r = kf_xcalloc(1, sizeof *r);
+    r->symbols = kf_xcalloc(SYMBOLS_MAX, sizeof *r->symbols);
     r->set = google__protobuf__file_descriptor_set__unpack(NULL, kf_api_descriptor_set_bytes,
                                                            kf_api_descriptor_set);
     kf_status_t st = KF_OK;
@@ -172,8 +170,7 @@ kf_status_t kf_reflection_create(kf_reflection_t **out, kf_error_t *err) {
         file_t *file = &r->files[r->file_count++];
         file->name = f->name;
         file->len = google__protobuf__file_descriptor_proto__get_packed_size(f);
-        file->bytes = malloc(file->len > 0 ? file->len : 1);
-        KF_ASSERT(file->bytes != NULL);
+        file->bytes = kf_xmalloc(file->len);
         google__protobuf__file_descriptor_proto__pack(f, file->bytes);
         st = add_file(r, f, (int)i, err);
     }
