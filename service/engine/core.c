@@ -15,6 +15,7 @@
 #include "coord/coord.h"
 #include "functions/functions.h"
 #include "keys/keys.h"
+#include "proto/methods.h"
 #include "runs/runs.h"
 
 /* Finished runs are swept from disk at most this often. */
@@ -35,46 +36,6 @@ struct kf_core {
     bool disk_low;                             /* kf_core_set_disk_low */
     char disk_why[KF_ERROR_MESSAGE_BYTES_MAX]; /* while disk_low */
 };
-
-/* Commands that add records which nothing else deletes soon: refused while
- * the disk reserve is reached. Everything else either reads, or moves or
- * deletes what exists (a completion rewrites its run, a flush turns a
- * window into a run, timers close windows and expire leases), and must go
- * on so that workers can drain and retention can free space. A switch
- * without default: -Wswitch names a new op that is not classified. */
-static bool grows_store(kf_op_t op) {
-    switch (op) {
-    case KF_OP_SEND_EVENT:
-    case KF_OP_SEND_EVENTS:
-    case KF_OP_REGISTER_FUNCTION:
-    case KF_OP_PUSH_BATCH: return true;
-    case KF_OP_DESCRIBE_COORDINATOR:
-    case KF_OP_FLUSH_WINDOW:
-    case KF_OP_CANCEL_WINDOW:
-    case KF_OP_POLL_RUNS:
-    case KF_OP_HEARTBEAT_RUN:
-    case KF_OP_COMPLETE_RUN:
-    case KF_OP_RELEASE_RUN:
-    case KF_OP_CANCEL_RUN:
-    case KF_OP_GET_RUN:
-    case KF_OP_LIST_RUNS:
-    case KF_OP_GET_FUNCTION:
-    case KF_OP_LIST_FUNCTIONS:
-    case KF_OP_READ_OUTPUT:
-    case KF_OP_GET_KEY_STATE:
-    case KF_OP_DRY_RUN_BATCH: /* writes nothing */
-    case KF_OP_REPLAY_BATCH:  /* writes nothing */
-    case KF_OP_TRIM_OUTPUT:
-    case KF_OP_DELETE_FUNCTION:
-    case KF_OP_DELETE_PRODUCER:
-    /* API keys: a handful of small records an operator may need to manage
-     * the server, bounded by KF_API_KEYS_MAX. */
-    case KF_OP_CREATE_KEY:
-    case KF_OP_LIST_KEYS:
-    case KF_OP_REVOKE_KEY: return false;
-    }
-    KF_UNREACHABLE();
-}
 
 static kf_status_t attach_wakeups(kf_core_t *core, kf_error_t *err) {
     kf_ctx_t *ctx = &core->ctx;
@@ -265,7 +226,8 @@ void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd) {
     kf_error_clear(&cmd->error);
     cmd->response = NULL;
     cmd->parked = NULL;
-    if (core->disk_low && grows_store(cmd->op)) {
+    /* Which commands grow the store is the RPC table's disk column (proto/rpcs.h). */
+    if (core->disk_low && kf_method_by_op(cmd->op)->grows_store) {
         kf_error_set(&cmd->error, KF_E_NO_SPACE, "%s", core->disk_why);
         kf_counter_add(KF_C_REJECTED_DISK_RESERVE, 1);
         kf_ctx_fail(ctx, cmd);

@@ -43,23 +43,30 @@ KF_RPC_TABLE(ENGINE_SHAPE_CHECK_, KF_RPC_IGNORE)
     { KF_ROUTE_LOCAL, {NULL, NULL}, NULL }
 
 /* The route goes last and variadic: expanded, it holds commas. */
-#define ROW_(svc_, meth_, label_, req_, resp_, exec_, shape_, op_, front_, scope_, resource_, ...) \
+#define ROW_(svc_, meth_, label_, req_, resp_, exec_, shape_, op_, front_, scope_, resource_,      \
+             grows_, ...)                                                                          \
     {                                                                                              \
         .path = "/" svc_ "/" meth_, .service = svc_, .name = label_,                               \
         .request = &req_##__descriptor, .response = &resp_##__descriptor, .executor = exec_,       \
         .shape = KF_RPC_##shape_, .op = op_, .front = front_, .scope = KF_SCOPE_##scope_,          \
-        .resource = resource_, .route = __VA_ARGS__,                                               \
+        .resource = resource_, .grows_store = grows_, .route = __VA_ARGS__,                        \
     }
+/* The disk column's words. */
+#define DISK_GROWS_   true
+#define DISK_BOUNDED_ false
 #define ENGINE_ROW_(op, svc, meth, label, req, resp, shape, scope, resource, module, handler,      \
-                    route)                                                                         \
-    ROW_(svc, meth, label, req, resp, KF_RPC_ENGINE, shape, KF_OP_##op, 0, scope, resource, route),
+                    disk, route)                                                                   \
+    ROW_(svc, meth, label, req, resp, KF_RPC_ENGINE, shape, KF_OP_##op, 0, scope, resource,        \
+         DISK_##disk##_, route),
 #define FRONT_ROW_(front, svc, meth, label, req, resp, shape, scope, resource, route)              \
     ROW_(svc, meth, label, req, resp, KF_RPC_FRONT_END, shape, 0, KF_FRONT_##front, scope,         \
-         resource, route),
+         resource, false, route),
 
 const kf_method_t kf_methods[KF_METHOD_COUNT] = {KF_RPC_TABLE(ENGINE_ROW_, FRONT_ROW_)};
 
 #undef ROW_
+#undef DISK_GROWS_
+#undef DISK_BOUNDED_
 #undef ENGINE_ROW_
 #undef FRONT_ROW_
 #undef BY_COORDINATOR

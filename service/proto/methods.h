@@ -104,6 +104,9 @@ typedef struct kf_method {
     const char *resource; /* request field (dotted path) a key's name prefix
                              applies to; NULL: the request names none */
     kf_route_t route;     /* which partitions a call goes to */
+    /* An ENGINE row's disk column is GROWS: refused while the disk reserve
+     * is reached (engine/core.c). */
+    bool grows_store;
 } kf_method_t;
 
 /* Every row, in table order. */

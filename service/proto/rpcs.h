@@ -8,7 +8,7 @@
  * Two kinds of row:
  *
  *   ENGINE(op, service, method, name, request, response, shape, scope,
- *          resource, module, handler, route)
+ *          resource, module, handler, disk, route)
  *       executed by the engine: a command KF_OP_<op> that engine/core.c
  *       hands to `handler(core-><module>, ctx, cmd)`. Shape UNARY or
  *       LONG_POLL (the engine answers each command once).
@@ -39,6 +39,18 @@
  *             messages such as "coordinator.workflow"; through a repeated
  *             message, "events.workflow", it names that field of every
  *             element), or NULL
+ *
+ *   disk      ENGINE rows: whether the command grows the store, which the
+ *             engine refuses while the disk reserve is reached
+ *             (docs/semantics.md, "Disk space"):
+ *             GROWS          it adds records that nothing deletes soon
+ *                            (events, batches, functions)
+ *             BOUNDED        it reads, moves or deletes what exists (a
+ *                            completion rewrites its run, a flush turns a
+ *                            window into a run), or adds a bounded handful
+ *                            (API keys): it goes on below the reserve, so
+ *                            that workers drain, retention frees space and
+ *                            an operator can manage the server
  *
  *   route     which partition(s) of the data set a call goes to
  *             (docs/scaling.md; runtime/router.c does it):
@@ -88,88 +100,95 @@
 #define KF_RPC_TABLE(ENGINE, FRONT)                                                                \
     ENGINE(SEND_EVENT, "keyflow.v1.Coordinators", "SendEvent", "SendEvent",                        \
            keyflow__v1__send_event_request, keyflow__v1__send_event_response, UNARY, EVENTS_SEND,  \
-           "workflow", coords, kf_coords_send_event, BY_COORDINATOR("workflow", "key"))            \
+           "workflow", coords, kf_coords_send_event, GROWS, BY_COORDINATOR("workflow", "key"))     \
     ENGINE(SEND_EVENTS, "keyflow.v1.Coordinators", "SendEvents", "SendEvents",                     \
            keyflow__v1__send_events_request, keyflow__v1__send_events_response, UNARY,             \
-           EVENTS_SEND, "events.workflow", coords, kf_coords_send_events, SPLIT(send_events))      \
+           EVENTS_SEND, "events.workflow", coords, kf_coords_send_events, GROWS,                   \
+           SPLIT(send_events))                                                                     \
     ENGINE(DESCRIBE_COORDINATOR, "keyflow.v1.Coordinators", "DescribeCoordinator",                 \
            "DescribeCoordinator", keyflow__v1__describe_coordinator_request,                       \
            keyflow__v1__describe_coordinator_response, UNARY, COORDINATORS_READ,                   \
-           "coordinator.workflow", coords, kf_coords_describe,                                     \
+           "coordinator.workflow", coords, kf_coords_describe, BOUNDED,                            \
            BY_COORDINATOR("coordinator.workflow", "coordinator.key"))                              \
     ENGINE(FLUSH_WINDOW, "keyflow.v1.Coordinators", "FlushWindow", "FlushWindow",                  \
            keyflow__v1__flush_window_request, keyflow__v1__flush_window_response, UNARY,           \
-           COORDINATORS_WRITE, "coordinator.workflow", coords, kf_coords_flush,                    \
+           COORDINATORS_WRITE, "coordinator.workflow", coords, kf_coords_flush, BOUNDED,           \
            BY_COORDINATOR("coordinator.workflow", "coordinator.key"))                              \
     ENGINE(CANCEL_WINDOW, "keyflow.v1.Coordinators", "CancelWindow", "CancelWindow",               \
            keyflow__v1__cancel_window_request, keyflow__v1__cancel_window_response, UNARY,         \
-           COORDINATORS_WRITE, "coordinator.workflow", coords, kf_coords_cancel,                   \
+           COORDINATORS_WRITE, "coordinator.workflow", coords, kf_coords_cancel, BOUNDED,          \
            BY_COORDINATOR("coordinator.workflow", "coordinator.key"))                              \
     ENGINE(POLL_RUNS, "keyflow.v1.Runs", "PollRuns", "PollRuns", keyflow__v1__poll_runs_request,   \
            keyflow__v1__poll_runs_response, LONG_POLL, RUNS_WORK, "workflows", runs, kf_runs_poll, \
-           FIRST(poll_runs))                                                                       \
+           BOUNDED, FIRST(poll_runs))                                                              \
     ENGINE(HEARTBEAT_RUN, "keyflow.v1.Runs", "HeartbeatRun", "HeartbeatRun",                       \
            keyflow__v1__heartbeat_run_request, keyflow__v1__heartbeat_run_response, UNARY,         \
-           RUNS_WORK, NULL, runs, kf_runs_heartbeat, BY_RUN_ID("run_id"))                          \
+           RUNS_WORK, NULL, runs, kf_runs_heartbeat, BOUNDED, BY_RUN_ID("run_id"))                 \
     ENGINE(COMPLETE_RUN, "keyflow.v1.Runs", "CompleteRun", "CompleteRun",                          \
            keyflow__v1__complete_run_request, keyflow__v1__complete_run_response, UNARY,           \
-           RUNS_WORK, NULL, runs, kf_runs_complete, BY_RUN_ID("run_id"))                           \
+           RUNS_WORK, NULL, runs, kf_runs_complete, BOUNDED, BY_RUN_ID("run_id"))                  \
     ENGINE(RELEASE_RUN, "keyflow.v1.Runs", "ReleaseRun", "ReleaseRun",                             \
            keyflow__v1__release_run_request, keyflow__v1__release_run_response, UNARY, RUNS_WORK,  \
-           NULL, runs, kf_runs_release, BY_RUN_ID("run_id"))                                       \
+           NULL, runs, kf_runs_release, BOUNDED, BY_RUN_ID("run_id"))                              \
     ENGINE(GET_RUN, "keyflow.v1.Runs", "GetRun", "GetRun", keyflow__v1__get_run_request,           \
-           keyflow__v1__run, LONG_POLL, RUNS_READ, NULL, runs, kf_runs_get, BY_RUN_ID("run_id"))   \
+           keyflow__v1__run, LONG_POLL, RUNS_READ, NULL, runs, kf_runs_get, BOUNDED,               \
+           BY_RUN_ID("run_id"))                                                                    \
     ENGINE(LIST_RUNS, "keyflow.v1.Runs", "ListRuns", "ListRuns", keyflow__v1__list_runs_request,   \
            keyflow__v1__list_runs_response, UNARY, RUNS_READ, "workflow", runs, kf_runs_list,      \
-           MERGE(list_runs))                                                                       \
+           BOUNDED, MERGE(list_runs))                                                              \
     /* Cancelling is a control-plane act, like CancelWindow: coordinators:write. */                \
     ENGINE(CANCEL_RUN, "keyflow.v1.Runs", "CancelRun", "CancelRun",                                \
            keyflow__v1__cancel_run_request, keyflow__v1__cancel_run_response, UNARY,               \
-           COORDINATORS_WRITE, NULL, runs, kf_runs_cancel, BY_RUN_ID("run_id"))                    \
+           COORDINATORS_WRITE, NULL, runs, kf_runs_cancel, BOUNDED, BY_RUN_ID("run_id"))           \
     ENGINE(REGISTER_FUNCTION, "keyflow.v1.Functions", "RegisterFunction", "RegisterFunction",      \
            keyflow__v1__register_function_request, keyflow__v1__register_function_response, UNARY, \
-           FUNCTIONS_ADMIN, "descriptor.function_id", functions, kf_functions_register,            \
+           FUNCTIONS_ADMIN, "descriptor.function_id", functions, kf_functions_register, GROWS,     \
            ALL(register_function))                                                                 \
     ENGINE(GET_FUNCTION, "keyflow.v1.Functions", "GetFunction", "GetFunction",                     \
            keyflow__v1__get_function_request, keyflow__v1__function_info, UNARY, FUNCTIONS_READ,   \
-           "function_id", functions, kf_functions_get, ALL(get_function))                          \
+           "function_id", functions, kf_functions_get, BOUNDED, ALL(get_function))                 \
     ENGINE(LIST_FUNCTIONS, "keyflow.v1.Functions", "ListFunctions", "ListFunctions",               \
            keyflow__v1__list_functions_request, keyflow__v1__list_functions_response, UNARY,       \
-           FUNCTIONS_READ, NULL, functions, kf_functions_list, ALL(list_functions))                \
+           FUNCTIONS_READ, NULL, functions, kf_functions_list, BOUNDED, ALL(list_functions))       \
     ENGINE(PUSH_BATCH, "keyflow.v1.Functions", "PushBatch", "PushBatch",                           \
            keyflow__v1__push_batch_request, keyflow__v1__push_batch_response, UNARY,               \
-           FUNCTIONS_PUSH, "function_id", functions, kf_functions_push, SPLIT(push_batch))         \
+           FUNCTIONS_PUSH, "function_id", functions, kf_functions_push, GROWS, SPLIT(push_batch))  \
     ENGINE(DRY_RUN_BATCH, "keyflow.v1.Functions", "DryRunBatch", "DryRunBatch",                    \
            keyflow__v1__dry_run_batch_request, keyflow__v1__dry_run_batch_response, UNARY,         \
-           FUNCTIONS_PUSH, "function_id", functions, kf_functions_dry_run, SPLIT(dry_run_batch))   \
+           FUNCTIONS_PUSH, "function_id", functions, kf_functions_dry_run, BOUNDED,                \
+           SPLIT(dry_run_batch))                                                                   \
     ENGINE(REPLAY_BATCH, "keyflow.v1.Functions", "ReplayBatch", "ReplayBatch",                     \
            keyflow__v1__replay_batch_request, keyflow__v1__replay_batch_response, UNARY,           \
-           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_replay, ALL(replay_batch))      \
+           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_replay, BOUNDED,                \
+           ALL(replay_batch))                                                                      \
     ENGINE(READ_OUTPUT, "keyflow.v1.Functions", "ReadOutput", "ReadOutput",                        \
            keyflow__v1__read_output_request, keyflow__v1__read_output_response, LONG_POLL,         \
-           FUNCTIONS_READ, "function_id", functions, kf_functions_read, MERGE(read_output))        \
+           FUNCTIONS_READ, "function_id", functions, kf_functions_read, BOUNDED,                   \
+           MERGE(read_output))                                                                     \
     ENGINE(GET_KEY_STATE, "keyflow.v1.Functions", "GetKeyState", "GetKeyState",                    \
            keyflow__v1__get_key_state_request, keyflow__v1__get_key_state_response, UNARY,         \
-           FUNCTIONS_READ, "function_id", functions, kf_functions_key_state,                       \
+           FUNCTIONS_READ, "function_id", functions, kf_functions_key_state, BOUNDED,              \
            BY_FUNCTION_KEY("function_id", "key"))                                                  \
     ENGINE(TRIM_OUTPUT, "keyflow.v1.Functions", "TrimOutput", "TrimOutput",                        \
            keyflow__v1__trim_output_request, keyflow__v1__trim_output_response, UNARY,             \
-           FUNCTIONS_READ, "function_id", functions, kf_functions_trim, ALL(trim_output))          \
+           FUNCTIONS_READ, "function_id", functions, kf_functions_trim, BOUNDED, ALL(trim_output)) \
     ENGINE(DELETE_FUNCTION, "keyflow.v1.Functions", "DeleteFunction", "DeleteFunction",            \
            keyflow__v1__delete_function_request, keyflow__v1__delete_function_response, UNARY,     \
-           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_delete, ALL(delete_function))   \
+           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_delete, BOUNDED,                \
+           ALL(delete_function))                                                                   \
     ENGINE(DELETE_PRODUCER, "keyflow.v1.Functions", "DeleteProducer", "DeleteProducer",            \
            keyflow__v1__delete_producer_request, keyflow__v1__delete_producer_response, UNARY,     \
-           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_delete_producer,                \
+           FUNCTIONS_ADMIN, "function_id", functions, kf_functions_delete_producer, BOUNDED,       \
            ALL(delete_producer))                                                                   \
     ENGINE(CREATE_KEY, "keyflow.v1.Keys", "CreateKey", "CreateKey",                                \
            keyflow__v1__create_key_request, keyflow__v1__create_key_response, UNARY, KEYS_ADMIN,   \
-           NULL, keys, kf_keys_create_key, HOME())                                                 \
+           NULL, keys, kf_keys_create_key, BOUNDED, HOME())                                        \
     ENGINE(LIST_KEYS, "keyflow.v1.Keys", "ListKeys", "ListKeys", keyflow__v1__list_keys_request,   \
-           keyflow__v1__list_keys_response, UNARY, KEYS_ADMIN, NULL, keys, kf_keys_list, HOME())   \
+           keyflow__v1__list_keys_response, UNARY, KEYS_ADMIN, NULL, keys, kf_keys_list, BOUNDED,  \
+           HOME())                                                                                 \
     ENGINE(REVOKE_KEY, "keyflow.v1.Keys", "RevokeKey", "RevokeKey",                                \
            keyflow__v1__revoke_key_request, keyflow__v1__revoke_key_response, UNARY, KEYS_ADMIN,   \
-           NULL, keys, kf_keys_revoke, HOME())                                                     \
+           NULL, keys, kf_keys_revoke, BOUNDED, HOME())                                            \
     /* A loop of ReadOutput commands the gRPC front end drives (rpc/grpc_server.c). */             \
     FRONT(TAIL_OUTPUT, "keyflow.v1.Functions", "TailOutput", "TailOutput",                         \
           keyflow__v1__tail_output_request, keyflow__v1__read_output_response, SERVER_STREAM,      \

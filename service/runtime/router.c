@@ -1569,7 +1569,7 @@ static const plan_t *plan_of(kf_op_t op) {
 #define BY_RUN_ID(...)       NULL
 #define BY_FUNCTION_KEY(...) &plan_get_key_state
 #define HOME()               NULL
-#define PLAN_OF_(op, s, m, n, rq, rs, sh, sc, res, module, handler, route)                         \
+#define PLAN_OF_(op, s, m, n, rq, rs, sh, sc, res, module, handler, disk, route)                   \
     case KF_OP_##op: return route;
         KF_RPC_TABLE(PLAN_OF_, KF_RPC_IGNORE)
 #undef PLAN_OF_

@@ -44,6 +44,7 @@ static json_t *methods(void) {
         json_object_set_new(row, "route", route);
         if (m->executor == KF_RPC_ENGINE) {
             json_object_set_new(row, "op", json_string(kf_op_name(m->op)));
+            json_object_set_new(row, "disk", json_string(m->grows_store ? "grows" : "bounded"));
             /* The op's row is this one (kf_method_by_op agrees with the table). */
             json_object_set_new(row, "op_row_matches", json_boolean(kf_method_by_op(m->op) == m));
         }

@@ -180,6 +180,11 @@ def check(tables, messages, rpcs):
             problems.append(f"{path}: route {route['kind']} and plan {route['plan']} disagree")
         if row["executor"] == "engine" and route["kind"] == "local":
             problems.append(f"{path}: the engine runs in partitions: a route is needed")
+        if row["executor"] == "engine" and row.get("disk") not in ("grows", "bounded"):
+            problems.append(f"{path}: disk {row.get('disk')}, want grows or bounded")
+        if row.get("disk") == "grows" and row["scope"].endswith(":read"):
+            problems.append(f"{path}: disk GROWS, but a call a read scope allows must not "
+                            f"grow the store (it would be refused below the disk reserve)")
         if row["scope"] not in scopes:
             problems.append(f"{path}: scope {row['scope']} is not in KF_SCOPE_TABLE")
         if row["scope"] == "none" and not path.startswith(("/grpc.health.v1.Health/",
@@ -302,6 +307,13 @@ class RpcTableTest(unittest.TestCase):
         found = self.mutated(wrong)
         self.assertTrue(any("no field workflw" in p for p in found), found)
         self.assertTrue(any("runs:everything" in p for p in found), found)
+
+    def test_a_read_that_grows_the_store_is_reported(self):
+        found = self.mutated(lambda t: self.row(t, "/keyflow.v1.Runs/GetRun")
+                             .update(disk="grows"))
+        self.assertTrue(any("GetRun: disk GROWS" in p for p in found), found)
+        found = self.mutated(lambda t: self.row(t, "/keyflow.v1.Runs/GetRun").pop("disk"))
+        self.assertTrue(any("GetRun: disk None" in p for p in found), found)
 
     def test_a_resource_through_a_oneof_is_reported_unless_listed(self):
         found = self.mutated(lambda t: self.row(t, "/keyflow.v1.Functions/PushBatch")
