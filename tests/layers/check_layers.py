@@ -8,10 +8,14 @@
 
 A quoted include is resolved like the compiler does (the including file's
 folder, then the `roots` of layers.txt), or, when it is generated into the
-build tree, by the path it is included as (the `generated` lines). An angle-bracket include is checked only against
-the `foreign` lines. Every .c/.h file under a layer folder is checked; one
-outside every layer folder (and outside tests/) is an error too, so a new
-folder must be given a layer.
+build tree, by the path it is included as (the `generated` lines). An
+angle-bracket include is checked against the `foreign` lines, and, when it
+names a file of the tree through the `roots` (the compiler finds
+<rpc/grpc_server.h> there too), like a quoted one. Every .c/.h file under a
+layer folder is checked; one outside every layer folder (and outside
+tests/) is an error too, so a new folder must be given a layer. So are an
+include of anything but a header (its own includes would not be checked)
+and a computed `#include MACRO`, which this check cannot follow.
 """
 import os
 import re
@@ -19,6 +23,7 @@ import sys
 import tempfile
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+DIRECTIVE = re.compile(r'^\s*#\s*include\b\s*(\S?)', re.M)
 UNCHECKED = ("tests",)  # tests may reach into the layer they test
 
 
@@ -86,6 +91,11 @@ def check(root):
                 continue
             with open(os.path.join(root, path), errors="replace") as f:
                 text = f.read()
+            for m in DIRECTIVE.finditer(text):
+                if m.group(1) not in ('"', "<"):
+                    line = text.count("\n", 0, m.start()) + 1
+                    problems.append(f"{path}:{line}: a computed #include, which this check "
+                                    "cannot follow: name the header")
             for m in INCLUDE.finditer(text):
                 kind, target = m.groups()
                 line = text.count("\n", 0, m.start()) + 1
@@ -95,13 +105,25 @@ def check(root):
                         if target.startswith(prefix) and layer not in allowed:
                             problems.append(f"{where}, which only {', '.join(sorted(allowed))} "
                                             "may use")
+                    if not in_tree(root, roots, target):
+                        continue  # a system or dependency header
+                elif not target.endswith(".h"):
+                    problems.append(f"{where}, which is not a header: its includes would not "
+                                    "be checked")
                     continue
-                target_layer = resolve(root, [rel_dir] + roots, target, folders, generated)
+                search = roots if kind == "<" else [rel_dir] + roots
+                target_layer = resolve(root, search, target, folders, generated)
                 if target_layer is None:
                     problems.append(f"{where}, which is in no layer (or does not exist)")
                 elif target_layer != layer and target_layer not in layers[layer]:
                     problems.append(f"{where}, of layer {target_layer}, which {layer} may not use")
     return problems
+
+
+def in_tree(root, roots, target):
+    """Whether an include names a file of the tree through the roots."""
+    return any(os.path.isfile(os.path.join(root, os.path.normpath(os.path.join(base, target))))
+               for base in roots)
 
 
 def resolve(root, search, target, folders, generated):
@@ -125,6 +147,9 @@ def self_test():
         "service/low/b.c": '#include "low/a.h"\n#include "high/c.h"\n#include <zlib.h>\n',
         "service/high/c.h": '#include "low/a.h"\n#include <zlib.h>\n',
         "service/stray/d.c": "",
+        "service/low/e.c": '#include <high/c.h>\n#define H "high/c.h"\n#include H\n',
+        "service/low/f.inc": '#include "high/c.h"\n',
+        "service/low/g.c": '#include "f.inc"\n',
     }
     with tempfile.TemporaryDirectory() as root:
         for path, text in files.items():
@@ -134,12 +159,15 @@ def self_test():
         found = check(root)
     want = ['service/low/b.c:2: low includes "high/c.h", of layer high',
             "service/high/c.h:2: high includes <zlib.h>, which only low may use",
-            "service/stray/d.c: in no layer"]
+            "service/stray/d.c: in no layer",
+            "service/low/e.c:1: low includes <high/c.h>, of layer high",
+            "service/low/e.c:3: a computed #include",
+            'service/low/g.c:1: low includes "f.inc", which is not a header']
     missing = [w for w in want if not any(p.startswith(w) for p in found)]
     if missing or len(found) != len(want):
         print("self-test failed; reported:", *found, "expected:", *want, sep="\n  ")
         return 1
-    print("self-test: the three wrong includes were reported")
+    print(f"self-test: the {len(want)} wrong includes were reported")
     return 0
 
 
