@@ -146,6 +146,11 @@
 #define KF_TIMER_NAMES_MAX      16
 /* A canonical key: every key column's value with a 4-byte length. */
 #define KF_FUNCTION_KEY_BYTES_MAX 4096
+/* A key's readable text (key_text, GetKeyState's key): with several key
+ * columns a JSON array of their values, where JSON may spell one byte in
+ * six (\u0001) and adds quotes and commas, so it can be several times
+ * longer than the canonical key it names. */
+#define KF_FUNCTION_KEY_TEXT_BYTES_MAX (8 * KF_FUNCTION_KEY_BYTES_MAX)
 /* Defaults (DESIGN.md section 1) and the hard ceilings a descriptor may ask for. */
 #define KF_FN_MAX_KEYS_DEFAULT   100000
 #define KF_FN_MAX_KEYS_MAX       2000000

@@ -301,8 +301,9 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         return;
     }
     size_t text_len = strlen(req->key);
-    if (text_len > KF_FUNCTION_KEY_BYTES_MAX) {
-        kf_error_set(err, KF_E_TOO_LARGE, "key: at most %d bytes", KF_FUNCTION_KEY_BYTES_MAX);
+    if (text_len > KF_FUNCTION_KEY_TEXT_BYTES_MAX) {
+        kf_error_set(err, KF_E_TOO_LARGE, "key: at most %d bytes of text",
+                     KF_FUNCTION_KEY_TEXT_BYTES_MAX);
         kf_ctx_fail(ctx, cmd);
         return;
     }
@@ -334,6 +335,14 @@ void kf_functions_key_state(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             kf_ctx_fail(ctx, cmd);
             return;
         }
+    }
+    /* The text may be longer than the key it names (JSON escapes), but the
+     * canonical key is bounded as every row's is. */
+    if (klen > KF_FUNCTION_KEY_BYTES_MAX) {
+        kf_error_set(err, KF_E_TOO_LARGE, "key: the key is %zu bytes (at most %d)", klen,
+                     KF_FUNCTION_KEY_BYTES_MAX);
+        kf_ctx_fail(ctx, cmd);
+        return;
     }
     Keyflow__V1__GetKeyStateResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__get_key_state_response__init(resp);

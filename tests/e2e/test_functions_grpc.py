@@ -756,6 +756,22 @@ class RunningSumTest(FunctionsGrpcBase):
                     function_id=d["functionId"], key=bad), grpc.StatusCode.INVALID_ARGUMENT,
                     "key")
 
+    def test_a_key_whose_text_is_longer_than_the_key_is_found(self):
+        """The key text of several key columns is JSON: escapes make it longer
+        than the canonical key (at most 4096 bytes). GetKeyState once refused
+        any text over 4096 bytes, so keys it had accepted could not be read."""
+        d = rs_descriptor(extra_inputs=("region",), key_columns=["region", "user"])
+        self.register(d)
+        region, user = '"' * 2000, "\u0001" * 40  # canonical: 4 + 2000 + 4 + 40 bytes
+        self.push(d, "p", 1, [{"region": region, "user": user, "ts": 1, "amount": 3}])
+        text = self.read_all(d)[0]["key"]
+        self.assertGreater(len(text.encode()), 4096)
+        st = self.key_state(d, text)
+        self.assertEqual((st.state, st.value, st.key_text), (pb.STATE_KIND_VALUE, 3, text))
+        self.rpc_error("GetKeyState", pb.GetKeyStateRequest(
+            function_id=d["functionId"], key=json.dumps(['"' * 2000, "u" * 2089])),
+            grpc.StatusCode.RESOURCE_EXHAUSTED, "the key is 4097 bytes (at most 4096)")
+
     def test_unicode_and_slash_keys(self):
         d = rs_descriptor()
         self.register(d)
