@@ -108,6 +108,11 @@ void kf_memdisk_destroy(kf_memdisk_t *disk);
 void kf_memdisk_set_free_bytes(kf_memdisk_t *disk, uint64_t free_bytes);
 /* Writes that reached the memdisk so far (all of them durable). */
 uint64_t kf_memdisk_writes(const kf_memdisk_t *disk);
+/* Range deletes on `cf` that overlapped the family's previous range delete.
+ * RocksDB keeps range deletes as tombstones until compaction, and a flush
+ * of overlapping ones costs memory quadratic in their number
+ * (bench/README.md, "Soak"): a test can check a writer keeps them apart. */
+uint64_t kf_memdisk_range_overlaps(const kf_memdisk_t *disk, kf_cf_t cf);
 
 kf_status_t kf_store_open_mem(kf_memdisk_t *disk, const kf_mem_faults_t *faults, kf_store_t **out,
                               kf_error_t *err) KF_MUST_USE;

@@ -30,6 +30,11 @@ typedef struct mem_family {
     mem_entry_t *entries;
     size_t count;
     size_t cap;
+    /* The last range delete, and how many overlapped the one before them
+     * (kf_memdisk_range_overlaps). */
+    uint8_t *range_begin, *range_end;
+    size_t range_begin_len, range_end_len;
+    uint64_t range_overlaps;
 } mem_family_t;
 
 struct kf_memdisk {
@@ -118,6 +123,16 @@ static void family_put(mem_family_t *f, const uint8_t *key, size_t key_len, cons
 
 static void family_del_range(mem_family_t *f, const uint8_t *begin, size_t begin_len,
                              const uint8_t *end, size_t end_len) {
+    if (f->range_end != NULL && cmp_bytes(begin, begin_len, f->range_end, f->range_end_len) < 0 &&
+        cmp_bytes(f->range_begin, f->range_begin_len, end, end_len) < 0) {
+        f->range_overlaps++;
+    }
+    free(f->range_begin);
+    free(f->range_end);
+    f->range_begin = kf_xmemdup(begin, begin_len);
+    f->range_begin_len = begin_len;
+    f->range_end = kf_xmemdup(end, end_len);
+    f->range_end_len = end_len;
     size_t i = lower_bound(f, begin, begin_len);
     size_t j = lower_bound(f, end, end_len);
     if (j <= i) {
@@ -163,9 +178,18 @@ void kf_memdisk_destroy(kf_memdisk_t *d) {
             free(f->entries[i].value);
         }
         free(f->entries);
+        free(f->range_begin);
+        free(f->range_end);
     }
     pthread_mutex_destroy(&d->lock);
     free(d);
+}
+
+uint64_t kf_memdisk_range_overlaps(const kf_memdisk_t *d, kf_cf_t cf) {
+    pthread_mutex_lock((pthread_mutex_t *)&d->lock);
+    uint64_t n = d->families[cf].range_overlaps;
+    pthread_mutex_unlock((pthread_mutex_t *)&d->lock);
+    return n;
 }
 
 uint64_t kf_memdisk_writes(const kf_memdisk_t *d) {

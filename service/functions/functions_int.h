@@ -328,7 +328,11 @@ struct step {
         uint8_t name;
         int64_t at_us;
     } last_fired;
-    fired_t fired;      /* the commit's copy of last_fired */
+    fired_t fired; /* the commit's copy of last_fired */
+    /* The earliest timer's due time when the step started (KF__NO_TIME:
+     * none): no stored timers_by_time record comes before it, so the
+     * step's range delete starts there (step.c, delete_fired_span). */
+    int64_t first_timer_at0;
     int64_t busy_us;    /* engine time so far (not while a call is out) */
     int64_t resumed_us; /* when the engine last took the step up */
     /* A follow-on step owns its memory: its arena and error. */

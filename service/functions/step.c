@@ -290,10 +290,21 @@ static void write_timer_diff(const step_t *s, const fn_key_t *k, uint8_t name, i
 /* The stored timers_by_time records of every timer the step fired, and of
  * any it removed that came before the last one fired: the function's
  * records from its first up to and including the last fired timer's
- * (invariant 4). */
+ * (invariant 4). The range starts at the due time of the earliest timer
+ * the step started with, not at the function's first possible key: every
+ * record before it was deleted by an earlier step. Ranges that all began
+ * at the function's prefix nested inside each other, and RocksDB 7.8
+ * fragments a memtable's range tombstones at flush keeping every
+ * overlapping sequence number: quadratic in the tombstones, it took over
+ * 1 GiB of RSS at one flush of a soak's timers (bench/README.md, "Soak").
+ * Starting at the step's first timer makes consecutive steps' ranges
+ * disjoint. */
 static void delete_fired_span(const step_t *s) {
     kf_key_t begin, end;
     kf__key_prefix(&begin, s->fn);
+    if (s->first_timer_at0 != KF__NO_TIME) {
+        kf_key_time(&begin, s->first_timer_at0);
+    }
     timer_keys(s->fn, s->fired.key, s->fired.key_len, s->fired.name, s->fired.at_us, NULL, &end);
     kf_key_raw(&end, "", 1); /* the smallest key after the last fired one */
     kf_batch_delete_range(s->ctx->batch, KF_CF_TIMERS_BY_TIME, begin.bytes, begin.len, end.bytes,
@@ -1135,6 +1146,8 @@ static void step_start(step_t *s, kf_functions_t *fns, kf_ctx_t *ctx, function_t
     s->state_bytes0 = fn->state_bytes;
     s->next_activation0 = fn->next_activation;
     s->due_timers0 = kf__due_timers(fn);
+    const ev_timer_t *top = kf__timer_top(fn);
+    s->first_timer_at0 = top != NULL ? top->at_us : KF__NO_TIME;
     s->err = err;
     s->resumed_us = kf_mono_us();
     kf_outbuf_init(&s->out, fn->desc->output_schema, arena);

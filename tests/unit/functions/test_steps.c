@@ -175,6 +175,23 @@ static void arm_timers(const char *fid, int64_t seq, int n) {
     fnh_push_ok(fid, seq, rows, INT64_MIN);
 }
 
+/* Each step's range delete of the timers it fired starts at the earliest
+ * timer the step began with, not at the function's first key: ranges that
+ * all began there nested, and RocksDB's flush of nested range tombstones
+ * costs memory quadratic in their number (bench/README.md, "Soak"). */
+Test(steps, fired_timer_range_deletes_of_consecutive_steps_do_not_overlap) {
+    Keyflow__V1__FunctionDescriptor *d = fnh_descriptor("f", "f.v1");
+    fnh_limit(d, "max_timer_callbacks_per_step", 4);
+    cr_assert_eq(fnh_register(d)->error.status, KF_OK);
+    arm_timers("f", 1, 10); /* k0000@100 .. k0009@109 */
+    fnh_push_ok("f", 2, NULL, 1000);
+    sim_drain_work(&sim, 10); /* two follow-on steps */
+    cr_assert_eq(fnh_info("f")->output_seq, 10, "every timer fired");
+    cr_assert_eq(stored(KF_CF_TIMERS_BY_TIME), 0, "and each one's record is gone");
+    cr_assert_eq(kf_memdisk_range_overlaps(sim.disk, KF_CF_TIMERS_BY_TIME), 0,
+                 "three steps, three disjoint ranges");
+}
+
 Test(steps, due_timers_past_the_bound_fire_in_follow_on_steps) {
     Keyflow__V1__FunctionDescriptor *d = fnh_descriptor("f", "f.v1");
     fnh_limit(d, "max_timer_callbacks_per_step", 4);
