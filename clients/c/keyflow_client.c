@@ -1122,6 +1122,345 @@ static kf_status_t call_send_events(kf_client_t *client, const ProtobufCMessage 
     return KF_OK;
 }
 
+/* The input-schema index of each key column of `function_id` (asked of the
+ * first serving endpoint); *n of them. */
+static kf_status_t key_columns_of(kf_client_t *client, const char *function_id, int64_t timeout_ms,
+                                  kf_arena_t *arena, const Keyflow__V1__FunctionDescriptor **out,
+                                  size_t cols[], size_t *n, kf_error_t *err) {
+    Keyflow__V1__GetFunctionRequest req = KEYFLOW__V1__GET_FUNCTION_REQUEST__INIT;
+    req.function_id = (char *)function_id;
+    ProtobufCMessage *msg = NULL;
+    size_t served[KF_CLIENT_ENDPOINTS_MAX], count = 0;
+    served_endpoints(client, served, &count);
+    kf_status_t st =
+        call_on(client, count > 0 ? served[0] : 0, KF_CLIENT_PATH_GET_FUNCTION, &req.base,
+                &keyflow__v1__function_info__descriptor, arena, timeout_ms, &msg, NULL, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    const Keyflow__V1__FunctionDescriptor *d = ((const Keyflow__V1__FunctionInfo *)msg)->descriptor;
+    if (d == NULL || d->input_schema == NULL || d->n_key_columns > KF_KEY_COLUMNS_MAX) {
+        return kf_error_set(err, KF_E_INTERNAL, "function %s: no usable descriptor", function_id);
+    }
+    *n = 0;
+    for (size_t k = 0; k < d->n_key_columns; k++) {
+        for (size_t i = 0; i < d->input_schema->n_fields; i++) {
+            if (strcmp(d->input_schema->fields[i]->name, d->key_columns[k]) == 0) {
+                cols[(*n)++] = i;
+            }
+        }
+    }
+    *out = d;
+    return KF_OK;
+}
+
+/* Column values of one kind (`field` of the oneof, message `Type`): the
+ * values of rows `which` of `in` into `col`; NULL (from the function) when
+ * `in` holds fewer values than a row asks for. */
+#define SLICE_VALUES(field, Type, init)                                                            \
+    do {                                                                                           \
+        Type *v = kf_arena_zalloc(arena, sizeof *v);                                               \
+        if (v == NULL || in->field == NULL) {                                                      \
+            return NULL;                                                                           \
+        }                                                                                          \
+        init(v);                                                                                   \
+        v->values = kf_arena_zalloc(arena, (n + 1) * sizeof *v->values);                           \
+        if (v->values == NULL) {                                                                   \
+            return NULL;                                                                           \
+        }                                                                                          \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            if (which[i] >= in->field->n_values) {                                                 \
+                return NULL;                                                                       \
+            }                                                                                      \
+            v->values[i] = in->field->values[which[i]];                                            \
+        }                                                                                          \
+        v->n_values = n;                                                                           \
+        col->field = v;                                                                            \
+    } while (0)
+
+/* Rows `which[0..n)` of a columnar batch as a batch of their own. */
+static Keyflow__V1__RowBatch *slice_batch(const Keyflow__V1__RowBatch *batch, const size_t *which,
+                                          size_t n, kf_arena_t *arena) {
+    Keyflow__V1__RowBatch *out = kf_arena_zalloc(arena, sizeof *out);
+    Keyflow__V1__Column **cols = kf_arena_zalloc(arena, (batch->n_columns + 1) * sizeof *cols);
+    if (out == NULL || cols == NULL) {
+        return NULL;
+    }
+    keyflow__v1__row_batch__init(out);
+    out->row_count = (int64_t)n;
+    out->columns = cols;
+    out->n_columns = batch->n_columns;
+    for (size_t c = 0; c < batch->n_columns; c++) {
+        const Keyflow__V1__Column *in = batch->columns[c];
+        Keyflow__V1__Column *col = kf_arena_zalloc(arena, sizeof *col);
+        if (col == NULL) {
+            return NULL;
+        }
+        keyflow__v1__column__init(col);
+        cols[c] = col;
+        col->name = in->name;
+        col->values_case = in->values_case;
+        if (in->n_nulls > 0) {
+            col->nulls = kf_arena_zalloc(arena, (n + 1) * sizeof *col->nulls);
+            if (col->nulls == NULL) {
+                return NULL;
+            }
+            for (size_t i = 0; i < n; i++) {
+                col->nulls[i] = which[i] < in->n_nulls ? in->nulls[which[i]] : 0;
+            }
+            col->n_nulls = n;
+        }
+        switch (in->values_case) {
+        case KEYFLOW__V1__COLUMN__VALUES_BOOLS:
+            SLICE_VALUES(bools, Keyflow__V1__BoolValues, keyflow__v1__bool_values__init);
+            break;
+        case KEYFLOW__V1__COLUMN__VALUES_INT64S:
+            SLICE_VALUES(int64s, Keyflow__V1__Int64Values, keyflow__v1__int64_values__init);
+            break;
+        case KEYFLOW__V1__COLUMN__VALUES_FLOAT64S:
+            SLICE_VALUES(float64s, Keyflow__V1__Float64Values, keyflow__v1__float64_values__init);
+            break;
+        case KEYFLOW__V1__COLUMN__VALUES_STRINGS:
+            SLICE_VALUES(strings, Keyflow__V1__StringValues, keyflow__v1__string_values__init);
+            break;
+        case KEYFLOW__V1__COLUMN__VALUES_BYTES_VALUES:
+            SLICE_VALUES(bytes_values, Keyflow__V1__BytesValues, keyflow__v1__bytes_values__init);
+            break;
+        default: break; /* no values: the server names what is missing */
+        }
+    }
+    return out;
+}
+
+/* PushBatch split by the endpoints of its rows' keys: each endpoint gets its
+ * rows, in order, under the call's producer and sequence (a retry is a
+ * duplicate everywhere); a watermark goes to every serving endpoint. The
+ * answers are combined as one process combines its partitions'. */
+static kf_status_t call_push_batch(kf_client_t *client, const ProtobufCMessage *request,
+                                   uint32_t count, kf_arena_t *arena, int64_t timeout_ms,
+                                   ProtobufCMessage **response, kf_error_t *err) {
+    const Keyflow__V1__PushBatchRequest *req = (const void *)request;
+    *response = NULL;
+    if (req->rows_case != KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH || req->batch == NULL) {
+        return kf_error_set(err, KF_E_UNIMPLEMENTED,
+                            "PushBatch: with several endpoints the C client splits columnar "
+                            "batches only, not rows_json");
+    }
+    const Keyflow__V1__RowBatch *batch = req->batch;
+    const Keyflow__V1__FunctionDescriptor *d = NULL;
+    size_t key_cols[KF_KEY_COLUMNS_MAX], n_keys = 0;
+    kf_status_t st =
+        key_columns_of(client, req->function_id, timeout_ms, arena, &d, key_cols, &n_keys, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    size_t rows = batch->row_count > 0 ? (size_t)batch->row_count : 0;
+    size_t *endpoint = kf_arena_zalloc(arena, (rows + 1) * sizeof *endpoint);
+    size_t *which = kf_arena_zalloc(arena, (rows + 1) * sizeof *which);
+    if (endpoint == NULL || which == NULL) {
+        return kf_error_set(err, KF_E_LIMIT, "request: the arena is full");
+    }
+    for (size_t r = 0; r < rows; r++) {
+        kf_partition_hasher_t h;
+        kf_partition_hasher_init(&h);
+        for (size_t k = 0; k < n_keys; k++) {
+            const Keyflow__V1__Column *col =
+                key_cols[k] < batch->n_columns ? batch->columns[key_cols[k]] : NULL;
+            if (col == NULL || col->values_case != KEYFLOW__V1__COLUMN__VALUES_STRINGS ||
+                col->strings == NULL || r >= col->strings->n_values) {
+                return kf_error_set(err, KF_E_INVALID,
+                                    "batch.columns[%zu]: key column \"%s\" needs %zu UTF8 values",
+                                    key_cols[k], d->key_columns[k], rows);
+            }
+            const char *v = col->strings->values[r];
+            kf_partition_hasher_column(&h, v, strlen(v));
+        }
+        endpoint[r] = endpoint_of(client, kf_partition_hasher_partition(&h, count));
+    }
+    size_t served[KF_CLIENT_ENDPOINTS_MAX], n_served = 0;
+    served_endpoints(client, served, &n_served);
+    Keyflow__V1__PushBatchResponse *out = NULL;
+    size_t ranges = 0;
+    for (size_t e = 0; e < client->endpoint_count; e++) {
+        size_t n = 0;
+        for (size_t r = 0; r < rows; r++) {
+            if (endpoint[r] == e) {
+                which[n++] = r;
+            }
+        }
+        bool serving = false;
+        for (size_t i = 0; i < n_served; i++) {
+            serving = serving || served[i] == e;
+        }
+        if (n == 0 &&
+            !(serving && req->watermark_present_case ==
+                             KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US)) {
+            continue;
+        }
+        Keyflow__V1__PushBatchRequest sub = *req;
+        sub.batch = slice_batch(batch, which, n, arena);
+        if (sub.batch == NULL) {
+            return kf_error_set(err, KF_E_INVALID,
+                                "batch: a column holds fewer values than row_count (%zu)", rows);
+        }
+        ProtobufCMessage *msg = NULL;
+        st = call_on(client, e, KF_CLIENT_PATH_PUSH_BATCH, &sub.base,
+                     &keyflow__v1__push_batch_response__descriptor, arena, timeout_ms, &msg, NULL,
+                     err);
+        if (st != KF_OK) {
+            return st; /* safe to retry as a whole: each endpoint has it once */
+        }
+        Keyflow__V1__PushBatchResponse *a = (void *)msg;
+        if (out == NULL) {
+            out = a;
+            ranges = a->n_output_ranges;
+            continue;
+        }
+        out->rows_accepted += a->rows_accepted;
+        out->activations += a->activations;
+        out->timer_callbacks += a->timer_callbacks;
+        out->handler_calls += a->handler_calls;
+        out->due_timers += a->due_timers;
+        out->duplicate = out->duplicate && a->duplicate;
+        out->watermark_us =
+            a->watermark_us < out->watermark_us ? a->watermark_us : out->watermark_us;
+        Keyflow__V1__OutputRange **all =
+            kf_arena_zalloc(arena, (ranges + a->n_output_ranges + 1) * sizeof *all);
+        if (all == NULL) {
+            return kf_error_set(err, KF_E_LIMIT, "response: the arena is full");
+        }
+        memcpy(all, out->output_ranges, ranges * sizeof *all);
+        memcpy(all + ranges, a->output_ranges, a->n_output_ranges * sizeof *all);
+        ranges += a->n_output_ranges;
+        out->output_ranges = all;
+        out->n_output_ranges = ranges;
+        out->first_output_seq = ranges == 1 ? all[0]->first_seq : 0;
+        out->last_output_seq = ranges == 1 ? all[0]->last_seq : 0;
+    }
+    if (out == NULL) {
+        return kf_error_set(err, KF_E_INVALID, "batch: no rows and no watermark");
+    }
+    *response = &out->base;
+    return KF_OK;
+}
+
+/* An output cursor (docs/scaling.md): the partition read last and each
+ * partition's position, "o1.<count>.<last>" then ".<partition>-<seq>". */
+typedef struct cursor {
+    uint32_t last;
+    int64_t pos[KF_PARTITION_COUNT_MAX];
+} cursor_t;
+
+static bool cursor_parse(const char *text, uint32_t count, cursor_t *c) {
+    memset(c, 0, sizeof *c);
+    if (text == NULL || text[0] == '\0') {
+        return true;
+    }
+    unsigned p = 0, last = 0;
+    int used = 0;
+    if (sscanf(text, "o1.%u.%u%n", &p, &last, &used) != 2 || p != count || last >= count) {
+        return false;
+    }
+    c->last = last;
+    for (const char *at = text + used; *at != '\0'; at += used) {
+        unsigned part = 0;
+        long long seq = 0;
+        if (sscanf(at, ".%u-%lld%n", &part, &seq, &used) != 2 || part >= count || seq < 0) {
+            return false;
+        }
+        c->pos[part] = seq;
+    }
+    return true;
+}
+
+static char *cursor_format(const cursor_t *c, uint32_t count, kf_arena_t *arena) {
+    char *out = kf_arena_alloc(arena, KF_OUTPUT_CURSOR_BYTES_MAX);
+    if (out == NULL) {
+        return NULL;
+    }
+    size_t n = (size_t)snprintf(out, KF_OUTPUT_CURSOR_BYTES_MAX, "o1.%u.%u", count, c->last);
+    for (uint32_t p = 0; p < count && n < KF_OUTPUT_CURSOR_BYTES_MAX; p++) {
+        if (c->pos[p] > 0) {
+            n += (size_t)snprintf(out + n, KF_OUTPUT_CURSOR_BYTES_MAX - n, ".%u-%lld", p,
+                                  (long long)c->pos[p]);
+        }
+    }
+    return out;
+}
+
+/* ReadOutput behind one cursor across endpoints: each endpoint in turn,
+ * starting after the one holding the partition read last, moves only its
+ * own partitions' positions, which are merged (per partition the furthest);
+ * the first page with rows answers. A long poll then waits on each endpoint
+ * in turn for a slice of the wait, as PollRuns does. */
+static kf_status_t call_read_output(kf_client_t *client, const ProtobufCMessage *request,
+                                    uint32_t count, kf_arena_t *arena, int64_t timeout_ms,
+                                    ProtobufCMessage **response, kf_error_t *err) {
+    Keyflow__V1__ReadOutputRequest req = *(const Keyflow__V1__ReadOutputRequest *)request;
+    *response = NULL;
+    size_t served[KF_CLIENT_ENDPOINTS_MAX], n = 0;
+    served_endpoints(client, served, &n);
+    cursor_t *c = kf_arena_zalloc(arena, sizeof *c);
+    cursor_t *page_cursor = kf_arena_zalloc(arena, sizeof *page_cursor);
+    if (c == NULL || page_cursor == NULL) {
+        return kf_error_set(err, KF_E_LIMIT, "request: the arena is full");
+    }
+    if (!cursor_parse(req.cursor, count, c)) {
+        return kf_error_set(err, KF_E_INVALID,
+                            "cursor: \"%s\" is not an output cursor of a data set of %u "
+                            "partitions",
+                            req.cursor, count);
+    }
+    if (n == 0) {
+        return kf_error_set(err, KF_E_UNAVAILABLE, "ReadOutput: no endpoint serves a partition");
+    }
+    size_t start = 0;
+    for (size_t i = 0; i < n; i++) {
+        start = served[i] == endpoint_of(client, c->last) ? i + 1 : start;
+    }
+    int64_t wait_ms = req.wait_ms;
+    int64_t deadline_ms = now_ms() + wait_ms;
+    for (size_t round = 0;; round++) {
+        for (size_t k = 0; k < n; k++) {
+            int64_t left_ms = deadline_ms - now_ms();
+            req.wait_ms = round == 0 || left_ms <= 0
+                              ? 0
+                              : (left_ms < ROUTED_POLL_SLICE_MS ? left_ms : ROUTED_POLL_SLICE_MS);
+            req.cursor = cursor_format(c, count, arena);
+            if (req.cursor == NULL) {
+                return kf_error_set(err, KF_E_LIMIT, "request: the arena is full");
+            }
+            ProtobufCMessage *msg = NULL;
+            kf_status_t st = call_on(client, served[(start + k) % n], KF_CLIENT_PATH_READ_OUTPUT,
+                                     &req.base, &keyflow__v1__read_output_response__descriptor,
+                                     arena, timeout_ms - wait_ms + req.wait_ms, &msg, NULL, err);
+            if (st != KF_OK) {
+                return st;
+            }
+            Keyflow__V1__ReadOutputResponse *page = (void *)msg;
+            if (!cursor_parse(page->next_cursor, count, page_cursor)) {
+                return kf_error_set(err, KF_E_INTERNAL, "ReadOutput: %s answered cursor \"%s\"",
+                                    client->endpoints[served[(start + k) % n]], page->next_cursor);
+            }
+            for (uint32_t p = 0; p < count; p++) {
+                c->pos[p] = page_cursor->pos[p] > c->pos[p] ? page_cursor->pos[p] : c->pos[p];
+            }
+            c->last = page->first_seq > 0 ? page_cursor->last : c->last;
+            page->next_cursor = cursor_format(c, count, arena);
+            if (page->next_cursor == NULL) {
+                return kf_error_set(err, KF_E_LIMIT, "response: the arena is full");
+            }
+            *response = msg;
+            if (page->first_seq > 0) {
+                return KF_OK;
+            }
+        }
+        if (now_ms() >= deadline_ms) {
+            return KF_OK; /* no rows anywhere: the last (empty) page, the merged cursor */
+        }
+    }
+}
+
 static kf_status_t call_routed(kf_client_t *client, const char *method_path,
                                const ProtobufCMessage *request,
                                const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
@@ -1146,6 +1485,9 @@ static kf_status_t call_routed(kf_client_t *client, const char *method_path,
         if (strcmp(method_path, KF_CLIENT_PATH_LIST_RUNS) == 0) {
             return call_list_runs(client, request, arena, timeout_ms, response, err);
         }
+        if (strcmp(method_path, KF_CLIENT_PATH_READ_OUTPUT) == 0) {
+            return call_read_output(client, request, count, arena, timeout_ms, response, err);
+        }
         break;
     case ROUTE_FIRST:
         if (strcmp(method_path, KF_CLIENT_PATH_POLL_RUNS) == 0) {
@@ -1155,6 +1497,9 @@ static kf_status_t call_routed(kf_client_t *client, const char *method_path,
     case ROUTE_SPLIT:
         if (strcmp(method_path, KF_CLIENT_PATH_SEND_EVENTS) == 0) {
             return call_send_events(client, request, count, arena, timeout_ms, response, err);
+        }
+        if (strcmp(method_path, KF_CLIENT_PATH_PUSH_BATCH) == 0) {
+            return call_push_batch(client, request, count, arena, timeout_ms, response, err);
         }
         break;
     case ROUTE_HOME:

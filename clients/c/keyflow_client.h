@@ -38,9 +38,11 @@
  *   registration, deletion, descriptions and trims go to every endpoint
  *   (GetFunction's counters summed); ListRuns goes endpoint after endpoint
  *   behind one page token; PollRuns asks each in turn (a long poll waits on
- *   each for at most a second at a time); SendEvents is split by endpoint.
- *   PushBatch, DryRunBatch, ReadOutput and streams are refused with
- *   KF_E_UNIMPLEMENTED (the Python and Node SDKs split and merge them).
+ *   each for at most a second at a time); SendEvents and columnar
+ *   PushBatch are split by endpoint (one call per endpoint, same producer
+ *   and sequence); ReadOutput reads the endpoints in turn behind one merged
+ *   cursor. A rows_json PushBatch, DryRunBatch and streams (TailOutput) are
+ *   refused with KF_E_UNIMPLEMENTED.
  *
  * Limits
  *   Requests of at most KF_REQUEST_BYTES_MAX (20 MiB) are sent and responses

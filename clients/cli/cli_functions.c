@@ -318,6 +318,8 @@ static const kf__cli_flag_t output_flags[] = {
     {"--format", KF__CLI_VALUE, "json|columnar",
      "rows as JSON objects (\"rows\", the default) or as columns (\"batch\")"},
     {"--wait-ms", KF__CLI_VALUE, "N", "long poll: wait up to N ms for a row after --after"},
+    {"--cursor", KF__CLI_VALUE, "C",
+     "with several partitions: the previous page's nextCursor instead of --after"},
 };
 
 static int cmd_output(kf__cli_t *cli, const kf__cli_args_t *args) {
@@ -334,6 +336,8 @@ static int cmd_output(kf__cli_t *cli, const kf__cli_args_t *args) {
         (rc = parse_format(args, &req.format)) != KF__CLI_EXIT_OK) {
         return rc;
     }
+    const char *cursor = kf__cli_value(args, "--cursor");
+    req.cursor = (char *)(cursor != NULL ? cursor : "");
     Keyflow__V1__ReadOutputResponse *resp = NULL;
     kf_error_t err;
     if (kf_client_read_output(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, req.wait_ms),
@@ -423,7 +427,9 @@ static int cmd_state(kf__cli_t *cli, const kf__cli_args_t *args) {
 
 static const kf__cli_flag_t trim_flags[] = {
     {"--before", KF__CLI_VALUE, "SEQ",
-     "drop the output rows before SEQ (required; the last row read + 1)"},
+     "drop the output rows before SEQ (the last row read + 1; or --before-cursor)"},
+    {"--before-cursor", KF__CLI_VALUE, "C",
+     "with several partitions: each partition's rows up to its position in an output cursor"},
 };
 
 static int cmd_trim(kf__cli_t *cli, const kf__cli_args_t *args) {
@@ -434,9 +440,11 @@ static int cmd_trim(kf__cli_t *cli, const kf__cli_args_t *args) {
     if (rc != KF__CLI_EXIT_OK) {
         return rc;
     }
-    if (!present) {
-        return kf__cli_usage_error(args->command, "--before: required");
+    const char *cursor = kf__cli_value(args, "--before-cursor");
+    if (present == (cursor != NULL)) {
+        return kf__cli_usage_error(args->command, "--before or --before-cursor: give one");
     }
+    req.before_cursor = (char *)(cursor != NULL ? cursor : "");
     Keyflow__V1__TrimOutputResponse *resp = NULL;
     kf_error_t err;
     if (kf_client_trim_output(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0), &resp,
@@ -512,10 +520,12 @@ static const kf__cli_command_t functions_commands[] = {
      "a second stderr line says which batches were acknowledged before it. A retry of an\n"
      "acknowledged (producer, sequence) answers \"duplicate\": true and changes nothing.",
      FLAGS(push_flags), 1, 1, false, cmd_push, NULL},
-    {"output", "ID [--after N] [--limit N] [--format json|columnar] [--wait-ms N]",
+    {"output", "ID [--after N | --cursor C] [--limit N] [--format json|columnar] [--wait-ms N]",
      "read one page of a function's output rows",
      "Prints the page: \"rows\" (JSON objects with their \"_seq\") or \"batch\" (columns),\n"
-     "plus \"nextAfterSeq\" to pass as --after for the next page and \"highWaterSeq\".",
+     "plus \"nextAfterSeq\" to pass as --after for the next page and \"highWaterSeq\".\n"
+     "With several partitions (docs/scaling.md) a page holds one partition's rows\n"
+     "(\"partition\"; its own sequences) and \"nextCursor\" is what to pass as --cursor.",
      FLAGS(output_flags), 1, 1, false, cmd_output, NULL},
     {"tail", "ID [--after N] [--max-rows N] [--count N] [--format json|columnar]",
      "follow a function's output as rows are written",
@@ -523,7 +533,7 @@ static const kf__cli_command_t functions_commands[] = {
      "it follows until interrupted; --count N exits 0 after N pages. The stream has no\n"
      "deadline unless --timeout-ms is given.",
      FLAGS(tail_flags), 1, 1, false, cmd_tail, NULL},
-    {"trim", "ID --before SEQ", "drop a function's output rows before SEQ",
+    {"trim", "ID (--before SEQ | --before-cursor C)", "drop a function's output rows before SEQ",
      "For a consumer that has committed its position: rows before SEQ are gone for\n"
      "readers at once (reading below the retained range is OUT_OF_RANGE, naming the\n"
      "first retained sequence) and from disk soon after. SEQ is at most the last output\n"

@@ -154,14 +154,39 @@ class TwoProcesses(unittest.TestCase):
             (alone,) = [json.loads(line) for line in self.cli(
                 "functions", "get", d["functionId"], addr=s.grpc_target).stdout.splitlines()]
             self.assertEqual(alone["descriptorSha256"], info["descriptorSha256"])
-        # A key's state goes to its key's process (absent here, but not refused).
-        for user in ("ann", "bob", "cid", "dee"):
-            (state,) = self.json_lines("functions", "state", d["functionId"], user)
-            self.assertEqual(state.get("keyText", user), user)
+        # A batch splits by its rows' keys, one batch per process; a retry is
+        # a duplicate everywhere; each key's state is on its key's process.
+        users = ["user-%d" % i for i in range(12)]
+        self.assertEqual({self.endpoint_of(partitions.of_key([u], COUNT)) for u in users}, {0, 1})
+        rows = "".join(json.dumps({"user": u, "ts": 1000 + i, "amount": i}) + "\n"
+                       for i, u in enumerate(users))
+        push = ("functions", "push", d["functionId"], "--producer", "p", "--sequence", "1")
+        (ack,) = [json.loads(line) for line in self.cli(*push, stdin=rows).stdout.splitlines()]
+        self.assertEqual(int(ack["rowsAccepted"]), len(users), ack)
+        self.assertEqual(len(ack["outputRanges"]), COUNT, ack)
+        (again,) = [json.loads(line) for line in self.cli(*push, stdin=rows).stdout.splitlines()]
+        self.assertTrue(again.get("duplicate"), again)
+        for i, u in enumerate(users):
+            (state,) = self.json_lines("functions", "state", d["functionId"], u)
+            self.assertEqual(int(state.get("value", 0)), i, state)
+        # Output is read behind one cursor across both processes.
+        out, cursor = [], ""
+        for _ in range(50):
+            args = ["functions", "output", d["functionId"], "--limit", "3"]
+            (page,) = self.json_lines(*(args + (["--cursor", cursor] if cursor else [])))
+            self.assertTrue(page.get("nextCursor"), page)
+            cursor = page["nextCursor"]
+            if not page.get("rows"):
+                break
+            for row in page["rows"]:
+                self.assertEqual(partitions.of_key([row["key"]], COUNT), page.get("partition", 0))
+            out += page["rows"]
+        self.assertEqual(sorted(r["key"] for r in out), sorted(users))
+        self.cli("functions", "trim", d["functionId"], "--before-cursor", cursor)
+        (info,) = self.json_lines("functions", "get", d["functionId"])
+        self.assertEqual(int(info.get("retainedRows", 0)), 0, info)
         # What the C client does not split says so.
-        proc = self.cli("functions", "push", d["functionId"], "--producer", "p", "--sequence",
-                        "1", stdin=json.dumps({"user": "ann", "ts": 1, "amount": 1}) + "\n",
-                        expect=1)
+        proc = self.cli(*push[:-1], "2", "--json-rows", stdin=rows, expect=1)
         self.assertIn("UNIMPLEMENTED", proc.stderr)
 
 
