@@ -628,7 +628,9 @@ class Layout(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
     def server(self, data_dir, *args):
-        return harness.Keyflowd(data_dir=data_dir, args=list(args))
+        srv = harness.Keyflowd(data_dir=data_dir, args=list(args))
+        self.addCleanup(srv.cleanup)  # a failed assertion leaves no server behind
+        return srv
 
     def new_dir(self):
         d = tempfile.mkdtemp(prefix="kf-layout-")
