@@ -321,6 +321,13 @@ def _output_batch(fields, rows):
         if None in values:
             col.nulls.extend([v is None for v in values])
             values = [placeholder if v is None else v for v in values]
+        # protobuf takes 5 as a bool and True as an int64: values the
+        # handler did not mean (bool is a subclass of int).
+        if slot == "bools" or slot == "int64s":
+            for v in values:
+                if (type(v) is bool) != (slot == "bools"):
+                    raise HandlerError("output field %s: %r is not %s" % (
+                        name, v, "a bool" if slot == "bools" else "an int"))
         try:
             getattr(col, slot).values.extend(values)
         except (TypeError, ValueError) as e:

@@ -222,6 +222,32 @@ class RemoteHandlerTest(unittest.TestCase):
         self.assertEqual(self.client.key_state(remote, "k").value, 3)
         self.assertEqual(w.connects, 1, "the worker kept its stream")
 
+    def test_bools_and_ints_do_not_stand_in_for_each_other(self):
+        """protobuf stores 5 in a BOOL column as true and True in an INT64
+        column as 1: the handler's mistake refuses its call instead."""
+        def handler(act):
+            b, n = {1: (5, 1), 2: (True, True)}.get(act["amount"], (False, 7))
+            act.emit(key=act.key_text, ts=act.event_time_us, b=b, n=n)
+        fid = unique("typed-py")
+        d = running_sum_descriptor(fid)
+        d["outputSchema"] = {"fields": [{"name": "key", "type": "FIELD_TYPE_UTF8"},
+                                        {"name": "ts", "type": "FIELD_TYPE_TIMESTAMP_US"},
+                                        {"name": "b", "type": "FIELD_TYPE_BOOL"},
+                                        {"name": "n", "type": "FIELD_TYPE_INT64"}]}
+        w = keyflow.FunctionWorker(fid, handler, self.client)
+        self.client.register_function(keyflow.remote_descriptor(d, w.digest))
+        self.serve(fid, handler)
+        for amount, text in ((1, "output field b: 5 is not a bool"),
+                             (2, "output field n: True is not an int")):
+            with self.assertRaises(keyflow.KeyflowError) as cm:
+                self.client.push_batch(fid, "p", amount,
+                                       [{"user": "k", "ts": T0_US, "amount": amount}])
+            self.assertEqual(cm.exception.code_name, "FAILED_PRECONDITION")
+            self.assertIn(text, cm.exception.message)
+        self.client.push_batch(fid, "p", 3, [{"user": "k", "ts": T0_US, "amount": 3}])
+        rows = self.client.read_output(fid, after_seq=0).rows
+        self.assertEqual([(r["b"], r["n"]) for r in rows], [(False, 7)])
+
     def test_async_handlers_are_refused(self):
         """An async handler's answer would be only what it did before its
         first await (the batch was acknowledged with the rest silently
