@@ -121,6 +121,9 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
     kf_ctx_t *ctx = &core->ctx;
     ctx->config = config;
     ctx->store = store;
+    /* Commands read back what earlier commands wrote to the families it
+     * tracks, written or not (storage/overlay.h). */
+    ctx->overlay = kf_overlay_create(store);
     kf_heap_init(&ctx->heap);
     ctx->memory.budget_bytes = config->memory_budget_bytes;
     kf_gauge_set(KF_G_MEMORY_BUDGET_BYTES, (int64_t)config->memory_budget_bytes);
@@ -167,6 +170,7 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
         }
     }
     if (st == KF_OK) {
+        kf_overlay_durable(ctx->overlay, 0); /* recovery's group is written */
         kf_keys_finish_recovery(core->keys); /* the new key is durable now */
     }
     kf_batch_destroy(batch);
@@ -199,6 +203,7 @@ void kf_core_destroy(kf_core_t *core) {
     kf_keys_destroy(core->keys);
     kf_auth_destroy(core->own_auth);
     kf_rng_destroy(core->ctx.rng);
+    kf_overlay_destroy(core->ctx.overlay);
     free(core->ctx.scratch);
     free(core);
 }
@@ -308,6 +313,7 @@ kf_cmd_t *kf_core_take_ready(kf_core_t *core) {
 void kf_core_durable(kf_core_t *core, uint64_t group_id) {
     KF_ASSERT(group_id >= core->ctx.durable_group_id);
     core->ctx.durable_group_id = group_id;
+    kf_overlay_durable(core->ctx.overlay, group_id);
     kf_runs_evict(core->runs, &core->ctx);
     kf_functions_durable(core->functions, &core->ctx);
 }

@@ -24,16 +24,55 @@ void kf_ctx_fail(kf_ctx_t *ctx, kf_cmd_t *cmd) {
     kf_ctx_ready(ctx, cmd);
 }
 
+static bool staged(const kf_ctx_t *ctx, kf_cf_t cf) {
+    return ctx->overlay != NULL && kf_overlay_tracks(ctx->overlay, cf);
+}
+
 void kf_ctx_put(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const void *value, size_t len) {
     kf_batch_put(ctx->batch, cf, key->bytes, key->len, value, len);
+    if (staged(ctx, cf)) {
+        kf_overlay_put(ctx->overlay, ctx->group_id, cf, key->bytes, key->len, value, len);
+    }
 }
 
 void kf_ctx_delete(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key) {
     kf_batch_delete(ctx->batch, cf, key->bytes, key->len);
+    if (staged(ctx, cf)) {
+        kf_overlay_delete(ctx->overlay, ctx->group_id, cf, key->bytes, key->len);
+    }
 }
 
 void kf_ctx_delete_range(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *begin, const kf_key_t *end) {
+    KF_ASSERT(!staged(ctx, cf)); /* the overlay stages prefix deletes only */
     kf_batch_delete_range(ctx->batch, cf, begin->bytes, begin->len, end->bytes, end->len);
+}
+
+void kf_ctx_delete_prefix(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *prefix) {
+    kf_key_t end;
+    bool has_end = kf_key_prefix_end(prefix, &end);
+    KF_ASSERT(has_end); /* callers' prefixes are never all 0xff */
+    kf_batch_delete_range(ctx->batch, cf, prefix->bytes, prefix->len, end.bytes, end.len);
+    if (staged(ctx, cf)) {
+        kf_overlay_delete_prefix(ctx->overlay, ctx->group_id, cf, prefix->bytes, prefix->len);
+    }
+}
+
+kf_status_t kf_ctx_get(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, kf_value_t *value,
+                       bool *found, kf_error_t *err) {
+    if (ctx->overlay == NULL) {
+        return kf_store_get(ctx->store, cf, key->bytes, key->len, value, found, err);
+    }
+    return kf_overlay_get(ctx->overlay, cf, key->bytes, key->len, value, found, err);
+}
+
+kf_status_t kf_ctx_iter_create(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *lower,
+                               const kf_key_t *upper, kf_iter_t **out, kf_error_t *err) {
+    const void *lo = lower ? lower->bytes : NULL, *up = upper ? upper->bytes : NULL;
+    size_t lo_len = lower ? lower->len : 0, up_len = upper ? upper->len : 0;
+    if (ctx->overlay == NULL) {
+        return kf_iter_create(ctx->store, cf, lo, lo_len, up, up_len, out, err);
+    }
+    return kf_overlay_iter_create(ctx->overlay, cf, lo, lo_len, up, up_len, out, err);
 }
 
 size_t kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const ProtobufCMessage *msg) {
@@ -49,7 +88,7 @@ size_t kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const Prot
     }
     size_t packed = protobuf_c_message_pack(msg, ctx->scratch);
     KF_ASSERT(packed == len);
-    kf_batch_put(ctx->batch, cf, key->bytes, key->len, ctx->scratch, len);
+    kf_ctx_put(ctx, cf, key, ctx->scratch, len);
     return len;
 }
 

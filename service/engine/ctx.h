@@ -17,6 +17,7 @@
 #include "base/heap.h"
 #include "engine/engine.h"
 #include "storage/keys.h"
+#include "storage/overlay.h"
 #include "storage/store.h"
 
 /* Timer owner kinds (kf_timer_t.type). */
@@ -42,6 +43,7 @@ typedef struct kf_memory {
 typedef struct kf_ctx {
     const kf_engine_config_t *config;
     kf_store_t *store;
+    kf_overlay_t *overlay;     /* records of groups not yet durable (reads see them) */
     kf_batch_t *batch;         /* this step's effects; replaced per group */
     int64_t now_ms;            /* this step's time */
     uint64_t group_id;         /* the group this step belongs to */
@@ -59,14 +61,27 @@ typedef struct kf_ctx {
 void kf_ctx_ready(kf_ctx_t *ctx, kf_cmd_t *cmd);
 /* The same for a refused command: cmd->error is set; no response. */
 void kf_ctx_fail(kf_ctx_t *ctx, kf_cmd_t *cmd);
+/* Writes: into this step's batch, and staged in the overlay when it tracks
+ * the family, so that later reads through kf_ctx_get / kf_ctx_iter_create
+ * see them before the group is durable (storage/overlay.h). Reads of an
+ * untracked family see the store only: durable writes (or a little more),
+ * never this group's. */
+
 /* Packs msg and puts it under key in cf, in this step's batch; returns the
  * packed size. */
 size_t kf_ctx_put_msg(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const ProtobufCMessage *msg);
 void kf_ctx_put(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, const void *value, size_t len);
 void kf_ctx_delete(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key);
 /* Deletes every key in [begin, end) of cf: one range tombstone, whatever
- * the number of keys. */
+ * the number of keys. Not for a tracked family (kf_ctx_delete_prefix). */
 void kf_ctx_delete_range(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *begin, const kf_key_t *end);
+/* Deletes every key of cf that starts with `prefix` (a range tombstone). */
+void kf_ctx_delete_prefix(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *prefix);
+/* kf_store_get and kf_iter_create through the overlay. */
+kf_status_t kf_ctx_get(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, kf_value_t *value,
+                       bool *found, kf_error_t *err) KF_MUST_USE;
+kf_status_t kf_ctx_iter_create(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *lower,
+                               const kf_key_t *upper, kf_iter_t **out, kf_error_t *err) KF_MUST_USE;
 
 /* Moves a stored processing-time wake-up: deletes the record at old_due_ms
  * (if not INT64_MIN) and writes one at new_due_ms (if not INT64_MIN), and
