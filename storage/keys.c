@@ -109,6 +109,33 @@ void kf_key_journal(kf_key_t *k, const kf_key_t *coord, uint64_t seq) {
     kf_key_be64(k, seq);
 }
 
+void kf_key_coord_id(kf_key_t *k, const uint8_t id[KF_COORD_ID_BYTES]) {
+    kf_key_reset(k);
+    kf_key_raw(k, id, KF_COORD_ID_BYTES);
+}
+
+void kf_key_coord_history(kf_key_t *k, const uint8_t id[KF_COORD_ID_BYTES], uint64_t seq) {
+    kf_key_coord_id(k, id);
+    kf_key_be64(k, seq);
+}
+
+void kf_key_coord_item(kf_key_t *k, const uint8_t id[KF_COORD_ID_BYTES], kf_coord_item_t item) {
+    kf_key_coord_id(k, id);
+    kf_key_u8(k, (uint8_t)item);
+}
+
+void kf_key_coord_item_seq(kf_key_t *k, const uint8_t id[KF_COORD_ID_BYTES], kf_coord_item_t item,
+                           uint64_t seq) {
+    kf_key_coord_item(k, id, item);
+    kf_key_be64(k, seq);
+}
+
+void kf_key_coord_item_name(kf_key_t *k, const uint8_t id[KF_COORD_ID_BYTES], const char *name,
+                            size_t name_len) {
+    kf_key_coord_item(k, id, KF_COORD_ITEM_ID_NAME);
+    kf_key_raw(k, name, name_len);
+}
+
 void kf_key_wakeup(kf_key_t *k, int64_t due_ms, kf_wakeup_type_t type, const void *identity,
                    size_t identity_len) {
     kf_key_reset(k);

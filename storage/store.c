@@ -144,21 +144,31 @@ kf_status_t kf__store_check_format(kf_store_t *store, kf_error_t *err) {
     if (found) {
         uint32_t version = value.len == 4 ? kf_get_be32(value.data) : 0;
         kf_store_value_free(&value);
-        if (version != KF_STORE_FORMAT_VERSION) {
+        if (version < KF_STORE_FORMAT_OLDEST || version > KF_STORE_FORMAT_VERSION) {
             return kf_error_set(err, KF_E_CORRUPT,
-                                "store format version %u, this build reads only %u", version,
-                                KF_STORE_FORMAT_VERSION);
+                                "store format version %u, this build reads %u to %u", version,
+                                KF_STORE_FORMAT_OLDEST, KF_STORE_FORMAT_VERSION);
         }
+        store->format_version = version;
         return KF_OK;
     }
-    uint8_t buf[4];
-    kf_put_be32(buf, KF_STORE_FORMAT_VERSION);
     kf_batch_t *batch = kf_batch_create(store);
     if (batch == NULL) {
         return kf_error_set(err, KF_E_NOMEM, "cannot allocate a write batch");
     }
-    kf_batch_put(batch, KF_CF_META, format_key, sizeof format_key - 1, buf, sizeof buf);
+    kf_batch_put_format_version(batch);
     st = kf_store_write(store, batch, err);
     kf_batch_destroy(batch);
+    store->format_version = KF_STORE_FORMAT_VERSION;
     return st;
+}
+
+void kf_batch_put_format_version(kf_batch_t *batch) {
+    uint8_t buf[4];
+    kf_put_be32(buf, KF_STORE_FORMAT_VERSION);
+    kf_batch_put(batch, KF_CF_META, format_key, sizeof format_key - 1, buf, sizeof buf);
+}
+
+uint32_t kf_store_format_version(const kf_store_t *store) {
+    return store->format_version;
 }

@@ -15,8 +15,9 @@
  *   2. Reads observe every write that returned KF_OK before the read began.
  *   3. Keys compare bytewise; the key encodings above this layer make that
  *      numeric order (big-endian) and prefix-free (length-prefixed strings).
- *   4. The stored format version is checked at open (KF_STORE_FORMAT_VERSION);
- *      a store written by another format is refused, never reinterpreted.
+ *   4. The stored format version is checked at open: a store of a version
+ *      this build does not know is refused, never reinterpreted; an older
+ *      one it knows is upgraded by the engine before it serves.
  *
  * Threads: a store may be read from any thread and written from one thread
  * at a time (the engine's committer). Batches and iterators belong to the
@@ -31,29 +32,39 @@
 
 #include "base/status.h"
 
-#define KF_STORE_FORMAT_VERSION 1
+/* 2: coordinators as state records keyed by identity hash (coord/coord.c);
+ * 1: as snapshots and journals keyed by identity. A store of version 1 is
+ * opened and upgraded by the engine at start (kf_store_format_version,
+ * kf_batch_put_format_version); anything else is refused. */
+#define KF_STORE_FORMAT_VERSION 2
+#define KF_STORE_FORMAT_OLDEST  1
 
 /* One column family per record kind (DESIGN.md section 3). The order is the
  * on-disk identity of each family's name; append only. */
 #define KF_CF_TABLE(X)                                                                             \
-    X(KF_CF_META, "default") /* format version, global counters */                                 \
-    X(KF_CF_COORD_SNAPSHOTS, "coord_snapshots")                                                    \
-    X(KF_CF_COORD_JOURNAL, "coord_journal")                                                        \
-    X(KF_CF_RUNS, "runs")           /* run_id -> run body (or whole record) */                     \
-    X(KF_CF_RUN_INDEX, "run_index") /* workflow, seq -> run_id */                                  \
-    X(KF_CF_RUN_QUEUE, "run_queue") /* live runs of older builds (read at start) */                \
-    X(KF_CF_WAKEUPS, "wakeups")     /* processing-time timers */                                   \
-    X(KF_CF_FUNCTIONS, "functions") /* descriptors */                                              \
-    X(KF_CF_STATE, "state")         /* per-key value state */                                      \
+    X(KF_CF_META, "default")                    /* format version, global counters */              \
+    X(KF_CF_COORD_SNAPSHOTS, "coord_snapshots") /* format 1 only: read to upgrade */               \
+    X(KF_CF_COORD_JOURNAL, "coord_journal")     /* format 1 only: read to upgrade */               \
+    X(KF_CF_RUNS, "runs")                       /* run_id -> run body (or whole record) */         \
+    X(KF_CF_RUN_INDEX, "run_index")             /* workflow, seq -> run_id */                      \
+    X(KF_CF_RUN_QUEUE, "run_queue")             /* live runs of older builds (read at start) */    \
+    X(KF_CF_WAKEUPS, "wakeups")                 /* processing-time timers */                       \
+    X(KF_CF_FUNCTIONS, "functions")             /* descriptors */                                  \
+    X(KF_CF_STATE, "state")                     /* per-key value state */                          \
     X(KF_CF_TIMERS_BY_TIME, "timers_by_time")                                                      \
     X(KF_CF_TIMERS_BY_KEY, "timers_by_key")                                                        \
-    X(KF_CF_OUTPUT, "output")             /* output row chunks */                                  \
-    X(KF_CF_PRODUCERS, "producers")       /* producer sequences and acks */                        \
-    X(KF_CF_CHECKPOINTS, "checkpoints")   /* per-function checkpoints */                           \
-    X(KF_CF_API_KEYS, "api_keys")         /* store secret, API key hashes */                       \
-    X(KF_CF_OUTPUT_MARKS, "output_marks") /* per output chunk: when written, bytes */              \
-    X(KF_CF_RUN_LIVE, "run_live")         /* live runs' state, by run sequence */                  \
-    X(KF_CF_RUN_STATE, "run_state")       /* finished runs' final state, by run_id */
+    X(KF_CF_OUTPUT, "output")               /* output row chunks */                                \
+    X(KF_CF_PRODUCERS, "producers")         /* producer sequences and acks */                      \
+    X(KF_CF_CHECKPOINTS, "checkpoints")     /* per-function checkpoints */                         \
+    X(KF_CF_API_KEYS, "api_keys")           /* store secret, API key hashes */                     \
+    X(KF_CF_OUTPUT_MARKS, "output_marks")   /* per output chunk: when written, bytes */            \
+    X(KF_CF_RUN_LIVE, "run_live")           /* live runs' state, by run sequence */                \
+    X(KF_CF_RUN_STATE, "run_state")         /* finished runs' final state, by run_id */            \
+    X(KF_CF_COORD_STATE, "coord_state")     /* coordinator id -> state */                          \
+    X(KF_CF_COORD_INDEX, "coord_index")     /* coordinator id -> wake-up, flags */                 \
+    X(KF_CF_COORD_ITEMS, "coord_items")     /* remembered IDs, window events, recent runs */       \
+    X(KF_CF_COORD_HISTORY, "coord_history") /* coordinator journals */                             \
+    X(KF_CF_COORD_WINDOWS, "coord_windows") /* open window's run_id -> coordinator id */
 
 typedef enum kf_cf {
 #define KF_CF_ENUM_(id, name) id,
@@ -117,6 +128,10 @@ uint64_t kf_memdisk_range_overlaps(const kf_memdisk_t *disk, kf_cf_t cf);
 kf_status_t kf_store_open_mem(kf_memdisk_t *disk, const kf_mem_faults_t *faults, kf_store_t **out,
                               kf_error_t *err) KF_MUST_USE;
 
+/* The format version found at open (KF_STORE_FORMAT_OLDEST ..
+ * KF_STORE_FORMAT_VERSION; a new store is created at the current one). */
+uint32_t kf_store_format_version(const kf_store_t *store);
+
 /* Closes and frees the handle. Outstanding batches/iterators must be gone. */
 void kf_store_close(kf_store_t *store);
 
@@ -173,6 +188,10 @@ void kf_batch_clear(kf_batch_t *batch);
 size_t kf_batch_count(const kf_batch_t *batch);
 /* Approximate bytes the batch will write. */
 size_t kf_batch_bytes(const kf_batch_t *batch);
+
+/* Records the current format version (KF_STORE_FORMAT_VERSION) with the
+ * batch: the last write of an upgrade. */
+void kf_batch_put_format_version(kf_batch_t *batch);
 
 /* Writes the batch atomically and durably (see invariant 1). The batch is
  * left as it was; clear it to reuse. Errors: KF_E_IO, and from then on the

@@ -43,6 +43,7 @@ typedef struct kf_iter_ops {
 
 struct kf_store {
     const kf_store_ops_t *ops;
+    uint32_t format_version; /* found at open (kf__store_check_format) */
 };
 
 struct kf_batch {

@@ -302,10 +302,10 @@ static rocksdb_options_t *family_options(const rocks_store_t *rs, const kf_rocks
          * be a linear scan of the memtable, so nothing does one. */
         rocksdb_options_set_memtable_vector_rep(opt);
     }
-    if (cf == KF_CF_COORD_JOURNAL) {
+    if (cf == KF_CF_COORD_HISTORY || cf == KF_CF_COORD_JOURNAL) {
         /* One journal entry per event, keyed by coordinator, so in random
          * order; read only by DescribeCoordinator's listing (a range of one
-         * coordinator) and recovery's scan, never by a point Get. Vectors
+         * coordinator) and format 1's upgrade, never by a point Get. Vectors
          * make every insert an append; limits.h says how the sizes bound
          * the sort a read of the mutable memtable costs. */
         rocksdb_options_set_memtable_vector_rep(opt);

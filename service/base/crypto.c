@@ -20,6 +20,69 @@ struct kf_rng {
     int fixed;
 };
 
+/* ---- SipHash-2-4 ---------------------------------------------------------- */
+
+static uint64_t rotl64(uint64_t x, int b) {
+    return (x << b) | (x >> (64 - b));
+}
+
+static uint64_t le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+/* One SipRound over the state v[0..3]. */
+static void sip_round(uint64_t v[4]) {
+    v[0] += v[1];
+    v[1] = rotl64(v[1], 13);
+    v[1] ^= v[0];
+    v[0] = rotl64(v[0], 32);
+    v[2] += v[3];
+    v[3] = rotl64(v[3], 16);
+    v[3] ^= v[2];
+    v[0] += v[3];
+    v[3] = rotl64(v[3], 21);
+    v[3] ^= v[0];
+    v[2] += v[1];
+    v[1] = rotl64(v[1], 17);
+    v[1] ^= v[2];
+    v[2] = rotl64(v[2], 32);
+}
+
+static void sip_absorb(uint64_t v[4], uint64_t m) {
+    v[3] ^= m;
+    sip_round(v); /* c = 2 compression rounds */
+    sip_round(v);
+    v[0] ^= m;
+}
+
+uint64_t kf_siphash(const uint8_t key[KF_SIPHASH_KEY_BYTES], const void *data, size_t len) {
+    uint64_t k0 = le64(key), k1 = le64(key + 8);
+    /* "somepseudorandomlygeneratedbytes" */
+    uint64_t v[4] = {k0 ^ 0x736f6d6570736575ULL, k1 ^ 0x646f72616e646f6dULL,
+                     k0 ^ 0x6c7967656e657261ULL, k1 ^ 0x7465646279746573ULL};
+    const uint8_t *p = data;
+    size_t whole = len - len % 8;
+    for (size_t i = 0; i < whole; i += 8) {
+        sip_absorb(v, le64(p + i));
+    }
+    /* The last block: the remaining bytes, little-endian, with the length's
+     * low byte on top. */
+    uint64_t last = (uint64_t)(len & 0xff) << 56;
+    for (size_t i = 0; i < len % 8; i++) {
+        last |= (uint64_t)p[whole + i] << (8 * i);
+    }
+    sip_absorb(v, last);
+    v[2] ^= 0xff;
+    for (int i = 0; i < 4; i++) { /* d = 4 finalization rounds */
+        sip_round(v);
+    }
+    return v[0] ^ v[1] ^ v[2] ^ v[3];
+}
+
 void kf_sha256(const void *data, size_t len, uint8_t out[KF_SHA256_BYTES]) {
     int rc = mbedtls_md(mbedtls_md_info_from_type(MBEDTLS_MD_SHA256), data, len, out);
     KF_ASSERT(rc == 0);

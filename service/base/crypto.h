@@ -1,5 +1,6 @@
 /*
- * crypto.h - SHA-256, a CTR_DRBG random source and UUIDs (mbedTLS).
+ * crypto.h - SHA-256, a CTR_DRBG random source and UUIDs (mbedTLS), and
+ * SipHash-2-4 (a keyed hash for identities a client chooses).
  *
  * A kf_rng_t belongs to one thread (the engine owns its own). Seeded from
  * the system entropy source, or from a fixed seed for deterministic tests.
@@ -57,6 +58,12 @@ void kf_hmac_sha256(const kf_hmac_key_t *key, const void *data, size_t len,
 /* Whether a and b (len bytes each) are equal, in time that depends on len
  * only: for comparing secrets and their hashes. */
 bool kf_ct_equal(const void *a, const void *b, size_t len);
+
+/* SipHash-2-4 (Aumasson and Bernstein) of data under a 128-bit key, as
+ * the reference's 64-bit output: a keyed hash whose collisions a client
+ * cannot find without the key, at a few ns per byte. */
+#define KF_SIPHASH_KEY_BYTES 16
+uint64_t kf_siphash(const uint8_t key[KF_SIPHASH_KEY_BYTES], const void *data, size_t len);
 
 typedef struct kf_rng kf_rng_t;
 

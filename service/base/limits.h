@@ -49,16 +49,15 @@
 #define KF_JOURNAL_ENTRIES_MAX 256
 /* Run IDs a coordinator lists in DescribeCoordinator. */
 #define KF_RECENT_RUNS_MAX 16
-/* Coordinators held in memory at once (each is a few hundred bytes plus its
- * window); beyond it SendEvent answers RESOURCE_EXHAUSTED. */
+/* Coordinators at once (each about 120 bytes of memory; its window and
+ * remembered IDs are on disk); beyond it SendEvent answers
+ * RESOURCE_EXHAUSTED. */
 #define KF_COORDINATORS_MAX 2000000
 /* Events in one SendEvents call: enough to amortise a call and a sync over
  * many events (the throughput lever), few enough that one call's execution
  * (at most ~1000 journal entries) never holds the engine for long. Its
  * request stays under KF_REQUEST_BYTES_MAX, which bounds the bytes. */
 #define KF_SEND_EVENTS_MAX 1000
-/* Bytes of open-window input held in memory across all coordinators. */
-#define KF_OPEN_WINDOW_BYTES_MAX (2LL * 1024 * 1024 * 1024)
 
 /* ---- runs ------------------------------------------------------------- */
 

@@ -1,114 +1,179 @@
 /*
  * coord.c - the coordinator table: update-with-start, windows, dedup,
- * journal, snapshots and recovery. See coord.h for the state machine.
+ * journal and recovery, with each coordinator's state on disk and only a
+ * small entry per coordinator in memory. See coord.h for the state machine.
  *
- * Every change goes through append_entry(): encode a journal entry, put it
- * in the step's batch, then apply it with the same apply_* function that
- * replay uses. Decisions that need randomness or the clock (the window's
- * UUID, the event time) are made before the entry is built and recorded in
- * it, so replay is deterministic.
+ * Layout (store format 2; storage/keys.h has the key bytes)
+ *   1. Identity: a coordinator's id is two SipHash-2-4 values of its
+ *      identity bytes (kind, workflow, key) under the store's secret key
+ *      (meta "coord_id_key", 32 random bytes made at the first start): 16
+ *      fixed bytes, and no client can make two identities share one without
+ *      the key. Each state record carries its identity, checked against the
+ *      request at every load.
+ *   2. Memory: one coord_t per coordinator (its id, its wake-up timer in the
+ *      heap, the stored wake-up time and an open flag, about 100 bytes) in
+ *      a map by id. Nothing in it grows with a client's payload.
+ *   3. coord_state[id]: the coordinator as one CoordStateRec (identity,
+ *      journal counters, the open window's rule, times, run uuid, event count
+ *      and debounce's latest input, and the bookkeeping of its items),
+ *      rewritten by every change (state_save, once per command).
+ *   4. coord_items[id | kind | ...]: what grows with events, read only when
+ *      touched: remembered IDs by arrival seq and by ID (a point read per
+ *      event with an ID), the open window's events (a batch's inputs and
+ *      the event IDs its run records; read when the window closes) and the
+ *      recent runs (DescribeCoordinator).
+ *   5. coord_index[id]: the stored wake-up and the open flag, exactly one
+ *      record per coordinator, written with its state whenever either
+ *      changes: recovery rebuilds memory and the heap from this family
+ *      alone (8 + 1 bytes a record), decoding no state.
+ *   6. coord_history[id | seq]: the journal, append-only (a vector memtable:
+ *      the committer appends), read only by DescribeCoordinator. The state
+ *      record is always current, so continue-as-new just deletes the
+ *      history up to the current seq.
+ *   7. coord_windows[run_id]: the id, while the window of run_id is open and
+ *      its run has not started (GetRun of a receipt's run).
+ *   8. Reads go through the engine's overlay (ctx.h), which stages the
+ *      state, items and windows records of groups that are not durable yet:
+ *      a command sees what the commands before it wrote, written or not.
+ *
+ * Invariants
+ *   9. A coordinator exists iff its memory entry, its state and its index
+ *      record do; all three appear and go in the same group.
+ *  10. A window's run is created in the write that closes it (runs.h, 1),
+ *      with the input and event IDs read from its event records, which the
+ *      same write deletes.
+ *  11. The in-memory timer is at or before the coordinator's due time (the
+ *      open window's, else the expiry of its last remembered ID); the stored
+ *      wake-up is at or before it too (a due time that only moves later
+ *      writes nothing while the stored one is still ahead: it fires early,
+ *      kf_coords_fire finds nothing due and re-arms), so no window is ever
+ *      closed late, crash or not.
+ *  12. Remembered IDs: records [ids_first, ids_next) by seq, each with its
+ *      ID record, ids_count of them. Expired ones stay until the cap needs
+ *      room (they answer nothing), so "at most 1024, the oldest forgotten
+ *      first" counts live ones, as if every event pruned the expired.
+ *  13. A command reads everything it needs before it changes anything
+ *      (state, remembered ID, room for one more ID, the events of a window
+ *      it may close), so a read error changes nothing; only an overdue
+ *      window closes first, as its timer would have.
+ *
+ * Engine-thread only.
  */
 #include "coord/coord.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include <jansson.h>
-
 #include "base/alloc.h"
 #include "base/assert.h"
-#include "base/partition.h"
+#include "base/bytes.h"
 #include "base/json.h"
 #include "base/log.h"
 #include "base/map.h"
 #include "base/metrics.h"
+#include "base/partition.h"
 #include "base/text.h"
+#include "coord/coord_int.h"
 #include "coord/window.h"
 #include "records/records.pb-c.h"
 
-typedef struct remembered {
-    char *id; /* owned */
+typedef struct coord {
+    kf_map_node_t node; /* keyed by id */
+    kf_timer_t timer;
+    int64_t wakeup_ms; /* the stored wake-up (coord_index), or KF_NO_WAKEUP */
+    uint8_t id[KF_COORD_ID_BYTES];
+    bool open; /* as coord_index says */
+} coord_t;
+
+struct kf_coords {
+    kf_map_t map;
+    kf_runs_t *runs;
+    kf_ctx_t *ctx; /* the engine's, from kf_coords_recover on (window lookups) */
+    uint64_t open_windows;
+    kf_coord_id_key_t id_key;
+    kf_arena_t scratch; /* the state a command works on; reset per coordinator */
+    kf_arena_t lookup;  /* window_lookup's answer, valid until the next */
+};
+
+/* The open window, as loaded from and saved to its state record. */
+typedef struct window {
     char run_uuid[KF_UUID_TEXT_BYTES + 1];
-    bool digest_known; /* false: remembered by an older build (no digest) */
-    uint8_t digest[KF_EVENT_DIGEST_BYTES];
+    int64_t opened_ms;
+    int64_t last_ms;
+    int64_t due_ms;
+    kf_rule_t rule;    /* the latest event's */
+    const char *input; /* debounce: the latest input (not NUL-terminated; borrowed) */
+    size_t input_len;  /* debounce: its length; batch: bytes of "[" and inputs joined by "," */
+    int64_t event_count;
+    bool run_started;
+    int64_t events_absorbed;
+    uint64_t events_first; /* event records [events_first, events_next) */
+    uint64_t events_next;
+    int64_t event_ids_dropped;
+} window_t;
+
+/* The open window's events as its run will take them: read before a
+ * command that may close the window changes anything, then kept up to date
+ * by the events the command adds. */
+typedef struct events {
+    bool loaded;
+    kf_event_ids_t ids; /* the latest KF_RUN_EVENT_IDS_MAX, and how many were dropped */
+    char *input;        /* batch: "[" and the inputs joined by "," (owned) */
+    size_t input_len;
+    size_t input_cap;
+} events_t;
+
+/* One coordinator while a command works on it. Strings are borrowed from
+ * the arena it was loaded into or from the request. */
+typedef struct state {
+    coord_t *c;
+    kf_rule_kind_t kind;
+    const char *workflow;
+    const char *key;
+    uint64_t journal_seq; /* seq of the next history entry */
+    uint32_t journal_len; /* entries since the last compaction */
+    int64_t runs_started;
+    int64_t compactions;
+    bool open;
+    window_t w;
+    uint64_t ids_first;
+    uint64_t ids_next;
+    uint32_t ids_count;
+    int64_t ids_last_expiry_ms;
+    bool ids_unsorted;
+    events_t ev;
+} state_t;
+
+/* A remembered ID as stored. */
+typedef struct remembered {
+    uint64_t seq;
+    const char *id;
+    const char *run_uuid;
+    const uint8_t *digest; /* KF_EVENT_DIGEST_BYTES, or NULL: unknown (older build) */
     int64_t due_ms;
     int64_t expires_ms;
     int64_t commit_seq; /* 0: unknown (older build) */
 } remembered_t;
 
-/* What a remembered ID answers a retry with. */
-typedef struct remembered_spec {
-    const char *id;
-    const char *run_uuid;
-    const uint8_t *digest; /* KF_EVENT_DIGEST_BYTES, or NULL: unknown */
-    int64_t due_ms;
-    int64_t expires_ms;
-    int64_t commit_seq;
-} remembered_spec_t;
-
-typedef struct coord {
-    kf_map_node_t node; /* keyed by ckey */
-    uint8_t *ckey;      /* storage key (keys.h), owned */
-    size_t ckey_len;
-    kf_rule_kind_t kind;
-    char *workflow; /* owned, NUL-terminated */
-    char *key;      /* owned, NUL-terminated */
-    kf_timer_t timer;
-    int64_t wakeup_due_ms; /* the stored wake-up, or KF_NO_WAKEUP */
-    uint64_t journal_seq;  /* seq of the next entry */
-    uint32_t journal_len;  /* entries since the last snapshot */
-    int64_t runs_started;
-    int64_t compactions;
-    char recent[KF_RECENT_RUNS_MAX][KF_UUID_TEXT_BYTES + 1]; /* oldest first */
-    uint32_t recent_count;
-    /* The open window. */
-    bool open;
-    bool run_started;          /* run_uuid's run started at the leading edge */
-    bool indexed;              /* run_uuid is in kf_coords.windows (its run collects) */
-    kf_map_node_t window_node; /* there, by run_uuid */
-    struct coord *window_next; /* another one indexed under the same uuid */
-    char run_uuid[KF_UUID_TEXT_BYTES + 1];
-    int64_t opened_ms;
-    int64_t last_ms;
-    int64_t due_ms;
-    kf_rule_t rule; /* the latest event's rule */
-    char *input;    /* debounce: latest input; batch: "[a,b" */
-    size_t input_len;
-    size_t input_cap;
-    int64_t event_count;      /* events in run_uuid's run */
-    int64_t events_absorbed;  /* events covered by a run started at the leading edge */
-    kf_event_ids_t event_ids; /* of the events in run_uuid's run */
-    /* Remembered event IDs, a ring buffer, oldest first. */
-    remembered_t *ids;
-    uint32_t ids_head;
-    uint32_t ids_count;
-    uint32_t ids_cap;
-} coord_t;
-
-struct kf_coords {
-    kf_map_t map;
-    kf_map_t windows; /* open windows by run uuid (GetRun of a receipt's run) */
-    kf_runs_t *runs;
-    uint64_t open_windows;
-    int64_t window_bytes; /* input buffer bytes of open windows */
-    uint64_t id_slots;    /* remembered ID ring slots, over every coordinator */
-    uint64_t remembered;  /* remembered IDs, over every coordinator */
-};
+/* What making room for one more remembered ID deletes (invariant 12). */
+typedef struct id_room {
+    uint32_t drops;
+    uint64_t *drop_seq; /* in the scratch arena */
+    const char **drop_id;
+    uint64_t first;         /* ids_first afterwards */
+    int64_t last_expiry_ms; /* ids_last_expiry_ms afterwards */
+    bool unsorted;          /* ids_unsorted afterwards */
+} id_room_t;
 
 /* Estimated bytes (engine/ctx.h, kf_memory_t; docs/semantics.md, "Memory
- * budget"), each allocation with malloc's 16-byte header: a coordinator is
- * its struct, three strings (its storage key, workflow and key: taken as
- * 64 bytes each) and its map slot; an open window adds its index entry and
- * event ID list (its input buffer counts as allocated: window_bytes); a
- * remembered ID is a ring slot and its string (taken as 48 bytes). */
-#define COORD_BYTES         (sizeof(coord_t) + 16 + 3 * 64 + 2 * sizeof(void *))
-#define WINDOW_BYTES        128
-#define REMEMBERED_ID_BYTES 48
+ * budget"): a coordinator is its entry with malloc's 16-byte header, its
+ * map slot (at most two bucket pointers, the table doubling at load 1) and
+ * its heap slot (up to two pointers likewise). Windows, inputs and
+ * remembered IDs are on disk and count nothing here. */
+#define COORD_BYTES (sizeof(coord_t) + 16 + 4 * sizeof(void *))
 
 uint64_t kf_coords_memory_bytes(const kf_coords_t *cs) {
-    return cs->map.count * COORD_BYTES + cs->open_windows * WINDOW_BYTES +
-           (uint64_t)cs->window_bytes + cs->id_slots * sizeof(remembered_t) +
-           cs->remembered * REMEMBERED_ID_BYTES;
+    return cs->map.count * COORD_BYTES;
 }
 
 static void publish_gauges(const kf_coords_t *cs) {
@@ -116,220 +181,39 @@ static void publish_gauges(const kf_coords_t *cs) {
     kf_gauge_set(KF_G_OPEN_WINDOWS, (int64_t)cs->open_windows);
 }
 
-/* ---- coordinator objects ----------------------------------------------- */
+/* ---- identity and memory -------------------------------------------------- */
 
-static coord_t *coord_find(const kf_coords_t *cs, const kf_key_t *ckey) {
-    kf_map_node_t *n = kf_map_get(&cs->map, ckey->bytes, ckey->len);
+void kf__coord_id(const kf_coord_id_key_t *key, const void *ident, size_t ident_len,
+                  uint8_t id[KF_COORD_ID_BYTES]) {
+    kf_put_be64(id, kf_siphash(key->k[0], ident, ident_len));
+    kf_put_be64(id + 8, kf_siphash(key->k[1], ident, ident_len));
+}
+
+static coord_t *coord_find(const kf_coords_t *cs, const uint8_t id[KF_COORD_ID_BYTES]) {
+    kf_map_node_t *n = kf_map_get(&cs->map, id, KF_COORD_ID_BYTES);
     return n ? KF_CONTAINER_OF(n, coord_t, node) : NULL;
 }
 
-static coord_t *coord_new(kf_coords_t *cs, const kf_key_t *ckey) {
-    kf_key_reader_t r = kf_key_reader(ckey->bytes, ckey->len);
-    uint8_t kind;
-    const char *wf, *key;
-    size_t wf_len, key_len;
-    bool ok = kf_key_read_u8(&r, &kind) && kf_key_read_lp(&r, &wf, &wf_len) &&
-              kf_key_read_lp(&r, &key, &key_len) && r.left == 0;
-    KF_ASSERT(ok); /* callers validated or decoded the key */
+static coord_t *coord_add(kf_coords_t *cs, const uint8_t id[KF_COORD_ID_BYTES]) {
     coord_t *c = kf_xcalloc(1, sizeof *c);
-    c->ckey = kf_xmemdup(ckey->bytes, ckey->len);
-    c->ckey_len = ckey->len;
-    c->kind = (kf_rule_kind_t)kind;
-    c->workflow = kf_xstrndup(wf, wf_len);
-    c->key = kf_xstrndup(key, key_len);
+    memcpy(c->id, id, KF_COORD_ID_BYTES);
     kf_timer_init(&c->timer, KF_TIMER_COORDINATOR);
-    c->wakeup_due_ms = KF_NO_WAKEUP;
-    kf_map_insert(&cs->map, &c->node, c->ckey, c->ckey_len);
-    publish_gauges(cs);
+    c->wakeup_ms = KF_NO_WAKEUP;
+    kf_map_insert(&cs->map, &c->node, c->id, KF_COORD_ID_BYTES);
     return c;
 }
 
-/* GetRun of a receipt's run ID finds the window while its run collects
- * events (it does not exist yet): the index holds c->run_uuid exactly while
- * the window is open and its run has not started. Run IDs are unique per
- * key, not uuids across keys (a seeded random source repeats them after a
- * simulated crash), so coordinators with one uuid share a map entry: the
- * first is in the map, the others chain behind it. */
-static coord_t *index_head(const kf_coords_t *cs, const char *uuid) {
-    kf_map_node_t *n = kf_map_get(&cs->windows, uuid, KF_UUID_TEXT_BYTES);
-    return n ? KF_CONTAINER_OF(n, coord_t, window_node) : NULL;
-}
-
-static void window_index(kf_coords_t *cs, coord_t *c, bool collecting) {
-    if (c->indexed) {
-        coord_t *head = index_head(cs, c->run_uuid);
-        if (head == c) {
-            kf_map_remove(&cs->windows, &c->window_node);
-            if (c->window_next != NULL) {
-                kf_map_insert(&cs->windows, &c->window_next->window_node, c->window_next->run_uuid,
-                              KF_UUID_TEXT_BYTES);
-            }
-        } else {
-            coord_t *p = head;
-            while (p->window_next != c) {
-                p = p->window_next;
-            }
-            p->window_next = c->window_next;
-        }
-        c->window_next = NULL;
-        c->indexed = false;
-    }
-    if (collecting) {
-        coord_t *head = index_head(cs, c->run_uuid);
-        if (head == NULL) {
-            kf_map_insert(&cs->windows, &c->window_node, c->run_uuid, KF_UUID_TEXT_BYTES);
-        } else {
-            c->window_next = head->window_next;
-            head->window_next = c;
-        }
-        c->indexed = true;
+static void coord_set_open(kf_coords_t *cs, coord_t *c, bool open) {
+    if (c->open != open) {
+        cs->open_windows += open ? 1 : (uint64_t)-1;
+        c->open = open;
     }
 }
 
-/* Frees the window's input buffer (its run took the input). */
-static void input_release(kf_coords_t *cs, coord_t *c) {
-    cs->window_bytes -= (int64_t)c->input_cap;
-    free(c->input);
-    c->input = NULL;
-    c->input_len = c->input_cap = 0;
-}
+/* ---- rules <-> records ------------------------------------------------------ */
 
-static void window_drop(kf_coords_t *cs, coord_t *c) {
-    if (c->open) {
-        cs->open_windows--;
-    }
-    window_index(cs, c, false);
-    kf_event_ids_clear(&c->event_ids);
-    input_release(cs, c);
-    c->open = false;
-    c->run_started = false;
-    c->event_count = 0;
-    c->events_absorbed = 0;
-}
-
-static void coord_free(kf_coords_t *cs, coord_t *c) {
-    window_drop(cs, c);
-    for (uint32_t i = 0; i < c->ids_count; i++) {
-        free(c->ids[(c->ids_head + i) % c->ids_cap].id);
-    }
-    cs->remembered -= c->ids_count;
-    cs->id_slots -= c->ids_cap;
-    free(c->ids);
-    free(c->ckey);
-    free(c->workflow);
-    free(c->key);
-    free(c);
-}
-
-static void input_reserve(kf_coords_t *cs, coord_t *c, size_t need) {
-    if (need <= c->input_cap) {
-        return;
-    }
-    size_t cap = c->input_cap ? c->input_cap : 64;
-    while (cap < need) {
-        cap *= 2;
-    }
-    char *p = kf_xrealloc(c->input, cap);
-    cs->window_bytes += (int64_t)(cap - c->input_cap);
-    c->input = p;
-    c->input_cap = cap;
-}
-
-static remembered_t *id_at(coord_t *c, uint32_t i) {
-    return &c->ids[(c->ids_head + i) % c->ids_cap];
-}
-
-/* The live remembered entry for `id` at now_ms, or NULL. */
-static remembered_t *id_find(coord_t *c, const char *id, int64_t now_ms) {
-    for (uint32_t i = 0; i < c->ids_count; i++) {
-        remembered_t *r = id_at(c, i);
-        if (r->expires_ms > now_ms && strcmp(r->id, id) == 0) {
-            return r;
-        }
-    }
-    return NULL;
-}
-
-static void id_pop_oldest(kf_coords_t *cs, coord_t *c) {
-    KF_ASSERT(c->ids_count > 0);
-    free(c->ids[c->ids_head].id);
-    c->ids_head = (c->ids_head + 1) % c->ids_cap;
-    c->ids_count--;
-    cs->remembered--;
-}
-
-/* Drops IDs expired at at_ms, keeping order. Runs inside apply functions
- * only (with the entry's time), so live and replay agree. */
-static void ids_prune(kf_coords_t *cs, coord_t *c, int64_t at_ms) {
-    uint32_t kept = 0;
-    for (uint32_t i = 0; i < c->ids_count; i++) {
-        remembered_t *r = id_at(c, i);
-        if (r->expires_ms > at_ms) {
-            *id_at(c, kept++) = *r;
-        } else {
-            free(r->id);
-        }
-    }
-    cs->remembered -= c->ids_count - kept;
-    c->ids_count = kept;
-}
-
-static void id_push(kf_coords_t *cs, coord_t *c, const remembered_spec_t *spec) {
-    if (c->ids_count == KF_REMEMBERED_IDS_MAX) {
-        id_pop_oldest(cs, c); /* DESIGN.md: at most 1024 per key, oldest forgotten first */
-    }
-    if (c->ids_count == c->ids_cap) {
-        uint32_t cap = c->ids_cap ? c->ids_cap * 2 : 4;
-        if (cap > KF_REMEMBERED_IDS_MAX) {
-            cap = KF_REMEMBERED_IDS_MAX;
-        }
-        remembered_t *ids = kf_xcalloc(cap, sizeof *ids);
-        for (uint32_t i = 0; i < c->ids_count; i++) {
-            ids[i] = *id_at(c, i);
-        }
-        free(c->ids);
-        cs->id_slots += cap - c->ids_cap;
-        c->ids = ids;
-        c->ids_head = 0;
-        c->ids_cap = cap;
-    }
-    remembered_t *r = &c->ids[(c->ids_head + c->ids_count) % c->ids_cap];
-    r->id = kf_xstrdup(spec->id);
-    memcpy(r->run_uuid, spec->run_uuid, KF_UUID_TEXT_BYTES + 1);
-    r->digest_known = spec->digest != NULL;
-    if (spec->digest != NULL) {
-        memcpy(r->digest, spec->digest, KF_EVENT_DIGEST_BYTES);
-    }
-    r->due_ms = spec->due_ms;
-    r->expires_ms = spec->expires_ms;
-    r->commit_seq = spec->commit_seq;
-    c->ids_count++;
-    cs->remembered++;
-}
-
-static int64_t ids_last_expiry(coord_t *c) {
-    int64_t last = INT64_MIN;
-    for (uint32_t i = 0; i < c->ids_count; i++) {
-        if (id_at(c, i)->expires_ms > last) {
-            last = id_at(c, i)->expires_ms;
-        }
-    }
-    return last;
-}
-
-static void recent_push(coord_t *c, const char *uuid) {
-    if (c->recent_count == KF_RECENT_RUNS_MAX) {
-        memmove(c->recent[0], c->recent[1], (KF_RECENT_RUNS_MAX - 1) * sizeof c->recent[0]);
-        c->recent_count--;
-    }
-    memcpy(c->recent[c->recent_count++], uuid, KF_UUID_TEXT_BYTES + 1);
-}
-
-/* ---- rules <-> records ------------------------------------------------- */
-
-/* `retry` is storage the record may point at while it is encoded. */
-static void rule_to_rec(const kf_rule_t *rule, Keyflow__Records__RuleRec *rec,
-                        Keyflow__Records__RetryRec *retry) {
+void kf__rule_to_rec(const kf_rule_t *rule, Keyflow__Records__RuleRec *rec,
+                     Keyflow__Records__RetryRec *retry) {
     keyflow__records__rule_rec__init(rec);
     rec->kind = (int32_t)rule->kind;
     rec->window_ms = rule->window_ms;
@@ -345,9 +229,7 @@ static bool in_range(int64_t v, int64_t lo, int64_t hi) {
     return v >= lo && v <= hi;
 }
 
-/* A stored rule must be one kf_rule_resolve could have produced (the same
- * ranges): anything else was not written by this engine. */
-static bool rule_from_rec(const Keyflow__Records__RuleRec *rec, kf_rule_t *rule) {
+bool kf__rule_from_rec(const Keyflow__Records__RuleRec *rec, kf_rule_t *rule) {
     if (rec == NULL || !in_range(rec->dedup_ms, 0, KF_DEDUP_MS_MAX)) {
         return false;
     }
@@ -395,379 +277,616 @@ static bool uuid_ok(const char *s) {
     return s != NULL && strlen(s) == KF_UUID_TEXT_BYTES;
 }
 
-/* ---- apply: the one place state changes (live and replay) --------------- */
+/* ---- state records ---------------------------------------------------------- */
 
-static bool window_runs(const coord_t *c, const char *run_uuid) {
-    return c->open && uuid_ok(run_uuid) && strcmp(c->run_uuid, run_uuid) == 0;
+static void state_new(state_t *s, coord_t *c, kf_rule_kind_t kind, const char *workflow,
+                      const char *key) {
+    memset(s, 0, sizeof *s);
+    s->c = c;
+    s->kind = kind;
+    s->workflow = workflow;
+    s->key = key;
 }
 
-/* Opens the window, or moves an open window whose run started to its next
- * run (the bookkeeping both share). */
-static void window_begin_run(kf_coords_t *cs, coord_t *c, const char *run_uuid,
-                             const kf_rule_t *rule) {
-    memcpy(c->run_uuid, run_uuid, KF_UUID_TEXT_BYTES + 1);
-    window_index(cs, c, true);
-    kf_event_ids_clear(&c->event_ids);
-    c->run_started = false;
-    c->event_count = 0;
-    c->input_len = 0;
-    if (rule->kind == KF_RULE_BATCH) {
-        input_reserve(cs, c, 1);
-        c->input[c->input_len++] = '[';
-    }
+/* Frees what the state owns (its events); call once per load or new. */
+static void state_done(state_t *s) {
+    kf_event_ids_clear(&s->ev.ids);
+    free(s->ev.input);
+    memset(&s->ev, 0, sizeof s->ev);
 }
 
-static kf_status_t apply_accepted(kf_coords_t *cs, coord_t *c, int64_t at_ms,
-                                  const Keyflow__Records__EventAcceptedRec *e, kf_error_t *err) {
-    kf_rule_t rule;
-    if (!rule_from_rec(e->rule, &rule) || !uuid_ok(e->run_uuid) || rule.kind != c->kind ||
-        strlen(e->event_id) > KF_EVENT_ID_BYTES_MAX ||
-        strlen(e->input_json) > KF_EVENT_INPUT_BYTES_MAX ||
-        (e->digest.len != 0 && e->digest.len != KF_EVENT_DIGEST_BYTES) ||
-        (int)e->opened + (int)e->absorbed + (int)e->next_run > 1) {
-        return kf_error_set(err, KF_E_CORRUPT, "journal: malformed event_accepted entry");
+static kf_status_t corrupt_state(const coord_t *c, const char *what, kf_error_t *err) {
+    char hex[2 * KF_COORD_ID_BYTES + 1];
+    kf_hex_encode(c->id, KF_COORD_ID_BYTES, hex);
+    return kf_error_set(err, KF_E_CORRUPT, "coord_state %s: %s", hex, what);
+}
+
+static kf_status_t window_from_rec(const Keyflow__Records__WindowStateRec *r, kf_rule_kind_t kind,
+                                   window_t *w) {
+    if (!uuid_ok(r->run_uuid) || !kf__rule_from_rec(r->rule, &w->rule) || w->rule.kind != kind ||
+        strlen(r->input) > KF_EVENT_INPUT_BYTES_MAX || r->event_count < 0 ||
+        r->events_absorbed < 0 || r->events_first > r->events_next || r->event_ids_dropped < 0 ||
+        !in_range(r->input_bytes, kind == KF_RULE_BATCH ? 1 : 0, KF_WINDOW_INPUT_BYTES_MAX)) {
+        return KF_E_CORRUPT;
     }
-    if (e->opened) {
-        if (c->open) {
-            return kf_error_set(err, KF_E_CORRUPT, "journal: window opened twice");
+    memcpy(w->run_uuid, r->run_uuid, KF_UUID_TEXT_BYTES + 1);
+    w->opened_ms = r->opened_ms;
+    w->last_ms = r->last_ms;
+    w->due_ms = r->due_ms;
+    w->input = r->input;
+    w->input_len = kind == KF_RULE_BATCH ? (size_t)r->input_bytes : strlen(r->input);
+    w->event_count = r->event_count;
+    w->run_started = r->run_started;
+    w->events_absorbed = r->events_absorbed;
+    w->events_first = r->events_first;
+    w->events_next = r->events_next;
+    w->event_ids_dropped = r->event_ids_dropped;
+    return KF_OK;
+}
+
+/* Reads the state of `c` into `s` (strings in `arena`). When `ident` is
+ * given, the stored identity must be it (invariant 1). */
+static kf_status_t state_load(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, kf_arena_t *arena,
+                              const kf_key_t *ident, state_t *s, kf_error_t *err) {
+    (void)cs;
+    kf_key_t k;
+    kf_key_coord_id(&k, c->id);
+    kf_value_t v;
+    bool found;
+    kf_status_t st = kf_ctx_get(ctx, KF_CF_COORD_STATE, &k, &v, &found, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    if (!found) {
+        return corrupt_state(c, "missing (the coordinator is indexed)", err);
+    }
+    Keyflow__Records__CoordStateRec *r =
+        keyflow__records__coord_state_rec__unpack(kf_arena_pb(arena), v.len, v.data);
+    kf_store_value_free(&v);
+    if (r == NULL) {
+        return corrupt_state(c, "undecodable", err);
+    }
+    if ((r->kind != KF_RULE_DEBOUNCE && r->kind != KF_RULE_BATCH) || r->workflow[0] == '\0' ||
+        strlen(r->workflow) > KF_WORKFLOW_BYTES_MAX || r->key[0] == '\0' ||
+        strlen(r->key) > KF_KEY_BYTES_MAX || r->ids_first > r->ids_next ||
+        r->ids_count > KF_REMEMBERED_IDS_MAX || r->ids_next - r->ids_first < r->ids_count ||
+        r->journal_len > r->journal_seq) {
+        return corrupt_state(c, "malformed", err);
+    }
+    state_new(s, c, (kf_rule_kind_t)r->kind, r->workflow, r->key);
+    if (ident != NULL) {
+        kf_key_t mine;
+        kf_key_coord(&mine, (uint8_t)r->kind, r->workflow, strlen(r->workflow), r->key,
+                     strlen(r->key));
+        if (mine.len != ident->len || memcmp(mine.bytes, ident->bytes, mine.len) != 0) {
+            /* Two identities with one 128-bit keyed hash: never expected. */
+            return kf_error_set(err, KF_E_INTERNAL,
+                                "coordinator %s/%s has the id of another coordinator", r->workflow,
+                                r->key);
         }
-        c->open = true;
-        cs->open_windows++;
-        c->opened_ms = at_ms;
-        c->events_absorbed = 0;
-        window_begin_run(cs, c, e->run_uuid, &rule);
-    } else if (e->next_run) {
-        if (!c->open || !c->run_started || rule.kind != KF_RULE_DEBOUNCE) {
-            return kf_error_set(err, KF_E_CORRUPT,
-                                "journal: a next run in a window whose run has not started");
+    }
+    s->journal_seq = r->journal_seq;
+    s->journal_len = r->journal_len;
+    s->runs_started = r->runs_started;
+    s->compactions = r->compactions;
+    s->ids_first = r->ids_first;
+    s->ids_next = r->ids_next;
+    s->ids_count = r->ids_count;
+    s->ids_last_expiry_ms = r->ids_last_expiry_ms;
+    s->ids_unsorted = r->ids_unsorted;
+    if (r->window != NULL) {
+        if (window_from_rec(r->window, s->kind, &s->w) != KF_OK) {
+            return corrupt_state(c, "malformed window", err);
         }
-        window_begin_run(cs, c, e->run_uuid, &rule);
-    } else if (!window_runs(c, e->run_uuid) || e->absorbed != c->run_started) {
-        return kf_error_set(err, KF_E_CORRUPT, "journal: event joined a window that is not open");
-    }
-    if (rule.kind == KF_RULE_BATCH &&
-        c->input_len + 1 + strlen(e->input_json) + 1 > KF_WINDOW_INPUT_BYTES_MAX) {
-        /* The live path closes a batch window before an event would take it
-         * past this (send_one, the same sum against the rule's max_bytes). */
-        return kf_error_set(err, KF_E_CORRUPT, "journal: a batch window larger than %d bytes",
-                            KF_WINDOW_INPUT_BYTES_MAX);
-    }
-    if (e->absorbed) {
-        c->events_absorbed++;
-    } else {
-        const char *in = e->input_json[0] ? e->input_json : "null";
-        size_t in_len = strlen(in);
-        if (rule.kind == KF_RULE_DEBOUNCE) {
-            input_reserve(cs, c, in_len);
-            memcpy(c->input, in, in_len);
-            c->input_len = in_len;
-        } else {
-            input_reserve(cs, c, c->input_len + 1 + in_len + 1);
-            if (c->event_count > 0) {
-                c->input[c->input_len++] = ',';
-            }
-            memcpy(c->input + c->input_len, in, in_len);
-            c->input_len += in_len;
-        }
-        c->event_count++;
-    }
-    c->last_ms = at_ms;
-    c->rule = rule;
-    c->due_ms = e->due_ms;
-    if (e->event_id[0] != '\0' && !e->absorbed) {
-        kf_event_ids_push(&c->event_ids, e->event_id); /* absorbed ones are in no run */
-    }
-    ids_prune(cs, c, at_ms);
-    if (e->event_id[0] != '\0') {
-        remembered_spec_t spec = {
-            .id = e->event_id,
-            .run_uuid = e->run_uuid,
-            .digest = e->digest.len == KF_EVENT_DIGEST_BYTES ? e->digest.data : NULL,
-            .due_ms = e->due_ms,
-            .expires_ms = kf_dedup_expires_ms(&rule, at_ms),
-            .commit_seq = e->commit_seq,
-        };
-        id_push(cs, c, &spec);
+        s->open = true;
     }
     return KF_OK;
 }
 
-static kf_status_t apply_started(kf_coords_t *cs, coord_t *c,
-                                 const Keyflow__Records__RunStartedRec *e, kf_error_t *err) {
-    if (!window_runs(c, e->run_uuid) || c->run_started) {
-        return kf_error_set(err, KF_E_CORRUPT,
-                            "journal: run started for a window that is not open");
-    }
-    if (e->leading) {
-        /* The window stays open to absorb events until its due time. */
-        c->run_started = true;
-        window_index(cs, c, false);
-        kf_event_ids_clear(&c->event_ids);
-        input_release(cs, c);
-    } else {
-        window_drop(cs, c);
-    }
-    c->runs_started++;
-    recent_push(c, e->run_uuid);
-    return KF_OK;
-}
-
-static kf_status_t apply_cancelled(kf_coords_t *cs, coord_t *c,
-                                   const Keyflow__Records__WindowCancelledRec *e, kf_error_t *err) {
-    if (!window_runs(c, e->run_uuid) || c->run_started) {
-        return kf_error_set(err, KF_E_CORRUPT, "journal: cancelled a window that is not open");
-    }
-    window_drop(cs, c);
-    return KF_OK;
-}
-
-static kf_status_t apply_closed(kf_coords_t *cs, coord_t *c,
-                                const Keyflow__Records__WindowClosedRec *e, kf_error_t *err) {
-    if (!window_runs(c, e->run_uuid) || !c->run_started) {
-        return kf_error_set(err, KF_E_CORRUPT, "journal: closed a window without a started run");
-    }
-    window_drop(cs, c);
-    return KF_OK;
-}
-
-static kf_status_t apply_entry(kf_coords_t *cs, coord_t *c,
-                               const Keyflow__Records__JournalEntryRec *e, kf_error_t *err) {
-    switch (e->entry_case) {
-    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED:
-        return apply_accepted(cs, c, e->at_ms, e->accepted, err);
-    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED:
-        return apply_started(cs, c, e->started, err);
-    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED:
-        return apply_cancelled(cs, c, e->cancelled, err);
-    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CLOSED:
-        return apply_closed(cs, c, e->closed, err);
-    case KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY__NOT_SET:
-    case _KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY__CASE_IS_INT_SIZE: break;
-    }
-    return kf_error_set(err, KF_E_CORRUPT, "journal: unknown entry kind %d", (int)e->entry_case);
-}
-
-/* Journals `e` (seq and time filled in here) and applies it. */
-static void append_entry(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c,
-                         Keyflow__Records__JournalEntryRec *e) {
-    e->seq = c->journal_seq;
-    e->at_ms = ctx->now_ms;
-    kf_key_t ckey, jkey;
-    kf_key_reset(&ckey);
-    kf_key_raw(&ckey, c->ckey, c->ckey_len);
-    kf_key_journal(&jkey, &ckey, e->seq);
-    kf_ctx_put_msg(ctx, KF_CF_COORD_JOURNAL, &jkey, &e->base);
-    kf_error_t err;
-    kf_status_t st = apply_entry(cs, c, e, &err);
-    KF_ASSERT(st == KF_OK); /* live entries are built valid; a failure is a bug */
-    c->journal_seq++;
-    c->journal_len++;
-}
-
-/* ---- snapshots --------------------------------------------------------- */
-
-static void write_snapshot(kf_ctx_t *ctx, coord_t *c) {
-    Keyflow__Records__CoordSnapshot snap = KEYFLOW__RECORDS__COORD_SNAPSHOT__INIT;
-    Keyflow__Records__WindowRec win = KEYFLOW__RECORDS__WINDOW_REC__INIT;
+static void state_save(kf_coords_t *cs, kf_ctx_t *ctx, const state_t *s) {
+    Keyflow__Records__CoordStateRec r = KEYFLOW__RECORDS__COORD_STATE_REC__INIT;
+    Keyflow__Records__WindowStateRec w = KEYFLOW__RECORDS__WINDOW_STATE_REC__INIT;
     Keyflow__Records__RuleRec rule;
     Keyflow__Records__RetryRec retry;
-    const char *event_ids[KF_RUN_EVENT_IDS_MAX];
-    snap.journal_seq = c->journal_seq;
-    snap.runs_started = c->runs_started;
-    snap.compactions = c->compactions;
-    char *input = NULL;
-    if (c->open) {
-        rule_to_rec(&c->rule, &rule, &retry);
-        win.run_uuid = c->run_uuid;
-        win.opened_ms = c->opened_ms;
-        win.last_ms = c->last_ms;
-        win.due_ms = c->due_ms;
-        win.rule = &rule;
-        input = c->input_len > 0 ? kf_xstrndup(c->input, c->input_len) : NULL;
-        win.input = input != NULL ? input : "";
-        win.event_count = c->event_count;
-        win.run_started = c->run_started;
-        win.events_absorbed = c->events_absorbed;
-        win.n_event_ids = kf_event_ids_list(&c->event_ids, event_ids);
-        win.event_ids = (char **)event_ids;
-        win.event_ids_dropped = c->event_ids.dropped;
-        snap.window = &win;
-    }
-    Keyflow__Records__RememberedIdRec *ids = kf_xcalloc(c->ids_count + 1, sizeof *ids);
-    Keyflow__Records__RememberedIdRec **id_ptrs = kf_xcalloc(c->ids_count + 1, sizeof *id_ptrs);
-    for (uint32_t i = 0; i < c->ids_count; i++) {
-        remembered_t *r = id_at(c, i);
-        keyflow__records__remembered_id_rec__init(&ids[i]);
-        ids[i].id = r->id;
-        ids[i].run_uuid = r->run_uuid;
-        ids[i].due_ms = r->due_ms;
-        ids[i].expires_ms = r->expires_ms;
-        ids[i].commit_seq = r->commit_seq;
-        if (r->digest_known) {
-            ids[i].digest.data = r->digest;
-            ids[i].digest.len = KF_EVENT_DIGEST_BYTES;
+    r.kind = (int32_t)s->kind;
+    r.workflow = (char *)s->workflow;
+    r.key = (char *)s->key;
+    r.journal_seq = s->journal_seq;
+    r.journal_len = s->journal_len;
+    r.runs_started = s->runs_started;
+    r.compactions = s->compactions;
+    r.ids_first = s->ids_first;
+    r.ids_next = s->ids_next;
+    r.ids_count = s->ids_count;
+    r.ids_last_expiry_ms = s->ids_last_expiry_ms;
+    r.ids_unsorted = s->ids_unsorted;
+    if (s->open) {
+        const window_t *sw = &s->w;
+        kf__rule_to_rec(&sw->rule, &rule, &retry);
+        w.run_uuid = (char *)sw->run_uuid;
+        w.opened_ms = sw->opened_ms;
+        w.last_ms = sw->last_ms;
+        w.due_ms = sw->due_ms;
+        w.rule = &rule;
+        w.input = "";
+        if (s->kind == KF_RULE_BATCH) {
+            w.input_bytes = (int64_t)sw->input_len;
+        } else if (sw->input_len > 0) {
+            w.input = kf_arena_strndup(&cs->scratch, sw->input, sw->input_len);
+            KF_ASSERT(w.input != NULL);
         }
-        id_ptrs[i] = &ids[i];
+        w.event_count = sw->event_count;
+        w.run_started = sw->run_started;
+        w.events_absorbed = sw->events_absorbed;
+        w.events_first = sw->events_first;
+        w.events_next = sw->events_next;
+        w.event_ids_dropped = sw->event_ids_dropped;
+        r.window = &w;
     }
-    snap.n_ids = c->ids_count;
-    snap.ids = id_ptrs;
-    char *recent[KF_RECENT_RUNS_MAX];
-    for (uint32_t i = 0; i < c->recent_count; i++) {
-        recent[i] = c->recent[i];
-    }
-    snap.n_recent_runs = c->recent_count;
-    snap.recent_runs = recent;
-    kf_key_t ckey;
-    kf_key_reset(&ckey);
-    kf_key_raw(&ckey, c->ckey, c->ckey_len);
-    kf_ctx_put_msg(ctx, KF_CF_COORD_SNAPSHOTS, &ckey, &snap.base);
-    free(ids);
-    free(id_ptrs);
-    free(input);
+    kf_key_t k;
+    kf_key_coord_id(&k, s->c->id);
+    kf_ctx_put_msg(ctx, KF_CF_COORD_STATE, &k, &r.base);
 }
 
-/* Continue-as-new: fold the journal into a snapshot once it is long. */
-static void maybe_compact(kf_ctx_t *ctx, coord_t *c) {
-    if (c->journal_len < KF_JOURNAL_ENTRIES_MAX) {
+/* ---- the open window's events ------------------------------------------------- */
+
+static void events_append(events_t *ev, const char *text, size_t len) {
+    if (ev->input_len + len + 1 > ev->input_cap) {
+        size_t cap = ev->input_cap ? ev->input_cap : 256;
+        while (cap < ev->input_len + len + 1) {
+            cap *= 2;
+        }
+        ev->input = kf_xrealloc(ev->input, cap);
+        ev->input_cap = cap;
+    }
+    memcpy(ev->input + ev->input_len, text, len);
+    ev->input_len += len;
+}
+
+/* The events of a window that begins: none yet. */
+static void events_reset(state_t *s) {
+    state_done(s);
+    s->ev.loaded = true;
+    if (s->kind == KF_RULE_BATCH) {
+        events_append(&s->ev, "[", 1);
+    }
+}
+
+/* Reads the open window's event records (invariant 13). */
+static kf_status_t events_load(kf_ctx_t *ctx, state_t *s, kf_error_t *err) {
+    KF_ASSERT(s->open);
+    if (s->ev.loaded) {
+        return KF_OK;
+    }
+    events_reset(s);
+    kf_key_t lower, upper;
+    kf_key_coord_item_seq(&lower, s->c->id, KF_COORD_ITEM_EVENT, s->w.events_first);
+    kf_key_coord_item_seq(&upper, s->c->id, KF_COORD_ITEM_EVENT, s->w.events_next);
+    kf_iter_t *it;
+    kf_status_t st = kf_ctx_iter_create(ctx, KF_CF_COORD_ITEMS, &lower, &upper, &it, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    for (kf_iter_seek_first(it); kf_iter_valid(it) && st == KF_OK; kf_iter_next(it)) {
+        size_t len;
+        const void *v = kf_iter_value(it, &len);
+        Keyflow__Records__WindowEventRec *e =
+            keyflow__records__window_event_rec__unpack(NULL, len, v);
+        if (e == NULL || strlen(e->event_id) > KF_EVENT_ID_BYTES_MAX ||
+            s->ev.input_len + 1 + strlen(e->input) > KF_WINDOW_INPUT_BYTES_MAX) {
+            st = corrupt_state(s->c, "malformed window event", err);
+        } else {
+            if (e->event_id[0] != '\0') {
+                kf_event_ids_push(&s->ev.ids, e->event_id);
+            }
+            if (s->kind == KF_RULE_BATCH && e->input[0] != '\0') {
+                if (s->ev.input_len > 1) {
+                    events_append(&s->ev, ",", 1);
+                }
+                events_append(&s->ev, e->input, strlen(e->input));
+            }
+        }
+        if (e != NULL) {
+            keyflow__records__window_event_rec__free_unpacked(e, NULL);
+        }
+    }
+    if (st == KF_OK) {
+        st = kf_iter_status(it, err);
+    }
+    kf_iter_destroy(it);
+    if (st == KF_OK && s->kind == KF_RULE_BATCH && s->ev.input_len != s->w.input_len) {
+        st = corrupt_state(s->c, "window events do not add up to its input", err);
+    }
+    if (st != KF_OK) {
+        state_done(s);
+        return st;
+    }
+    s->ev.ids.dropped += s->w.event_ids_dropped;
+    return KF_OK;
+}
+
+/* A window's run begins: no events yet (the previous run's were deleted
+ * when it started). */
+static void window_begin_run(kf_ctx_t *ctx, state_t *s, const char *run_uuid,
+                             const kf_rule_t *rule) {
+    window_t *w = &s->w;
+    memcpy(w->run_uuid, run_uuid, KF_UUID_TEXT_BYTES + 1);
+    w->run_started = false;
+    w->event_count = 0;
+    w->input = NULL;
+    w->input_len = rule->kind == KF_RULE_BATCH ? 1 : 0; /* "[" */
+    w->events_first = w->events_next;
+    w->event_ids_dropped = 0;
+    events_reset(s);
+    /* GetRun of the receipt's run finds the window (invariant 7). */
+    char run_id[KF_RUN_ID_BYTES_MAX + 1];
+    snprintf(run_id, sizeof run_id, "%s@%s", s->key, run_uuid);
+    kf_key_t k;
+    kf_key_reset(&k);
+    kf_key_raw(&k, run_id, strlen(run_id));
+    kf_ctx_put(ctx, KF_CF_COORD_WINDOWS, &k, s->c->id, KF_COORD_ID_BYTES);
+}
+
+/* The window's run no longer collects (it started, or the window was
+ * cancelled): its events and its GetRun entry go. */
+static void window_end_run(kf_ctx_t *ctx, state_t *s) {
+    kf_key_t k;
+    kf_key_coord_item(&k, s->c->id, KF_COORD_ITEM_EVENT);
+    kf_ctx_delete_prefix(ctx, KF_CF_COORD_ITEMS, &k);
+    s->w.events_first = s->w.events_next;
+    char run_id[KF_RUN_ID_BYTES_MAX + 1];
+    snprintf(run_id, sizeof run_id, "%s@%s", s->key, s->w.run_uuid);
+    kf_key_reset(&k);
+    kf_key_raw(&k, run_id, strlen(run_id));
+    kf_ctx_delete(ctx, KF_CF_COORD_WINDOWS, &k);
+}
+
+/* An event joins the window's run (not absorbed). `input` is
+ * NUL-terminated and lives until the command ends. */
+static void window_add_event(kf_ctx_t *ctx, state_t *s, const char *event_id, const char *input,
+                             size_t input_len) {
+    window_t *w = &s->w;
+    bool batch = s->kind == KF_RULE_BATCH;
+    if (batch || event_id[0] != '\0') {
+        Keyflow__Records__WindowEventRec rec = KEYFLOW__RECORDS__WINDOW_EVENT_REC__INIT;
+        rec.event_id = (char *)event_id;
+        rec.input = batch ? (char *)input : "";
+        kf_key_t k;
+        kf_key_coord_item_seq(&k, s->c->id, KF_COORD_ITEM_EVENT, w->events_next++);
+        kf_ctx_put_msg(ctx, KF_CF_COORD_ITEMS, &k, &rec.base);
+        if (!batch && w->events_next - w->events_first > KF_RUN_EVENT_IDS_MAX) {
+            /* A debounce window keeps only the IDs its run records. */
+            kf_key_coord_item_seq(&k, s->c->id, KF_COORD_ITEM_EVENT, w->events_first++);
+            kf_ctx_delete(ctx, KF_CF_COORD_ITEMS, &k);
+            w->event_ids_dropped++;
+        }
+    }
+    if (batch) {
+        w->input_len += (w->event_count > 0 ? 1 : 0) + input_len;
+    } else {
+        w->input = input;
+        w->input_len = input_len;
+    }
+    if (s->ev.loaded) {
+        if (event_id[0] != '\0') {
+            kf_event_ids_push(&s->ev.ids, event_id);
+        }
+        if (batch) {
+            if (w->event_count > 0) {
+                events_append(&s->ev, ",", 1);
+            }
+            events_append(&s->ev, input, input_len);
+        }
+    }
+    w->event_count++;
+}
+
+/* ---- remembered IDs ---------------------------------------------------------------- */
+
+static kf_status_t id_decode(const coord_t *c, const void *v, size_t len, kf_arena_t *arena,
+                             uint64_t seq, remembered_t *out, kf_error_t *err) {
+    Keyflow__Records__RememberedIdRec *r =
+        keyflow__records__remembered_id_rec__unpack(kf_arena_pb(arena), len, v);
+    if (r == NULL || !uuid_ok(r->run_uuid) || r->id[0] == '\0' ||
+        strlen(r->id) > KF_EVENT_ID_BYTES_MAX ||
+        (r->digest.len != 0 && r->digest.len != KF_EVENT_DIGEST_BYTES)) {
+        return corrupt_state(c, "malformed remembered ID", err);
+    }
+    *out = (remembered_t){
+        .seq = seq,
+        .id = r->id,
+        .run_uuid = r->run_uuid,
+        .digest = r->digest.len == KF_EVENT_DIGEST_BYTES ? r->digest.data : NULL,
+        .due_ms = r->due_ms,
+        .expires_ms = r->expires_ms,
+        .commit_seq = r->commit_seq,
+    };
+    return KF_OK;
+}
+
+/* The stored record of `event_id`, live or expired; *found false when the
+ * coordinator remembers none. */
+static kf_status_t id_lookup(kf_coords_t *cs, kf_ctx_t *ctx, const state_t *s, const char *event_id,
+                             remembered_t *out, bool *found, kf_error_t *err) {
+    *found = false;
+    if (s->ids_count == 0) {
+        return KF_OK;
+    }
+    kf_key_t k;
+    kf_key_coord_item_name(&k, s->c->id, event_id, strlen(event_id));
+    kf_value_t v;
+    kf_status_t st = kf_ctx_get(ctx, KF_CF_COORD_ITEMS, &k, &v, found, err);
+    if (st != KF_OK || !*found) {
+        return st;
+    }
+    uint64_t seq = v.len == 8 ? kf_get_be64(v.data) : UINT64_MAX;
+    kf_store_value_free(&v);
+    if (seq < s->ids_first || seq >= s->ids_next) {
+        return corrupt_state(s->c, "a remembered ID out of range", err);
+    }
+    kf_key_coord_item_seq(&k, s->c->id, KF_COORD_ITEM_ID, seq);
+    bool there;
+    st = kf_ctx_get(ctx, KF_CF_COORD_ITEMS, &k, &v, &there, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    if (!there) {
+        return corrupt_state(s->c, "a remembered ID without its record", err);
+    }
+    st = id_decode(s->c, v.data, v.len, &cs->scratch, seq, out, err);
+    kf_store_value_free(&v);
+    if (st == KF_OK && strcmp(out->id, event_id) != 0) {
+        st = corrupt_state(s->c, "a remembered ID under another name", err);
+    }
+    return st;
+}
+
+/* Plans room for one more remembered ID at now_ms when the coordinator
+ * holds the most it may (invariant 12): the expired ones go, and the oldest
+ * live one too if that is not enough. `skip_seq` is an expired record that
+ * the push replaces anyway (or UINT64_MAX). */
+static kf_status_t ids_plan_room(kf_coords_t *cs, kf_ctx_t *ctx, const state_t *s, int64_t now_ms,
+                                 uint64_t skip_seq, id_room_t *room, kf_error_t *err) {
+    uint32_t n = s->ids_count + 1;
+    memset(room, 0, sizeof *room);
+    room->drop_seq = kf_arena_new(&cs->scratch, n * sizeof *room->drop_seq);
+    room->drop_id = kf_arena_new(&cs->scratch, n * sizeof *room->drop_id);
+    room->first = s->ids_first;
+    room->last_expiry_ms = s->ids_last_expiry_ms;
+    /* Sorted by expiry (the usual case: one dedup_ms per key), the expired
+     * ones are a prefix, every record after the first live one is live, and
+     * the latest expiry is the last record's; otherwise every record is
+     * looked at and the live ones kept in order. */
+    bool whole = s->ids_unsorted;
+    remembered_t *live = kf_arena_new(&cs->scratch, n * sizeof *live);
+    uint32_t nlive = 0;
+    kf_key_t lower, upper;
+    kf_key_coord_item_seq(&lower, s->c->id, KF_COORD_ITEM_ID, s->ids_first);
+    kf_key_coord_item_seq(&upper, s->c->id, KF_COORD_ITEM_ID, s->ids_next);
+    kf_iter_t *it;
+    kf_status_t st = kf_ctx_iter_create(ctx, KF_CF_COORD_ITEMS, &lower, &upper, &it, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    for (kf_iter_seek_first(it); kf_iter_valid(it); kf_iter_next(it)) {
+        size_t kl, vl;
+        const uint8_t *key = kf_iter_key(it, &kl);
+        const void *v = kf_iter_value(it, &vl);
+        uint64_t seq = kf_get_be64(key + kl - 8);
+        if (seq == skip_seq) {
+            continue;
+        }
+        remembered_t r;
+        if ((st = id_decode(s->c, v, vl, &cs->scratch, seq, &r, err)) != KF_OK) {
+            break;
+        }
+        if (r.expires_ms <= now_ms) {
+            if (room->drops == n) {
+                st = corrupt_state(s->c, "more remembered IDs than counted", err);
+                break;
+            }
+            room->drop_seq[room->drops] = seq;
+            room->drop_id[room->drops++] = r.id;
+            continue;
+        }
+        live[nlive++] = r;
+        if (!whole || nlive == n) {
+            break;
+        }
+    }
+    if (st == KF_OK) {
+        st = kf_iter_status(it, err);
+    }
+    kf_iter_destroy(it);
+    if (st != KF_OK) {
+        return st;
+    }
+    uint32_t others = s->ids_count - (skip_seq != UINT64_MAX ? 1 : 0);
+    uint32_t live_count = others - room->drops;
+    uint32_t keep_from = 0; /* live[keep_from..] stay */
+    if (live_count >= KF_REMEMBERED_IDS_MAX) {
+        KF_ASSERT(nlive > 0);
+        room->drop_seq[room->drops] = live[0].seq;
+        room->drop_id[room->drops++] = live[0].id;
+        keep_from = 1;
+    }
+    if (whole) {
+        room->first = keep_from < nlive ? live[keep_from].seq : s->ids_next;
+        room->last_expiry_ms = INT64_MIN;
+        for (uint32_t i = keep_from; i < nlive; i++) {
+            room->unsorted = room->unsorted || live[i].expires_ms < room->last_expiry_ms;
+            if (live[i].expires_ms > room->last_expiry_ms) {
+                room->last_expiry_ms = live[i].expires_ms;
+            }
+        }
+    } else if (room->drops > 0) {
+        /* A prefix went: what stays starts after it. */
+        room->first = room->drop_seq[room->drops - 1] + 1;
+    }
+    return KF_OK;
+}
+
+static void ids_apply_room(kf_ctx_t *ctx, state_t *s, const id_room_t *room) {
+    for (uint32_t i = 0; i < room->drops; i++) {
+        kf_key_t k;
+        kf_key_coord_item_seq(&k, s->c->id, KF_COORD_ITEM_ID, room->drop_seq[i]);
+        kf_ctx_delete(ctx, KF_CF_COORD_ITEMS, &k);
+        kf_key_coord_item_name(&k, s->c->id, room->drop_id[i], strlen(room->drop_id[i]));
+        kf_ctx_delete(ctx, KF_CF_COORD_ITEMS, &k);
+    }
+    KF_ASSERT(s->ids_count >= room->drops);
+    s->ids_first = room->first;
+    s->ids_count -= room->drops;
+    s->ids_unsorted = room->unsorted;
+    s->ids_last_expiry_ms = room->last_expiry_ms;
+}
+
+/* Remembers an event ID (room made; `replaced` is the expired record of the
+ * same ID, or NULL). */
+static void ids_push(kf_ctx_t *ctx, state_t *s, const remembered_t *r,
+                     const remembered_t *replaced) {
+    kf_key_t k;
+    if (replaced != NULL) {
+        kf_key_coord_item_seq(&k, s->c->id, KF_COORD_ITEM_ID, replaced->seq);
+        kf_ctx_delete(ctx, KF_CF_COORD_ITEMS, &k);
+        s->ids_count--;
+    }
+    Keyflow__Records__RememberedIdRec rec = KEYFLOW__RECORDS__REMEMBERED_ID_REC__INIT;
+    rec.id = (char *)r->id;
+    rec.run_uuid = (char *)r->run_uuid;
+    rec.due_ms = r->due_ms;
+    rec.expires_ms = r->expires_ms;
+    rec.commit_seq = r->commit_seq;
+    rec.digest.data = (uint8_t *)r->digest;
+    rec.digest.len = KF_EVENT_DIGEST_BYTES;
+    uint64_t seq = s->ids_next++;
+    kf_key_coord_item_seq(&k, s->c->id, KF_COORD_ITEM_ID, seq);
+    kf_ctx_put_msg(ctx, KF_CF_COORD_ITEMS, &k, &rec.base);
+    uint8_t v[8];
+    kf_put_be64(v, seq);
+    kf_key_coord_item_name(&k, s->c->id, r->id, strlen(r->id));
+    kf_ctx_put(ctx, KF_CF_COORD_ITEMS, &k, v, sizeof v);
+    if (s->ids_count == 0) {
+        s->ids_last_expiry_ms = r->expires_ms;
+        s->ids_unsorted = false;
+    } else {
+        s->ids_unsorted = s->ids_unsorted || r->expires_ms < s->ids_last_expiry_ms;
+        if (r->expires_ms > s->ids_last_expiry_ms) {
+            s->ids_last_expiry_ms = r->expires_ms;
+        }
+    }
+    s->ids_count++;
+}
+
+/* ---- history (the journal) --------------------------------------------------------- */
+
+/* Journals `e` (seq and time filled in here). */
+static void history_append(kf_ctx_t *ctx, state_t *s, Keyflow__Records__JournalEntryRec *e) {
+    e->seq = s->journal_seq++;
+    e->at_ms = ctx->now_ms;
+    kf_key_t k;
+    kf_key_coord_history(&k, s->c->id, e->seq);
+    kf_ctx_put_msg(ctx, KF_CF_COORD_HISTORY, &k, &e->base);
+    s->journal_len++;
+}
+
+/* Continue-as-new: the state record is the snapshot, so the history up to
+ * here just goes. */
+static void maybe_compact(kf_ctx_t *ctx, state_t *s) {
+    if (s->journal_len < KF_JOURNAL_ENTRIES_MAX) {
         return;
     }
-    c->compactions++;
-    write_snapshot(ctx, c);
-    kf_key_t ckey, begin, end;
-    kf_key_reset(&ckey);
-    kf_key_raw(&ckey, c->ckey, c->ckey_len);
-    kf_key_journal(&begin, &ckey, 0);
-    kf_key_journal(&end, &ckey, c->journal_seq);
-    kf_batch_delete_range(ctx->batch, KF_CF_COORD_JOURNAL, begin.bytes, begin.len, end.bytes,
-                          end.len);
-    c->journal_len = 0;
+    s->compactions++;
+    kf_key_t begin, end;
+    kf_key_coord_history(&begin, s->c->id, 0);
+    kf_key_coord_history(&end, s->c->id, s->journal_seq);
+    kf_ctx_delete_range(ctx, KF_CF_COORD_HISTORY, &begin, &end);
+    s->journal_len = 0;
     kf_counter_add(KF_C_COMPACTIONS, 1);
 }
 
-static void coord_delete(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c) {
-    kf_ctx_wakeup_move(ctx, &c->timer, KF_WAKEUP_COORDINATOR, c->ckey, c->ckey_len,
-                       &c->wakeup_due_ms, KF_NO_WAKEUP);
-    kf_key_t ckey, end;
-    kf_key_reset(&ckey);
-    kf_key_raw(&ckey, c->ckey, c->ckey_len);
-    kf_ctx_delete(ctx, KF_CF_COORD_SNAPSHOTS, &ckey);
-    bool has_end = kf_key_prefix_end(&ckey, &end);
-    KF_ASSERT(has_end); /* the kind byte is 1 or 2, never 0xff */
-    kf_batch_delete_range(ctx->batch, KF_CF_COORD_JOURNAL, ckey.bytes, ckey.len, end.bytes,
-                          end.len);
+/* ---- wake-ups, settling, deletion ------------------------------------------------------- */
+
+static void index_put(kf_ctx_t *ctx, const coord_t *c) {
+    uint8_t v[9];
+    kf_put_be64(v, kf_i64_ordered(c->wakeup_ms));
+    v[8] = c->open ? 1 : 0;
+    kf_key_t k;
+    kf_key_coord_id(&k, c->id);
+    kf_ctx_put(ctx, KF_CF_COORD_INDEX, &k, v, sizeof v);
+}
+
+/* Moves the coordinator's wake-up to due_ms and records whether a window
+ * is open (invariant 11): a later due time writes nothing while the stored
+ * wake-up is still ahead, and the in-memory timer stays where it is unless
+ * it is later than the new due time. */
+static void wakeup_move(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, int64_t due_ms, bool open) {
+    bool flag_same = c->open == open;
+    if (flag_same && c->wakeup_ms == due_ms) {
+        if (!kf_timer_armed(&c->timer) || c->timer.due_ms != due_ms) {
+            kf_heap_arm(&ctx->heap, &c->timer, due_ms);
+        }
+        return;
+    }
+    if (flag_same && c->wakeup_ms != KF_NO_WAKEUP && c->wakeup_ms <= due_ms &&
+        c->wakeup_ms > ctx->now_ms) {
+        if (!kf_timer_armed(&c->timer) || c->timer.due_ms > due_ms) {
+            kf_heap_arm(&ctx->heap, &c->timer, due_ms);
+        }
+        return;
+    }
+    c->wakeup_ms = due_ms;
+    coord_set_open(cs, c, open);
+    index_put(ctx, c);
+    kf_heap_arm(&ctx->heap, &c->timer, due_ms);
+}
+
+static void coord_delete(kf_coords_t *cs, kf_ctx_t *ctx, state_t *s) {
+    coord_t *c = s->c;
+    KF_ASSERT(!s->open);
+    kf_key_t k;
+    kf_key_coord_id(&k, c->id);
+    kf_ctx_delete(ctx, KF_CF_COORD_STATE, &k);
+    kf_ctx_delete(ctx, KF_CF_COORD_INDEX, &k);
+    kf_ctx_delete_prefix(ctx, KF_CF_COORD_ITEMS, &k);
+    kf_ctx_delete_prefix(ctx, KF_CF_COORD_HISTORY, &k);
+    kf_heap_disarm(&ctx->heap, &c->timer);
+    coord_set_open(cs, c, false);
     kf_map_remove(&cs->map, &c->node);
-    coord_free(cs, c);
-    publish_gauges(cs);
+    free(c);
+    s->c = NULL;
 }
 
 /* Re-arms the coordinator's wake-up, or deletes it when it has nothing left
  * to do. Returns false when the coordinator was deleted. */
-static bool coord_schedule(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c) {
+static bool coord_schedule(kf_coords_t *cs, kf_ctx_t *ctx, state_t *s) {
     int64_t due;
-    if (c->open) {
-        due = c->due_ms;
+    if (s->open) {
+        due = s->w.due_ms;
     } else {
-        due = ids_last_expiry(c);
+        due = s->ids_count > 0 ? s->ids_last_expiry_ms : INT64_MIN;
         if (due <= ctx->now_ms) {
-            coord_delete(cs, ctx, c);
+            coord_delete(cs, ctx, s);
             return false;
         }
     }
-    kf_ctx_wakeup_move(ctx, &c->timer, KF_WAKEUP_COORDINATOR, c->ckey, c->ckey_len,
-                       &c->wakeup_due_ms, due);
+    wakeup_move(cs, ctx, s->c, due, s->open);
     return true;
 }
 
-static void coord_settle(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c) {
-    if (coord_schedule(cs, ctx, c)) {
-        maybe_compact(ctx, c);
+/* Ends a command's changes: wake-up, compaction, the state record.
+ * Returns false when the coordinator was deleted (s->c is then NULL). */
+static bool coord_settle(kf_coords_t *cs, kf_ctx_t *ctx, state_t *s) {
+    bool exists = coord_schedule(cs, ctx, s);
+    if (exists) {
+        maybe_compact(ctx, s);
+        state_save(cs, ctx, s);
     }
     publish_gauges(cs);
+    return exists;
 }
 
-/* ---- closing windows --------------------------------------------------- */
-
-/* Starts the window's run (run_uuid) with its input: the window closes, or
- * with `leading` stays open to absorb events until its due time. */
-static void start_run(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char *reason,
-                      bool leading) {
-    KF_ASSERT(c->open && !c->run_started);
-    char run_id[KF_RUN_ID_BYTES_MAX + 1];
-    const char *event_ids[KF_RUN_EVENT_IDS_MAX];
-    snprintf(run_id, sizeof run_id, "%s@%s", c->key, c->run_uuid);
-    if (c->kind == KF_RULE_BATCH) {
-        input_reserve(cs, c, c->input_len + 1);
-        c->input[c->input_len] = ']';
-    }
-    kf_run_spec_t spec = {
-        .run_id = run_id,
-        .workflow = c->workflow,
-        .key = c->key,
-        .kind = (int)c->kind,
-        .input = c->input,
-        .input_len = c->input_len + (c->kind == KF_RULE_BATCH ? 1 : 0),
-        .event_count = c->event_count,
-        .options = c->rule.run,
-        .event_ids = event_ids,
-        .event_id_count = kf_event_ids_list(&c->event_ids, event_ids),
-        .event_ids_dropped = c->event_ids.dropped,
-    };
-    uint64_t run_seq = kf_runs_start(cs->runs, ctx, &spec);
-    Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
-    Keyflow__Records__RunStartedRec started = KEYFLOW__RECORDS__RUN_STARTED_REC__INIT;
-    started.run_uuid = c->run_uuid;
-    started.reason = (char *)reason;
-    started.run_seq = run_seq;
-    started.leading = leading;
-    e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED;
-    e.started = &started;
-    append_entry(cs, ctx, c, &e);
-    kf_log_kv(KF_LOG_INFO, "coord", "window closed, run started",
-              KF_LOG_STR("kind", c->kind == KF_RULE_BATCH ? "batch" : "debounce"),
-              KF_LOG_STR("workflow", c->workflow), KF_LOG_STR("key", c->key),
-              KF_LOG_STR("run_id", run_id), KF_LOG_STR("reason", reason),
-              KF_LOG_INT("events", spec.event_count));
-}
-
-/* Closes the open window: its run starts, or, when it already started at
- * the leading edge, the window just ends ("due", "flush", "cancel"). */
-static void end_window(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const char *reason) {
-    KF_ASSERT(c->open);
-    if (!c->run_started) {
-        start_run(cs, ctx, c, reason, false);
-        return;
-    }
-    Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
-    Keyflow__Records__WindowClosedRec closed = KEYFLOW__RECORDS__WINDOW_CLOSED_REC__INIT;
-    closed.run_uuid = c->run_uuid;
-    closed.reason = (char *)reason;
-    closed.events_absorbed = c->events_absorbed;
-    e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CLOSED;
-    e.closed = &closed;
-    append_entry(cs, ctx, c, &e);
-}
-
-/* Whether closing the open window now would start a run, and there is no
- * room for one more live run. */
-static bool end_blocked(const kf_coords_t *cs, const coord_t *c) {
-    return !c->run_started && kf_runs_full(cs->runs);
-}
-
-/* ---- requests ---------------------------------------------------------- */
-
-/* Closes the window of `c` if its due time has passed, as its timer would
- * have. The engine fires due timers before each turn's commands, but at most
- * KF_TIMERS_PER_TURN_MAX of them, so a request may still meet a window that
- * is over: it must not join, cancel, flush or describe it as open. Returns
- * the coordinator as it is afterwards (NULL when settling deleted it). */
-static coord_t *close_if_overdue(kf_coords_t *cs, kf_ctx_t *ctx, coord_t *c, const kf_key_t *ckey) {
-    if (c == NULL || !c->open || c->due_ms > ctx->now_ms || end_blocked(cs, c)) {
-        return c;
-    }
-    end_window(cs, ctx, c, "due");
-    coord_settle(cs, ctx, c);
-    return coord_find(cs, ckey);
-}
+/* ---- closing windows --------------------------------------------------------------- */
 
 /* "<key>@<uuid>" in the arena (once per receipt: no printf). */
 static char *run_id_in(kf_arena_t *arena, const char *key, const char *uuid) {
@@ -781,8 +900,140 @@ static char *run_id_in(kf_arena_t *arena, const char *key, const char *uuid) {
     return s;
 }
 
+static void recent_push(kf_ctx_t *ctx, state_t *s, const char *uuid) {
+    kf_key_t k;
+    kf_key_coord_item_seq(&k, s->c->id, KF_COORD_ITEM_RECENT, (uint64_t)s->runs_started);
+    kf_ctx_put(ctx, KF_CF_COORD_ITEMS, &k, uuid, KF_UUID_TEXT_BYTES);
+    if (s->runs_started >= KF_RECENT_RUNS_MAX) {
+        kf_key_coord_item_seq(&k, s->c->id, KF_COORD_ITEM_RECENT,
+                              (uint64_t)(s->runs_started - KF_RECENT_RUNS_MAX));
+        kf_ctx_delete(ctx, KF_CF_COORD_ITEMS, &k);
+    }
+    s->runs_started++;
+}
+
+static void window_close(state_t *s) {
+    s->open = false;
+    memset(&s->w, 0, sizeof s->w);
+    state_done(s);
+}
+
+/* Starts the window's run with its input and event IDs (read before the
+ * command changed anything): the window closes, or with `leading` stays
+ * open to absorb events until its due time. */
+static void start_run(kf_coords_t *cs, kf_ctx_t *ctx, state_t *s, const char *reason,
+                      bool leading) {
+    window_t *w = &s->w;
+    KF_ASSERT(s->open && !w->run_started && s->ev.loaded);
+    char run_id[KF_RUN_ID_BYTES_MAX + 1];
+    const char *event_ids[KF_RUN_EVENT_IDS_MAX];
+    snprintf(run_id, sizeof run_id, "%s@%s", s->key, w->run_uuid);
+    bool batch = s->kind == KF_RULE_BATCH;
+    if (batch) {
+        events_append(&s->ev, "]", 1);
+    }
+    kf_run_spec_t spec = {
+        .run_id = run_id,
+        .workflow = s->workflow,
+        .key = s->key,
+        .kind = (int)s->kind,
+        .input = batch ? s->ev.input : w->input,
+        .input_len = batch ? s->ev.input_len : w->input_len,
+        .event_count = w->event_count,
+        .options = w->rule.run,
+        .event_ids = event_ids,
+        .event_id_count = kf_event_ids_list(&s->ev.ids, event_ids),
+        .event_ids_dropped = s->ev.ids.dropped,
+    };
+    uint64_t run_seq = kf_runs_start(cs->runs, ctx, &spec);
+    Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
+    Keyflow__Records__RunStartedRec started = KEYFLOW__RECORDS__RUN_STARTED_REC__INIT;
+    started.run_uuid = w->run_uuid;
+    started.reason = (char *)reason;
+    started.run_seq = run_seq;
+    started.leading = leading;
+    e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED;
+    e.started = &started;
+    history_append(ctx, s, &e);
+    kf_log_kv(KF_LOG_INFO, "coord", "window closed, run started",
+              KF_LOG_STR("kind", batch ? "batch" : "debounce"), KF_LOG_STR("workflow", s->workflow),
+              KF_LOG_STR("key", s->key), KF_LOG_STR("run_id", run_id), KF_LOG_STR("reason", reason),
+              KF_LOG_INT("events", spec.event_count));
+    window_end_run(ctx, s);
+    recent_push(ctx, s, w->run_uuid);
+    if (leading) {
+        /* The window stays open to absorb events until its due time. */
+        w->run_started = true;
+        w->input = NULL;
+        w->input_len = 0;
+        events_reset(s);
+    } else {
+        window_close(s);
+    }
+}
+
+/* Closes the open window: its run starts, or, when it already started at
+ * the leading edge, the window just ends ("due", "flush", "cancel"). */
+static void end_window(kf_coords_t *cs, kf_ctx_t *ctx, state_t *s, const char *reason) {
+    KF_ASSERT(s->open);
+    if (!s->w.run_started) {
+        start_run(cs, ctx, s, reason, false);
+        return;
+    }
+    Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
+    Keyflow__Records__WindowClosedRec closed = KEYFLOW__RECORDS__WINDOW_CLOSED_REC__INIT;
+    closed.run_uuid = s->w.run_uuid;
+    closed.reason = (char *)reason;
+    closed.events_absorbed = s->w.events_absorbed;
+    e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CLOSED;
+    e.closed = &closed;
+    history_append(ctx, s, &e);
+    window_close(s);
+}
+
+/* Whether closing the open window now would start a run, and there is no
+ * room for one more live run. */
+static bool end_blocked(const kf_coords_t *cs, const state_t *s) {
+    return !s->w.run_started && kf_runs_full(cs->runs);
+}
+
+/* ---- requests --------------------------------------------------------------------- */
+
+/* Loads the coordinator of `ident` (*s->c NULL when there is none) and
+ * closes its window if its due time has passed, as its timer would have.
+ * The engine fires due timers before each turn's commands, but at most
+ * KF_TIMERS_PER_TURN_MAX of them, so a request may still meet a window
+ * that is over: it must not join, cancel, flush or describe it as open.
+ * On success the caller owes state_done(s). */
+static kf_status_t coord_open(kf_coords_t *cs, kf_ctx_t *ctx, const kf_key_t *ident,
+                              uint8_t id[KF_COORD_ID_BYTES], state_t *s, kf_error_t *err) {
+    memset(s, 0, sizeof *s);
+    kf__coord_id(&cs->id_key, ident->bytes, ident->len, id);
+    coord_t *c = coord_find(cs, id);
+    if (c == NULL) {
+        return KF_OK;
+    }
+    kf_status_t st = state_load(cs, ctx, c, &cs->scratch, ident, s, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    if (!s->open || s->w.due_ms > ctx->now_ms || end_blocked(cs, s)) {
+        return KF_OK;
+    }
+    if (!s->w.run_started && (st = events_load(ctx, s, err)) != KF_OK) {
+        state_done(s);
+        return st;
+    }
+    end_window(cs, ctx, s, "due");
+    if (!coord_settle(cs, ctx, s)) {
+        state_done(s);
+        memset(s, 0, sizeof *s);
+    }
+    return KF_OK;
+}
+
 static kf_status_t ref_key(const Keyflow__V1__CoordinatorRef *ref, const char *field,
-                           kf_key_t *ckey, kf_error_t *err) {
+                           kf_key_t *ident, kf_error_t *err) {
     char name[64];
     if (ref == NULL) {
         return kf_error_set(err, KF_E_INVALID, "%s: required", field);
@@ -801,7 +1052,7 @@ static kf_status_t ref_key(const Keyflow__V1__CoordinatorRef *ref, const char *f
     if ((st = kf_check_identifier(name, ref->key, KF_KEY_BYTES_MAX, true, err)) != KF_OK) {
         return st;
     }
-    kf_key_coord(ckey, (uint8_t)ref->kind, ref->workflow, strlen(ref->workflow), ref->key,
+    kf_key_coord(ident, (uint8_t)ref->kind, ref->workflow, strlen(ref->workflow), ref->key,
                  strlen(ref->key));
     return KF_OK;
 }
@@ -824,10 +1075,10 @@ static void trim_json_space(const char **text, size_t *len) {
 /* A live remembered ID answers a retry: with its first receipt when the
  * payload is the same (or unknown: remembered by an older build), else the
  * retry is refused. */
-static kf_status_t answer_duplicate(const coord_t *c, const remembered_t *r, const uint8_t *digest,
+static kf_status_t answer_duplicate(const state_t *s, const remembered_t *r, const uint8_t *digest,
                                     kf_arena_t *arena, Keyflow__V1__SendEventResponse *resp,
                                     kf_error_t *err) {
-    if (r->digest_known && memcmp(r->digest, digest, KF_EVENT_DIGEST_BYTES) != 0) {
+    if (r->digest != NULL && memcmp(r->digest, digest, KF_EVENT_DIGEST_BYTES) != 0) {
         kf_counter_add(KF_C_EVENTS_CONFLICT, 1);
         return kf_error_set(err, KF_E_EXISTS,
                             "event.id: \"%s\" was already used with another payload (rule, flush "
@@ -835,7 +1086,7 @@ static kf_status_t answer_duplicate(const coord_t *c, const remembered_t *r, con
                             "another event needs another ID",
                             r->id);
     }
-    resp->receipt->run_id = run_id_in(arena, c->key, r->run_uuid);
+    resp->receipt->run_id = run_id_in(arena, s->key, r->run_uuid);
     resp->receipt->due_ms = r->due_ms;
     resp->receipt->commit_seq = r->commit_seq;
     resp->duplicate = true;
@@ -845,9 +1096,10 @@ static kf_status_t answer_duplicate(const coord_t *c, const remembered_t *r, con
 }
 
 /* Refuses an event that cannot be taken now, before anything changes. */
-static kf_status_t admit(const kf_coords_t *cs, kf_ctx_t *ctx, const coord_t *c, size_t input_len,
+static kf_status_t admit(const kf_coords_t *cs, kf_ctx_t *ctx, const state_t *s,
                          kf_error_t *err) {
-    if (c == NULL && cs->map.count >= KF_COORDINATORS_MAX) {
+    bool exists = s->c != NULL;
+    if (!exists && cs->map.count >= KF_COORDINATORS_MAX) {
         return kf_error_set(err, KF_E_LIMIT,
                             "coordinators: at most %d held at once (KF_COORDINATORS_MAX)",
                             KF_COORDINATORS_MAX);
@@ -860,21 +1112,19 @@ static kf_status_t admit(const kf_coords_t *cs, kf_ctx_t *ctx, const coord_t *c,
             "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX); complete some first",
             KF_LIVE_RUNS_MAX);
     }
-    if (cs->window_bytes + (int64_t)input_len + 64 > KF_OPEN_WINDOW_BYTES_MAX) {
-        return kf_error_set(err, KF_E_LIMIT,
-                            "windows: open windows hold %lld bytes (KF_OPEN_WINDOW_BYTES_MAX)",
-                            (long long)cs->window_bytes);
-    }
     /* The memory budget admits new coordinators and windows; an event for
-     * an open window is always taken. */
-    if (c == NULL) {
-        return kf_ctx_admit(ctx, COORD_BYTES + WINDOW_BYTES + input_len, "a new coordinator", err);
+     * an open window is always taken. A window costs no memory of its own
+     * now, so one on an existing coordinator is refused only while the
+     * tables are past the budget already. */
+    if (!exists) {
+        return kf_ctx_admit(ctx, COORD_BYTES, "a new coordinator", err);
     }
-    if (!c->open) {
-        return kf_ctx_admit(ctx, WINDOW_BYTES + input_len, "a new window", err);
+    if (!s->open) {
+        return kf_ctx_admit(ctx, 0, "a new window", err);
     }
     return KF_OK;
 }
+
 /* A new window's run UUID: a UUIDv7 whose spare bits name this engine's
  * partition, so that a call naming only the run ID (GetRun, CompleteRun)
  * finds its partition (base/partition.h). */
@@ -882,6 +1132,14 @@ static void new_run_uuid(kf_ctx_t *ctx, int64_t now, char uuid[KF_UUID_TEXT_BYTE
     kf_uuid7(ctx->rng, now, uuid);
     kf_partition_tag_uuid(uuid, ctx->config->partition_index);
 }
+
+/* What send_one reads before it changes anything (invariant 13). */
+typedef struct send_reads {
+    bool seen; /* the event's ID is remembered (live or expired) */
+    remembered_t remembered;
+    bool room; /* room must be made for its ID */
+    id_room_t id_room;
+} send_reads_t;
 
 /* One SendEvent: the response (in `arena`) or an error, in which case
  * nothing changed but an overdue window closing, as its timer would have. */
@@ -916,37 +1174,70 @@ static kf_status_t send_one(kf_coords_t *cs, kf_ctx_t *ctx,
     if (has_id) {
         kf_event_digest(&rule, ev->flush, input, input_len, digest);
     }
-    kf_key_t ckey;
-    kf_key_coord(&ckey, (uint8_t)rule.kind, req->workflow, strlen(req->workflow), req->key,
+    kf_key_t ident;
+    kf_key_coord(&ident, (uint8_t)rule.kind, req->workflow, strlen(req->workflow), req->key,
                  strlen(req->key));
-    coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
+    kf_arena_reset(&cs->scratch);
+    state_t s;
+    uint8_t id[KF_COORD_ID_BYTES];
+    kf_status_t st = coord_open(cs, ctx, &ident, id, &s, err);
+    if (st != KF_OK) {
+        return st;
+    }
     int64_t now = ctx->now_ms;
+    bool exists = s.c != NULL;
 
     Keyflow__V1__SendEventResponse *resp = kf_arena_new(arena, sizeof *resp);
     keyflow__v1__send_event_response__init(resp);
     resp->receipt = kf_arena_new(arena, sizeof *resp->receipt);
     keyflow__v1__receipt__init(resp->receipt);
-    const remembered_t *seen = c != NULL && has_id ? id_find(c, ev->id, now) : NULL;
-    if (seen != NULL) {
-        kf_status_t st = answer_duplicate(c, seen, digest, arena, resp, err);
-        *out = resp;
-        return st;
+
+    /* Reads. */
+    send_reads_t reads = {0};
+    if (exists && has_id) {
+        st = id_lookup(cs, ctx, &s, ev->id, &reads.remembered, &reads.seen, err);
+        if (st == KF_OK && reads.seen && reads.remembered.expires_ms > now) {
+            st = answer_duplicate(&s, &reads.remembered, digest, arena, resp, err);
+            state_done(&s);
+            *out = resp;
+            return st;
+        }
+        uint64_t replaced = reads.seen ? reads.remembered.seq : UINT64_MAX;
+        if (st == KF_OK && s.ids_count - (reads.seen ? 1u : 0u) >= KF_REMEMBERED_IDS_MAX) {
+            reads.room = true;
+            st = ids_plan_room(cs, ctx, &s, now, replaced, &reads.id_room, err);
+        }
     }
-    kf_status_t st = admit(cs, ctx, c, input_len, err);
+    if (st == KF_OK) {
+        st = admit(cs, ctx, &s, err);
+    }
+    bool batch_over = exists && s.open && rule.kind == KF_RULE_BATCH &&
+                      kf_batch_bytes_with((int64_t)s.w.input_len + 1, s.w.event_count, input_len) >
+                          rule.max_bytes;
+    kf_join_t join = exists && s.open && !batch_over ? kf_window_join(&rule, true, s.w.run_started)
+                                                     : KF_JOIN_OPEN;
+    bool may_close = batch_over || ev->flush ||
+                     (rule.kind == KF_RULE_BATCH && join == KF_JOIN_RUN &&
+                      s.w.event_count + 1 >= rule.max_events);
+    if (st == KF_OK && may_close && exists && s.open && !s.w.run_started) {
+        st = events_load(ctx, &s, err);
+    }
     if (st != KF_OK) {
+        state_done(&s);
         return st;
     }
-    if (c == NULL) {
-        c = coord_new(cs, &ckey);
+
+    /* Changes. */
+    if (!exists) {
+        state_new(&s, coord_add(cs, id), rule.kind, req->workflow, req->key);
+        publish_gauges(cs);
     }
-    if (c->open && rule.kind == KF_RULE_BATCH &&
-        kf_batch_bytes_with((int64_t)c->input_len + 1, c->event_count, input_len) >
-            rule.max_bytes) {
-        start_run(cs, ctx, c, "size", false); /* the window is full by bytes: start it */
+    if (batch_over) {
+        start_run(cs, ctx, &s, "size", false); /* the window is full by bytes: start it */
     }
-    kf_join_t join = kf_window_join(&rule, c->open, c->run_started);
+    KF_ASSERT(join == kf_window_join(&rule, s.open, s.open && s.w.run_started));
     char uuid[KF_UUID_TEXT_BYTES + 1];
-    int64_t opened_ms = c->opened_ms;
+    int64_t opened_ms = s.w.opened_ms;
     int64_t count = 1;
     switch (join) {
     case KF_JOIN_OPEN:
@@ -955,65 +1246,89 @@ static kf_status_t send_one(kf_coords_t *cs, kf_ctx_t *ctx,
         break;
     case KF_JOIN_NEXT_RUN: new_run_uuid(ctx, now, uuid); break;
     case KF_JOIN_RUN:
-        memcpy(uuid, c->run_uuid, sizeof uuid);
-        count = c->event_count + 1;
+        memcpy(uuid, s.w.run_uuid, sizeof uuid);
+        count = s.w.event_count + 1;
         break;
     case KF_JOIN_ABSORB:
-        memcpy(uuid, c->run_uuid, sizeof uuid);
-        count = c->event_count;
+        memcpy(uuid, s.w.run_uuid, sizeof uuid);
+        count = s.w.event_count;
         break;
     }
     /* A flushing event closes its window at once. */
     int64_t due_ms = ev->flush ? now : kf_window_due_ms(&rule, opened_ms, now, count);
+    const char *input_z = input;
+    if (input[input_len] != '\0') {
+        input_z = kf_arena_strndup(arena, input, input_len); /* a trailing blank was trimmed */
+        KF_ASSERT(input_z != NULL);
+    }
+    if (input_len == 0) {
+        input_z = "null";
+        input_len = 4;
+    }
 
-    Keyflow__Records__RuleRec rule_rec;
-    Keyflow__Records__RetryRec retry_rec;
-    rule_to_rec(&rule, &rule_rec, &retry_rec);
+    if (join == KF_JOIN_OPEN) {
+        s.open = true;
+        memset(&s.w, 0, sizeof s.w);
+        s.w.opened_ms = now;
+        s.w.events_first = s.w.events_next = 0;
+        window_begin_run(ctx, &s, uuid, &rule);
+    } else if (join == KF_JOIN_NEXT_RUN) {
+        window_begin_run(ctx, &s, uuid, &rule);
+    }
+    if (join == KF_JOIN_ABSORB) {
+        s.w.events_absorbed++;
+    } else {
+        window_add_event(ctx, &s, ev->id, input_z, input_len);
+    }
+    s.w.last_ms = now;
+    s.w.rule = rule;
+    s.w.due_ms = due_ms;
+    int64_t commit_seq = (int64_t)ctx->group_id;
+    if (has_id) {
+        if (reads.room) {
+            ids_apply_room(ctx, &s, &reads.id_room);
+        }
+        remembered_t r = {
+            .id = ev->id,
+            .run_uuid = uuid,
+            .digest = digest,
+            .due_ms = due_ms,
+            .expires_ms = kf_dedup_expires_ms(&rule, now),
+            .commit_seq = commit_seq,
+        };
+        ids_push(ctx, &s, &r, reads.seen ? &reads.remembered : NULL);
+    }
     Keyflow__Records__EventAcceptedRec acc = KEYFLOW__RECORDS__EVENT_ACCEPTED_REC__INIT;
     acc.event_id = ev->id;
-    acc.rule = &rule_rec;
-    /* An absorbed input is in no run: it is not kept. */
-    if (join == KF_JOIN_ABSORB) {
-        acc.input_json = "";
-    } else if (input[input_len] == '\0') {
-        acc.input_json = (char *)input; /* no trailing blank was trimmed: use it in place */
-    } else {
-        acc.input_json = kf_arena_strndup(arena, input, input_len);
-        KF_ASSERT(acc.input_json != NULL);
-    }
     acc.run_uuid = uuid;
     acc.opened = join == KF_JOIN_OPEN;
     acc.absorbed = join == KF_JOIN_ABSORB;
     acc.next_run = join == KF_JOIN_NEXT_RUN;
     acc.due_ms = due_ms;
-    acc.commit_seq = (int64_t)ctx->group_id;
-    if (has_id) {
-        acc.digest.data = digest;
-        acc.digest.len = sizeof digest;
-    }
+    acc.commit_seq = commit_seq;
     Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
     e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED;
     e.accepted = &acc;
-    append_entry(cs, ctx, c, &e);
-    KF_ASSERT(c->due_ms == due_ms && c->event_count == count);
+    history_append(ctx, &s, &e);
+    KF_ASSERT(s.w.due_ms == due_ms && s.w.event_count == count);
     kf_counter_add(KF_C_EVENTS_ACCEPTED, 1);
 
     bool closed = false;
     if (join == KF_JOIN_OPEN && kf_edge_leading(&rule)) {
-        start_run(cs, ctx, c, "leading", true);
+        start_run(cs, ctx, &s, "leading", true);
         closed = true;
     }
-    if (rule.kind == KF_RULE_BATCH && c->event_count >= rule.max_events) {
-        start_run(cs, ctx, c, "full", false); /* fires at once, inside this request */
+    if (rule.kind == KF_RULE_BATCH && s.w.event_count >= rule.max_events) {
+        start_run(cs, ctx, &s, "full", false); /* fires at once, inside this request */
         closed = true;
     }
-    if (ev->flush && c->open) {
-        end_window(cs, ctx, c, "flush");
+    if (ev->flush && s.open) {
+        end_window(cs, ctx, &s, "flush");
         closed = true;
     }
-    resp->receipt->run_id = run_id_in(arena, c->key, uuid);
+    resp->receipt->run_id = run_id_in(arena, s.key, uuid);
     resp->receipt->due_ms = due_ms;
-    resp->receipt->commit_seq = acc.commit_seq;
+    resp->receipt->commit_seq = commit_seq;
     resp->run_started = closed;
     if (closed) {
         resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_CLOSED;
@@ -1022,7 +1337,8 @@ static kf_status_t send_one(kf_coords_t *cs, kf_ctx_t *ctx,
     } else {
         resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_JOINED;
     }
-    coord_settle(cs, ctx, c);
+    coord_settle(cs, ctx, &s);
+    state_done(&s);
     *out = resp;
     return KF_OK;
 }
@@ -1109,20 +1425,18 @@ static const char *entry_name(int entry_case) {
     }
 }
 
-/* The durable journal entries since the last snapshot (a read: entries of
- * groups not yet synced are not listed; their count is in journal_length). */
-static void describe_journal(kf_ctx_t *ctx, coord_t *c,
+/* The durable journal entries since the last compaction (a read of the
+ * store: entries of groups not yet synced are not listed; their count is
+ * in journal_length). */
+static void describe_journal(kf_ctx_t *ctx, const state_t *s,
                              Keyflow__V1__DescribeCoordinatorResponse *resp, kf_arena_t *arena) {
-    kf_key_t ckey, end;
-    kf_key_reset(&ckey);
-    kf_key_raw(&ckey, c->ckey, c->ckey_len);
-    if (!kf_key_prefix_end(&ckey, &end)) {
-        return;
-    }
+    kf_key_t lower, upper;
+    kf_key_coord_history(&lower, s->c->id, 0);
+    kf_key_coord_history(&upper, s->c->id, s->journal_seq);
     kf_iter_t *it;
     kf_error_t err;
-    if (kf_iter_create(ctx->store, KF_CF_COORD_JOURNAL, ckey.bytes, ckey.len, end.bytes, end.len,
-                       &it, &err) != KF_OK) {
+    if (kf_iter_create(ctx->store, KF_CF_COORD_HISTORY, lower.bytes, lower.len, upper.bytes,
+                       upper.len, &it, &err) != KF_OK) {
         return;
     }
     resp->journal = kf_arena_new(arena, KF_JOURNAL_ENTRIES_MAX * sizeof *resp->journal);
@@ -1141,7 +1455,7 @@ static void describe_journal(kf_ctx_t *ctx, coord_t *c,
         jr->at_ms = e->at_ms;
         jr->what = (char *)entry_name(e->entry_case);
         if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_ACCEPTED) {
-            jr->run_id = run_id_in(arena, c->key, e->accepted->run_uuid);
+            jr->run_id = run_id_in(arena, s->key, e->accepted->run_uuid);
             jr->event_id = e->accepted->event_id;
             const Keyflow__Records__EventAcceptedRec *a = e->accepted;
             jr->detail = kf_arena_printf(arena, "%sdue_ms=%lld commit_seq=%lld",
@@ -1151,13 +1465,13 @@ static void describe_journal(kf_ctx_t *ctx, coord_t *c,
                                                        : "",
                                          (long long)a->due_ms, (long long)a->commit_seq);
         } else if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_STARTED) {
-            jr->run_id = run_id_in(arena, c->key, e->started->run_uuid);
+            jr->run_id = run_id_in(arena, s->key, e->started->run_uuid);
             jr->detail = kf_arena_printf(arena, "reason=%s", e->started->reason);
         } else if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED) {
-            jr->run_id = run_id_in(arena, c->key, e->cancelled->run_uuid);
+            jr->run_id = run_id_in(arena, s->key, e->cancelled->run_uuid);
             jr->detail = kf_arena_printf(arena, "events=%lld", (long long)e->cancelled->events);
         } else if (e->entry_case == KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CLOSED) {
-            jr->run_id = run_id_in(arena, c->key, e->closed->run_uuid);
+            jr->run_id = run_id_in(arena, s->key, e->closed->run_uuid);
             jr->detail = kf_arena_printf(arena, "reason=%s events_absorbed=%lld", e->closed->reason,
                                          (long long)e->closed->events_absorbed);
         }
@@ -1166,11 +1480,81 @@ static void describe_journal(kf_ctx_t *ctx, coord_t *c,
     kf_iter_destroy(it);
 }
 
+/* Recent runs and live remembered IDs, oldest first. */
+static kf_status_t describe_items(kf_coords_t *cs, kf_ctx_t *ctx, const state_t *s,
+                                  Keyflow__V1__DescribeCoordinatorResponse *resp, kf_arena_t *arena,
+                                  kf_error_t *err) {
+    kf_key_t lower, upper;
+    kf_iter_t *it;
+    kf_key_coord_item(&lower, s->c->id, KF_COORD_ITEM_RECENT);
+    kf_key_coord_item(&upper, s->c->id, KF_COORD_ITEM_RECENT + 1);
+    kf_status_t st = kf_ctx_iter_create(ctx, KF_CF_COORD_ITEMS, &lower, &upper, &it, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    resp->recent_run_ids = kf_arena_new(arena, (KF_RECENT_RUNS_MAX + 1) * sizeof(char *));
+    for (kf_iter_seek_first(it); kf_iter_valid(it) && resp->n_recent_run_ids < KF_RECENT_RUNS_MAX;
+         kf_iter_next(it)) {
+        size_t len;
+        const char *v = kf_iter_value(it, &len);
+        char uuid[KF_UUID_TEXT_BYTES + 1];
+        if (len != KF_UUID_TEXT_BYTES) {
+            st = corrupt_state(s->c, "malformed recent run", err);
+            break;
+        }
+        memcpy(uuid, v, len);
+        uuid[len] = '\0';
+        resp->recent_run_ids[resp->n_recent_run_ids++] = run_id_in(arena, s->key, uuid);
+    }
+    if (st == KF_OK) {
+        st = kf_iter_status(it, err);
+    }
+    kf_iter_destroy(it);
+    if (st != KF_OK) {
+        return st;
+    }
+    kf_key_coord_item_seq(&lower, s->c->id, KF_COORD_ITEM_ID, s->ids_first);
+    kf_key_coord_item_seq(&upper, s->c->id, KF_COORD_ITEM_ID, s->ids_next);
+    if ((st = kf_ctx_iter_create(ctx, KF_CF_COORD_ITEMS, &lower, &upper, &it, err)) != KF_OK) {
+        return st;
+    }
+    resp->remembered_ids = kf_arena_new(arena, (s->ids_count + 1) * sizeof *resp->remembered_ids);
+    for (kf_iter_seek_first(it); kf_iter_valid(it) && st == KF_OK; kf_iter_next(it)) {
+        size_t kl, vl;
+        const uint8_t *k = kf_iter_key(it, &kl);
+        const void *v = kf_iter_value(it, &vl);
+        remembered_t r;
+        st = id_decode(s->c, v, vl, &cs->scratch, kf_get_be64(k + kl - 8), &r, err);
+        if (st != KF_OK || r.expires_ms <= ctx->now_ms) {
+            continue; /* expired: no longer deduplicates */
+        }
+        if (resp->n_remembered_ids == s->ids_count) {
+            st = corrupt_state(s->c, "more remembered IDs than counted", err);
+            break;
+        }
+        Keyflow__V1__RememberedId *ri = kf_arena_new(arena, sizeof *ri);
+        keyflow__v1__remembered_id__init(ri);
+        ri->id = kf_arena_strdup(arena, r.id);
+        ri->receipt = kf_arena_new(arena, sizeof *ri->receipt);
+        keyflow__v1__receipt__init(ri->receipt);
+        ri->receipt->run_id = run_id_in(arena, s->key, r.run_uuid);
+        ri->receipt->due_ms = r.due_ms;
+        ri->receipt->commit_seq = r.commit_seq;
+        ri->expires_ms = r.expires_ms;
+        resp->remembered_ids[resp->n_remembered_ids++] = ri;
+    }
+    if (st == KF_OK) {
+        st = kf_iter_status(it, err);
+    }
+    kf_iter_destroy(it);
+    return st;
+}
+
 void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__DescribeCoordinatorRequest *req =
         (const Keyflow__V1__DescribeCoordinatorRequest *)cmd->request;
-    kf_key_t ckey;
-    if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
+    kf_key_t ident;
+    if (ref_key(req->coordinator, "coordinator", &ident, &cmd->error) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
@@ -1183,51 +1567,42 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     ref->workflow = req->coordinator->workflow;
     ref->key = req->coordinator->key;
     resp->coordinator = ref;
-    coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
-    if (c != NULL) {
-        resp->exists = true;
-        if (c->open) {
-            Keyflow__V1__Window *w = kf_arena_new(arena, sizeof *w);
-            keyflow__v1__window__init(w);
-            w->run_id = run_id_in(arena, c->key, c->run_uuid);
-            w->event_count = c->event_count;
-            w->opened_ms = c->opened_ms;
-            w->last_ms = c->last_ms;
-            w->due_ms = c->due_ms;
-            w->input_bytes = (int64_t)c->input_len + (c->kind == KF_RULE_BATCH ? 1 : 0);
-            w->rule = rule_out(arena, &c->rule);
-            w->run_started = c->run_started;
-            w->events_absorbed = c->events_absorbed;
-            resp->window = w;
-        }
-        resp->runs_started = c->runs_started;
-        resp->recent_run_ids = kf_arena_new(arena, (c->recent_count + 1) * sizeof(char *));
-        for (uint32_t i = 0; i < c->recent_count; i++) {
-            resp->recent_run_ids[resp->n_recent_run_ids++] = run_id_in(arena, c->key, c->recent[i]);
-        }
-        resp->remembered_ids =
-            kf_arena_new(arena, (c->ids_count + 1) * sizeof *resp->remembered_ids);
-        for (uint32_t i = 0; i < c->ids_count; i++) {
-            remembered_t *r = id_at(c, i);
-            if (r->expires_ms <= ctx->now_ms) {
-                continue; /* expired: no longer deduplicates */
-            }
-            Keyflow__V1__RememberedId *ri = kf_arena_new(arena, sizeof *ri);
-            keyflow__v1__remembered_id__init(ri);
-            ri->id = kf_arena_strdup(arena, r->id);
-            ri->receipt = kf_arena_new(arena, sizeof *ri->receipt);
-            keyflow__v1__receipt__init(ri->receipt);
-            ri->receipt->run_id = run_id_in(arena, c->key, r->run_uuid);
-            ri->receipt->due_ms = r->due_ms;
-            ri->receipt->commit_seq = r->commit_seq;
-            ri->expires_ms = r->expires_ms;
-            resp->remembered_ids[resp->n_remembered_ids++] = ri;
-        }
-        resp->journal_length = c->journal_len;
-        resp->journal_seq = (int64_t)c->journal_seq;
-        resp->compactions = c->compactions;
-        describe_journal(ctx, c, resp, arena);
+    kf_arena_reset(&cs->scratch);
+    state_t s;
+    uint8_t id[KF_COORD_ID_BYTES];
+    if (coord_open(cs, ctx, &ident, id, &s, &cmd->error) != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
     }
+    if (s.c != NULL) {
+        resp->exists = true;
+        if (s.open) {
+            const window_t *w = &s.w;
+            Keyflow__V1__Window *pw = kf_arena_new(arena, sizeof *pw);
+            keyflow__v1__window__init(pw);
+            pw->run_id = run_id_in(arena, s.key, w->run_uuid);
+            pw->event_count = w->event_count;
+            pw->opened_ms = w->opened_ms;
+            pw->last_ms = w->last_ms;
+            pw->due_ms = w->due_ms;
+            pw->input_bytes = (int64_t)w->input_len + (s.kind == KF_RULE_BATCH ? 1 : 0);
+            pw->rule = rule_out(arena, &w->rule);
+            pw->run_started = w->run_started;
+            pw->events_absorbed = w->events_absorbed;
+            resp->window = pw;
+        }
+        resp->runs_started = s.runs_started;
+        if (describe_items(cs, ctx, &s, resp, arena, &cmd->error) != KF_OK) {
+            state_done(&s);
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
+        resp->journal_length = s.journal_len;
+        resp->journal_seq = (int64_t)s.journal_seq;
+        resp->compactions = s.compactions;
+        describe_journal(ctx, &s, resp, arena);
+    }
+    state_done(&s);
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);
 }
@@ -1235,29 +1610,41 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
 void kf_coords_flush(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__FlushWindowRequest *req =
         (const Keyflow__V1__FlushWindowRequest *)cmd->request;
-    kf_key_t ckey;
-    if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
+    kf_key_t ident;
+    if (ref_key(req->coordinator, "coordinator", &ident, &cmd->error) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
     Keyflow__V1__FlushWindowResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__flush_window_response__init(resp);
     resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_NO_WINDOW;
-    coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
-    if (c != NULL && c->open) {
-        if (end_blocked(cs, c)) {
+    kf_arena_reset(&cs->scratch);
+    state_t s;
+    uint8_t id[KF_COORD_ID_BYTES];
+    if (coord_open(cs, ctx, &ident, id, &s, &cmd->error) != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (s.c != NULL && s.open) {
+        if (end_blocked(cs, &s)) {
+            state_done(&s);
             kf_error_set(&cmd->error, KF_E_LIMIT,
                          "runs: %d pending or leased runs (KF_LIVE_RUNS_MAX)", KF_LIVE_RUNS_MAX);
             kf_ctx_fail(ctx, cmd);
             return;
         }
+        if (!s.w.run_started && events_load(ctx, &s, &cmd->error) != KF_OK) {
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
         /* A window whose run started at its leading edge just ends. */
-        resp->run_id = run_id_in(cmd->arena, c->key, c->run_uuid);
-        end_window(cs, ctx, c, "flush");
+        resp->run_id = run_id_in(cmd->arena, s.key, s.w.run_uuid);
+        end_window(cs, ctx, &s, "flush");
         resp->flushed = true;
         resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_CLOSED;
-        coord_settle(cs, ctx, c);
+        coord_settle(cs, ctx, &s);
     }
+    state_done(&s);
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);
 }
@@ -1265,305 +1652,215 @@ void kf_coords_flush(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
 void kf_coords_cancel(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__CancelWindowRequest *req =
         (const Keyflow__V1__CancelWindowRequest *)cmd->request;
-    kf_key_t ckey;
-    if (ref_key(req->coordinator, "coordinator", &ckey, &cmd->error) != KF_OK) {
+    kf_key_t ident;
+    if (ref_key(req->coordinator, "coordinator", &ident, &cmd->error) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
     Keyflow__V1__CancelWindowResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__cancel_window_response__init(resp);
     resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_NO_WINDOW;
-    coord_t *c = close_if_overdue(cs, ctx, coord_find(cs, &ckey), &ckey);
-    if (c != NULL && c->open) {
-        if (c->run_started) {
+    kf_arena_reset(&cs->scratch);
+    state_t s;
+    uint8_t id[KF_COORD_ID_BYTES];
+    if (coord_open(cs, ctx, &ident, id, &s, &cmd->error) != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    if (s.c != NULL && s.open) {
+        if (s.w.run_started) {
             /* Its run started at the leading edge: no run to drop, the
              * window (and its absorbing) just ends. */
-            end_window(cs, ctx, c, "cancel");
+            end_window(cs, ctx, &s, "cancel");
         } else {
-            resp->run_id = run_id_in(cmd->arena, c->key, c->run_uuid);
-            resp->events_dropped = c->event_count;
+            resp->run_id = run_id_in(cmd->arena, s.key, s.w.run_uuid);
+            resp->events_dropped = s.w.event_count;
             Keyflow__Records__WindowCancelledRec can = KEYFLOW__RECORDS__WINDOW_CANCELLED_REC__INIT;
-            can.run_uuid = c->run_uuid;
-            can.events = c->event_count;
+            can.run_uuid = s.w.run_uuid;
+            can.events = s.w.event_count;
             Keyflow__Records__JournalEntryRec e = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__INIT;
             e.entry_case = KEYFLOW__RECORDS__JOURNAL_ENTRY_REC__ENTRY_CANCELLED;
             e.cancelled = &can;
-            append_entry(cs, ctx, c, &e);
+            history_append(ctx, &s, &e);
+            window_end_run(ctx, &s);
+            window_close(&s);
             kf_runs_window_dropped(cs->runs, ctx, resp->run_id);
         }
         resp->cancelled = true;
         resp->disposition = KEYFLOW__V1__DISPOSITION__DISPOSITION_CANCELLED;
-        coord_settle(cs, ctx, c);
+        coord_settle(cs, ctx, &s);
     }
+    state_done(&s);
     cmd->response = &resp->base;
     kf_ctx_ready(ctx, cmd);
 }
 
 void kf_coords_fire(kf_coords_t *cs, kf_ctx_t *ctx, kf_timer_t *timer) {
     coord_t *c = KF_CONTAINER_OF(timer, coord_t, timer);
-    if (c->open && c->due_ms <= ctx->now_ms) {
-        if (end_blocked(cs, c)) {
+    kf_arena_reset(&cs->scratch);
+    state_t s;
+    kf_error_t err;
+    kf_status_t st = state_load(cs, ctx, c, &cs->scratch, NULL, &s, &err);
+    if (st == KF_OK && s.open && s.w.due_ms <= ctx->now_ms) {
+        if (end_blocked(cs, &s)) {
             /* No room for another live run: keep the window open and look
              * again shortly; SendEvent meanwhile refuses new events. */
-            kf_ctx_wakeup_move(ctx, &c->timer, KF_WAKEUP_COORDINATOR, c->ckey, c->ckey_len,
-                               &c->wakeup_due_ms, ctx->now_ms + 1000);
+            wakeup_move(cs, ctx, c, ctx->now_ms + 1000, true);
+            state_done(&s);
             return;
         }
-        end_window(cs, ctx, c, "due");
+        if (!s.w.run_started) {
+            st = events_load(ctx, &s, &err);
+        }
+        if (st == KF_OK) {
+            end_window(cs, ctx, &s, "due");
+        }
     }
-    coord_settle(cs, ctx, c);
+    if (st != KF_OK) {
+        /* Nothing changed; the store will answer or fail-stop the engine
+         * on its next write. */
+        kf_log_kv(KF_LOG_ERROR, "coord", "cannot read a coordinator whose timer fired",
+                  KF_LOG_STR("error", err.message));
+        kf_heap_arm(&ctx->heap, &c->timer, ctx->now_ms + 1000);
+        return;
+    }
+    coord_settle(cs, ctx, &s);
+    state_done(&s);
 }
 
-/* ---- recovery ---------------------------------------------------------- */
+/* ---- recovery ---------------------------------------------------------------------- */
 
-static kf_status_t load_snapshot(kf_coords_t *cs, coord_t *c,
-                                 const Keyflow__Records__CoordSnapshot *s, kf_error_t *err) {
-    c->journal_seq = s->journal_seq;
-    c->runs_started = s->runs_started;
-    c->compactions = s->compactions;
-    for (size_t i = 0; i < s->n_recent_runs && i < KF_RECENT_RUNS_MAX; i++) {
-        if (!uuid_ok(s->recent_runs[i])) {
-            return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed recent run");
-        }
-        recent_push(c, s->recent_runs[i]);
-    }
-    for (size_t i = 0; i < s->n_ids; i++) {
-        const Keyflow__Records__RememberedIdRec *r = s->ids[i];
-        if (!uuid_ok(r->run_uuid) || r->id[0] == '\0' || strlen(r->id) > KF_EVENT_ID_BYTES_MAX ||
-            (r->digest.len != 0 && r->digest.len != KF_EVENT_DIGEST_BYTES)) {
-            return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed remembered id");
-        }
-        remembered_spec_t spec = {
-            .id = r->id,
-            .run_uuid = r->run_uuid,
-            .digest = r->digest.len == KF_EVENT_DIGEST_BYTES ? r->digest.data : NULL,
-            .due_ms = r->due_ms,
-            .expires_ms = r->expires_ms,
-            .commit_seq = r->commit_seq,
-        };
-        id_push(cs, c, &spec);
-    }
-    if (s->window != NULL) {
-        const Keyflow__Records__WindowRec *w = s->window;
-        if (!uuid_ok(w->run_uuid) || !rule_from_rec(w->rule, &c->rule) || c->rule.kind != c->kind ||
-            strlen(w->input) > KF_WINDOW_INPUT_BYTES_MAX) {
-            return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed window");
-        }
-        if (w->n_event_ids > KF_RUN_EVENT_IDS_MAX || w->event_ids_dropped < 0) {
-            return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed window event IDs");
-        }
-        for (size_t i = 0; i < w->n_event_ids; i++) {
-            if (w->event_ids[i][0] == '\0' || strlen(w->event_ids[i]) > KF_EVENT_ID_BYTES_MAX) {
-                return kf_error_set(err, KF_E_CORRUPT, "snapshot: malformed window event IDs");
-            }
-            kf_event_ids_push(&c->event_ids, w->event_ids[i]);
-        }
-        c->event_ids.dropped = w->event_ids_dropped;
-        c->open = true;
-        cs->open_windows++;
-        memcpy(c->run_uuid, w->run_uuid, KF_UUID_TEXT_BYTES + 1);
-        c->opened_ms = w->opened_ms;
-        c->last_ms = w->last_ms;
-        c->due_ms = w->due_ms;
-        c->event_count = w->event_count;
-        c->run_started = w->run_started;
-        c->events_absorbed = w->events_absorbed;
-        window_index(cs, c, !c->run_started);
-        size_t len = strlen(w->input);
-        if (len > 0) {
-            input_reserve(cs, c, len + 1);
-            memcpy(c->input, w->input, len);
-            c->input_len = len;
-        }
-    }
-    return KF_OK;
-}
+/* The meta record holding the id key (invariant 1). */
+static const char id_key_name[] = "coord_id_key";
 
-static bool ckey_valid(const void *p, size_t len) {
-    kf_key_reader_t r = kf_key_reader(p, len);
-    uint8_t kind;
-    const char *s;
-    size_t n;
-    return kf_key_read_u8(&r, &kind) && (kind == KF_RULE_DEBOUNCE || kind == KF_RULE_BATCH) &&
-           kf_key_read_lp(&r, &s, &n) && kf_key_read_lp(&r, &s, &n) && r.left == 0;
-}
-
-static kf_status_t recover_snapshots(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) {
-    kf_iter_t *it;
-    kf_status_t st = kf_iter_create(ctx->store, KF_CF_COORD_SNAPSHOTS, NULL, 0, NULL, 0, &it, err);
+/* Reads the store's id key, or makes one (written at once: everything
+ * stored under an id depends on it). */
+static kf_status_t load_id_key(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) {
+    kf_value_t v;
+    bool found;
+    kf_status_t st =
+        kf_store_get(ctx->store, KF_CF_META, id_key_name, sizeof id_key_name - 1, &v, &found, err);
     if (st != KF_OK) {
         return st;
     }
-    for (kf_iter_seek_first(it); kf_iter_valid(it) && st == KF_OK; kf_iter_next(it)) {
-        size_t klen, vlen;
-        const void *k = kf_iter_key(it, &klen);
-        const void *v = kf_iter_value(it, &vlen);
-        if (!ckey_valid(k, klen)) {
-            st = kf_error_set(err, KF_E_CORRUPT, "coord_snapshots: malformed key");
+    if (found) {
+        if (v.len != sizeof cs->id_key.k) {
+            kf_store_value_free(&v);
+            return kf_error_set(err, KF_E_CORRUPT, "meta: %s of %zu bytes", id_key_name, v.len);
+        }
+        memcpy(cs->id_key.k, v.data, v.len);
+        kf_store_value_free(&v);
+        return KF_OK;
+    }
+    kf_rng_bytes(ctx->rng, cs->id_key.k, sizeof cs->id_key.k);
+    kf_batch_t *b = kf_batch_create(ctx->store);
+    if (b == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate a write batch");
+    }
+    kf_batch_put(b, KF_CF_META, id_key_name, sizeof id_key_name - 1, cs->id_key.k,
+                 sizeof cs->id_key.k);
+    st = kf_store_write(ctx->store, b, err);
+    kf_batch_destroy(b);
+    return st;
+}
+
+/* Rebuilds memory and the heap from coord_index alone (invariant 5). */
+static kf_status_t recover_index(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) {
+    kf_iter_t *it;
+    kf_status_t st = kf_iter_create(ctx->store, KF_CF_COORD_INDEX, NULL, 0, NULL, 0, &it, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    for (kf_iter_seek_first(it); kf_iter_valid(it); kf_iter_next(it)) {
+        size_t kl, vl;
+        const uint8_t *k = kf_iter_key(it, &kl);
+        const uint8_t *v = kf_iter_value(it, &vl);
+        if (kl != KF_COORD_ID_BYTES || vl != 9 || v[8] > 1 || coord_find(cs, k) != NULL) {
+            st = kf_error_set(err, KF_E_CORRUPT, "coord_index: malformed record");
             break;
         }
-        Keyflow__Records__CoordSnapshot *s =
-            keyflow__records__coord_snapshot__unpack(NULL, vlen, v);
-        if (s == NULL) {
-            st = kf_error_set(err, KF_E_CORRUPT, "coord_snapshots: undecodable record");
-            break;
-        }
-        kf_key_t ckey;
-        kf_key_reset(&ckey);
-        kf_key_raw(&ckey, k, klen);
-        coord_t *c = coord_new(cs, &ckey);
-        st = load_snapshot(cs, c, s, err);
-        keyflow__records__coord_snapshot__free_unpacked(s, NULL);
+        coord_t *c = coord_add(cs, k);
+        c->wakeup_ms = kf_i64_from_ordered(kf_get_be64(v));
+        coord_set_open(cs, c, v[8] == 1);
+        kf_heap_arm(&ctx->heap, &c->timer, c->wakeup_ms);
     }
     if (st == KF_OK) {
         st = kf_iter_status(it, err);
     }
     kf_iter_destroy(it);
     return st;
-}
-
-static kf_status_t recover_journal(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) {
-    kf_iter_t *it;
-    kf_status_t st = kf_iter_create(ctx->store, KF_CF_COORD_JOURNAL, NULL, 0, NULL, 0, &it, err);
-    if (st != KF_OK) {
-        return st;
-    }
-    for (kf_iter_seek_first(it); kf_iter_valid(it) && st == KF_OK; kf_iter_next(it)) {
-        size_t klen, vlen;
-        const uint8_t *k = kf_iter_key(it, &klen);
-        const void *v = kf_iter_value(it, &vlen);
-        if (klen < 9 || !ckey_valid(k, klen - 8)) {
-            st = kf_error_set(err, KF_E_CORRUPT, "coord_journal: malformed key");
-            break;
-        }
-        kf_key_t ckey;
-        kf_key_reset(&ckey);
-        kf_key_raw(&ckey, k, klen - 8);
-        coord_t *c = coord_find(cs, &ckey);
-        if (c == NULL) {
-            c = coord_new(cs, &ckey);
-        }
-        Keyflow__Records__JournalEntryRec *e =
-            keyflow__records__journal_entry_rec__unpack(NULL, vlen, v);
-        if (e == NULL) {
-            st = kf_error_set(err, KF_E_CORRUPT, "coord_journal: undecodable entry");
-            break;
-        }
-        if (e->seq != c->journal_seq) {
-            st = kf_error_set(err, KF_E_CORRUPT,
-                              "coord_journal: %s/%s entry %llu where %llu was expected",
-                              c->workflow, c->key, (unsigned long long)e->seq,
-                              (unsigned long long)c->journal_seq);
-        } else {
-            st = apply_entry(cs, c, e, err);
-            c->journal_seq++;
-            c->journal_len++;
-        }
-        keyflow__records__journal_entry_rec__free_unpacked(e, NULL);
-    }
-    if (st == KF_OK) {
-        st = kf_iter_status(it, err);
-    }
-    kf_iter_destroy(it);
-    return st;
-}
-
-/* An open window's run does not exist yet (it starts when the window
- * closes, unless it started at the leading edge); a live run under that ID
- * means the store is not what this engine
- * wrote, and closing the window would have nowhere to go. */
-static kf_status_t check_open_runs(kf_coords_t *cs, kf_error_t *err) {
-    size_t b;
-    for (kf_map_node_t *n = kf_map_first(&cs->map, &b); n != NULL;
-         n = kf_map_next(&cs->map, &b, n)) {
-        const coord_t *c = KF_CONTAINER_OF(n, coord_t, node);
-        char run_id[KF_RUN_ID_BYTES_MAX + 1];
-        snprintf(run_id, sizeof run_id, "%s@%s", c->key, c->run_uuid);
-        if (c->open && !c->run_started && kf_runs_live(cs->runs, run_id)) {
-            return kf_error_set(err, KF_E_CORRUPT,
-                                "coord: the open window of %s/%s names run %s, which exists",
-                                c->workflow, c->key, run_id);
-        }
-    }
-    return KF_OK;
 }
 
 kf_status_t kf_coords_recover(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) {
-    kf_status_t st = recover_snapshots(cs, ctx, err);
+    cs->ctx = ctx;
+    kf_status_t st = load_id_key(cs, ctx, err);
     if (st == KF_OK) {
-        st = recover_journal(cs, ctx, err);
+        st = kf__coords_upgrade(&cs->id_key, ctx, err);
     }
     if (st == KF_OK) {
-        st = check_open_runs(cs, err);
+        st = recover_index(cs, ctx, err);
     }
     publish_gauges(cs);
     return st;
 }
 
-bool kf_coords_attach_wakeup(kf_coords_t *cs, kf_ctx_t *ctx, const void *ckey, size_t len,
-                             int64_t due_ms) {
-    kf_map_node_t *n = kf_map_get(&cs->map, ckey, len);
-    if (n == NULL) {
-        return false;
-    }
-    coord_t *c = KF_CONTAINER_OF(n, coord_t, node);
-    if (c->wakeup_due_ms != KF_NO_WAKEUP) {
-        return false; /* a second record for one coordinator: the caller deletes it */
-    }
-    c->wakeup_due_ms = due_ms;
-    kf_heap_arm(&ctx->heap, &c->timer, due_ms);
-    return true;
-}
-
-void kf_coords_finish_recovery(kf_coords_t *cs, kf_ctx_t *ctx) {
-    size_t b;
-    kf_map_node_t *n = kf_map_first(&cs->map, &b);
-    while (n != NULL) {
-        kf_map_node_t *next = kf_map_next(&cs->map, &b, n);
-        coord_t *c = KF_CONTAINER_OF(n, coord_t, node);
-        int64_t want = c->open ? c->due_ms : ids_last_expiry(c);
-        if (!kf_timer_armed(&c->timer) || c->wakeup_due_ms > want) {
-            kf_log(KF_LOG_WARN, "coord", "repairing wake-up of %s/%s", c->workflow, c->key);
-            coord_settle(cs, ctx, c);
-        }
-        n = next;
-    }
-}
-
-/* ---- lifecycle --------------------------------------------------------- */
+/* ---- lifecycle --------------------------------------------------------------------- */
 
 /* The runs' seam for GetRun of a receipt's run ID (runs.h): the open
- * window whose uuid ends the ID, if its key is the ID's key. */
+ * window of run_id, whose strings live in cs->lookup until the next call. */
 static bool window_lookup(void *owner, const char *run_id, kf_open_window_t *out) {
-    const kf_coords_t *cs = owner;
-    size_t len = strlen(run_id);
-    if (len < KF_UUID_TEXT_BYTES + 2 || run_id[len - KF_UUID_TEXT_BYTES - 1] != '@') {
+    kf_coords_t *cs = owner;
+    kf_ctx_t *ctx = cs->ctx;
+    if (ctx == NULL) {
         return false;
     }
-    size_t key_len = len - KF_UUID_TEXT_BYTES - 1;
-    for (const coord_t *c = index_head(cs, run_id + key_len + 1); c != NULL; c = c->window_next) {
-        if (strlen(c->key) != key_len || memcmp(c->key, run_id, key_len) != 0) {
-            continue;
-        }
-        KF_ASSERT(c->open && !c->run_started);
-        *out = (kf_open_window_t){
-            .workflow = c->workflow,
-            .key = c->key,
-            .kind = (int)c->kind,
-            .opened_ms = c->opened_ms,
-            .last_ms = c->last_ms,
-            .due_ms = c->due_ms,
-            .event_count = c->event_count,
-        };
-        return true;
+    kf_key_t k;
+    size_t len = strlen(run_id);
+    if (len == 0 || len > KF_RUN_ID_BYTES_MAX) {
+        return false;
     }
-    return false;
+    kf_key_reset(&k);
+    kf_key_raw(&k, run_id, len);
+    kf_value_t v;
+    bool found;
+    kf_error_t err;
+    if (kf_ctx_get(ctx, KF_CF_COORD_WINDOWS, &k, &v, &found, &err) != KF_OK || !found) {
+        return false;
+    }
+    coord_t *c = v.len == KF_COORD_ID_BYTES ? coord_find(cs, v.data) : NULL;
+    kf_store_value_free(&v);
+    if (c == NULL) {
+        return false;
+    }
+    kf_arena_reset(&cs->lookup);
+    state_t s;
+    if (state_load(cs, ctx, c, &cs->lookup, NULL, &s, &err) != KF_OK) {
+        kf_log_kv(KF_LOG_ERROR, "coord", "cannot read the window of a run",
+                  KF_LOG_STR("run_id", run_id), KF_LOG_STR("error", err.message));
+        return false;
+    }
+    bool open = s.open && !s.w.run_started &&
+                strcmp(run_id_in(&cs->lookup, s.key, s.w.run_uuid), run_id) == 0;
+    if (open) {
+        *out = (kf_open_window_t){
+            .workflow = s.workflow,
+            .key = s.key,
+            .kind = (int)s.kind,
+            .opened_ms = s.w.opened_ms,
+            .last_ms = s.w.last_ms,
+            .due_ms = s.w.due_ms,
+            .event_count = s.w.event_count,
+        };
+    }
+    state_done(&s);
+    return open;
 }
 
 kf_coords_t *kf_coords_create(kf_runs_t *runs) {
     kf_coords_t *cs = kf_xcalloc(1, sizeof *cs);
     kf_map_init(&cs->map);
-    kf_map_init(&cs->windows);
+    kf_arena_init(&cs->scratch, 0);
+    kf_arena_init(&cs->lookup, 0);
     cs->runs = runs;
     kf_runs_set_window_lookup(runs, window_lookup, cs);
     return cs;
@@ -1577,11 +1874,12 @@ void kf_coords_destroy(kf_coords_t *cs) {
     kf_map_node_t *n = kf_map_first(&cs->map, &b);
     while (n != NULL) {
         kf_map_node_t *next = kf_map_next(&cs->map, &b, n);
-        coord_free(cs, KF_CONTAINER_OF(n, coord_t, node));
+        free(KF_CONTAINER_OF(n, coord_t, node));
         n = next;
     }
     kf_map_deinit(&cs->map);
-    kf_map_deinit(&cs->windows);
+    kf_arena_deinit(&cs->scratch);
+    kf_arena_deinit(&cs->lookup);
     free(cs);
 }
 

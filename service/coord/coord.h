@@ -3,7 +3,7 @@
  *
  * A coordinator is identified by (kind, workflow, key). It exists while it
  * has an open window or remembers a live event ID, and keeps a journal of
- * what it did plus a snapshot:
+ * what it did plus its current state:
  *
  *                send_event (opens)          close_window (due/full/flush/size)
  *   (absent) -------------------> OPEN -------------------------------> IDLE
@@ -13,21 +13,16 @@
  *       +-- delete_coordinator <---+-------------> IDLE ----------------+
  *              (no window, no live remembered IDs)
  *
- * Invariants
- *   1. Every state change is a journal entry (event accepted, run started,
- *      window cancelled) written in the same batch as its effects, and the
- *      same apply function runs live and on replay, so recovery rebuilds
- *      exactly the acknowledged state.
+ * Invariants (coord.c has the storage layout and the rest)
+ *   1. Every state change is journalled (event accepted, run started,
+ *      window cancelled, window closed) in the same batch as its effects;
+ *      the coordinator's state record is rewritten in that batch too, so
+ *      recovery needs no replay.
  *   2. A window's run is created in the write that closes it (runs.h, 1).
- *   3. After KF_JOURNAL_ENTRIES_MAX entries the coordinator writes a snapshot
- *      and deletes the folded entries in the same batch (continue-as-new).
- *   4. The in-memory timer is at or before the coordinator's due time: the
- *      open window's, else the expiry of its last remembered ID (a debounce
- *      event that moves the due time later leaves it; it fires early and
- *      kf_coords_fire, finding nothing due, re-arms it). The stored
- *      wake-up is at or before it too (a later move writes nothing while the
- *      stored one is still ahead; after a restart it fires early and is
- *      re-armed), so no window is ever closed late, crash or not.
+ *   3. After KF_JOURNAL_ENTRIES_MAX entries the journal is deleted up to
+ *      the current entry in the same batch (continue-as-new).
+ *   4. No window is ever closed late, crash or not: the stored and the
+ *      in-memory wake-ups are at or before the coordinator's due time.
  *
  * Engine-thread only.
  */
@@ -46,15 +41,11 @@ typedef struct kf_coords kf_coords_t;
 kf_coords_t *kf_coords_create(kf_runs_t *runs);
 void kf_coords_destroy(kf_coords_t *coords);
 
-/* Loads snapshots and replays journals. */
+/* Upgrades a store of format 1, then rebuilds the coordinators' memory
+ * entries and timers from their index (decoding no state). `ctx` is the
+ * engine's and outlives the table (GetRun's window lookups read through
+ * it). Errors: KF_E_CORRUPT, KF_E_IO. */
 kf_status_t kf_coords_recover(kf_coords_t *coords, kf_ctx_t *ctx, kf_error_t *err) KF_MUST_USE;
-/* A stored wake-up for the coordinator with storage key `ckey` was found at
- * start; returns false when no such coordinator exists. */
-bool kf_coords_attach_wakeup(kf_coords_t *coords, kf_ctx_t *ctx, const void *ckey, size_t len,
-                             int64_t due_ms);
-/* After wake-ups are attached: gives any coordinator without one its timer
- * (repairing a store written by a crashed older build). */
-void kf_coords_finish_recovery(kf_coords_t *coords, kf_ctx_t *ctx);
 
 void kf_coords_send_event(kf_coords_t *coords, kf_ctx_t *ctx, kf_cmd_t *cmd);
 /* Up to KF_SEND_EVENTS_MAX events, each executed as kf_coords_send_event

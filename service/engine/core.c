@@ -62,10 +62,10 @@ static kf_status_t attach_wakeups(kf_core_t *core, kf_error_t *err) {
             st = kf_error_set(err, KF_E_CORRUPT, "wakeups: malformed record");
             break;
         }
+        /* A coordinator's wake-up of store format 1 that the upgrade left
+         * (its coordinator had expired): stale. */
         bool owned = false;
-        if (type == KF_WAKEUP_COORDINATOR) {
-            owned = kf_coords_attach_wakeup(core->coords, ctx, r.p, r.left, due);
-        } else if (type == KF_WAKEUP_RUN) {
+        if (type == KF_WAKEUP_RUN) {
             owned = kf_runs_attach_wakeup(core->runs, ctx, (const char *)r.p, r.left, due);
             if (!owned) {
                 continue; /* a finished run's retention: the sweep handles it */
@@ -121,9 +121,13 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
     kf_ctx_t *ctx = &core->ctx;
     ctx->config = config;
     ctx->store = store;
-    /* Commands read back what earlier commands wrote to the families it
-     * tracks, written or not (storage/overlay.h). */
+    /* The families whose records commands read back by point or range
+     * (coord/coord.c); everything else is read at start only, or through
+     * module memory that outlives the group. */
     ctx->overlay = kf_overlay_create(store);
+    kf_overlay_track(ctx->overlay, KF_CF_COORD_STATE);
+    kf_overlay_track(ctx->overlay, KF_CF_COORD_ITEMS);
+    kf_overlay_track(ctx->overlay, KF_CF_COORD_WINDOWS);
     kf_heap_init(&ctx->heap);
     ctx->memory.budget_bytes = config->memory_budget_bytes;
     kf_gauge_set(KF_G_MEMORY_BUDGET_BYTES, (int64_t)config->memory_budget_bytes);
@@ -163,7 +167,6 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
         st = attach_wakeups(core, err);
     }
     if (st == KF_OK) {
-        kf_coords_finish_recovery(core->coords, ctx);
         kf_runs_finish_recovery(core->runs, ctx);
         if (kf_batch_count(batch) > 0) {
             st = kf_store_write(store, batch, err);

@@ -104,39 +104,14 @@ void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,
         }
         return;
     }
-    if (type == KF_WAKEUP_COORDINATOR) {
-        /* Keyed by the coordinator: one put moves it, one delete removes it.
-         * A stored wake-up may be earlier than the in-memory due time (it
-         * then fires early after a restart and is re-armed), so a due time
-         * that only moves later - every debounce event - writes nothing.
-         * Nor does it move the in-memory timer while that is still at or
-         * before the new due time: it fires early, the coordinator sees
-         * its window is not due yet and settles again (one re-arm per
-         * window_ms instead of a heap update per event). */
-        kf_key_wakeup(&k, 0, type, identity, identity_len);
-        if (new_due_ms != KF_NO_WAKEUP && *stored_due_ms != KF_NO_WAKEUP &&
-            *stored_due_ms <= new_due_ms && *stored_due_ms > ctx->now_ms) {
-            if (!kf_timer_armed(timer) || timer->due_ms > new_due_ms) {
-                kf_heap_arm(&ctx->heap, timer, new_due_ms);
-            }
-            return;
-        }
-        if (new_due_ms != KF_NO_WAKEUP) {
-            uint8_t v[8];
-            kf_put_be64(v, kf_i64_ordered(new_due_ms));
-            kf_batch_put(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len, v, sizeof v);
-        } else {
-            kf_batch_delete(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len);
-        }
-    } else {
-        if (*stored_due_ms != KF_NO_WAKEUP) {
-            kf_key_wakeup(&k, *stored_due_ms, type, identity, identity_len);
-            kf_batch_delete(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len);
-        }
-        if (new_due_ms != KF_NO_WAKEUP) {
-            kf_key_wakeup(&k, new_due_ms, type, identity, identity_len);
-            kf_batch_put(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len, "", 0);
-        }
+    KF_ASSERT(type == KF_WAKEUP_RUN); /* coordinators keep their own (coord_index) */
+    if (*stored_due_ms != KF_NO_WAKEUP) {
+        kf_key_wakeup(&k, *stored_due_ms, type, identity, identity_len);
+        kf_batch_delete(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len);
+    }
+    if (new_due_ms != KF_NO_WAKEUP) {
+        kf_key_wakeup(&k, new_due_ms, type, identity, identity_len);
+        kf_batch_put(ctx->batch, KF_CF_WAKEUPS, k.bytes, k.len, "", 0);
     }
     if (new_due_ms != KF_NO_WAKEUP) {
         kf_heap_arm(&ctx->heap, timer, new_due_ms);

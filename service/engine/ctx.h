@@ -83,13 +83,10 @@ kf_status_t kf_ctx_get(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *key, kf_value_
 kf_status_t kf_ctx_iter_create(kf_ctx_t *ctx, kf_cf_t cf, const kf_key_t *lower,
                                const kf_key_t *upper, kf_iter_t **out, kf_error_t *err) KF_MUST_USE;
 
-/* Moves a stored processing-time wake-up: deletes the record at old_due_ms
- * (if not INT64_MIN) and writes one at new_due_ms (if not INT64_MIN), and
- * arms or disarms the in-memory timer to match. Coordinator wake-ups are
- * only ever stored at or before the in-memory due time: moving one later
- * while the stored one is still in the future writes nothing, and leaves
- * an armed timer that is not later than the new due time where it is (it
- * fires early; the owner must then re-check its due time and move again). */
+/* Moves a run's stored processing-time wake-up (KF_WAKEUP_RUN; coordinators
+ * keep theirs in coord_index): deletes the record at old_due_ms (if not
+ * INT64_MIN) and writes one at new_due_ms (if not INT64_MIN), and arms or
+ * disarms the in-memory timer to match. */
 void kf_ctx_wakeup_move(kf_ctx_t *ctx, kf_timer_t *timer, kf_wakeup_type_t type,
                         const void *identity, size_t identity_len, int64_t *stored_due_ms,
                         int64_t new_due_ms);

@@ -175,6 +175,10 @@ typedef struct world {
      * run past its retention is certainly gone only then, since the sweep
      * deletes through the group it runs in. */
     bool at_durable_point;
+    /* kf_core_durable trails the writes by a group, as the committer's
+     * notices trail the engine: records of the group before stay staged in
+     * the engine's overlay while later groups read and rewrite them. */
+    bool lag_durable;
     int64_t last_check_ms; /* when full_check last ran (after a recovery: 0) */
 } world_t;
 
@@ -417,7 +421,7 @@ static bool commit(world_t *w) {
         kf_batch_clear(w->batch);
     }
     (void)kf_core_take_ready(w->core);
-    kf_core_durable(w->core, w->group);
+    kf_core_durable(w->core, w->lag_durable ? w->group - 1 : w->group);
     w->group++;
     group_durable(w);
     apply_notes(w);
@@ -1689,9 +1693,12 @@ static void check_function(world_t *w, int f) {
             CHECK_EQ(w, field, s->timers[0]->at_us, fn->timer_us[k]);
         }
     }
-    /* The whole output stream, in pages: dense sequences, the model's rows. */
+    /* The whole output stream, in pages: dense sequences, the model's rows.
+     * ReadOutput shows what the engine was told is durable, so a world
+     * whose durable notices lag sees the stream a group behind: it checks
+     * the rest. */
     int64_t after = 0;
-    while (after < (int64_t)fn->nout || after == 0) {
+    while (!w->lag_durable && (after < (int64_t)fn->nout || after == 0)) {
         Keyflow__V1__ReadOutputRequest *req =
             NEW(Keyflow__V1__ReadOutputRequest, keyflow__v1__read_output_request__init);
         req->function_id = (char *)m_fn_ids[f];
@@ -1859,6 +1866,7 @@ static void world_open(world_t *w, uint64_t seed, long steps, bool verbose,
      * and reads meet steps half done. */
     w->config.defer_handler_calls = chance(w, 50);
     w->config.replay_batches = PICK(w, 1, 2, 8);
+    w->lag_durable = chance(w, 50);
     kf_arena_init(&w->arena, 0);
     w->cur = &w->arena;
     w->disk = kf_memdisk_create();

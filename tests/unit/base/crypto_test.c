@@ -41,6 +41,22 @@ Test(sha256, known_vectors) {
     cr_assert_str_eq(hex, two_block_hex);
 }
 
+/* The reference vectors of SipHash-2-4 (key 00 01 .. 0f, message 00 01 ..
+ * of each length), including the paper's worked example (15 bytes). */
+Test(siphash, reference_vectors) {
+    uint8_t key[KF_SIPHASH_KEY_BYTES], msg[16];
+    for (int i = 0; i < 16; i++) {
+        key[i] = (uint8_t)i;
+        msg[i] = (uint8_t)i;
+    }
+    cr_assert_eq(kf_siphash(key, msg, 0), UINT64_C(0x726fdb47dd0e0e31));
+    cr_assert_eq(kf_siphash(key, msg, 1), UINT64_C(0x74f839c593dc67fd));
+    cr_assert_eq(kf_siphash(key, msg, 8), UINT64_C(0x93f5f5799a932462));
+    cr_assert_eq(kf_siphash(key, msg, 15), UINT64_C(0xa129ca6149be45e5));
+    key[0] ^= 1; /* another key, another hash */
+    cr_assert_neq(kf_siphash(key, msg, 15), UINT64_C(0xa129ca6149be45e5));
+}
+
 Test(sha256, one_million_a) {
     size_t n = 1000000;
     char *data = malloc(n);

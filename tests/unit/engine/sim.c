@@ -21,8 +21,12 @@ static void recover(sim_t *sim) {
 }
 
 kf_status_t sim_restart_status(sim_t *sim, kf_error_t *err) {
+    return sim_restart_faulty(sim, NULL, err);
+}
+
+kf_status_t sim_restart_faulty(sim_t *sim, const kf_mem_faults_t *faults, kf_error_t *err) {
     drop(sim);
-    cr_assert_eq(kf_store_open_mem(sim->disk, NULL, &sim->store, err), KF_OK, "%s", err->message);
+    cr_assert_eq(kf_store_open_mem(sim->disk, faults, &sim->store, err), KF_OK, "%s", err->message);
     kf_status_t st = kf_core_create(&sim->config, sim->store, &sim->core, err);
     if (st != KF_OK) {
         sim->core = NULL;

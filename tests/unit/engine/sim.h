@@ -43,6 +43,8 @@ void sim_crash(sim_t *sim);
 /* Like sim_crash, but recovery may fail: its status (KF_OK: running again;
  * otherwise no core, and only sim_close is left). */
 kf_status_t sim_restart_status(sim_t *sim, kf_error_t *err);
+/* The same over a store handle with these faults (NULL: none). */
+kf_status_t sim_restart_faulty(sim_t *sim, const kf_mem_faults_t *faults, kf_error_t *err);
 /* Writes one record straight to the store, as corruption or a bug would. */
 void sim_put_raw(sim_t *sim, kf_cf_t cf, const void *key, size_t key_len, const void *value,
                  size_t value_len);

@@ -515,6 +515,7 @@ STORE_TEST(format_version_is_recorded_at_first_open) {
         kf_store_get(h.store, KF_CF_META, format_key, sizeof format_key - 1, &value, &found, &err);
     cr_assert_eq(st, KF_OK);
     cr_assert(found, "no format record after the first open");
+    cr_assert_eq(kf_store_format_version(h.store), KF_STORE_FORMAT_VERSION);
     cr_assert_eq(value.len, 4);
     cr_assert_eq(kf_get_be32(value.data), KF_STORE_FORMAT_VERSION);
     kf_store_value_free(&value);
@@ -561,6 +562,22 @@ STORE_TEST(another_format_version_is_refused) {
     /* Refused, never reinterpreted: the record is still the stored one. */
     st = harness_open(&h, &err);
     cr_assert_eq(st, KF_E_CORRUPT);
+}
+
+STORE_TEST(an_older_known_version_opens_and_says_so_until_upgraded) {
+    uint8_t version[4];
+    kf_put_be32(version, KF_STORE_FORMAT_OLDEST);
+    write_format_record(version, sizeof version);
+    kf_error_t err;
+    kf_status_t st = harness_open(&h, &err);
+    cr_assert_eq(st, KF_OK, "%s", err.message);
+    cr_assert_eq(kf_store_format_version(h.store), KF_STORE_FORMAT_OLDEST);
+    kf_batch_t *batch = kf_batch_create(h.store);
+    kf_batch_put_format_version(batch);
+    harness_write(h.store, batch);
+    kf_batch_destroy(batch);
+    harness_reopen(&h);
+    cr_assert_eq(kf_store_format_version(h.store), KF_STORE_FORMAT_VERSION);
 }
 
 STORE_TEST(malformed_format_record_is_refused) {
