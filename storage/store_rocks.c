@@ -302,6 +302,14 @@ static rocksdb_options_t *family_options(const rocks_store_t *rs, const kf_rocks
          * be a linear scan of the memtable, so nothing does one. */
         rocksdb_options_set_memtable_vector_rep(opt);
     }
+    if (cf == KF_CF_COORD_STATE) {
+        /* One record per coordinator, rewritten by every event and read
+         * before it: updated in place when the new value is no longer than
+         * the one in the memtable (most events), so the memtable holds one
+         * entry per recently touched coordinator rather than one per
+         * event. Nothing takes snapshots of this family. */
+        rocksdb_options_set_inplace_update_support(opt, 1);
+    }
     if (cf == KF_CF_COORD_HISTORY || cf == KF_CF_COORD_JOURNAL) {
         /* One journal entry per event, keyed by coordinator, so in random
          * order; read only by DescribeCoordinator's listing (a range of one
