@@ -1096,8 +1096,7 @@ static kf_status_t answer_duplicate(const state_t *s, const remembered_t *r, con
 }
 
 /* Refuses an event that cannot be taken now, before anything changes. */
-static kf_status_t admit(const kf_coords_t *cs, kf_ctx_t *ctx, const state_t *s,
-                         kf_error_t *err) {
+static kf_status_t admit(const kf_coords_t *cs, kf_ctx_t *ctx, const state_t *s, kf_error_t *err) {
     bool exists = s->c != NULL;
     if (!exists && cs->map.count >= KF_COORDINATORS_MAX) {
         return kf_error_set(err, KF_E_LIMIT,

@@ -118,7 +118,9 @@ Test(engine_threads, failed_sync_stops_without_acknowledging, .timeout = 30) {
     w.disk = disk;
     kf_store_t *store;
     kf_error_t err;
-    kf_mem_faults_t faults = {.fail_write_at = 1};
+    /* The first write is the coordinators' id key, made at the first start
+     * (service/coord); the second is the first command's group. */
+    kf_mem_faults_t faults = {.fail_write_at = 2};
     cr_assert_eq(kf_store_open_mem(disk, &faults, &store, &err), KF_OK);
     kf_engine_config_t cfg = {.clock = kf_clock_system(), .on_fatal = on_fatal};
     kf_engine_t *engine;
