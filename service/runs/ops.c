@@ -931,20 +931,26 @@ static bool run_id_of_key(const char *run_id, size_t len, const char *key, size_
  * range; an iterator steps over every one of them, and a listing that starts
  * there got slower with every run deleted (p50 7 -> 44 ms over a soak). When
  * one move of a listing's iterator is slow, the listing remembers where the
- * move came from (a workflow's start, or an index entry) and the entry it
- * landed on, both in one workflow; the next listing that comes from there
- * seeks to that entry instead. A shortcut stays right for good: run
- * sequences only grow, so a new entry of the workflow comes after every
- * existing one and none can appear between a shortcut's ends (a group is
- * read only once written, and groups are written in order); deletions only
- * widen the gap, and a seek to a deleted target lands on the entry after it.
- * So each listing steps only over what was deleted since the last one. */
+ * move came from (a workflow's start, an index entry, or the start of every
+ * workflow) and the entry it landed on; the next listing that comes from
+ * there seeks to that entry instead. Within one workflow a shortcut stays
+ * right for good: run sequences only grow, so a new entry of the workflow
+ * comes after every existing one and none can appear between a shortcut's
+ * ends (a group is read only once written, and groups are written in
+ * order); deletions only widen the gap, and a seek to a deleted target
+ * lands on the entry after it. So each listing steps only over what was
+ * deleted since the last one. A shortcut into another workflow could jump
+ * over a workflow (or runs of its own) indexed since: it is taken only once
+ * a bounded look finds nothing between its start and the target
+ * workflow's start (what lies in the target workflow before the target
+ * stays gone, as above). */
 
 typedef struct list_hint {
-    kf_map_node_t node; /* by key */
-    uint64_t seq;       /* the entry a move from `key` lands on (or after) */
-    size_t key_len;
-    uint8_t key[]; /* lp(workflow), or lp(workflow) | run_seq be64 */
+    kf_map_node_t node; /* by from */
+    uint16_t from_len;
+    uint16_t target_len;
+    bool across;     /* the target is in another workflow than `from` */
+    uint8_t bytes[]; /* from, then the target entry's index key */
 } list_hint_t;
 
 static int64_t list_hint_learn_us = KF_LIST_HINT_LEARN_US;
@@ -953,8 +959,15 @@ void kf_runs_list_hints_learn_us(int64_t us) {
     list_hint_learn_us = us;
 }
 
-static size_t hint_bytes(size_t key_len) {
-    return ALLOC(sizeof(list_hint_t) + key_len) + SLOTS;
+static size_t hint_bytes(const list_hint_t *h) {
+    return ALLOC(sizeof *h + h->from_len + h->target_len) + SLOTS;
+}
+
+static void hint_drop(kf_runs_t *rs, list_hint_t *h) {
+    kf_map_remove(&rs->list_hints, &h->node);
+    KF_ASSERT(rs->memory_bytes >= hint_bytes(h));
+    rs->memory_bytes -= hint_bytes(h);
+    free(h);
 }
 
 void kf__list_hints_clear(kf_runs_t *rs) {
@@ -963,15 +976,12 @@ void kf__list_hints_clear(kf_runs_t *rs) {
     while (n != NULL) {
         list_hint_t *h = KF_CONTAINER_OF(n, list_hint_t, node);
         n = kf_map_next(&rs->list_hints, &b, n);
-        kf_map_remove(&rs->list_hints, &h->node);
-        KF_ASSERT(rs->memory_bytes >= hint_bytes(h->key_len));
-        rs->memory_bytes -= hint_bytes(h->key_len);
-        free(h);
+        hint_drop(rs, h);
     }
 }
 
 /* The length of an index key's (or a workflow start's) lp(workflow) head;
- * 0 when it has none (the start of a listing of every workflow). */
+ * 0 when it has none (the start of every workflow: an empty key). */
 static size_t workflow_head_len(const uint8_t *key, size_t len) {
     kf_key_reader_t r = kf_key_reader(key, len);
     const char *workflow;
@@ -979,48 +989,72 @@ static size_t workflow_head_len(const uint8_t *key, size_t len) {
     return kf_key_read_lp(&r, &workflow, &workflow_len) ? len - r.left : 0;
 }
 
+static void hint_put(kf_runs_t *rs, const uint8_t *from, size_t from_len, const uint8_t *target,
+                     size_t target_len, bool across) {
+    kf_map_node_t *n = kf_map_get(&rs->list_hints, from, from_len);
+    if (n != NULL) {
+        hint_drop(rs, KF_CONTAINER_OF(n, list_hint_t, node)); /* the latest landing is right */
+    } else if (rs->list_hints.count >= KF_LIST_HINTS_MAX) {
+        kf__list_hints_clear(rs); /* bounded; the next slow moves learn again */
+    }
+    list_hint_t *h = kf_xmalloc(sizeof *h + from_len + target_len);
+    h->from_len = (uint16_t)from_len;
+    h->target_len = (uint16_t)target_len;
+    h->across = across;
+    memcpy(h->bytes, from, from_len);
+    memcpy(h->bytes + from_len, target, target_len);
+    kf_map_insert(&rs->list_hints, &h->node, h->bytes, h->from_len);
+    rs->memory_bytes += hint_bytes(h);
+}
+
+/* A slow move from `from` landed on `landed`. */
 static void hint_learn(kf_runs_t *rs, const uint8_t *from, size_t from_len, const uint8_t *landed,
                        size_t landed_len) {
     size_t head = workflow_head_len(landed, landed_len);
     if (head == 0 || landed_len != head + 8) {
         return; /* not an index key: the store is read as it is, not trusted */
     }
-    if (workflow_head_len(from, from_len) != head || memcmp(from, landed, head) != 0) {
-        from_len = head; /* another workflow's entry: what it skipped was that workflow's head */
-        from = landed;
+    bool across = workflow_head_len(from, from_len) != head || memcmp(from, landed, head) != 0;
+    hint_put(rs, from, from_len, landed, landed_len, across);
+    if (across) {
+        /* What it stepped over may be the head of the landing's workflow:
+         * a listing of that workflow alone starts there. */
+        hint_put(rs, landed, head, landed, landed_len, false);
     }
-    uint64_t seq = kf_get_be64(landed + head);
-    kf_map_node_t *n = kf_map_get(&rs->list_hints, from, from_len);
-    if (n != NULL) {
-        list_hint_t *h = KF_CONTAINER_OF(n, list_hint_t, node);
-        h->seq = seq > h->seq ? seq : h->seq;
-        return;
-    }
-    if (rs->list_hints.count >= KF_LIST_HINTS_MAX) {
-        kf__list_hints_clear(rs); /* bounded; the next slow moves learn again */
-    }
-    list_hint_t *h = kf_xmalloc(sizeof *h + from_len);
-    memcpy(h->key, from, from_len);
-    h->key_len = from_len;
-    h->seq = seq;
-    kf_map_insert(&rs->list_hints, &h->node, h->key, h->key_len);
-    rs->memory_bytes += hint_bytes(from_len);
 }
 
-/* Moves `it` to the first entry after `from` (an index key, or a
- * workflow's start: lp(workflow); empty for the start of every workflow):
- * through a shortcut when there is one, else by a step when `it` is on
- * `from`, else by a seek. A slow move leaves a shortcut. */
-static void list_move(kf_runs_t *rs, kf_iter_t *it, const kf_key_t *from, bool on_from) {
+/* Whether no index entry lies after `from` and before the start of the
+ * workflow of `h`'s target. */
+static bool nothing_between(kf_ctx_t *ctx, const kf_key_t *from, const list_hint_t *h) {
+    const uint8_t *target = h->bytes + h->from_len;
+    kf_iter_t *look;
+    kf_error_t err;
+    if (kf_iter_create(ctx->store, KF_CF_RUN_INDEX, from->len ? from->bytes : NULL, from->len,
+                       target, workflow_head_len(target, h->target_len), &look, &err) != KF_OK) {
+        return false;
+    }
+    kf_iter_seek_first(look);
+    size_t klen;
+    const void *k = kf_iter_valid(look) ? kf_iter_key(look, &klen) : NULL;
+    if (k != NULL && klen == from->len && memcmp(k, from->bytes, klen) == 0) {
+        kf_iter_next(look);
+    }
+    bool none = !kf_iter_valid(look) && kf_iter_status(look, &err) == KF_OK;
+    kf_iter_destroy(look);
+    return none;
+}
+
+/* Moves `it` to the first entry after `from` (an index key, a workflow's
+ * start: lp(workflow), or the start of every workflow: empty): through a
+ * shortcut when there is one, else by a step when `it` is on `from`, else
+ * by a seek. A slow move leaves a shortcut. */
+static void list_move(kf_runs_t *rs, kf_ctx_t *ctx, kf_iter_t *it, const kf_key_t *from,
+                      bool on_from) {
     int64_t t0_us = kf_mono_us();
-    kf_map_node_t *n = from->len ? kf_map_get(&rs->list_hints, from->bytes, from->len) : NULL;
-    if (n != NULL) {
-        list_hint_t *h = KF_CONTAINER_OF(n, list_hint_t, node);
-        kf_key_t target;
-        kf_key_reset(&target);
-        kf_key_raw(&target, from->bytes, workflow_head_len(from->bytes, from->len));
-        kf_key_be64(&target, h->seq);
-        kf_iter_seek(it, target.bytes, target.len);
+    kf_map_node_t *n = kf_map_get(&rs->list_hints, from->bytes, from->len);
+    list_hint_t *h = n ? KF_CONTAINER_OF(n, list_hint_t, node) : NULL;
+    if (h != NULL && (!h->across || nothing_between(ctx, from, h))) {
+        kf_iter_seek(it, h->bytes + h->from_len, h->target_len);
     } else if (on_from) {
         kf_iter_next(it);
     } else if (from->len == 0) {
@@ -1095,7 +1129,7 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     resp->runs = kf_arena_new(cmd->arena, (size_t)page * sizeof *resp->runs);
     /* From the token's entry, else from the workflow's start (lower), else
      * from the start of every workflow (lower is empty). */
-    list_move(rs, it, req->page_token[0] ? &after : &lower, false);
+    list_move(rs, ctx, it, req->page_token[0] ? &after : &lower, false);
     kf_key_t from;
     size_t examined = 0, bytes = 0, key_len = strlen(req->key);
     bool more = false;
@@ -1113,7 +1147,7 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         kf_key_reset(&from);
         kf_key_raw(&from, k, klen);
         if (key_len > 0 && !run_id_of_key(v, vlen, req->key, key_len)) {
-            list_move(rs, it, &from, true);
+            list_move(rs, ctx, it, &from, true);
             continue;
         }
         char *run_id = kf_arena_strndup(cmd->arena, v, vlen);
@@ -1142,7 +1176,7 @@ void kf_runs_list(kf_runs_t *rs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             resp->runs[resp->n_runs++] = p;
             bytes += strlen(p->input_json) + strlen(p->result_json) + 256;
         }
-        list_move(rs, it, &from, true);
+        list_move(rs, ctx, it, &from, true);
     }
     if (!more) {
         resp->next_page_token = ""; /* reached the end */
