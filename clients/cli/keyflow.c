@@ -845,6 +845,16 @@ static void print_words(FILE *out, const kf__cli_flag_t *flags, size_t count) {
     }
 }
 
+/* The flags that may be given more than once (KF__CLI_LIST): the script
+ * offers them again after they were given; the others only once. */
+static void print_repeatable(FILE *out, const kf__cli_flag_t *flags, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        if (flags[i].kind == KF__CLI_LIST) {
+            fprintf(out, " %s", flags[i].name);
+        }
+    }
+}
+
 /* Flag names already given a case in the script (a flag such as --workflow
  * belongs to several commands and means the same in each). */
 #define COMPLETION_FLAGS_MAX 256
@@ -890,7 +900,9 @@ static void print_command_flags(FILE *out, const command_t *cmds, size_t count, 
         fprintf(out, "    \"%s%s%s\") flags=\"", group ? group : "", group ? " " : "",
                 cmds[i].name);
         print_words(out, cmds[i].flags, cmds[i].flag_count);
-        fprintf(out, "\" ;;\n");
+        fprintf(out, "\"; repeats=\"$repeats");
+        print_repeatable(out, cmds[i].flags, cmds[i].flag_count);
+        fprintf(out, " \" ;;\n");
     }
 }
 
@@ -919,10 +931,12 @@ static int cmd_completion(kf__cli_t *cli, const kf__cli_args_t *args) {
     seen_flags_t seen = {.count = 0};
     print_value_flags(out, &seen, kf__cli_global_flags, kf__cli_global_flag_count);
     print_value_cases(out, &seen, commands, command_count);
-    fprintf(out, "  esac\n"
-                 "}\n"
-                 "_keyflow() {\n"
-                 "  local cur=${COMP_WORDS[COMP_CWORD]} cmd= i w choices flags groups=\" ");
+    fprintf(out,
+            "  esac\n"
+            "}\n"
+            "_keyflow() {\n"
+            "  local cur=${COMP_WORDS[COMP_CWORD]} cmd= i w f choices flags offer given=\" \"\n"
+            "  local groups=\" ");
     for (size_t i = 0; i < command_count; i++) {
         if (commands[i].group != NULL) {
             fprintf(out, "%s ", commands[i].name);
@@ -934,7 +948,8 @@ static int cmd_completion(kf__cli_t *cli, const kf__cli_args_t *args) {
                  "    w=${COMP_WORDS[i]}\n"
                  "    case \"$w\" in\n"
                  "      --) return ;;\n"
-                 "      -*) _keyflow_value \"$w\"; [ -n \"$choices\" ] && ((i++)) ;;\n"
+                 "      -*) given=\"$given${w%%%%=*} \"\n"
+                 "          _keyflow_value \"$w\"; [ -n \"$choices\" ] && ((i++)) ;;\n"
                  "      *) if [ -z \"$cmd\" ]; then cmd=$w\n"
                  "         elif [[ $groups == *\" $cmd \"* ]]; then cmd=\"$cmd $w\"\n"
                  "         fi ;;\n"
@@ -951,17 +966,18 @@ static int cmd_completion(kf__cli_t *cli, const kf__cli_args_t *args) {
                  "  fi\n"
                  "  local globals=\"");
     print_words(out, kf__cli_global_flags, kf__cli_global_flag_count);
-    fprintf(out,
-            " --help --version\"\n"
-            "  if [ -z \"$cmd\" ]; then\n"
-            "    if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W \"$globals\" -- \"$cur\"))\n"
-            "    else COMPREPLY=($(compgen -W \"");
+    fprintf(out, " --help --version\"\n"
+                 "  local repeats=\"");
+    print_repeatable(out, kf__cli_global_flags, kf__cli_global_flag_count);
+    fprintf(out, " \"\n"
+                 "  if [ -z \"$cmd\" ]; then\n"
+                 "    if [[ $cur == -* ]]; then flags=\n"
+                 "    else COMPREPLY=($(compgen -W \"");
     for (size_t i = 0; i < command_count; i++) {
         fprintf(out, "%s%s", i > 0 ? " " : "", commands[i].name);
     }
-    fprintf(out, " help\" -- \"$cur\")); fi\n"
-                 "    return\n"
-                 "  fi\n"
+    fprintf(out, " help\" -- \"$cur\")); return; fi\n"
+                 "  else\n"
                  "  case \"$cmd\" in\n");
     for (size_t i = 0; i < command_count; i++) {
         if (commands[i].group != NULL) {
@@ -976,11 +992,19 @@ static int cmd_completion(kf__cli_t *cli, const kf__cli_args_t *args) {
                  "  flags=\n"
                  "  case \"$cmd\" in\n");
     print_command_flags(out, commands, command_count, NULL);
-    fprintf(out, "  esac\n"
-                 "  if [[ $cur == -* ]]; then\n"
-                 "    COMPREPLY=($(compgen -W \"$flags $globals --help\" -- \"$cur\"))\n"
-                 "  elif [ \"$cmd\" = call ]; then\n"
-                 "    COMPREPLY=($(compgen -W \"");
+    fprintf(out,
+            "  esac\n"
+            "  fi\n"
+            "  if [[ $cur == -* ]]; then\n"
+            "    offer=\n" /* a flag given already only if it repeats */
+            "    for f in $flags $globals; do\n"
+            "      [[ $given == *\" $f \"* && $repeats != *\" $f \"* ]] || offer=\"$offer $f\"\n"
+            "    done\n"
+            "    COMPREPLY=($(compgen -W \"$offer\" -- \"$cur\"))\n"
+            "  elif [ \"$cmd\" = completion ]; then\n"
+            "    COMPREPLY=($(compgen -W \"bash\" -- \"$cur\"))\n"
+            "  elif [ \"$cmd\" = call ]; then\n"
+            "    COMPREPLY=($(compgen -W \"");
     bool first = true;
     for (size_t i = 0; i < KF_METHOD_COUNT; i++) {
         if (method_is_unary(&kf_methods[i])) {
@@ -1030,6 +1054,7 @@ static void print_main_help(FILE *out) {
     for (size_t i = 0; i < command_count; i++) {
         fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].summary);
     }
+    fprintf(out, "  %-11s %s\n", "help", "this help; 'keyflow COMMAND --help': a command's flags");
     fprintf(out, "\nGlobal flags (before or after the command):\n");
     print_flags(out, kf__cli_global_flags, kf__cli_global_flag_count);
     fprintf(out, "\nRun 'keyflow COMMAND --help' for a command's flags.\n");
