@@ -155,6 +155,10 @@ typedef struct kf__cli {
     bool progress_tty;   /* stderr is a terminal: progress lines are shown */
     bool progress_shown; /* the progress line is on the screen now */
     char progress[KF__CLI_PROGRESS_BYTES_MAX];
+    /* The output schema of the function whose rows are printed (`functions
+     * output` and `tail` in a table), so that its TIMESTAMP_US columns
+     * print as times; NULL otherwise. Borrowed from the command. */
+    const Keyflow__V1__Schema *row_schema;
 } kf__cli_t;
 
 /* Prints a response on stdout as --output says: one line of JSON, with

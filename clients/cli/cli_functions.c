@@ -312,6 +312,26 @@ static int cmd_push(kf__cli_t *cli, const kf__cli_args_t *args) {
 
 /* ---- output / tail ------------------------------------------------------- */
 
+/* For a table: the function's output schema into cli->row_schema (in
+ * `arena`), so that its TIMESTAMP_US columns print as times. A function
+ * that cannot be read leaves the numbers as they are: the rows are what
+ * was asked for, and their own call says what is wrong. */
+static void fetch_row_schema(kf__cli_t *cli, const char *function_id, kf_arena_t *arena) {
+    cli->row_schema = NULL;
+    if (cli->output != KF__CLI_OUTPUT_TABLE) {
+        return;
+    }
+    Keyflow__V1__GetFunctionRequest req = KEYFLOW__V1__GET_FUNCTION_REQUEST__INIT;
+    req.function_id = (char *)function_id;
+    Keyflow__V1__FunctionInfo *info = NULL;
+    kf_error_t err;
+    if (kf_client_get_function(cli->client, &req, arena, kf__cli_timeout_ms(cli, 0), &info, &err) ==
+            KF_OK &&
+        info->descriptor != NULL) {
+        cli->row_schema = info->descriptor->output_schema;
+    }
+}
+
 static const kf__cli_flag_t output_flags[] = {
     {"--after", KF__CLI_VALUE, "N", "rows with a sequence number after N (default 0: all)"},
     {"--limit", KF__CLI_VALUE, "N", "most rows (default 1000, at most 65536)"},
@@ -344,6 +364,7 @@ static int cmd_output(kf__cli_t *cli, const kf__cli_args_t *args) {
                               &resp, &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
+    fetch_row_schema(cli, req.function_id, &cli->arena);
     return kf__cli_print(cli, &resp->base);
 }
 
@@ -378,6 +399,10 @@ static int cmd_tail(kf__cli_t *cli, const kf__cli_args_t *args) {
                               &err) != KF_OK) {
         return kf__cli_fail(&err);
     }
+    /* Each page resets cli->arena: the schema lives in its own. */
+    kf_arena_t schema_arena;
+    kf_arena_init(&schema_arena, 0);
+    fetch_row_schema(cli, req.function_id, &schema_arena);
     int64_t pages = 0;
     rc = KF__CLI_EXIT_OK;
     while (pages_max == 0 || pages < pages_max) {
@@ -405,6 +430,8 @@ static int cmd_tail(kf__cli_t *cli, const kf__cli_args_t *args) {
         pages++;
     }
     kf_client_stream_close(stream);
+    cli->row_schema = NULL;
+    kf_arena_deinit(&schema_arena);
     return rc;
 }
 

@@ -17,7 +17,10 @@
  *      named *_ms / *_us is a time of day (due_ms, created_ms, watermark_us,
  *      ...; TIMESTAMP_FIELDS) printed as UTC with how long ago or ahead it
  *      is, and every other *_ms field is a duration (1m30s). Embedded JSON
- *      has no descriptor and is printed as it is.
+ *      has no descriptor and is printed as it is, except an output row's
+ *      columns, whose descriptor is the function's output schema: its
+ *      TIMESTAMP_US columns are times like watermark_us (kf__cli_t's
+ *      row_schema).
  *   4. Memory: everything a rendering allocates is freed before it returns.
  */
 #include <stdarg.h>
@@ -267,6 +270,34 @@ static char *value_text(const ProtobufCFieldDescriptor *f, json_t *v, bool embed
     return dumped;
 }
 
+/* Whether column `name` of an output row is a TIMESTAMP_US column of the
+ * function's output schema. */
+static bool is_stamp_column(const Keyflow__V1__Schema *schema, const char *name) {
+    for (size_t i = 0; schema != NULL && i < schema->n_fields; i++) {
+        if (schema->fields[i]->type == KEYFLOW__V1__FIELD_TYPE__FIELD_TYPE_TIMESTAMP_US &&
+            strcmp(schema->fields[i]->name, name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A row's TIMESTAMP_US cell (a decimal string in the rows' JSON) as a
+ * time; NULL when it is no integer (null in a nullable column). */
+static char *row_stamp_text(json_t *v) {
+    char buf[96];
+    if (!json_is_string(v)) {
+        return NULL;
+    }
+    char *end = NULL;
+    long long us = strtoll(json_string_value(v), &end, 10);
+    if (end == json_string_value(v) || *end != '\0') {
+        return NULL;
+    }
+    format_stamp_ms(us / 1000, buf, sizeof buf);
+    return strdup(buf);
+}
+
 /* ---- flattening ---------------------------------------------------------- */
 
 typedef struct cell {
@@ -372,7 +403,8 @@ static char *joined_cell(const ProtobufCFieldDescriptor *f, json_t *array) {
 #define ROW_NESTED_FIELDS_MAX 3
 
 static void flatten(json_t *obj, const ProtobufCMessageDescriptor *desc, bool embedded,
-                    const char *prefix, bool upper, cells_t *out, lists_t *lists) {
+                    const Keyflow__V1__Schema *row_schema, const char *prefix, bool upper,
+                    cells_t *out, lists_t *lists) {
     const char *key;
     json_t *v;
     json_object_foreach(obj, key, v) {
@@ -385,7 +417,7 @@ static void flatten(json_t *obj, const ProtobufCMessageDescriptor *desc, bool em
             f != NULL && !is_embedded && f->type == PROTOBUF_C_TYPE_MESSAGE ? f->descriptor : NULL;
         if (json_is_object(v) && sub != NULL &&
             (lists != NULL || json_object_size(v) <= ROW_NESTED_FIELDS_MAX)) {
-            flatten(v, sub, false, path, upper, out, lists);
+            flatten(v, sub, false, NULL, path, upper, out, lists);
         } else if (json_is_array(v) && lists != NULL && all_objects(v) &&
                    (sub != NULL || is_embedded)) {
             lists->items = grow(lists->items, &lists->cap, lists->count, sizeof *lists->items);
@@ -401,8 +433,15 @@ static void flatten(json_t *obj, const ProtobufCMessageDescriptor *desc, bool em
         } else if (json_is_object(v) || json_is_array(v)) {
             cells_add(out, path, TIME_NONE, upper, json_cell(v));
         } else {
-            cells_add(out, path, is_embedded ? TIME_NONE : time_kind_of(f), upper,
-                      value_text(f, v, is_embedded));
+            char *stamp = embedded && prefix[0] == '\0' && is_stamp_column(row_schema, key)
+                              ? row_stamp_text(v)
+                              : NULL;
+            if (stamp != NULL) {
+                cells_add(out, path, TIME_STAMP_US, upper, stamp);
+            } else {
+                cells_add(out, path, is_embedded ? TIME_NONE : time_kind_of(f), upper,
+                          value_text(f, v, is_embedded));
+            }
         }
     }
 }
@@ -440,7 +479,7 @@ static void print_cells(FILE *out, const cells_t *c) {
 
 /* One row per element; columns are the union of the elements' labels in
  * the order first seen. */
-static void print_list(FILE *out, const list_t *l) {
+static void print_list(FILE *out, const list_t *l, const Keyflow__V1__Schema *row_schema) {
     size_t rows = json_array_size(l->array);
     cells_t *flat = calloc(rows, sizeof *flat);
     KF_ASSERT(flat != NULL);
@@ -449,7 +488,8 @@ static void print_list(FILE *out, const list_t *l) {
     size_t widths_cap = 0;
     for (size_t r = 0; r < rows; r++) {
         json_t *element = json_array_get(l->array, r);
-        flatten(element, l->desc, l->desc == NULL, "", true, &flat[r], NULL);
+        flatten(element, l->desc, l->desc == NULL, l->desc == NULL ? row_schema : NULL, "", true,
+                &flat[r], NULL);
         for (size_t i = 0; i < flat[r].count; i++) {
             size_t k = 0;
             while (k < columns.count &&
@@ -501,10 +541,11 @@ static void print_list(FILE *out, const list_t *l) {
     cells_free(&columns);
 }
 
-static void print_table(FILE *out, json_t *doc, const ProtobufCMessageDescriptor *desc) {
+static void print_table(FILE *out, json_t *doc, const ProtobufCMessageDescriptor *desc,
+                        const Keyflow__V1__Schema *row_schema) {
     cells_t cells = {0};
     lists_t lists = {0};
-    flatten(doc, desc, false, "", false, &cells, &lists);
+    flatten(doc, desc, false, NULL, "", false, &cells, &lists);
     if (cells.count == 0 && lists.count == 0) {
         fputs("(empty)\n", out); /* every field at its default */
     }
@@ -513,7 +554,7 @@ static void print_table(FILE *out, json_t *doc, const ProtobufCMessageDescriptor
         if (cells.count > 0 || lists.count > 1) {
             fprintf(out, "%s%s:\n", cells.count > 0 || i > 0 ? "\n" : "", lists.items[i].title);
         }
-        print_list(out, &lists.items[i]);
+        print_list(out, &lists.items[i], row_schema);
         free(lists.items[i].title);
     }
     free(lists.items);
@@ -530,7 +571,7 @@ int kf__cli_print(kf__cli_t *cli, const ProtobufCMessage *msg) {
     kf__cli_progress_clear(cli);
     int rc = KF__CLI_EXIT_OK;
     if (cli->output == KF__CLI_OUTPUT_TABLE) {
-        print_table(stdout, doc, msg->descriptor);
+        print_table(stdout, doc, msg->descriptor, cli->row_schema);
     } else {
         char *text = kf_json_dumps(doc, JSON_COMPACT);
         if (text == NULL) {

@@ -193,15 +193,27 @@ class CliOutputTest(unittest.TestCase):
         fid = "running_sum"
         path = os.path.join(HANDLERS, "running_sum.descriptor.json")
         self.cli("functions", "register", path)
-        rows = "".join(json.dumps({"user": u, "ts": 10 + i, "amount": i}) + "\n"
+        t0 = 1700000000000000  # 2023-11-14 22:13:20Z
+        rows = "".join(json.dumps({"user": u, "ts": t0 + i, "amount": i}) + "\n"
                        for i, u in enumerate(["ann", "bob", "ann"]))
         producer = unique("p")
-        self.cli("functions", "push", fid, "--producer", producer, "--sequence", 1, stdin=rows)
-        out = self.cli("--output", "table", "functions", "output", fid, "--limit", 3).stdout
+        ack = json.loads(self.cli("functions", "push", fid, "--producer", producer, "--sequence", 1,
+                                  stdin=rows).stdout)
+        first = int(ack["firstOutputSeq"])
+        out = self.cli("--output", "table", "functions", "output", fid, "--after", first - 1,
+                       "--limit", 3).stdout
         section = out[out.index("rows:\n") + len("rows:\n"):].rstrip("\n").split("\n")
         self.assertEqual(section[0].split(), ["SEQ", "KEY", "TS", "SUM", "PREVIOUS"])
         self.assert_aligned(section)
         self.assertEqual(len(section), 4)
+        # A TIMESTAMP_US column of the output schema is a time, like the
+        # function's watermark (the JSON keeps the number).
+        for line in section[1:]:
+            self.assertIn("2023-11-14 22:13:20Z (", line)
+        self.assertNotIn(str(t0), out)
+        page = json.loads(self.cli("functions", "output", fid, "--after", first - 1,
+                                   "--limit", 1).stdout)
+        self.assertEqual(page["rows"][0]["ts"], str(t0))
 
     # --- call -------------------------------------------------------------------
 
@@ -283,6 +295,18 @@ class CliOutputTest(unittest.TestCase):
                          ["rows.jsonl"])
         self.assertEqual(complete("keyflow", "send", "--key", ""), [], "free text: nothing")
         self.assertIn("--output", complete("keyflow", "poll", "--"))
+        self.assertEqual(complete("keyflow", "completion", ""), ["bash"])
+        # A flag given once is not offered again, unless it repeats.
+        self.assertEqual(complete("keyflow", "send", "--workflow", "w", "--workf"), [])
+        self.assertEqual(complete("keyflow", "--output", "json", "send", "--outp"), [])
+        self.assertEqual(complete("keyflow", "--output", "json", "--outp"), [])
+        self.assertEqual(complete("keyflow", "poll", "--workflow", "a", "--workf"), ["--workflow"])
+        # The commands offered first are those --help lists, help included.
+        main_help = self.cli("--help").stdout
+        listed = re.findall(r"^  ([a-z-]+) ", main_help[main_help.index("Commands:"):
+                                                      main_help.index("Global flags")], re.M)
+        self.assertIn("help", listed)
+        self.assertEqual(complete("keyflow", ""), sorted(listed))
         p = self.cli("completion", "zsh", expect=2)
         self.assertIn("only bash", p.stderr)
 
