@@ -55,9 +55,9 @@ port_ms=$PORT_MS
 ready_ms=$READY_MS
 rss_kib=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")
 after=$(wal_bytes)
-# "store opened in X ms, engine recovered in Y ms" (older builds: -)
-open_ms=$(sed -n 's/.*store opened in \([0-9]*\) ms.*/\1/p' "$SERVER_LOG" | tail -n 1)
-recover_ms=$(sed -n 's/.*engine recovered in \([0-9]*\) ms.*/\1/p' "$SERVER_LOG" | tail -n 1)
+# "store opened open_ms=X recover_ms=Y" (older builds: -)
+open_ms=$(sed -n 's/.*store opened.* open_ms=\([0-9]*\).*/\1/p' "$SERVER_LOG" | tail -n 1)
+recover_ms=$(sed -n 's/.*store opened.* recover_ms=\([0-9]*\).*/\1/p' "$SERVER_LOG" | tail -n 1)
 {
     printf '| coordinators | input bytes | load s | WAL before restart MiB | data dir MiB | store open ms | engine recovery ms | port file ms | ready ms | WAL after restart MiB | RSS after restart MiB |\n'
     printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'

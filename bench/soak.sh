@@ -59,8 +59,8 @@ dir=$(du -sb "$WORK/data" | cut -f1)
 stop_server
 restart_server "$KEYFLOWD" "${flags[@]}"
 rss_kib=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")
-open_ms=$(sed -n 's/.*store opened in \([0-9]*\) ms.*/\1/p' "$SERVER_LOG" | tail -n 1)
-recover_ms=$(sed -n 's/.*engine recovered in \([0-9]*\) ms.*/\1/p' "$SERVER_LOG" | tail -n 1)
+open_ms=$(sed -n 's/.*store opened.* open_ms=\([0-9]*\).*/\1/p' "$SERVER_LOG" | tail -n 1)
+recover_ms=$(sed -n 's/.*store opened.* recover_ms=\([0-9]*\).*/\1/p' "$SERVER_LOG" | tail -n 1)
 printf 'restart after the soak: data directory %s MiB; port file %s ms, ready %s ms (store open %s ms, engine recovery %s ms); RSS after %s MiB\n' \
     "$(mib "$dir")" "${PORT_MS:--}" "${READY_MS:--}" "${open_ms:--}" "${recover_ms:--}" \
     "$(mib $((rss_kib * 1024)))" | tee -a "$TEXT"

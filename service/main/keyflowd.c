@@ -885,8 +885,9 @@ int main(int argc, char **argv) {
      * bench/restart.sh reads them. */
     int64_t open_ms, recover_ms;
     kf_partitions_timing(partitions, &open_ms, &recover_ms);
-    kf_log(KF_LOG_INFO, "main", "store opened in %lld ms, engine recovered in %lld ms; %s",
-           (long long)open_ms, (long long)recover_ms, kf_partitions_describe(partitions));
+    kf_log_kv(KF_LOG_INFO, "main", "store opened", KF_LOG_INT("open_ms", open_ms),
+              KF_LOG_INT("recover_ms", recover_ms),
+              KF_LOG_STR("partitions", kf_partitions_describe(partitions)));
     kf_grpc_options_t go = {
         .address = o.grpc_address, .threads = o.grpc_threads, .tls = tls, .auth = auth};
     kf_grpc_server_t *grpc;

@@ -163,7 +163,13 @@ class JsonLogTest(Server):
                          "the function-registered line")
         self.assertEqual(len(reg), 1, "an idempotent repeat registers nothing")
         self.assertRegex(reg[0]["descriptor_sha256"], r"^[0-9a-f]{64}$")
-        # The start-up line names the version, and every line parsed.
+        # The start-up lines: the store's open and recovery times as
+        # numbers (not inside the message), the version; every line parsed.
+        opened = self.find("store opened", module="main")
+        self.assertEqual(len(opened), 1, "one store-opened line")
+        self.assertIsInstance(opened[0]["open_ms"], int)
+        self.assertIsInstance(opened[0]["recover_ms"], int)
+        self.assertIn("1 partition", opened[0]["partitions"])
         serving = self.find("serving", module="main")
         self.assertEqual(serving[0]["version"], project_version())
 
