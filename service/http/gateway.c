@@ -227,10 +227,13 @@ static int send_cmd_error(kf_gateway_t *gw, h2o_req_t *req, const kf_cmd_t *cmd)
 }
 
 /* 405 with the Allow header RFC 9110 requires: the methods the path does
- * accept. Returns 405. */
+ * accept, named in the JSON body's message too (a client that shows only
+ * the body learns what to use). Returns 405. */
 static int send_not_allowed(h2o_req_t *req, const char *message, const char *allow) {
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
-    return send_error(req, KF_E_UNIMPLEMENTED, message, 405);
+    char text[KF_ERROR_MESSAGE_BYTES_MAX + KF_HTTP_ALLOW_BYTES_MAX + 16];
+    snprintf(text, sizeof text, "%s (allowed: %s)", message, allow);
+    return send_error(req, KF_E_UNIMPLEMENTED, text, 405);
 }
 
 static void watch_unlink(kf_gateway_t *gw, http_call_t *call) {
@@ -627,8 +630,9 @@ static bool serve_placement(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
     if (!path_is(req, path_len, "/v1/partitions")) {
         return false;
     }
-    if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"))) {
-        send_not_allowed(req, "method: use GET for /v1/partitions", "GET");
+    bool head = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
+    if (!head && !h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"))) {
+        send_not_allowed(req, "method: use GET for /v1/partitions", "GET, HEAD");
         return true;
     }
     kf_arena_t arena;

@@ -686,6 +686,13 @@ kf_status_t kf_openapi_render(const char *version, char **out, size_t *len, kf_e
         if (kf_http_serves(&kf_methods[i])) {
             add_generic(&d, paths, &kf_methods[i]);
         }
+        /* GET /v1/partitions is the gateway's own route (gateway.c, no key
+         * to route by), outside routes.c's table: the same answer. */
+        if (strcmp(kf_methods[i].path, "/keyflow.v1.Partitions/GetPlacement") == 0) {
+            json_object_set_new(
+                paths, "/v1/partitions",
+                json_pack("{s:o}", "get", operation(&d, &kf_methods[i], "GetPlacement")));
+        }
     }
     add_probes(paths);
     char *text = kf_json_dumps(d.root, JSON_COMPACT);
