@@ -16,6 +16,19 @@
 --   anything else                         kf_any (any node, round robin)
 -- Backends are named kf_<node>; a partition no node serves goes to kf_any,
 -- whose answer (421, naming the owner) says what is wrong.
+--
+-- gRPC requests (content-type application/grpc...) carry no key in their
+-- path (/keyflow.v1.Service/Method), so they are routed by metadata, each
+-- value percent-encoded as a path segment is:
+--   keyflow-workflow: W + keyflow-key: K  the coordinator (W, K)'s node
+--   keyflow-key: K1,K2,...                the function key of columns
+--                                         K1, K2, ... (a literal comma in a
+--                                         column is %2C)
+--   neither                               kf_grpc_any (round robin)
+-- to the backends kf_grpc_<node> and kf_grpc_any (HTTP/2 to the nodes'
+-- gRPC ports). The header is trusted only for routing: a header naming
+-- another key than the request's sends it to a node that refuses it
+-- (FAILED_PRECONDITION naming the owner), never to a wrong store.
 
 local count = nil
 local owner = {} -- partition -> node name
@@ -122,7 +135,58 @@ local function partition_of(path)
   return nil
 end
 
+-- Every value of request header `name` (lower case), in order, or nil.
+local function header_values(headers, name)
+  local h = headers[name]
+  if h == nil then
+    return nil
+  end
+  local out = {}
+  for i = 0, #h do -- HAProxy numbers a header's values from 0
+    if h[i] ~= nil then
+      out[#out + 1] = h[i]
+    end
+  end
+  return out
+end
+
+-- The partition a gRPC request's keyflow-* metadata names, or nil.
+local function partition_of_grpc(headers)
+  local keys = header_values(headers, "keyflow-key")
+  if keys == nil then
+    return nil
+  end
+  -- Repeated values are columns too (HTTP joins them with commas).
+  local columns = {}
+  for _, v in ipairs(keys) do
+    for c in string.gmatch(v .. ",", "([^,]*),") do
+      columns[#columns + 1] = unescape(c)
+    end
+  end
+  local workflows = header_values(headers, "keyflow-workflow")
+  if workflows ~= nil then
+    if #workflows ~= 1 or #columns ~= 1 then
+      return nil -- a coordinator's key is one value: not a key of ours
+    end
+    return kf_hash(canonical({unescape(workflows[1]), columns[1]})) % count
+  end
+  return kf_hash(canonical(columns)) % count
+end
+
+local function is_grpc(headers)
+  local ct = headers["content-type"]
+  return ct ~= nil and ct[0] ~= nil and string.find(ct[0], "^application/grpc") ~= nil
+end
+
 local function backend(txn)
+  local headers = txn.http:req_get_headers()
+  if is_grpc(headers) then
+    local p = partition_of_grpc(headers)
+    if p ~= nil and owner[p] ~= nil then
+      return "kf_grpc_" .. owner[p]
+    end
+    return "kf_grpc_any"
+  end
   local path = txn.sf:path()
   local node = string.match(path, "^/nodes/([^/]+)/")
   if node ~= nil then

@@ -7,14 +7,17 @@
 #   haproxy -f haproxy.cfg
 #
 # BIND is where the proxy listens (default 127.0.0.1:8080; "unix@/path"
-# works too). Each `node` line's HTTP address becomes a backend kf_<node>;
-# keyflow-route.lua (next to this script) picks the backend of each request
-# by its key. Requests without a key go to any node, and /nodes/NAME/...
-# reaches node NAME with the prefix stripped (register a function on every
-# node that way). gRPC clients route by themselves (the SDKs, the C client,
-# the CLI), so the proxy serves HTTP only. Plain HTTP to the nodes: put TLS
-# on the bind line (`ssl crt FILE`) and `ssl verify required ca-file FILE`
-# on the server lines when the nodes serve HTTPS.
+# works too), for HTTP/1.1 and gRPC alike (HTTP/2 without TLS, told apart
+# by its preface). Each `node` line's HTTP address becomes a backend
+# kf_<node> and its gRPC address a backend kf_grpc_<node> (HTTP/2 to the
+# node); keyflow-route.lua (next to this script) picks the backend of each
+# request by its key: in the path for HTTP, in the `keyflow-key` (and, for
+# a coordinator, `keyflow-workflow`) metadata for gRPC. Requests without a
+# key go to any node, and /nodes/NAME/... reaches node NAME with the prefix
+# stripped (register a function on every node that way). Plain HTTP to the
+# nodes: put TLS on the bind line (`ssl crt FILE alpn h2,http/1.1`) and
+# `ssl verify required ca-file FILE` on the server lines when the nodes
+# serve TLS.
 set -euo pipefail
 
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -26,12 +29,12 @@ BIND=${2:-127.0.0.1:8080}
 HERE=$(cd "$(dirname "$0")" && pwd)
 [ -r "$PLACEMENT" ] || { echo "$0: cannot read $PLACEMENT" >&2; exit 2; }
 
-# node NAME SET GRPC [HTTP]: name and HTTP address of each node.
-mapfile -t NODES < <(sed 's/#.*//' "$PLACEMENT" | awk '$1 == "node" { print $2, $5 }')
+# node NAME SET GRPC [HTTP]: name, HTTP and gRPC addresses of each node.
+mapfile -t NODES < <(sed 's/#.*//' "$PLACEMENT" | awk '$1 == "node" { print $2, $5, $4 }')
 [ ${#NODES[@]} -gt 0 ] || { echo "$0: no node lines in $PLACEMENT" >&2; exit 2; }
 for n in "${NODES[@]}"; do
     set -- $n
-    [ $# -eq 2 ] || { echo "$0: node $1 has no HTTP address in $PLACEMENT" >&2; exit 2; }
+    [ $# -eq 3 ] || { echo "$0: node $1 has no HTTP address in $PLACEMENT" >&2; exit 2; }
 done
 
 cat <<CFG
@@ -62,8 +65,18 @@ backend kf_$1
     option httpchk GET /healthz
     server $1 $2 check
 
+backend kf_grpc_$1
+    server $1 $3 proto h2 check
+
 CFG
 done
+echo "backend kf_grpc_any"
+echo "    balance roundrobin"
+for n in "${NODES[@]}"; do
+    set -- $n
+    echo "    server $1 $3 proto h2 check"
+done
+echo
 echo "backend kf_any"
 echo "    balance roundrobin"
 echo "    option httpchk GET /healthz"

@@ -4,6 +4,12 @@ key's partition (docs/scaling.md). Keyed calls over many keys succeed
 through the proxy (a wrong hash or a wrong owner would be a 421), percent-
 encoded keys included; /nodes/NAME/... reaches one node.
 
+gRPC through the same proxy (HTTP/2 without TLS) is routed by the
+`keyflow-workflow` + `keyflow-key` metadata of a coordinator or the
+`keyflow-key` of a function key: SendEvent over many keys lands each in its
+owner (a misrouted call would be refused), and a header naming another
+partition's key sends the call to a node that refuses it with the owner.
+
 One process is killed (SIGKILL) and restarted behind the proxy: only its
 partitions are unavailable meanwhile, and every event acknowledged before
 and after is in its run afterwards.
@@ -29,6 +35,13 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+
+harness.stubs()
+import grpc  # noqa: E402
+from keyflow.v1 import coordinators_pb2 as C  # noqa: E402
+from keyflow.v1 import coordinators_pb2_grpc as CG  # noqa: E402
+from keyflow.v1 import functions_pb2 as F  # noqa: E402
+from keyflow.v1 import functions_pb2_grpc as FG  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location(
     "kf_partitions", os.path.join(harness.ROOT, "clients", "python", "keyflow", "partitions.py"))
@@ -209,7 +222,8 @@ class Proxy(unittest.TestCase):
             status, doc = self.request("GET", "/nodes/%s/v1/partitions" % name)
             self.assertEqual((status, doc.get("node"), doc.get("served")), (200, name, parts))
 
-    def test_a_function_key_reaches_its_process(self):
+    def register_everywhere(self):
+        """Registers rs_proxy on every node (again: the same descriptor)."""
         with open(os.path.join(harness.BUILD, "handlers", "running_sum.descriptor.json")) as f:
             d = json.load(f)
         d["functionId"] = "rs_proxy"
@@ -217,11 +231,65 @@ class Proxy(unittest.TestCase):
         for name, _ in NODES:  # registration reaches every node
             status, doc = self.request("POST", "/nodes/%s/v1/functions" % name, d)
             self.assertEqual(status, 200, doc)
+
+    def test_a_function_key_reaches_its_process(self):
+        self.register_everywhere()
         users = ("ann", "bob", "cid", "dee", "eve", "fay")
         self.assertEqual({partitions.of_key([u], COUNT) // 2 for u in users}, {0, 1})
         for user in users:
             status, doc = self.request("GET", "/v1/functions/rs_proxy/keys/%s" % user)
             self.assertEqual(status, 200, (user, doc))
+
+
+    def grpc_send(self, coords, wf, key, header_key):
+        event = C.Event(rule=C.Rule(kind=C.RULE_KIND_BATCH, max_events=1),
+                        input_json=json.dumps(key))
+        return coords.SendEvent(C.SendEventRequest(workflow=wf, key=key, event=event), timeout=30,
+                                metadata=(("keyflow-workflow", urllib.parse.quote(wf, safe="")),
+                                          ("keyflow-key", urllib.parse.quote(header_key,
+                                                                             safe=""))))
+
+    def test_grpc_by_the_keyflow_key_header(self):
+        wf = "grpc-%s" % uuid.uuid4().hex[:8]
+        keys = ["k%d" % i for i in range(24)] + ["a b/c", "ünï", "x%y", "p,q"]
+        node_of = {k: partitions.of_coordinator(wf, k, COUNT) // 2 for k in keys}
+        self.assertEqual(set(node_of.values()), {0, 1})
+        with grpc.insecure_channel("unix:" + self.socket) as channel:
+            coords = CG.CoordinatorsStub(channel)
+            for k in keys:  # each lands in its owner: another node would refuse it
+                resp = self.grpc_send(coords, wf, k, k)
+                self.assertEqual(partitions.of_run_id(resp.receipt.run_id, COUNT),
+                                 partitions.of_coordinator(wf, k, COUNT), k)
+            # A header naming a key of the other node's partitions: that node
+            # refuses the call with the owner; nothing goes to a wrong store.
+            a = next(k for k in keys if node_of[k] == 0)
+            b = next(k for k in keys if node_of[k] == 1)
+            for key, header_key, owner in ((a, b, "node-a"), (b, a, "node-b")):
+                with self.assertRaises(grpc.RpcError) as ctx:
+                    self.grpc_send(coords, wf, key, header_key)
+                self.assertEqual(ctx.exception.code(), grpc.StatusCode.FAILED_PRECONDITION,
+                                 ctx.exception.details())
+                trailers = dict(ctx.exception.trailing_metadata())
+                self.assertEqual(trailers["keyflow-owner-node"], owner)
+
+            # A function key: `keyflow-key` alone.
+            self.register_everywhere()
+            functions = FG.FunctionsStub(channel)
+            users = ("ann", "bob", "cid", "dee", "eve", "fay")
+            self.assertEqual({partitions.of_key([u], COUNT) // 2 for u in users}, {0, 1})
+            for user in users:
+                resp = functions.GetKeyState(
+                    F.GetKeyStateRequest(function_id="rs_proxy", key=user), timeout=30,
+                    metadata=(("keyflow-key", user),))
+                self.assertEqual(resp.state, F.STATE_KIND_ABSENT, user)
+            ann_node = partitions.of_key(["ann"], COUNT) // 2
+            other = next(u for u in users if partitions.of_key([u], COUNT) // 2 != ann_node)
+            with self.assertRaises(grpc.RpcError) as ctx:
+                functions.GetKeyState(F.GetKeyStateRequest(function_id="rs_proxy", key="ann"),
+                                      timeout=30, metadata=(("keyflow-key", other),))
+            self.assertEqual(ctx.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertEqual(dict(ctx.exception.trailing_metadata())["keyflow-owner-node"],
+                             NODES[ann_node][0])
 
 
 if __name__ == "__main__":
