@@ -112,6 +112,16 @@ build_targets() {
 }
 
 now_ms() { date +%s%3N; }
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
+# The WAL a restart must replay (RocksDB's *.log files) and the whole store.
+wal_bytes() { find "$WORK/data" -maxdepth 1 -name '*.log' -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }'; }
+dir_bytes() { du -sb "$WORK/data" | cut -f1; }
+rss_bytes() { awk '/^VmRSS/ { print $2 * 1024 }' "/proc/$SERVER_PID/status"; }
+# metric NAME: a gauge summed over partitions, from GET /metrics.
+metric() {
+    curl -s --max-time 5 "http://127.0.0.1:$HTTP_PORT/metrics" |
+        awk -v n="$1" '$1 == n || index($1, n "{") == 1 { s += $2 } END { printf "%d\n", s }'
+}
 
 # restart_server KEYFLOWD [extra keyflowd flags...]: after stop_server,
 # starts keyflowd again over $WORK/data (log level info: it logs "store

@@ -39,9 +39,6 @@ start_server "$KEYFLOWD" bench-restart
     --input-bytes "$INPUT_BYTES" --duration-s "$LOAD_S" --warmup-s 0 --workflow restart \
     --server-pid "$SERVER_PID" | collect
 
-mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
-wal_bytes() { find "$WORK/data" -maxdepth 1 -name '*.log' -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }'; }
-dir_bytes() { du -sb "$WORK/data" | cut -f1; }
 
 stop_begin=$(now_ms)
 stop_server

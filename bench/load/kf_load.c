@@ -14,7 +14,11 @@
  *     only wraps the packed slice in a byte buffer (a reference, no copy);
  *   * SendEvents (--rpc send-events): BATCH_REQUESTS requests of
  *     --batch-events events each, every event on a key drawn uniformly,
- *     packed before the run; each answer is scanned for per-event errors
+ *     packed before the run (--cover: one request per run of consecutive
+ *     keys, each sent once in order, ending the run once every key has
+ *     been hit or --duration-s is up: how bench/memory.sh opens a million
+ *     windows in seconds); each answer is
+ *     scanned for per-event errors
  *     (a call that is OK may still refuse some of its events), so events/s
  *     counts accepted events only;
  *   * every call completing inside the measurement window [warmup end,
@@ -216,6 +220,8 @@ typedef struct options {
     long keys;
     long input_bytes;  /* SendEvent input padded to about this size; 0 = tiny */
     long batch_events; /* events per SendEvents call */
+    bool cover;        /* send-events: consecutive keys, requests in order */
+    long window_ms;    /* the debounce window of every event */
     long channels;
     long threads;
     long deadline_ms;
@@ -275,6 +281,8 @@ struct run {
     void *methods[CHANNELS_MAX];
     grpc_slice *requests; /* one packed request per key (one for health) */
     size_t request_count;
+    atomic_size_t next_request; /* --cover: the next request to send */
+    atomic_long workers_done;   /* --cover: workers whose slots are all idle */
     int64_t measure_start_ns;
     int64_t measure_end_ns;
     worker_t *workers;
@@ -304,7 +312,7 @@ static void fill_event(const options_t *o, size_t i, Keyflow__V1__SendEventReque
     keyflow__v1__rule__init(rule);
     rule->kind = KEYFLOW__V1__RULE_KIND__RULE_KIND_DEBOUNCE;
     rule->window_ms_present_case = KEYFLOW__V1__RULE__WINDOW_MS_PRESENT_WINDOW_MS;
-    rule->window_ms = 60000;
+    rule->window_ms = o->window_ms;
     keyflow__v1__event__init(event);
     event->rule = rule;
     event->input_json = input;
@@ -336,7 +344,8 @@ static bool build_batches(run_t *r) {
     uint64_t rng = UINT64_C(0x2545F4914F6CDD1D);
     for (size_t b = 0; ok && b < r->request_count; b++) {
         for (size_t e = 0; e < n; e++) {
-            size_t key = (size_t)(kf_bench_rng_next(&rng) % (uint64_t)o->keys);
+            size_t key = o->cover ? (b * n + e) % (size_t)o->keys
+                                  : (size_t)(kf_bench_rng_next(&rng) % (uint64_t)o->keys);
             fill_event(o, key, &sends[e], &events[e], &rules[e], keys[e], inputs[e]);
             ptrs[e] = &sends[e];
         }
@@ -361,6 +370,10 @@ static bool build_requests(run_t *r) {
     r->request_count = o->rpc == RPC_SEND          ? (size_t)o->keys
                        : o->rpc == RPC_SEND_EVENTS ? BATCH_REQUESTS
                                                    : 1;
+    if (o->rpc == RPC_SEND_EVENTS && o->cover) {
+        r->request_count =
+            ((size_t)o->keys + (size_t)o->batch_events - 1) / (size_t)o->batch_events;
+    }
     r->requests = calloc(r->request_count, sizeof *r->requests);
     if (r->requests == NULL) {
         return false;
@@ -434,8 +447,15 @@ static void count_events(const grpc_byte_buffer *bb, size_t expected, uint64_t *
 static void slot_start(slot_t *s) {
     worker_t *w = s->worker;
     run_t *r = w->run;
-    size_t key =
-        r->request_count == 1 ? 0 : (size_t)(kf_bench_rng_next(&w->rng) % r->request_count);
+    size_t key;
+    if (r->options->cover) {
+        key = atomic_fetch_add(&r->next_request, 1);
+        if (key >= r->request_count) {
+            return; /* the pass is done: the slot stays idle */
+        }
+    } else {
+        key = r->request_count == 1 ? 0 : (size_t)(kf_bench_rng_next(&w->rng) % r->request_count);
+    }
     gpr_timespec deadline = gpr_time_add(
         gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(r->options->deadline_ms, GPR_TIMESPAN));
     s->start_ns = kf_bench_mono_ns();
@@ -517,6 +537,7 @@ static void *worker_main(void *arg) {
            GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(w->cq);
+    atomic_fetch_add(&r->workers_done, 1);
     return NULL;
 }
 
@@ -649,7 +670,18 @@ static int run_load(const options_t *o) {
     kf_bench_cpu_sample_t cpu1;
     kf_bench_sleep_until_ns(r->measure_start_ns);
     kf_bench_cpu_begin(&cpu0, o->server_pid);
-    kf_bench_sleep_until_ns(r->measure_end_ns);
+    if (o->cover) {
+        /* The window ends with the pass: every worker done. */
+        while (kf_bench_mono_ns() < r->measure_end_ns &&
+               atomic_load(&r->workers_done) < o->threads) {
+            kf_bench_sleep_until_ns(kf_bench_mono_ns() + 10 * 1000000);
+        }
+        if (atomic_load(&r->workers_done) == o->threads) {
+            r->measure_end_ns = kf_bench_mono_ns();
+        }
+    } else {
+        kf_bench_sleep_until_ns(r->measure_end_ns);
+    }
     kf_bench_cpu_end(&cpu1, o->server_pid);
 
     static kf_bench_hist_t hist;
@@ -695,6 +727,9 @@ static void usage(FILE *out) {
             "  --keys N          SendEvent keys, drawn uniformly (default 10000)\n"
             "  --batch-events N  send-events: events per SendEvents call (default 100,\n"
             "                    max %d)\n"
+            "  --cover 1         send-events: each call on the next --batch-events\n"
+            "                    consecutive keys; stop once every key is hit\n"
+            "  --window-ms N     the events' debounce window (default 60000)\n"
             "  --input-bytes N   SendEvent input padded to about N bytes (default: tiny,\n"
             "                    max %d; the client holds one request per key)\n"
             "  --channels N      channels = TCP connections (default 1, max %d)\n"
@@ -721,6 +756,7 @@ static bool parse_args(int argc, char **argv, options_t *o) {
         .warmup_s = 2.0,
         .keys = 10000,
         .batch_events = 100,
+        .window_ms = 60000,
         .channels = 1,
         .threads = 1,
         .deadline_ms = 10000,
@@ -766,6 +802,12 @@ static bool parse_args(int argc, char **argv, options_t *o) {
             ok = kf_bench_parse_long("kf_load", a, v, 1, KEYS_MAX, &o->keys);
         } else if (strcmp(a, "--batch-events") == 0) {
             ok = kf_bench_parse_long("kf_load", a, v, 1, BATCH_EVENTS_MAX, &o->batch_events);
+        } else if (strcmp(a, "--cover") == 0) {
+            long flag;
+            ok = kf_bench_parse_long("kf_load", a, v, 0, 1, &flag);
+            o->cover = flag != 0;
+        } else if (strcmp(a, "--window-ms") == 0) {
+            ok = kf_bench_parse_long("kf_load", a, v, 1, 7L * 24 * 3600 * 1000, &o->window_ms);
         } else if (strcmp(a, "--input-bytes") == 0) {
             ok = kf_bench_parse_long("kf_load", a, v, 0, INPUT_BYTES_MAX, &o->input_bytes);
         } else if (strcmp(a, "--channels") == 0) {

@@ -49,7 +49,7 @@
 #define KF_JOURNAL_ENTRIES_MAX 256
 /* Run IDs a coordinator lists in DescribeCoordinator. */
 #define KF_RECENT_RUNS_MAX 16
-/* Coordinators at once (each about 120 bytes of memory; its window and
+/* Coordinators at once (each about 140 bytes of memory; its window and
  * remembered IDs are on disk); beyond it SendEvent answers
  * RESOURCE_EXHAUSTED. */
 #define KF_COORDINATORS_MAX 2000000
