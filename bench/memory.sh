@@ -8,8 +8,9 @@
 # Then, for each count in WINDOWS (ascending), opens that many debounce
 # windows of one hour (kf_load --rpc send-events --cover 1: one pass, 500
 # consecutive keys per call; the keyflow_open_windows gauge shows how many
-# opened), waits SETTLE_S and reads the RSS. Finally it stops keyflowd with SIGTERM and times the restart with the
-# last count open. It reports; it never asserts.
+# opened), waits SETTLE_S and reads the RSS. Finally it stops keyflowd with
+# SIGTERM and times the restart with the last count open. It reports; it
+# never asserts.
 #
 # Environment (all optional; lib.sh documents BUILD_DIR, KEYFLOWD_ARGS, ...):
 #   WINDOWS      counts of open windows, ascending (default "100000 1000000")
