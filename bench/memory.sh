@@ -65,8 +65,9 @@ restart_server "$KEYFLOWD"
 full_ready_ms=$READY_MS
 reopened=$(metric keyflow_open_windows)
 full_rss=$(rss_bytes)
-open_ms=$(sed -n 's/.*store opened in \([0-9]*\) ms.*/\1/p' "$SERVER_LOG" | tail -n 1)
-recover_ms=$(sed -n 's/.*engine recovered in \([0-9]*\) ms.*/\1/p' "$SERVER_LOG" | tail -n 1)
+# "store opened open_ms=X recover_ms=Y"
+open_ms=$(sed -n 's/.*store opened.* open_ms=\([0-9]*\).*/\1/p' "$SERVER_LOG" | tail -n 1)
+recover_ms=$(sed -n 's/.*store opened.* recover_ms=\([0-9]*\).*/\1/p' "$SERVER_LOG" | tail -n 1)
 ratio=$(awk -v a="${full_ready_ms:-0}" -v b="${empty_ready_ms:-1}" 'BEGIN { printf "%.1f", a / (b > 0 ? b : 1) }')
 {
     printf 'empty store: ready in %s ms, RSS %s MiB\n\n' "${empty_ready_ms:--}" "$(mib "$empty_rss")"
