@@ -86,7 +86,14 @@ class ThreeProcesses(unittest.TestCase):
 
     def test_every_acknowledged_event_is_in_one_run_across_a_killed_process(self):
         wf = unique("wf")
-        keys = ["key-%d" % i for i in range(48)]
+        per_partition = 48 // self.COUNT
+        keys, count, i = [], [0] * self.COUNT, 0
+        while len(keys) < per_partition * self.COUNT:  # the same number in each partition
+            p = partitions.of_coordinator(wf, "key-%d" % i, self.COUNT)
+            if count[p] < per_partition:
+                keys.append("key-%d" % i)
+                count[p] += 1
+            i += 1
         self.assertEqual({partitions.of_coordinator(wf, k, self.COUNT) for k in keys},
                          set(range(self.COUNT)))
         seen = {}  # event id -> run ids it was in
