@@ -24,6 +24,7 @@
 --   keyflow-key: K1,K2,...                the function key of columns
 --                                         K1, K2, ... (a literal comma in a
 --                                         column is %2C)
+--   keyflow-run-id: RUN_ID                the partition in the run ID
 --   neither                               kf_grpc_any (round robin)
 -- to the backends kf_grpc_<node> and kf_grpc_any (HTTP/2 to the nodes'
 -- gRPC ports). The header is trusted only for routing: a header naming
@@ -152,6 +153,13 @@ end
 
 -- The partition a gRPC request's keyflow-* metadata names, or nil.
 local function partition_of_grpc(headers)
+  local runs = header_values(headers, "keyflow-run-id")
+  if runs ~= nil then
+    if #runs ~= 1 then
+      return nil
+    end
+    return of_run_id(unescape(runs[1]))
+  end
   local keys = header_values(headers, "keyflow-key")
   if keys == nil then
     return nil

@@ -6,8 +6,9 @@ encoded keys included; /nodes/NAME/... reaches one node.
 
 gRPC through the same proxy (HTTP/2 without TLS) is routed by the
 `keyflow-workflow` + `keyflow-key` metadata of a coordinator or the
-`keyflow-key` of a function key: SendEvent over many keys lands each in its
-owner (a misrouted call would be refused), and a header naming another
+`keyflow-key` of a function key (`keyflow-run-id` for a run): SendEvent
+over many keys lands each in its owner (a misrouted call would be refused),
+GetRun reaches each run, and a header naming another
 partition's key sends the call to a node that refuses it with the owner.
 
 One process is killed (SIGKILL) and restarted behind the proxy: only its
@@ -42,6 +43,8 @@ from keyflow.v1 import coordinators_pb2 as C  # noqa: E402
 from keyflow.v1 import coordinators_pb2_grpc as CG  # noqa: E402
 from keyflow.v1 import functions_pb2 as F  # noqa: E402
 from keyflow.v1 import functions_pb2_grpc as FG  # noqa: E402
+from keyflow.v1 import runs_pb2 as R  # noqa: E402
+from keyflow.v1 import runs_pb2_grpc as RG  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location(
     "kf_partitions", os.path.join(harness.ROOT, "clients", "python", "keyflow", "partitions.py"))
@@ -256,10 +259,16 @@ class Proxy(unittest.TestCase):
         self.assertEqual(set(node_of.values()), {0, 1})
         with grpc.insecure_channel("unix:" + self.socket) as channel:
             coords = CG.CoordinatorsStub(channel)
+            runs = RG.RunsStub(channel)
             for k in keys:  # each lands in its owner: another node would refuse it
                 resp = self.grpc_send(coords, wf, k, k)
-                self.assertEqual(partitions.of_run_id(resp.receipt.run_id, COUNT),
+                run_id = resp.receipt.run_id
+                self.assertEqual(partitions.of_run_id(run_id, COUNT),
                                  partitions.of_coordinator(wf, k, COUNT), k)
+                # A run by `keyflow-run-id`: the partition in the ID.
+                run = runs.GetRun(R.GetRunRequest(run_id=run_id), timeout=30, metadata=(
+                    ("keyflow-run-id", urllib.parse.quote(run_id, safe="")),))
+                self.assertEqual((run.run_id, run.key), (run_id, k))
             # A header naming a key of the other node's partitions: that node
             # refuses the call with the owner; nothing goes to a wrong store.
             a = next(k for k in keys if node_of[k] == 0)
