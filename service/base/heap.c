@@ -3,6 +3,7 @@
 
 #include <stddef.h>
 
+#include "base/assert.h"
 #include "base/map.h"
 
 static bool before(const kf_pq_node_t *an, const kf_pq_node_t *bn, const void *ctx) {
@@ -33,6 +34,21 @@ void kf_heap_arm(kf_heap_t *heap, kf_timer_t *timer, int64_t due_ms) {
     timer->due_ms = due_ms;
     timer->seq = heap->next_seq++;
     kf_pq_push(&heap->pq, &timer->node);
+}
+
+void kf_heap_reserve(kf_heap_t *heap, uint32_t count) {
+    KF_ASSERT(count <= UINT32_MAX - heap->pq.count);
+    kf_pq_reserve(&heap->pq, heap->pq.count + count);
+}
+
+void kf_heap_arm_unordered(kf_heap_t *heap, kf_timer_t *timer, int64_t due_ms) {
+    timer->due_ms = due_ms;
+    timer->seq = heap->next_seq++;
+    kf_pq_append(&heap->pq, &timer->node);
+}
+
+void kf_heap_reorder(kf_heap_t *heap) {
+    kf_pq_heapify(&heap->pq);
 }
 
 void kf_heap_disarm(kf_heap_t *heap, kf_timer_t *timer) {

@@ -36,6 +36,14 @@ void kf_heap_init(kf_heap_t *heap);
 void kf_heap_deinit(kf_heap_t *heap);
 /* Arms or re-arms. */
 void kf_heap_arm(kf_heap_t *heap, kf_timer_t *timer, int64_t due_ms);
+/* Bulk arming (recovery): kf_heap_arm_unordered arms an unarmed timer
+ * without restoring the heap order, and kf_heap_reorder restores it in O(n)
+ * over every timer; nothing else touches the heap in between. The firing
+ * order is the same as arming them one by one. kf_heap_reserve makes room
+ * for `count` more timers in one allocation. */
+void kf_heap_reserve(kf_heap_t *heap, uint32_t count);
+void kf_heap_arm_unordered(kf_heap_t *heap, kf_timer_t *timer, int64_t due_ms);
+void kf_heap_reorder(kf_heap_t *heap);
 /* No-op when unarmed. */
 void kf_heap_disarm(kf_heap_t *heap, kf_timer_t *timer);
 /* The earliest timer, or NULL. */

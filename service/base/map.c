@@ -52,8 +52,7 @@ kf_map_node_t *kf_map_get(const kf_map_t *map, const void *key, size_t key_len) 
     return NULL;
 }
 
-static void map_grow(kf_map_t *map) {
-    size_t count = map->bucket_count ? map->bucket_count * 2 : 64;
+static void map_resize(kf_map_t *map, size_t count) {
     kf_map_node_t **buckets = kf_xcalloc(count, sizeof *buckets);
     for (size_t i = 0; i < map->bucket_count; i++) {
         kf_map_node_t *n = map->buckets[i];
@@ -68,6 +67,21 @@ static void map_grow(kf_map_t *map) {
     free(map->buckets);
     map->buckets = buckets;
     map->bucket_count = count;
+}
+
+static void map_grow(kf_map_t *map) {
+    map_resize(map, map->bucket_count ? map->bucket_count * 2 : 64);
+}
+
+void kf_map_reserve(kf_map_t *map, size_t count) {
+    size_t buckets = map->bucket_count ? map->bucket_count : 64;
+    while (buckets < count) {
+        KF_ASSERT(buckets <= SIZE_MAX / 2);
+        buckets *= 2;
+    }
+    if (buckets != map->bucket_count) {
+        map_resize(map, buckets);
+    }
 }
 
 bool kf_map_try_insert(kf_map_t *map, kf_map_node_t *node, const void *key, size_t key_len) {

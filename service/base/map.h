@@ -30,6 +30,9 @@ uint64_t kf_hash_bytes(const void *p, size_t len);
 void kf_map_init(kf_map_t *map);
 /* Entries are not touched; the caller frees them (iterate first). */
 void kf_map_deinit(kf_map_t *map);
+/* Sizes the bucket array for `count` entries at once (recovery inserting
+ * many), so that inserting them rehashes nothing. */
+void kf_map_reserve(kf_map_t *map, size_t count);
 kf_map_node_t *kf_map_get(const kf_map_t *map, const void *key, size_t key_len);
 /* The key must not be present. The node's key pointer must stay valid. */
 void kf_map_insert(kf_map_t *map, kf_map_node_t *node, const void *key, size_t key_len);

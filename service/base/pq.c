@@ -60,15 +60,31 @@ static void sift_down(kf_pq_t *pq, uint32_t i) {
     place(pq, i, n);
 }
 
-void kf_pq_push(kf_pq_t *pq, kf_pq_node_t *node) {
+void kf_pq_reserve(kf_pq_t *pq, uint32_t count) {
+    if (count > pq->cap) {
+        pq->items = kf_xrealloc(pq->items, (size_t)count * sizeof *pq->items);
+        pq->cap = count;
+    }
+}
+
+void kf_pq_append(kf_pq_t *pq, kf_pq_node_t *node) {
     KF_ASSERT(!kf_pq_queued(node));
     if (pq->count == pq->cap) {
-        uint32_t cap = pq->cap ? pq->cap * 2 : 256;
-        kf_pq_node_t **items = kf_xrealloc(pq->items, cap * sizeof *items);
-        pq->items = items;
-        pq->cap = cap;
+        KF_ASSERT(pq->cap < UINT32_MAX / 2);
+        kf_pq_reserve(pq, pq->cap ? pq->cap * 2 : 256);
     }
     place(pq, pq->count++, node);
+}
+
+void kf_pq_heapify(kf_pq_t *pq) {
+    /* Floyd: sift every inner node down, the last first. */
+    for (uint32_t i = pq->count / 2; i-- > 0;) {
+        sift_down(pq, i);
+    }
+}
+
+void kf_pq_push(kf_pq_t *pq, kf_pq_node_t *node) {
+    kf_pq_append(pq, node);
     sift_up(pq, node->index);
 }
 

@@ -39,6 +39,14 @@ static inline bool kf_pq_queued(const kf_pq_node_t *n) {
     return n->index != KF_PQ_NONE;
 }
 void kf_pq_push(kf_pq_t *pq, kf_pq_node_t *node);
+/* Bulk loading (recovery of many items at once): kf_pq_append queues a node
+ * without restoring the heap order, and kf_pq_heapify restores it over the
+ * whole queue in O(n), instead of O(log n) per push. Between them the queue
+ * takes no other call. kf_pq_reserve makes room for `count` items in one
+ * allocation. */
+void kf_pq_reserve(kf_pq_t *pq, uint32_t count);
+void kf_pq_append(kf_pq_t *pq, kf_pq_node_t *node);
+void kf_pq_heapify(kf_pq_t *pq);
 /* No-op when the node is not queued. */
 void kf_pq_remove(kf_pq_t *pq, kf_pq_node_t *node);
 static inline kf_pq_node_t *kf_pq_top(const kf_pq_t *pq) {

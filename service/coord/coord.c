@@ -93,6 +93,13 @@ struct kf_coords {
     kf_coord_id_key_t id_key;
     kf_arena_t scratch; /* the state a command works on; reset per coordinator */
     kf_arena_t lookup;  /* window_lookup's answer, valid until the next */
+    /* Recovery allocates every coordinator it finds in this one array
+     * rather than one malloc each; a deleted one goes on the free list
+     * (linked through node.next) and is reused by the next coord_add. */
+    coord_t *slab;
+    size_t slab_count;
+    coord_t *slab_free;
+    size_t slab_free_count;
 };
 
 /* The open window, as loaded from and saved to its state record. */
@@ -173,7 +180,7 @@ typedef struct id_room {
 #define COORD_BYTES (sizeof(coord_t) + 16 + 4 * sizeof(void *))
 
 uint64_t kf_coords_memory_bytes(const kf_coords_t *cs) {
-    return cs->map.count * COORD_BYTES;
+    return cs->map.count * COORD_BYTES + cs->slab_free_count * sizeof(coord_t);
 }
 
 static void publish_gauges(const kf_coords_t *cs) {
@@ -194,13 +201,35 @@ static coord_t *coord_find(const kf_coords_t *cs, const uint8_t id[KF_COORD_ID_B
     return n ? KF_CONTAINER_OF(n, coord_t, node) : NULL;
 }
 
+static bool in_slab(const kf_coords_t *cs, const coord_t *c) {
+    return cs->slab_count > 0 && c >= cs->slab && c < cs->slab + cs->slab_count;
+}
+
 static coord_t *coord_add(kf_coords_t *cs, const uint8_t id[KF_COORD_ID_BYTES]) {
-    coord_t *c = kf_xcalloc(1, sizeof *c);
+    coord_t *c = cs->slab_free;
+    if (c != NULL) {
+        cs->slab_free = c->node.next ? KF_CONTAINER_OF(c->node.next, coord_t, node) : NULL;
+        cs->slab_free_count--;
+        memset(c, 0, sizeof *c);
+    } else {
+        c = kf_xcalloc(1, sizeof *c);
+    }
     memcpy(c->id, id, KF_COORD_ID_BYTES);
     kf_timer_init(&c->timer, KF_TIMER_COORDINATOR);
     c->wakeup_ms = KF_NO_WAKEUP;
     kf_map_insert(&cs->map, &c->node, c->id, KF_COORD_ID_BYTES);
     return c;
+}
+
+/* Once out of the map and the heap. */
+static void coord_free(kf_coords_t *cs, coord_t *c) {
+    if (in_slab(cs, c)) {
+        c->node.next = cs->slab_free ? &cs->slab_free->node : NULL;
+        cs->slab_free = c;
+        cs->slab_free_count++;
+    } else {
+        free(c);
+    }
 }
 
 static void coord_set_open(kf_coords_t *cs, coord_t *c, bool open) {
@@ -853,7 +882,7 @@ static void coord_delete(kf_coords_t *cs, kf_ctx_t *ctx, state_t *s) {
     kf_heap_disarm(&ctx->heap, &c->timer);
     coord_set_open(cs, c, false);
     kf_map_remove(&cs->map, &c->node);
-    free(c);
+    coord_free(cs, c);
     s->c = NULL;
 }
 
@@ -1763,30 +1792,64 @@ static kf_status_t load_id_key(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) 
     return st;
 }
 
-/* Rebuilds memory and the heap from coord_index alone (invariant 5). */
+/* Rebuilds memory and the heap from coord_index alone (invariant 5).
+ * This is most of a restart's work with many open windows, so it costs one
+ * pass over the index into one array, then one map sized for all of them
+ * and one O(n) heap build, rather than a malloc, a map lookup, a map insert
+ * and a heap insertion per coordinator. */
 static kf_status_t recover_index(kf_coords_t *cs, kf_ctx_t *ctx, kf_error_t *err) {
+    KF_ASSERT(cs->slab == NULL && cs->map.count == 0);
     kf_iter_t *it;
     kf_status_t st = kf_iter_create(ctx->store, KF_CF_COORD_INDEX, NULL, 0, NULL, 0, &it, err);
     if (st != KF_OK) {
         return st;
     }
+    coord_t *slab = NULL;
+    size_t n = 0, cap = 0;
     for (kf_iter_seek_first(it); kf_iter_valid(it); kf_iter_next(it)) {
         size_t kl, vl;
         const uint8_t *k = kf_iter_key(it, &kl);
         const uint8_t *v = kf_iter_value(it, &vl);
-        if (kl != KF_COORD_ID_BYTES || vl != 9 || v[8] > 1 || coord_find(cs, k) != NULL) {
+        if (kl != KF_COORD_ID_BYTES || vl != 9 || v[8] > 1) {
             st = kf_error_set(err, KF_E_CORRUPT, "coord_index: malformed record");
             break;
         }
-        coord_t *c = coord_add(cs, k);
+        if (n == cap) {
+            cap = cap ? cap * 2 : 1024;
+            slab = kf_xreallocarray(slab, cap, sizeof *slab);
+        }
+        coord_t *c = &slab[n++];
+        memset(c, 0, sizeof *c);
+        memcpy(c->id, k, KF_COORD_ID_BYTES);
+        kf_timer_init(&c->timer, KF_TIMER_COORDINATOR);
         c->wakeup_ms = kf_i64_from_ordered(kf_get_be64(v));
-        coord_set_open(cs, c, v[8] == 1);
-        kf_heap_arm(&ctx->heap, &c->timer, c->wakeup_ms);
+        c->open = v[8] == 1;
     }
     if (st == KF_OK) {
         st = kf_iter_status(it, err);
     }
     kf_iter_destroy(it);
+    if (st != KF_OK || n == 0) {
+        free(slab);
+        return st;
+    }
+    KF_ASSERT(n <= UINT32_MAX);
+    cs->slab = kf_xreallocarray(slab, n, sizeof *slab); /* give back the doubling's slack */
+    cs->slab_count = n;
+    kf_map_reserve(&cs->map, n);
+    kf_heap_reserve(&ctx->heap, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        coord_t *c = &cs->slab[i];
+        /* The index's keys are distinct, so no lookup first; a duplicate
+         * would be corruption all the same. */
+        if (!kf_map_try_insert(&cs->map, &c->node, c->id, KF_COORD_ID_BYTES)) {
+            st = kf_error_set(err, KF_E_CORRUPT, "coord_index: duplicate coordinator");
+            break;
+        }
+        cs->open_windows += c->open;
+        kf_heap_arm_unordered(&ctx->heap, &c->timer, c->wakeup_ms);
+    }
+    kf_heap_reorder(&ctx->heap);
     return st;
 }
 
@@ -1873,9 +1936,13 @@ void kf_coords_destroy(kf_coords_t *cs) {
     kf_map_node_t *n = kf_map_first(&cs->map, &b);
     while (n != NULL) {
         kf_map_node_t *next = kf_map_next(&cs->map, &b, n);
-        free(KF_CONTAINER_OF(n, coord_t, node));
+        coord_t *c = KF_CONTAINER_OF(n, coord_t, node);
+        if (!in_slab(cs, c)) {
+            free(c);
+        }
         n = next;
     }
+    free(cs->slab);
     kf_map_deinit(&cs->map);
     kf_arena_deinit(&cs->scratch);
     kf_arena_deinit(&cs->lookup);

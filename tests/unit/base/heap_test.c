@@ -343,3 +343,46 @@ Test(heap, grows_past_its_first_allocation) {
     kf_heap_deinit(&heap);
     free(t);
 }
+
+/* Recovery's bulk build: timers armed unordered (some already armed one by
+ * one before them) and then reordered fire in exactly the order that arming
+ * each of them one by one gives. */
+Test(heap, bulk_arm_then_reorder_fires_as_arming_one_by_one) {
+    enum { N = 3000, EARLY = 40 };
+    kf_timer_t *bulk = calloc(N, sizeof *bulk);
+    kf_timer_t *single = calloc(N, sizeof *single);
+    cr_assert(bulk != NULL && single != NULL);
+    kf_heap_t hb, hs;
+    kf_heap_init(&hb);
+    kf_heap_init(&hs);
+    uint64_t rs = 4242;
+    for (int i = 0; i < N; i++) {
+        int64_t due = (int64_t)(next_random(&rs) % 500); /* many ties */
+        kf_timer_init(&bulk[i], 0);
+        kf_timer_init(&single[i], 0);
+        kf_heap_arm(&hs, &single[i], due);
+        if (i < EARLY) {
+            kf_heap_arm(&hb, &bulk[i], due);
+        } else {
+            if (i == EARLY) {
+                kf_heap_reserve(&hb, N - EARLY);
+            }
+            kf_heap_arm_unordered(&hb, &bulk[i], due);
+            cr_assert(kf_timer_armed(&bulk[i]));
+        }
+    }
+    kf_heap_reorder(&hb);
+    cr_assert(kf_heap_valid(&hb));
+    cr_assert_eq(kf_heap_count(&hb), N);
+    for (int i = 0; i < N; i++) {
+        kf_timer_t *b = pop(&hb);
+        kf_timer_t *s = pop(&hs);
+        cr_assert_eq(b - bulk, s - single, "pop %d: timer %d, one by one gives %d", i,
+                     (int)(b - bulk), (int)(s - single));
+    }
+    cr_assert_null(kf_heap_peek(&hb));
+    kf_heap_deinit(&hb);
+    kf_heap_deinit(&hs);
+    free(bulk);
+    free(single);
+}

@@ -320,3 +320,31 @@ Test(map, random_operations_match_a_model) {
     free(present);
     free(e);
 }
+
+/* Reserving sizes the buckets once: inserting that many entries afterwards
+ * does not grow them, every entry stays reachable, and reserving again for
+ * fewer, with entries present, keeps them all. */
+Test(map, reserve_then_insert_does_not_grow) {
+    enum { N = 3000 };
+    entry_t *e = calloc(N, sizeof *e);
+    cr_assert_not_null(e);
+    kf_map_t map;
+    kf_map_init(&map);
+    entry_set(&e[0], 0);
+    kf_map_insert(&map, &e[0].node, e[0].key, e[0].key_len);
+    kf_map_reserve(&map, N);
+    size_t buckets = map.bucket_count;
+    cr_assert_geq(buckets, N);
+    for (int i = 1; i < N; i++) {
+        entry_set(&e[i], i);
+        cr_assert(kf_map_try_insert(&map, &e[i].node, e[i].key, e[i].key_len));
+    }
+    cr_assert_eq(map.bucket_count, buckets, "no growth after reserve");
+    kf_map_reserve(&map, 10);
+    cr_assert_eq(map.bucket_count, buckets, "reserve never shrinks");
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(lookup(&map, e[i].key, e[i].key_len), &e[i], "entry %d", i);
+    }
+    kf_map_deinit(&map);
+    free(e);
+}
