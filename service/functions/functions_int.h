@@ -265,14 +265,6 @@ typedef struct undo {
     int64_t at[KF_TIMER_NAMES_MAX];
 } undo_t;
 
-/* A fired timer's place in the (at_us, key, name) order. */
-typedef struct fired {
-    uint8_t *key; /* borrowed from the key (last_fired) or a copy (commit) */
-    uint32_t key_len;
-    uint8_t name;
-    int64_t at_us;
-} fired_t;
-
 struct step {
     kf_functions_t *fns;
     function_t *fn;
@@ -328,7 +320,10 @@ struct step {
         uint8_t name;
         int64_t at_us;
     } last_fired;
-    fired_t fired; /* the commit's copy of last_fired */
+    /* Set by the commit: the stored timers_by_time records before this due
+     * time (the last fired timer's; KF__NO_TIME: none) go with one range
+     * delete (step.c, delete_fired_span). */
+    int64_t fired_before_us;
     /* The earliest timer's due time when the step started (KF__NO_TIME:
      * none): no stored timers_by_time record comes before it, so the
      * step's range delete starts there (step.c, delete_fired_span). */

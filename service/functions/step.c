@@ -36,9 +36,12 @@
  *      watermark is processed after every timer that watermark made due.
  *   4. A step's writes (state, timers, output chunks, checkpoint, producer)
  *      go into the context's one batch: all or nothing on disk. Timers
- *      fire in (at_us, key, name) order, so the stored timers_by_time
- *      records a step fired are a prefix of the function's records and go
- *      with one range delete.
+ *      fire in (at_us, key, name) order, so every stored timers_by_time
+ *      record due before the last fired timer's time is one the step fired
+ *      or removed, and they go with one range delete. Within that last due
+ *      time the stored order (key and name each behind its length) is not
+ *      the firing order (names by text), so those records are deleted one
+ *      by one.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -244,23 +247,9 @@ static void timer_keys(const function_t *fn, const uint8_t *key, uint32_t key_le
     kf_key_lp(by_time, n, fn->timer_name_len[name]);
 }
 
-/* Whether (at_us, k, name) comes at or before the last timer the step
- * fired (s->fired: a copy, since keys may be freed during the commit): its
- * timers_by_time record is then inside the step's range delete. */
-static bool fired_span_covers(const step_t *s, const fn_key_t *k, uint8_t name, int64_t at_us) {
-    const fired_t *f = &s->fired;
-    if (f->key == NULL || at_us != f->at_us) {
-        return f->key != NULL && at_us < f->at_us;
-    }
-    uint32_t n = k->key_len < f->key_len ? k->key_len : f->key_len;
-    int c = memcmp(k->key, f->key, n);
-    if (c == 0) {
-        c = k->key_len < f->key_len ? -1 : k->key_len > f->key_len;
-    }
-    if (c == 0) {
-        c = strcmp(s->fn->desc->timer_names[name], s->fn->desc->timer_names[f->name]);
-    }
-    return c <= 0;
+/* Whether a timer record due at at_us is inside the step's range delete. */
+static bool fired_span_covers(const step_t *s, int64_t at_us) {
+    return at_us < s->fired_before_us; /* never when KF__NO_TIME (INT64_MIN) */
 }
 
 static void write_timer_diff(const step_t *s, const fn_key_t *k, uint8_t name, int64_t old_at,
@@ -269,7 +258,7 @@ static void write_timer_diff(const step_t *s, const fn_key_t *k, uint8_t name, i
     const function_t *fn = s->fn;
     kf_key_t by_key, by_time;
     if (old_at != KF__NO_TIME) {
-        if (!fired_span_covers(s, k, name, old_at)) {
+        if (!fired_span_covers(s, old_at)) {
             timer_keys(fn, k->key, k->key_len, name, old_at, NULL, &by_time);
             kf_ctx_delete(ctx, KF_CF_TIMERS_BY_TIME, &by_time);
         }
@@ -287,26 +276,31 @@ static void write_timer_diff(const step_t *s, const fn_key_t *k, uint8_t name, i
     }
 }
 
-/* The stored timers_by_time records of every timer the step fired, and of
- * any it removed that came before the last one fired: the function's
- * records from its first up to and including the last fired timer's
- * (invariant 4). The range starts at the due time of the earliest timer
- * the step started with, not at the function's first possible key: every
- * record before it was deleted by an earlier step. Ranges that all began
- * at the function's prefix nested inside each other, and RocksDB 7.8
- * fragments a memtable's range tombstones at flush keeping every
- * overlapping sequence number: quadratic in the tombstones, it took over
- * 1 GiB of RSS at one flush of a soak's timers (bench/README.md, "Soak").
- * Starting at the step's first timer makes consecutive steps' ranges
- * disjoint. */
+/* The stored timers_by_time records due before the last fired timer's
+ * time: every timer due then fired or was removed (invariant 4). Not that
+ * due time itself: its records lie by key and name length first, and a
+ * step that stops inside it (max_timer_callbacks_per_step, a key in a
+ * call) fired a prefix in (at_us, key, name) order that is no range on
+ * disk; write_timer_diff deletes those one by one.
+ * The range starts at the due time of the earliest timer the step started
+ * with, not at the function's first possible key: every record before it
+ * was deleted by an earlier step. Ranges that all began at the function's
+ * prefix nested inside each other, and RocksDB 7.8 fragments a memtable's
+ * range tombstones at flush keeping every overlapping sequence number:
+ * quadratic in the tombstones, it took over 1 GiB of RSS at one flush of
+ * a soak's timers (bench/README.md, "Soak"). Starting at the step's first
+ * timer makes consecutive steps' ranges disjoint. */
 static void delete_fired_span(const step_t *s) {
+    if (s->first_timer_at0 != KF__NO_TIME && s->first_timer_at0 >= s->fired_before_us) {
+        return; /* the step fired only timers of its first due time */
+    }
     kf_key_t begin, end;
     kf__key_prefix(&begin, s->fn);
     if (s->first_timer_at0 != KF__NO_TIME) {
         kf_key_time(&begin, s->first_timer_at0);
     }
-    timer_keys(s->fn, s->fired.key, s->fired.key_len, s->fired.name, s->fired.at_us, NULL, &end);
-    kf_key_raw(&end, "", 1); /* the smallest key after the last fired one */
+    kf__key_prefix(&end, s->fn);
+    kf_key_time(&end, s->fired_before_us);
     kf_batch_delete_range(s->ctx->batch, KF_CF_TIMERS_BY_TIME, begin.bytes, begin.len, end.bytes,
                           end.len);
 }
@@ -334,11 +328,8 @@ void kf__put_checkpoint(kf_ctx_t *ctx, const function_t *fn) {
 static void commit(step_t *s, int64_t *first_seq, int64_t *last_seq) {
     function_t *fn = s->fn;
     kf_ctx_t *ctx = s->ctx;
-    if (s->last_fired.owner != NULL) {
-        /* A copy: the key may be freed below, before the last diff. */
-        fn_key_t *k = s->last_fired.owner;
-        s->fired = (fired_t){kf_xmemdup(k->key, k->key_len), k->key_len, s->last_fired.name,
-                             s->last_fired.at_us};
+    s->fired_before_us = s->last_fired.owner != NULL ? s->last_fired.at_us : KF__NO_TIME;
+    if (s->fired_before_us != KF__NO_TIME) {
         delete_fired_span(s);
     }
     /* The keys this step leaves empty are freed below, in the step's order,
@@ -393,8 +384,6 @@ static void commit(step_t *s, int64_t *first_seq, int64_t *last_seq) {
         kf__output_written(s->fns, fn, ctx->group_id);
     }
     kf__put_checkpoint(ctx, fn);
-    free(s->fired.key);
-    s->fired.key = NULL;
 }
 
 /* ---- a call's response: validate, then apply --------------------------- */

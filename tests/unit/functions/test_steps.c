@@ -402,6 +402,46 @@ Test(steps, timers_due_together_fire_in_at_key_name_order) {
     }
 }
 
+/* The stored time index is length-prefixed (timers_by_time: at_us, then
+ * key and name each behind its length), so timers due together lie on
+ * disk by the name's length first (b, c, aa), while they fire by the
+ * name's text (aa, b, c). A step that stops inside one due time must
+ * delete the records of exactly the timers it fired: with one callback per
+ * step the records of b and c must stay, with two the record of aa must
+ * go. After each crash every live timer is indexed, no fired one is, and
+ * each timer fires once. */
+Test(steps, a_step_stopping_inside_a_due_time_deletes_exactly_what_it_fired) {
+    static const char *const names[] = {"b", "c", "aa"};
+    for (int64_t per_step = 1; per_step <= 2; per_step++) {
+        const char *fid = per_step == 1 ? "one" : "two";
+        Keyflow__V1__FunctionDescriptor *d =
+            fnh_timer_names_descriptor(fid, per_step == 1 ? "one.s" : "two.s", names, 3);
+        fnh_limit(d, "max_timer_callbacks_per_step", per_step);
+        cr_assert_eq(fnh_register(d)->error.status, KF_OK);
+        size_t before = stored(KF_CF_TIMERS_BY_TIME);
+        fnh_push_ok(fid, 1, "[" TROW("x", 1, "set", "b,c,aa", 50) "]", INT64_MIN);
+        cr_assert_eq(stored(KF_CF_TIMERS_BY_TIME), before + 3);
+        Keyflow__V1__PushBatchResponse *ack = fnh_push_ok(fid, 2, NULL, 60);
+        cr_assert_eq(ack->timer_callbacks, per_step, "%s: the limit stops the step", fid);
+        sim_crash(&sim);
+        cr_assert_eq(fnh_info(fid)->timers, 3 - per_step, "%s", fid);
+        cr_assert_eq(stored(KF_CF_TIMERS_BY_TIME), before + 3 - (size_t)per_step,
+                     "%s: exactly the live timers are indexed", fid);
+        sim_drain_work(&sim, 10);
+        sim_crash(&sim);
+        cr_assert_eq(fnh_info(fid)->timers, 0, "%s", fid);
+        cr_assert_eq(stored(KF_CF_TIMERS_BY_TIME), before, "%s: no fired timer's record is left",
+                     fid);
+        json_t *rows = fnh_output(fid, 0, 10, NULL);
+        cr_assert_eq(json_array_size(rows), 3, "%s: each timer fires once", fid);
+        const char *order[] = {"aa", "b", "c"};
+        for (size_t i = 0; i < 3; i++) {
+            cr_assert_str_eq(fnh_out_str(rows, i, "name"), order[i], "%s row %zu", fid, i);
+        }
+        json_decref(rows);
+    }
+}
+
 /* ---- state_ttl_us ------------------------------------------------------ */
 
 static void register_ttl(int64_t ttl_us) {
