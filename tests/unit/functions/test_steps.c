@@ -219,8 +219,9 @@ Test(steps, due_timers_past_the_bound_fire_in_follow_on_steps) {
     cr_assert_eq(kf_memdisk_writes(sim.disk), writes + 1, "one atomic write per step");
     cr_assert_eq(fnh_info("f")->due_timers, 2);
     cr_assert_null(later->response, "still waiting");
-    /* Each step deleted the stored time index of what it fired (one range
-     * delete) and nothing else. */
+    /* Each step deleted the stored time index of what it fired (a range
+     * delete up to its last due time, that due time's records one by one)
+     * and nothing else. */
     cr_assert_eq(stored(KF_CF_TIMERS_BY_TIME), 2);
     cr_assert_eq(stored(KF_CF_TIMERS_BY_KEY), 2);
     /* A crash between follow-on steps: the rest fire after recovery. */
