@@ -113,8 +113,9 @@ build_targets() {
 
 now_ms() { date +%s%3N; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
-# The WAL a restart must replay (RocksDB's *.log files) and the whole store.
-wal_bytes() { find "$WORK/data" -maxdepth 1 -name '*.log' -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }'; }
+# The WAL a restart must replay (RocksDB's *.log files, in every partition's
+# directory) and the whole store.
+wal_bytes() { find "$WORK/data" -name '*.log' -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }'; }
 dir_bytes() { du -sb "$WORK/data" | cut -f1; }
 rss_bytes() { awk '/^VmRSS/ { print $2 * 1024 }' "/proc/$SERVER_PID/status"; }
 # metric NAME: a gauge summed over partitions, from GET /metrics.
@@ -124,9 +125,9 @@ metric() {
 }
 
 # restart_server KEYFLOWD [extra keyflowd flags...]: after stop_server,
-# starts keyflowd again over $WORK/data (log level info: it logs "store
-# opened in X ms, engine recovered in Y ms") and waits up to a minute for
-# /readyz to answer 200. Sets SERVER_PID, GRPC_PORT, HTTP_PORT, and PORT_MS
+# starts keyflowd again over $WORK/data (or $START_DATA when set; log
+# level info: it logs "store opened in X ms, engine recovered in Y ms") and
+# waits up to a minute for /readyz to answer 200. Sets SERVER_PID, GRPC_PORT, HTTP_PORT, and PORT_MS
 # and READY_MS: from the exec to the port file and to the first 200.
 restart_server() {
     local keyflowd=$1 begin
@@ -134,7 +135,7 @@ restart_server() {
     rm -f "$WORK/ports"
     begin=$(now_ms)
     # shellcheck disable=SC2086  # KEYFLOWD_ARGS is a list of flags
-    "$keyflowd" --data "$WORK/data" --grpc 127.0.0.1:0 --http 127.0.0.1:0 "$@" \
+    "$keyflowd" --data "${START_DATA:-$WORK/data}" --grpc 127.0.0.1:0 --http 127.0.0.1:0 "$@" \
         --port-file "$WORK/ports" --log-level info $KEYFLOWD_ARGS >>"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
     PORT_MS=
