@@ -3,7 +3,7 @@
 # with Lua) that routes keyflow's HTTP API by key to the keyflowd process
 # serving each key's partition, from the placement file (docs/scaling.md):
 #
-#   deploy/proxy/make-haproxy-config.sh PLACEMENT [BIND] > haproxy.cfg
+#   deploy/proxy/make-haproxy-config.sh [--server-ca CA] PLACEMENT [BIND] > haproxy.cfg
 #   haproxy -f haproxy.cfg
 #
 # BIND is where the proxy listens (default 127.0.0.1:8080; "unix@/path"
@@ -14,16 +14,27 @@
 # request by its key: in the path for HTTP, in the `keyflow-key` (and, for
 # a coordinator, `keyflow-workflow`) metadata for gRPC. Requests without a
 # key go to any node, and /nodes/NAME/... reaches node NAME with the prefix
-# stripped (register a function on every node that way). Plain HTTP to the
-# nodes: put TLS on the bind line (`ssl crt FILE alpn h2,http/1.1`) and
-# `ssl verify required ca-file FILE` on the server lines when the nodes
-# serve TLS.
+# stripped (register a function on every node that way).
+#
+# Plain HTTP to the nodes, unless --server-ca CA is given: then TLS to every
+# node (the nodes serve TLS, KEYFLOW_SERVER_TLS_CERT), their certificates
+# verified against CA, HTTP/2 for gRPC by ALPN. The proxy's own listener is
+# plain either way: put TLS on the bind line (`ssl crt FILE alpn
+# h2,http/1.1`) to serve it. API keys (`authorization`) pass through.
 set -euo pipefail
 
+SERVER_TLS=
+if [ "${1:-}" = --server-ca ]; then
+    [ $# -ge 2 ] && [ -r "$2" ] || { echo "$0: --server-ca needs a readable CA file" >&2; exit 2; }
+    SERVER_TLS=" ssl verify required ca-file $(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
+    shift 2
+fi
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-    echo "usage: $0 PLACEMENT [BIND]" >&2
+    echo "usage: $0 [--server-ca CA] PLACEMENT [BIND]" >&2
     exit 2
 fi
+# gRPC to a TLS node: HTTP/2 is negotiated by ALPN.
+GRPC_TLS=${SERVER_TLS:+$SERVER_TLS alpn h2}
 PLACEMENT=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 BIND=${2:-127.0.0.1:8080}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -63,10 +74,10 @@ for n in "${NODES[@]}"; do
     cat <<CFG
 backend kf_$1
     option httpchk GET /healthz
-    server $1 $2 check
+    server $1 $2$SERVER_TLS check
 
 backend kf_grpc_$1
-    server $1 $3 proto h2 check
+    server $1 $3 proto h2$GRPC_TLS check
 
 CFG
 done
@@ -74,7 +85,7 @@ echo "backend kf_grpc_any"
 echo "    balance roundrobin"
 for n in "${NODES[@]}"; do
     set -- $n
-    echo "    server $1 $3 proto h2 check"
+    echo "    server $1 $3 proto h2$GRPC_TLS check"
 done
 echo
 echo "backend kf_any"
@@ -82,5 +93,5 @@ echo "    balance roundrobin"
 echo "    option httpchk GET /healthz"
 for n in "${NODES[@]}"; do
     set -- $n
-    echo "    server $1 $2 check"
+    echo "    server $1 $2$SERVER_TLS check"
 done

@@ -12,9 +12,12 @@
 # (deploy/make-secrets.sh) -> compose via docker-compose 1.29 against
 # `podman system service` and the StatefulSet via `podman kube play`, both
 # over TLS with API keys (plaintext and keyless calls refused, keyed calls
-# over HTTPS and gRPC answered). Every step is timed; any failure exits non-zero; the
-# whole run is bounded by KEYFLOW_SMOKE_TIMEOUT; everything it created is
-# removed on exit.
+# over HTTPS and gRPC answered) -> the partitioned StatefulSet
+# (keyflow-partitions.yaml) as three pods behind deploy/proxy's HAProxy, one
+# killed and restarted while events flow, every acknowledged event in exactly
+# one run and no key's state split. Every step is timed; any failure exits
+# non-zero; the whole run is bounded by KEYFLOW_SMOKE_TIMEOUT; everything it
+# created is removed on exit.
 #
 # Environment:
 #   KEYFLOW_SMOKE_TIMEOUT  overall limit in seconds (default 1800)
@@ -61,6 +64,10 @@ COMPOSE_PROJECT=keyflowsmoke
 KUBE_POD=keyflow-0
 KUBE_CTR=keyflow-0-keyflowd
 KUBE_VOL=data-keyflow-0
+# keyflow-partitions.yaml's StatefulSet: its pods, their containers and claims.
+PART_PODS=(keyflow-0 keyflow-1 keyflow-2)
+PART_CTRS=("${PART_PODS[@]/%/-keyflowd}")
+PART_VOLS=("${PART_PODS[@]/#/data-}" keyflow-placement)  # (podman makes a volume of the ConfigMap)
 
 # ---------------------------------------------------------------- reporting
 T0=${EPOCHREALTIME/./}
@@ -188,6 +195,7 @@ stopped_cleanly() { # stopped_cleanly CONTAINER: exited 0 and logged its clean s
 
 # ---------------------------------------------------------------- cleanup
 PODMAN_SVC_PID=
+HAPROXY_PID=
 cleanup() {
   local rc=$?
   set +e
@@ -202,12 +210,18 @@ cleanup() {
       timeout 60 docker-compose -p "$COMPOSE_PROJECT" -f "$WORK/compose.yml" down -v -t 5 >/dev/null 2>&1
     fi
     [ -f "$WORK/kube.yaml" ] && timeout 60 podman kube down "$WORK/kube.yaml" >/dev/null 2>&1
-    timeout 60 podman pod rm -f -t 5 "$KUBE_POD" >/dev/null 2>&1
-    timeout 60 podman rm -f -t 5 "$RUN_CTR" "${COMPOSE_PROJECT}_keyflowd_1" "$KUBE_CTR" >/dev/null 2>&1
-    timeout 60 podman volume rm -f "$RUN_VOL" "${COMPOSE_PROJECT}_keyflow-data" "$KUBE_VOL" >/dev/null 2>&1
+    [ -f "$WORK/kube-partitions.yaml" ] && timeout 60 podman kube down "$WORK/kube-partitions.yaml" >/dev/null 2>&1
+    timeout 60 podman pod rm -f -t 5 "$KUBE_POD" "${PART_PODS[@]}" >/dev/null 2>&1
+    timeout 60 podman rm -f -t 5 "$RUN_CTR" "${COMPOSE_PROJECT}_keyflowd_1" "$KUBE_CTR" \
+      "${PART_CTRS[@]}" >/dev/null 2>&1
+    timeout 60 podman volume rm -f "$RUN_VOL" "${COMPOSE_PROJECT}_keyflow-data" "$KUBE_VOL" \
+      "${PART_VOLS[@]}" >/dev/null 2>&1
   fi
   if [ -n "$PODMAN_SVC_PID" ]; then
     kill "$PODMAN_SVC_PID" 2>/dev/null; wait "$PODMAN_SVC_PID" 2>/dev/null
+  fi
+  if [ -n "$HAPROXY_PID" ]; then
+    kill "$HAPROXY_PID" 2>/dev/null; wait "$HAPROXY_PID" 2>/dev/null
   fi
   if [ "$KEEP_WORK" != 1 ] && [ "${KEEP_LOGS:-0}" != 1 ]; then
     # podman may leave its storage mounted (overlay, shm): unmount, then delete.
@@ -237,7 +251,8 @@ echo "keyflow container smoke: repo $ROOT, work dir $WORK"
 
 # ================================================================ 1. packages
 step "1. packages (apt-get, only what is missing)"
-PKGS=(podman runc buildah debootstrap catatonit uidmap docker-compose python3-yaml curl)
+PKGS=(podman runc buildah debootstrap catatonit uidmap docker-compose python3-yaml curl
+  haproxy python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -448,5 +463,72 @@ podman volume rm -f "$KUBE_VOL" >/dev/null 2>&1 || true
 rm -f "$WORK/kube.yaml"
 ok "podman kube down"
 
-step "8. cleanup"
+# ================================================================ 8. partitions
+# deploy/kubernetes/keyflow-partitions.yaml: its StatefulSet becomes its three
+# pods (kube_partitions.py: free ports, the ConfigMap's placement with those
+# addresses), as shipped otherwise (TLS, API keys). Traffic through the
+# routing Python client and through deploy/proxy's HAProxy on the host; one
+# pod killed hard while sending and started again on its volume; then
+# partition_ledger.py's checks (clients/python/tests, shared with the
+# loopback test of three processes).
+step "8. deploy/kubernetes/keyflow-partitions.yaml: 3 pods via podman kube play, client + HAProxy, a pod killed"
+PART=$WORK/partitions
+mkdir -p "$PART"
+python3 "$HERE/kube_partitions.py" "$ROOT/deploy/kubernetes/keyflow-partitions.yaml" --image "$IMAGE" \
+  --secret-dir "$SECRETS" --placement-out "$PART/placement" --ports-out "$PART/ports" \
+  >"$WORK/kube-partitions.yaml" 2>"$PART/rewrite.log" || { cat "$PART/rewrite.log"; fail "kube_partitions.py"; }
+mapfile -t PART_PODS < <(awk '{print $1}' "$PART/ports")
+PART_CTRS=("${PART_PODS[@]/%/-keyflowd}") PART_VOLS=("${PART_PODS[@]/#/data-}" keyflow-placement)
+# A ConfigMap volume left by an earlier run would keep its old ports.
+podman volume rm -f "${PART_VOLS[@]}" >/dev/null 2>&1 || true
+timeout 300 podman kube play "$WORK/kube-partitions.yaml" >"$PART/kube.log" 2>&1 \
+  || { cat "$PART/kube.log"; fail "podman kube play (partitions)"; }
+ok "podman kube play: pods ${PART_PODS[*]}, a PVC each, the placement ConfigMap with their 127.0.0.1 ports"
+TLS=(--cacert "$SECRETS/keyflow-tls/ca.crt")
+while read -r pod grpc http probe; do
+  check "partitions: $pod ready (GET /readyz over TLS)" wait_http "https://127.0.0.1:$probe/readyz"
+done <"$PART/ports"
+TLS=()
+ADDRS=$(awk '{printf "%s127.0.0.1:%s", (NR > 1 ? "," : ""), $2}' "$PART/ports")
+podman exec "${PART_PODS[0]}-keyflowd" keyflow --addr "$ADDRS" --timeout-ms 5000 partitions \
+  >"$PART/partitions.json" 2>&1 || { cat "$PART/partitions.json" >&2; fail "partitions: keyflow partitions"; }
+ok "partitions: keyflow partitions over the three pods: every partition served once, all ready"
+# The proxy on the host, TLS to the pods (deploy/proxy, --server-ca).
+read -r PROXY_PORT < <(free_ports 1)
+"$ROOT/deploy/proxy/make-haproxy-config.sh" --server-ca "$SECRETS/keyflow-tls/ca.crt" \
+  "$PART/placement" "127.0.0.1:$PROXY_PORT" >"$PART/haproxy.cfg" || fail "make-haproxy-config.sh"
+haproxy -db -f "$PART/haproxy.cfg" >"$PART/haproxy.log" 2>&1 &
+HAPROXY_PID=$!
+check "partitions: HAProxy routes /nodes/NAME/ to each pod (TLS to the pods)" wait_http \
+  "http://127.0.0.1:$PROXY_PORT/nodes/${PART_PODS[2]}/readyz"
+# The routing Python client: its gRPC stubs come from the build (dev.sh builds first).
+[ -d "$ROOT/clients/python/keyflow/v1" ] || PYENV_VERSION=system python3 \
+  "$ROOT/clients/python/keyflow_build.py" --api "$ROOT/api" >"$PART/stubs.log" 2>&1 \
+  || { cat "$PART/stubs.log"; fail "generating the Python SDK's stubs"; }
+VICTIM=${PART_PODS[1]}
+rc=0
+PYENV_VERSION=system PYTHONDONTWRITEBYTECODE=1 \
+  PYTHONPATH="$ROOT/clients/python:$ROOT/clients/python/tests" \
+  timeout 400 python3 "$HERE/partitions_traffic.py" --placement "$PART/placement" \
+  --proxy "127.0.0.1:$PROXY_PORT" --tls-ca "$SECRETS/keyflow-tls/ca.crt" \
+  --api-key-file "$SECRETS/keyflow-admin-key/admin.key" \
+  --victim "$VICTIM" --kill "podman pod kill $VICTIM" --restart "podman pod start $VICTIM" \
+  2>&1 | tee "$PART/traffic.log" || rc=$?
+[ "$rc" = 0 ] || fail "partitions: traffic and checks (log: $PART/traffic.log)"
+PASSED=$((PASSED + $(grep -c '^      ok  ' "$PART/traffic.log")))
+check "partitions: $VICTIM's keyflowd started twice (killed, then restarted on its volume)" sh -c \
+  'podman logs "$1" 2>&1 | grep -c "main: serving" | grep -qx 2' _ "$VICTIM-keyflowd"
+kill "$HAPROXY_PID"; wait "$HAPROXY_PID" 2>/dev/null || true; HAPROXY_PID=
+# Together: each drains for the manifest's 10 s before it stops.
+podman pod stop -t 30 "${PART_PODS[@]}" >/dev/null 2>>"$WORK/podman.log"
+for pod in "${PART_PODS[@]}"; do
+  check "partitions: $pod stop -> exit code 0" stopped_cleanly "$pod-keyflowd"
+done
+timeout 120 podman kube down "$WORK/kube-partitions.yaml" >>"$PART/kube.log" 2>&1 \
+  || { cat "$PART/kube.log"; fail "podman kube down (partitions)"; }
+podman volume rm -f "${PART_VOLS[@]}" >/dev/null 2>&1 || true
+rm -f "$WORK/kube-partitions.yaml"
+ok "podman kube down, volumes removed"
+
+step "9. cleanup"
 # (the EXIT trap does it)

@@ -2,7 +2,8 @@
 section 9, docs/scaling.md): keyflow.Client with a list of endpoints routes
 every call by key, a Worker polls every endpoint, one process is killed
 (SIGKILL) and restarted in the middle, and afterwards every acknowledged
-event is in exactly one run and no key's state was split. Also: the SDK's
+event is in exactly one run and no key's state was split (partition_ledger.py,
+shared with the container test of the StatefulSet). Also: the SDK's
 kf-hash-1 against the shared test vectors.
 """
 
@@ -12,19 +13,16 @@ import sys
 import threading
 import time
 import unittest
-import uuid
-
-import grpc
 
 import harness
 import keyflow
 from keyflow import partitions
 from keyflow.routing import RoutingClient
+from partition_ledger import RETRYABLE, Ledger, balanced_keys, check_coordinators_on_owners
 from sdk_harness import running_sum_descriptor, start_server, unique, wait_for
 
 VECTORS = os.path.join(harness.ROOT, "tests", "partition", "vectors.json")
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class HashVectors(unittest.TestCase):
@@ -86,33 +84,15 @@ class ThreeProcesses(unittest.TestCase):
 
     def test_every_acknowledged_event_is_in_one_run_across_a_killed_process(self):
         wf = unique("wf")
-        per_partition = 48 // self.COUNT
-        keys, count, i = [], [0] * self.COUNT, 0
-        while len(keys) < per_partition * self.COUNT:  # the same number in each partition
-            p = partitions.of_coordinator(wf, "key-%d" % i, self.COUNT)
-            if count[p] < per_partition:
-                keys.append("key-%d" % i)
-                count[p] += 1
-            i += 1
+        keys = balanced_keys(wf, self.COUNT, 48 // self.COUNT)
         self.assertEqual({partitions.of_coordinator(wf, k, self.COUNT) for k in keys},
                          set(range(self.COUNT)))
-        seen = {}  # event id -> run ids it was in
-        runs_of_key = {}
-        lock = threading.Lock()
+        ledger = Ledger(wf, self.COUNT)
         worker = keyflow.Worker(self.client, concurrency=8, lease_ms=3000, poll_wait_ms=500)
-
-        @worker.handle(wf)
-        def handle(inputs, run):
-            with lock:
-                runs_of_key.setdefault(run.key, set()).add(run.run_id)
-                for item in inputs:
-                    seen.setdefault(item["id"], set()).add(run.run_id)
-            return len(inputs)
-
+        worker.handle(wf)(ledger.handle)
         worker.start()
         self.addCleanup(worker.stop)
         self.addCleanup(lambda: self.assertEqual(worker.lost, 0, "no run's lease was lost"))
-        acked = {}
         deadline = time.monotonic() + 90
         for round_ in range(6):
             if round_ == 3:
@@ -121,31 +101,10 @@ class ThreeProcesses(unittest.TestCase):
                 eid = "%s-%d" % (key, round_)
                 receipt = self.send(wf, key, eid, deadline)
                 self.assertIsNotNone(receipt, "%s was never acknowledged" % eid)
-                acked[eid] = receipt.run_id
-        try:
-            wait_for(lambda: all(e in seen for e in acked), "every acknowledged event in a run", 60)
-        except AssertionError:
-            missing = sorted(e for e in acked if e not in seen)
-            runs = {acked[e] for e in missing}
-            detail = [(r, self.client.get_run(r)) for r in sorted(runs)[:5]]
-            raise AssertionError("%d events never in a run: %s; their runs: %s"
-                                 % (len(missing), missing[:10], detail)) from None
-        with lock:
-            for eid, run_ids in seen.items():
-                self.assertEqual(len(run_ids), 1, "%s is in runs %s" % (eid, run_ids))
-            for eid, run_id in acked.items():
-                self.assertEqual(seen[eid], {run_id}, "%s: its receipt's run" % eid)
-            for key, run_ids in runs_of_key.items():
-                p = partitions.of_coordinator(wf, key, self.COUNT)
-                self.assertEqual({partitions.of_run_id(r, self.COUNT) for r in run_ids}, {p},
-                                 "%s: every run of the key from its one partition" % key)
-        # Each process holds only its own partitions' runs.
-        for i, c in enumerate(self.client.endpoint_clients()):
-            for run in c.list_runs(workflow=wf):
-                p = partitions.of_coordinator(wf, run.key, self.COUNT)
-                self.assertEqual(self.endpoint_of(p), i, run.run_id)
-        listed = {r.run_id for r in self.client.list_runs(workflow=wf)}
-        self.assertEqual(listed, set().union(*runs_of_key.values()))
+                ledger.ack(eid, receipt.run_id)
+        ledger.wait_all_seen(self.client, 60)
+        ledger.check_runs(self.client, self.endpoint_of)
+        check_coordinators_on_owners(self.client, wf, keys, self.COUNT, self.endpoint_of)
 
     def test_a_function_spread_over_three_processes(self):
         fid = unique("rs")
