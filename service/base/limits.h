@@ -296,6 +296,11 @@
 /* Free space is measured (statvfs) before every group is written, and
  * otherwise (readiness, recovery from a low disk) at most this often. */
 #define KF_DISK_CHECK_INTERVAL_MS 100
+/* A window due while the disk has no room above the reserve waits, open,
+ * and is looked at again this often: each look is a heap operation, no
+ * read, so many waiting windows cost little; with space back they close
+ * within this time (or at once, when a request touches one). */
+#define KF_DISK_WAIT_RETRY_MS 500
 
 /* An idle engine wakes at least this often, so that a key revoked through
  * another engine (the home one) ends the open calls this engine parks for

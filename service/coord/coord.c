@@ -1026,6 +1026,13 @@ static bool end_blocked(const kf_coords_t *cs, const state_t *s) {
     return !s->w.run_started && kf_runs_full(cs->runs);
 }
 
+/* An overdue window whose run would copy its input while the disk has no
+ * room above its reserve stays open until there is (engine/ctx.h,
+ * kf_ctx_disk_room_left); FlushWindow still closes one on request. */
+static bool end_waits_for_disk(const kf_ctx_t *ctx, const state_t *s) {
+    return !s->w.run_started && !kf_ctx_disk_room_left(ctx);
+}
+
 /* ---- requests --------------------------------------------------------------------- */
 
 /* Loads the coordinator of `ident` (*s->c NULL when there is none) and
@@ -1046,7 +1053,7 @@ static kf_status_t coord_open(kf_coords_t *cs, kf_ctx_t *ctx, const kf_key_t *id
     if (st != KF_OK) {
         return st;
     }
-    if (!s->open || s->w.due_ms > ctx->now_ms || end_blocked(cs, s)) {
+    if (!s->open || s->w.due_ms > ctx->now_ms || end_blocked(cs, s) || end_waits_for_disk(ctx, s)) {
         return KF_OK;
     }
     if (!s->w.run_started && (st = events_load(ctx, s, err)) != KF_OK) {
@@ -1725,6 +1732,13 @@ void kf_coords_cancel(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
 
 void kf_coords_fire(kf_coords_t *cs, kf_ctx_t *ctx, kf_timer_t *timer) {
     coord_t *c = KF_CONTAINER_OF(timer, coord_t, timer);
+    if (c->open && !kf_ctx_disk_room_left(ctx)) {
+        /* Its window may copy its input into a run: look again shortly,
+         * without reading it (many may wait) nor moving its stored wake-up
+         * (that is a write; a restart finds it due and waits the same). */
+        kf_heap_arm(&ctx->heap, &c->timer, ctx->now_ms + KF_DISK_WAIT_RETRY_MS);
+        return;
+    }
     kf_arena_reset(&cs->scratch);
     state_t s;
     kf_error_t err;

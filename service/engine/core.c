@@ -130,6 +130,7 @@ kf_status_t kf_core_create(const kf_engine_config_t *config, kf_store_t *store, 
     kf_overlay_track(ctx->overlay, KF_CF_COORD_WINDOWS);
     kf_heap_init(&ctx->heap);
     ctx->memory.budget_bytes = config->memory_budget_bytes;
+    ctx->disk_room_bytes = UINT64_MAX;
     kf_gauge_set(KF_G_MEMORY_BUDGET_BYTES, (int64_t)config->memory_budget_bytes);
     ctx->rng = kf_rng_create(config->rng_seed, config->rng_seed_len);
     core->runs = kf_runs_create();
@@ -345,6 +346,10 @@ void kf_core_set_disk_low(kf_core_t *core, const char *why) {
     if (why != NULL) {
         snprintf(core->disk_why, sizeof core->disk_why, "%s", why);
     }
+}
+
+void kf_core_set_disk_room(kf_core_t *core, uint64_t room_bytes) {
+    core->ctx.disk_room_bytes = room_bytes;
 }
 
 void kf_worker_event_free(kf_worker_event_t *ev) {

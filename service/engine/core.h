@@ -72,5 +72,10 @@ void kf_core_shutdown(kf_core_t *core);
  * and `why` as their message; everything else goes on (reads, completions,
  * deletions, timers). `why` is copied. */
 void kf_core_set_disk_low(kf_core_t *core, const char *why);
+/* The bytes the store may still grow by before the reserve is reached (free
+ * space minus the reserve; UINT64_MAX, the default, when not measured):
+ * windows due once a group has written that much wait, open, for space
+ * (kf_ctx_disk_room_left). */
+void kf_core_set_disk_room(kf_core_t *core, uint64_t room_bytes);
 
 #endif

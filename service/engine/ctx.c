@@ -129,6 +129,10 @@ kf_status_t kf_ctx_admit(kf_ctx_t *ctx, uint64_t bytes, const char *what, kf_err
     return st;
 }
 
+bool kf_ctx_disk_room_left(const kf_ctx_t *ctx) {
+    return kf_batch_bytes(ctx->batch) < ctx->disk_room_bytes;
+}
+
 kf_status_t kf_ctx_memory_check(const kf_ctx_t *ctx, uint64_t bytes, const char *what,
                                 kf_error_t *err) {
     const kf_memory_t *m = &ctx->memory;

@@ -55,6 +55,10 @@ typedef struct kf_ctx {
     uint8_t *scratch; /* record encoding buffer */
     size_t scratch_cap;
     kf_memory_t memory;
+    /* Bytes the store may still grow by before the disk reserve is reached
+     * (runtime/engine.c measures it every turn; UINT64_MAX: not measured).
+     * See kf_ctx_disk_room_left. */
+    uint64_t disk_room_bytes;
 } kf_ctx_t;
 
 /* Appends a command to the ready list (its reply goes with this group). */
@@ -103,5 +107,13 @@ kf_status_t kf_ctx_admit(kf_ctx_t *ctx, uint64_t bytes, const char *what,
  * every handler call, and counts it once it commits). */
 kf_status_t kf_ctx_memory_check(const kf_ctx_t *ctx, uint64_t bytes, const char *what,
                                 kf_error_t *err) KF_MUST_USE;
+
+/* False once this group's writes have used up the room left above the disk
+ * reserve. Work the engine starts by itself that copies stored data (a
+ * window closing into a run copies its input) waits while it is false:
+ * below the reserve only bounded writes may go on, or a disk filled with
+ * open windows would fail-stop when they close, and again at every restart
+ * (docs/semantics.md, "Disk space"). */
+bool kf_ctx_disk_room_left(const kf_ctx_t *ctx);
 
 #endif

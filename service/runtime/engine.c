@@ -513,13 +513,16 @@ static void *engine_main(void *arg) {
         }
         int64_t now = kf_clock_now_ms(&e->config.clock);
         kf_core_begin(e->core, open->batch, open->id, now);
-        /* Below the disk reserve, measure again now and then, so writes
-         * resume soon after space is freed even when nothing is written. */
+        /* The free space, measured now and then (and at the first turn,
+         * before any timer fires), so writes resume soon after space is
+         * freed even when nothing is written, and windows due while the
+         * disk is low wait instead of filling it (kf_ctx_disk_room_left). */
         char disk_why[KF_ERROR_MESSAGE_BYTES_MAX];
-        if (atomic_load(&e->disk_low)) {
-            disk_refresh(e, false);
-        }
+        uint64_t disk_free_bytes = disk_refresh(e, false);
         kf_core_set_disk_low(e->core, disk_low_why(e, disk_why, sizeof disk_why) ? disk_why : NULL);
+        kf_core_set_disk_room(e->core, disk_free_bytes > e->disk_reserve_bytes
+                                           ? disk_free_bytes - e->disk_reserve_bytes
+                                           : 0);
         store_memory_refresh(e);
         /* Due timers first: a request that arrives after a window's due
          * time must find that window closed (its run started), not join it. */
