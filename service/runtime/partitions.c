@@ -257,6 +257,49 @@ static kf_status_t prepare_partition(const char *data_dir, uint32_t p, uint32_t 
     return KF_OK;
 }
 
+/* A data set is being created (DATA has no KEYFLOW-DATASET) where
+ * DATA/partitions already holds partitions: moved here from a data set of
+ * theirs, or left by a creation that was interrupted. Each must belong to a
+ * data set of `count` partitions, or creating would hide them: a new data
+ * set of another count (the default one, a forgotten --partition-count)
+ * would serve their keys from new, empty partitions, a split of every key
+ * they hold, and leave directories of the wrong count behind. Checked
+ * before anything is made. */
+static kf_status_t check_present_partitions(const char *data_dir, uint32_t count, kf_error_t *err) {
+    char parent[PATH_MAX];
+    path_of(parent, sizeof parent, "%s/partitions", data_dir);
+    DIR *d = opendir(parent);
+    if (d == NULL) {
+        return KF_OK; /* none: a new data set */
+    }
+    kf_status_t st = KF_OK;
+    struct dirent *de;
+    while (st == KF_OK && (de = readdir(d)) != NULL) {
+        char path[PATH_MAX + 300], text[RECORD_BYTES_MAX];
+        snprintf(path, sizeof path, "%s/%s/%s", parent, de->d_name, PARTITION_FILE);
+        if (de->d_name[0] == '.' || !exists(path)) {
+            continue;
+        }
+        uint32_t index, of;
+        st = read_record(path, text, sizeof text, err);
+        if (st == KF_OK &&
+            (strncmp(text, "keyflow partition\n", 18) != 0 ||
+             !record_u32(text, "partition", &index) || !record_u32(text, "partitions", &of))) {
+            st = kf_error_set(err, KF_E_CORRUPT, "%s: not a keyflow partition record", path);
+        }
+        if (st == KF_OK && of != count) {
+            st = kf_error_set(err, KF_E_INVALID,
+                              "%s has no %s, but %s holds partition %u of a data set of %u "
+                              "partitions: creating a data set of %u here would hide it and split "
+                              "its keys. Start with --partition-count %u to adopt it "
+                              "(docs/scaling.md, \"Moving a partition\")",
+                              data_dir, DATASET_FILE, path, index, of, count, of);
+        }
+    }
+    closedir(d);
+    return st;
+}
+
 /* Partition directories present but not served, for the log. */
 static void note_unserved(const char *data_dir, const kf_partition_set_t *served) {
     char parent[PATH_MAX];
@@ -383,6 +426,7 @@ kf_status_t kf_partitions_open(const kf_partitions_options_t *o, kf_partitions_t
         }
     } else {
         ps->count = o->partition_count != 0 ? o->partition_count : KF_PARTITION_COUNT_DEFAULT;
+        st = check_present_partitions(o->data_dir, ps->count, err);
     }
     if (st == KF_OK) {
         st = served_set(o, ps->count, &served, err);

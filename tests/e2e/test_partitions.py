@@ -737,6 +737,38 @@ class Layout(unittest.TestCase):
             a.stop()
             b.stop()
 
+    def test_a_moved_partition_is_never_hidden_by_a_new_data_set_of_another_count(self):
+        """A partition moved into a new data directory, started without
+        --partition-count (or with another count): refused before anything
+        is made, instead of a new data set whose empty partitions would
+        serve its keys."""
+        count, a_dir, b_dir = 4, self.new_dir(), self.new_dir()
+        wf = "hide-" + uuid.uuid4().hex[:8]
+        moving = keys_in(wf, count, 3, 3)
+        a = self.server(a_dir, "--partition-count", str(count)).start()
+        sa = Stubs(a)
+        for k in moving:
+            sa.send(wf, k, event_id="e-" + k)
+        sa.close()
+        self.assertEqual(a.stop(), 0)
+        b_parts = os.path.join(b_dir, "db", "partitions")
+        os.makedirs(b_parts)
+        shutil.move(os.path.join(a_dir, "db", "partitions", "3"), os.path.join(b_parts, "3"))
+        for args in ([], ["--partition-count", "8"], ["--partition-count", "2", "--partitions", "1"]):
+            self.refused(self.server(b_dir, *args),
+                         "holds partition 3 of a data set of 4 partitions")
+            self.assertEqual(os.listdir(b_parts), ["3"], "nothing made beside it (%r)" % (args,))
+            self.assertFalse(os.path.exists(os.path.join(b_dir, "db", "KEYFLOW-DATASET")))
+        b = self.server(b_dir, "--partition-count", str(count), "--partitions", "3").start()
+        sb = Stubs(b)
+        try:
+            for k in moving:
+                self.assertEqual(sb.send(wf, k, event_id="e-" + k).disposition,
+                                 C.DISPOSITION_DUPLICATE, "%s: adopted as it was" % k)
+        finally:
+            sb.close()
+            b.stop()
+
     def test_a_store_written_before_partitions_opens_in_place(self):
         # A data set of one partition stores exactly what a single-store
         # keyflowd wrote (one RocksDB, same families and format); its
