@@ -157,6 +157,7 @@ class Traffic:
             self.rounds(kill_cmd, restart_cmd)
             self.ledger.wait_all_seen(self.client, SEEN_S)
             ok("a worker on every pod ran all %d acknowledged events" % len(self.ledger.acked))
+            self.wait_all_completed()
         finally:
             worker.stop()
         self.ledger.check_runs(self.client, self.endpoint_of)
@@ -166,8 +167,24 @@ class Traffic:
                                      self.endpoint_of, [n["name"] for n in self.nodes])
         ok("each of the %d coordinators only on its owner: the other pods refuse it "
            "FAILED_PRECONDITION naming the owner" % len(self.keys))
-        assert worker.lost == 0, "%d runs' leases were lost" % worker.lost
-        ok("no run's lease was lost")
+        # A run leased on the killed pod loses its lease (it expires while the
+        # pod is down) and runs again, in the same run, after the restart; on
+        # a busy machine a late heartbeat does the same. Counted, not refused:
+        # the checks above are what must hold either way.
+        print("      runs whose lease was lost and that ran again: %d" % worker.lost, flush=True)
+
+    def wait_all_completed(self):
+        """Until every run of the workflow, on every pod, is completed."""
+        deadline = time.monotonic() + SEEN_S
+        while True:
+            runs = list(self.client.list_runs(workflow=self.wf))
+            left = [r.run_id for r in runs if r.status != "completed"]
+            if not left:
+                break
+            assert time.monotonic() < deadline, "%d of %d runs not completed after %d s: %s" % (
+                len(left), len(runs), SEEN_S, left[:5])
+            time.sleep(0.2)
+        ok("all %d runs completed" % len(runs))
 
     def rounds(self, kill_cmd, restart_cmd):
         pending = []  # (round, key, event id) refused while the victim was down
