@@ -92,7 +92,10 @@ class ThreeProcesses(unittest.TestCase):
         worker.handle(wf)(ledger.handle)
         worker.start()
         self.addCleanup(worker.stop)
-        self.addCleanup(lambda: self.assertEqual(worker.lost, 0, "no run's lease was lost"))
+        # No assertion on worker.lost: a run leased on the killed process
+        # loses its lease when the restart outlasts lease_ms (a busy CI
+        # machine) and runs again, in the same run. What must hold either
+        # way is checked below: every acknowledged event in exactly one run.
         deadline = time.monotonic() + 90
         for round_ in range(6):
             if round_ == 3:
