@@ -271,6 +271,14 @@
  * (keyflow_store_memtable_bytes, _block_cache_bytes): each read takes
  * RocksDB's mutex once per family. */
 #define KF_STORE_MEMORY_CHECK_INTERVAL_MS 1000
+/* The heap's free memory goes back to the system (base/trim.h) at most
+ * once per interval, and only once this much was freed since the last
+ * trim: a burst of 1M runs left 500 bytes per run of freed but resident
+ * heap without it. A trim walks the free lists of every arena (a few ms
+ * for hundreds of MiB) on its own thread; 8 MiB is about 20k runs' bodies,
+ * so a quiet process never trims and a busy one about once a second. */
+#define KF_TRIM_INTERVAL_MS     1000
+#define KF_TRIM_FREED_BYTES_MIN (8u * 1024 * 1024)
 /* The coordinator journal's memtables are unsorted vectors (one append per
  * event, where a skiplist insert at a random place cost the committer about
  * 5 us; bench/README.md, "SendEvents"), so a read of the family sorts the

@@ -12,6 +12,7 @@
 #include "base/bytes.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/trim.h"
 #include "coord/coord.h"
 #include "functions/functions.h"
 #include "keys/keys.h"
@@ -317,8 +318,15 @@ kf_cmd_t *kf_core_take_ready(kf_core_t *core) {
 void kf_core_durable(kf_core_t *core, uint64_t group_id) {
     KF_ASSERT(group_id >= core->ctx.durable_group_id);
     core->ctx.durable_group_id = group_id;
+    /* What memory drops here was held only until durable: the trimmer
+     * gives it back to the system after a burst (base/trim.h). */
+    size_t held = kf_overlay_bytes(core->ctx.overlay) + kf_runs_memory_bytes(core->runs);
     kf_overlay_durable(core->ctx.overlay, group_id);
     kf_runs_evict(core->runs, &core->ctx);
+    size_t kept = kf_overlay_bytes(core->ctx.overlay) + kf_runs_memory_bytes(core->runs);
+    if (held > kept) {
+        kf_trim_freed(held - kept);
+    }
     kf_functions_durable(core->functions, &core->ctx);
 }
 

@@ -32,6 +32,7 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/sysmem.h"
+#include "base/trim.h"
 #include "base/version.h"
 #include "runtime/partitions.h"
 #include "http/gateway.h"
@@ -927,6 +928,12 @@ int main(int argc, char **argv) {
         kf_log(KF_LOG_ERROR, "main", "cannot start: %s", err.message);
         return 1;
     }
+    /* Memory freed after bursts goes back to the system (base/trim.h). */
+    kf_trimmer_t *trimmer = NULL;
+    if (kf_trimmer_create(KF_TRIM_INTERVAL_MS, KF_TRIM_FREED_BYTES_MIN, &trimmer, &err) != KF_OK) {
+        kf_log(KF_LOG_ERROR, "main", "cannot start: %s", err.message);
+        return 1;
+    }
     kf_health_set(true, "started");
     if (o.port_file != NULL &&
         !write_port_file(o.port_file, grpc_port, http_port, kf_gateway_probe_port(gateway))) {
@@ -975,6 +982,7 @@ int main(int argc, char **argv) {
     kf_partitions_close(partitions);
     kf_auth_destroy(auth); /* after every call that could hold a principal */
     kf_placement_destroy(placement);
+    kf_trimmer_destroy(trimmer);
     kf_log(KF_LOG_INFO, "main", "stopped");
     return failed ? 1 : 0;
 }
