@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -228,4 +229,97 @@ Test(store_rocks_only, failed_write_poisons_the_store) {
     cr_assert_not(harness_get_str(h.store, KF_CF_RUNS, "after", v, sizeof v));
     harness_put_str(h.store, KF_CF_RUNS, "after", "x");
     cr_assert(harness_get_str(h.store, KF_CF_RUNS, "after", v, sizeof v));
+}
+
+/* ---- recovery after a crash ----------------------------------------------
+ * A child process writes (sync) and exits without closing the store, as a
+ * SIGKILL would leave it: everything is in the WAL, none of it flushed
+ * (clean closes flush, so only a crash leaves a WAL to replay). The parent
+ * reopens with small memtables, so the replay fills and flushes many of
+ * them while it opens: every row must read back, in order, and memtables
+ * must stay bounded afterwards. Its own suite: nothing of RocksDB may run
+ * in this process before the fork (the child would inherit a thread pool
+ * without its threads). */
+
+enum { CRASH_ROWS = 4000, CRASH_VALUE_BYTES = 500 };
+
+static void put_rows(kf_store_t *store, uint64_t first, uint64_t count) {
+    uint8_t value[CRASH_VALUE_BYTES];
+    for (uint64_t n = first; n < first + count;) {
+        kf_batch_t *batch = kf_batch_create(store);
+        for (int i = 0; i < 40 && n < first + count; i++, n++) {
+            uint8_t key[8];
+            kf_put_be64(key, n);
+            memset(value, (int)(n & 0xff), sizeof value);
+            kf_batch_put(batch, KF_CF_OUTPUT, key, sizeof key, value, sizeof value);
+        }
+        harness_write(store, batch);
+        kf_batch_destroy(batch);
+    }
+}
+
+TestSuite(store_rocks_crash);
+
+Test(store_rocks_crash, replay_of_many_memtables_reads_back_and_memtables_stay_small) {
+    char dir[HARNESS_PATH_BYTES];
+    harness_make_temp_dir(dir);
+    pid_t child = fork();
+    cr_assert_neq(child, -1);
+    if (child == 0) {
+        /* Default (large) memtables: the rows stay in the WAL only. */
+        kf_rocks_options_t big = {.path = dir};
+        kf_store_t *store = NULL;
+        kf_error_t err;
+        kf_error_clear(&err);
+        if (kf_store_open_rocks(&big, &store, &err) != KF_OK) {
+            _exit(2);
+        }
+        put_rows(store, 0, CRASH_ROWS);
+        _exit(0); /* no close: no flush, the WAL stays as after a SIGKILL */
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+
+    /* About 2 MB of rows against 64 KiB memtables: some 30 memtables. */
+    kf_rocks_options_t small = {.path = dir, .write_buffer_bytes = 64 * 1024};
+    kf_store_t *store = NULL;
+    kf_error_t err;
+    kf_error_clear(&err);
+    kf_status_t st = kf_store_open_rocks(&small, &store, &err);
+    cr_assert_eq(st, KF_OK, "%s: %s", kf_status_name(st), err.message);
+    kf_iter_t *iter = NULL;
+    cr_assert_eq(kf_iter_create(store, KF_CF_OUTPUT, NULL, 0, NULL, 0, &iter, &err), KF_OK);
+    uint64_t expect = 0;
+    for (kf_iter_seek_first(iter); kf_iter_valid(iter); kf_iter_next(iter)) {
+        size_t len;
+        const uint8_t *key = kf_iter_key(iter, &len);
+        cr_assert_eq(len, 8);
+        cr_assert_eq(kf_get_be64(key), expect);
+        const uint8_t *value = kf_iter_value(iter, &len);
+        cr_assert_eq(len, CRASH_VALUE_BYTES);
+        cr_assert_eq(value[CRASH_VALUE_BYTES - 1], (uint8_t)(expect & 0xff));
+        expect++;
+    }
+    cr_assert_eq(kf_iter_status(iter, &err), KF_OK, "%s", err.message);
+    kf_iter_destroy(iter);
+    cr_assert_eq(expect, CRASH_ROWS, "every acknowledged row is back after the replay");
+
+    /* Twice as much again: 64 KiB memtables flush it away; memtables that
+     * kept a replay-sized limit would hold all of it, more than 6 MB. */
+    put_rows(store, CRASH_ROWS, 2 * CRASH_ROWS);
+    uint64_t deadline_ms = 30000;
+    kf_store_memory_t m = {0};
+    for (uint64_t waited_ms = 0; waited_ms < deadline_ms; waited_ms += 10) {
+        m = (kf_store_memory_t){0};
+        kf_store_memory(store, &m);
+        if (m.memtable_bytes < 3u * 1024 * 1024) {
+            break;
+        }
+        usleep(10 * 1000);
+    }
+    cr_assert_lt(m.memtable_bytes, 3u * 1024 * 1024, "memtables still hold %llu bytes",
+                 (unsigned long long)m.memtable_bytes);
+    kf_store_close(store);
+    harness_remove_tree(dir);
 }
