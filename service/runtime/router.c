@@ -1224,29 +1224,53 @@ typedef struct cursor {
     int64_t pos[KF_PARTITION_COUNT_MAX];
 } cursor_t;
 
+/* A decimal number at *s of digits only (no sign, no space, as
+ * cursor_format writes them) of at most `max`; *s moves past it. */
+static bool cursor_number(const char **s, uint64_t max, uint64_t *out) {
+    const char *p = *s;
+    uint64_t v = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        uint64_t digit = (uint64_t)(*p - '0');
+        if (v > (UINT64_MAX - digit) / 10 || v * 10 + digit > max) {
+            return false;
+        }
+        v = v * 10 + digit;
+    }
+    if (p == *s) {
+        return false;
+    }
+    *s = p;
+    *out = v;
+    return true;
+}
+
 static kf_status_t cursor_parse(const char *text, uint32_t count, const char *field, cursor_t *c,
                                 kf_error_t *err) {
     memset(c, 0, sizeof *c);
     if (text[0] == '\0') {
         return KF_OK;
     }
-    char *end;
-    unsigned long n = 0, last = 0;
-    bool ok = strncmp(text, "o1.", 3) == 0;
+    const char *end = text + 3;
+    uint64_t n = 0, last = 0;
+    /* A position is a row's sequence, so below INT64_MAX: TrimOutput
+     * trims to the position + 1. A forged larger one is refused, not
+     * clamped (it would skip that partition's rows for good). */
+    bool ok = strncmp(text, "o1.", 3) == 0 && cursor_number(&end, UINT32_MAX, &n) && n == count &&
+              *end == '.';
     if (ok) {
-        n = strtoul(text + 3, &end, 10);
-        ok = *end == '.' && n == count;
-    }
-    if (ok) {
-        last = strtoul(end + 1, &end, 10);
-        ok = last < count;
+        end++;
+        ok = cursor_number(&end, count - 1, &last);
     }
     while (ok && *end == '.') {
-        unsigned long p = strtoul(end + 1, &end, 10);
-        long long seq = *end == '-' ? strtoll(end + 1, &end, 10) : -1;
-        ok = p < count && seq > 0 && c->pos[p] == 0;
+        end++;
+        uint64_t p = 0, seq = 0;
+        ok = cursor_number(&end, count - 1, &p) && *end == '-';
         if (ok) {
-            c->pos[p] = seq;
+            end++;
+            ok = cursor_number(&end, INT64_MAX - 1, &seq) && seq > 0 && c->pos[p] == 0;
+        }
+        if (ok) {
+            c->pos[p] = (int64_t)seq;
         }
     }
     if (!ok || *end != '\0') {

@@ -372,6 +372,29 @@ class FunctionsAcrossPartitions(unittest.TestCase):
         self.assertEqual(status, 400, doc)
         self.assertIn("cursor", doc["message"])
 
+    def test_a_forged_cursor_is_refused_naming_its_field(self):
+        """Positions past int64 (or the last one TrimOutput can pass on),
+        signs, empty numbers and partitions out of range: INVALID_ARGUMENT
+        naming the field, never a position clamped or wrapped."""
+        huge = "99999999999999999999"  # past int64
+        last = "9223372036854775807"  # TrimOutput trims to the position + 1
+        for cursor in ["o1.4.0.0-" + huge, "o1.4.0.0-" + last, "o1.4.0.0-+1", "o1.4.",
+                       "o1.4.4", "o1.4.0.4-1", "o1.4.0.0-1.0-2", "o1.4.0.0-0"]:
+            status, doc = self.server.http(
+                "GET", "/v1/functions/running_sum/output?limit=1&cursor=" + cursor)
+            self.assertEqual((status, doc.get("status")), (400, "INVALID_ARGUMENT"), cursor)
+            self.assertTrue(doc["message"].startswith("cursor: "), doc)
+            status, doc = self.server.http("POST", "/v1/functions/running_sum/output:trim",
+                                           {"beforeCursor": cursor})
+            self.assertEqual((status, doc.get("status")), (400, "INVALID_ARGUMENT"), cursor)
+            self.assertTrue(doc["message"].startswith("before_cursor: "), doc)
+        # The largest position is still a cursor (after every row written).
+        doc = self.ok("GET", "/v1/functions/running_sum/output?limit=1&cursor=o1.4.0.0-"
+                      + str(int(last) - 1))
+        self.assertIn("o1.4.", doc["nextCursor"])
+        if doc.get("rows"):
+            self.assertNotEqual(doc.get("partition", 0), 0, "partition 0 was read to its end")
+
     def serve_one_batch(self, worker, fid, users, sequence):
         """Pushes `users` as batch `sequence` while `worker` answers every call;
         returns the ack and the keys the worker was called for."""
