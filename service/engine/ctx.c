@@ -140,6 +140,17 @@ kf_status_t kf_ctx_memory_check(const kf_ctx_t *ctx, uint64_t bytes, const char 
         return KF_OK;
     }
     kf_counter_add(KF_C_REJECTED_MEMORY_BUDGET, 1);
+    const kf_engine_config_t *c = ctx->config;
+    if (c != NULL && c->memory_budget_partitions > 1) {
+        return kf_error_set(
+            err, KF_E_LIMIT,
+            "memory budget: %s would take this partition's tables past its share of "
+            "--memory-budget %llu bytes, %llu bytes for each of the %u partitions this process "
+            "serves (%llu in use); existing windows, runs and keys keep working",
+            what, (unsigned long long)c->memory_budget_process_bytes,
+            (unsigned long long)m->budget_bytes, c->memory_budget_partitions,
+            (unsigned long long)m->used_bytes);
+    }
     return kf_error_set(err, KF_E_LIMIT,
                         "memory budget: %s would take the engine's tables past --memory-budget "
                         "%llu bytes (%llu in use); existing windows, runs and keys keep working",

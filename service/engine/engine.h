@@ -160,6 +160,12 @@ typedef struct kf_engine_config {
     /* The memory budget of the engine's tables (--memory-budget, whose
      * default main derives from the cgroup limit); 0 = none. */
     uint64_t memory_budget_bytes;
+    /* With several partitions in a process, memory_budget_bytes is this
+     * partition's share of the process's --memory-budget: the whole of it
+     * and the partitions sharing it, so that a refusal names the flag's
+     * value, not a number the operator never gave. 0: not shared. */
+    uint64_t memory_budget_process_bytes;
+    uint32_t memory_budget_partitions;
     /* Producers idle this long are forgotten (--producer-idle-expiry-ms);
      * 0 = KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT. */
     int64_t producer_idle_expiry_ms;

@@ -116,5 +116,29 @@ class MemoryBudgetTest(unittest.TestCase):
                 time.sleep(0.05)
 
 
+class SharedByPartitionsTest(MemoryBudgetTest):
+    """Four partitions in one process share --memory-budget equally; a
+    refusal names the flag's value and the share, not only the share (a
+    number the operator never gave)."""
+
+    def setUp(self):
+        self.server = harness.Keyflowd(
+            args=["--memory-budget", "64KiB", "--partition-count", "4"]).start()
+        self.addCleanup(self.server.cleanup)
+        self.channel = grpc.insecure_channel(self.server.grpc_target)
+        self.addCleanup(self.channel.close)
+        self.coords = CG.CoordinatorsStub(self.channel)
+        self.runs = RG.RunsStub(self.channel)
+
+    def test_a_refusal_names_the_flag_and_the_share(self):
+        opened = self.fill()  # asserts "--memory-budget 65536"
+        with self.assertRaises(grpc.RpcError) as cm:
+            for i in range(WINDOWS_MAX):  # some partition is full: find it
+                self.send("other-%d" % i, window())
+        self.assertIn("--memory-budget %d bytes, %d bytes for each of the 4 partitions"
+                      % (BUDGET, BUDGET // 4), cm.exception.details())
+        self.assertTrue(self.send(opened[0], window(), '{"more": 1}').receipt.run_id)
+
+
 if __name__ == "__main__":
     unittest.main()
