@@ -91,6 +91,7 @@ typedef struct kf_value {
 typedef struct kf_rocks_options {
     const char *path;          /* directory; created if missing */
     size_t write_buffer_bytes; /* per family memtable; 0 = default */
+    size_t wal_bytes_max;      /* live WAL before flushing; 0 = KF_ROCKS_WAL_BYTES_MAX */
 } kf_rocks_options_t;
 
 /* Opens (creating if needed) a RocksDB store and checks its format version.

@@ -399,7 +399,8 @@ kf_status_t kf_store_open_rocks(const kf_rocks_options_t *o, kf_store_t **out, k
      * about 15 ms per MiB here. Atomic flush of all families bounded the
      * WAL no better and flushes every family each time (measured), so it is
      * off. */
-    rocksdb_options_set_max_total_wal_size(rs->options, KF_ROCKS_WAL_BYTES_MAX);
+    rocksdb_options_set_max_total_wal_size(
+        rs->options, o->wal_bytes_max != 0 ? o->wal_bytes_max : KF_ROCKS_WAL_BYTES_MAX);
     /* One writer (the committer) and vector memtables: concurrent memtable
      * writes buy nothing and vector memtables do not support them. */
     rocksdb_options_set_allow_concurrent_memtable_write(rs->options, 0);

@@ -374,6 +374,8 @@ static const kf__cli_flag_t tail_flags[] = {
     {"--count", KF__CLI_VALUE, "N", "exit after N pages (default: follow until interrupted)"},
     {"--format", KF__CLI_VALUE, "json|columnar",
      "rows as JSON objects (\"rows\", the default) or as columns (\"batch\")"},
+    {"--cursor", KF__CLI_VALUE, "C",
+     "with several partitions: a ReadOutput page's nextCursor instead of --after"},
 };
 
 static int cmd_tail(kf__cli_t *cli, const kf__cli_args_t *args) {
@@ -391,6 +393,8 @@ static int cmd_tail(kf__cli_t *cli, const kf__cli_args_t *args) {
         (rc = parse_format(args, &req.format)) != KF__CLI_EXIT_OK) {
         return rc;
     }
+    const char *cursor = kf__cli_value(args, "--cursor");
+    req.cursor = (char *)(cursor != NULL ? cursor : "");
     /* A tail follows the output for as long as it is wanted: it has no
      * deadline unless --timeout-ms gives one to the whole stream. */
     kf_client_stream_t *stream = NULL;
@@ -554,7 +558,7 @@ static const kf__cli_command_t functions_commands[] = {
      "With several partitions (docs/scaling.md) a page holds one partition's rows\n"
      "(\"partition\"; its own sequences) and \"nextCursor\" is what to pass as --cursor.",
      FLAGS(output_flags), 1, 1, false, cmd_output, NULL},
-    {"tail", "ID [--after N] [--max-rows N] [--count N] [--format json|columnar]",
+    {"tail", "ID [--after N | --cursor C] [--max-rows N] [--count N] [--format json|columnar]",
      "follow a function's output as rows are written",
      "Prints each page the server streams as one JSON line, as for output. Without --count\n"
      "it follows until interrupted; --count N exits 0 after N pages. The stream has no\n"

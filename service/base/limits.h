@@ -251,16 +251,22 @@
 
 /* ---- storage ---------------------------------------------------------- */
 
-/* Live RocksDB WAL bytes before the families pinning the oldest WAL file are
- * flushed. A clean stop flushes everything, but a crash (SIGKILL, OOM
- * kill, power loss) leaves up to about this much to replay before the
- * store serves, and the replay also flushes the small memtables it fills:
- * at 64 MiB a restart after a SIGKILL under the soak's load took 6.8-31 s
- * on a busy 2-core machine, at 16 MiB 2.9-4.3 s against 1.9-2.3 s for an
- * empty store in the same runs (bench/README.md, "Restart after a crash").
- * Lower means more, smaller flushes: no loss of SendEvent or PushBatch
- * throughput was measurable between 8, 16 and 64 MiB. */
-#define KF_ROCKS_WAL_BYTES_MAX (16 * 1024 * 1024)
+/* Live RocksDB WAL bytes of the whole process before the families pinning
+ * the oldest WAL file are flushed. A clean stop flushes everything, but a
+ * crash (SIGKILL, OOM kill, power loss) leaves up to about this much to
+ * replay before the stores serve, and the replay also flushes the small
+ * memtables it fills: at 64 MiB a restart after a SIGKILL under the soak's
+ * load took 6.8-31 s on a busy 2-core machine, at 16 MiB 2.9-4.3 s against
+ * 1.9-2.3 s for an empty store in the same runs (bench/README.md, "Restart
+ * after a crash"). Lower means more, smaller flushes: no loss of SendEvent
+ * or PushBatch throughput was measurable between 8, 16 and 64 MiB. It is a
+ * process-wide budget: each served partition's store gets an equal share
+ * (8 partitions: 2 MiB each), never less than
+ * KF_ROCKS_WAL_BYTES_PER_STORE_MIN (at P = 256 a share would be 64 KiB,
+ * a flush of the small families every few group commits). The home store
+ * (API keys only) gets that minimum. */
+#define KF_ROCKS_WAL_BYTES_MAX           (16 * 1024 * 1024)
+#define KF_ROCKS_WAL_BYTES_PER_STORE_MIN (2 * 1024 * 1024)
 /* A table file of a family that retention deletes from (runs, wake-ups) is
  * compacted as soon as some run of this many consecutive entries in it
  * holds at least KF_ROCKS_DELETION_TRIGGER_ENTRIES tombstones: reads then
@@ -414,8 +420,15 @@
  * 256 cores, and the partition a run belongs to is written in its run ID's
  * 12 spare UUID bits (base/partition.h), which hold up to 4096. */
 #define KF_PARTITION_COUNT_MAX 256
-/* The count a new data set gets when --partition-count is not given. */
-#define KF_PARTITION_COUNT_DEFAULT 1
+/* The count a new data set gets when --partition-count is not given: room
+ * to spread over 8 cores or processes later (the count never changes), at
+ * a fixed cost per idle partition of about 0.2 MB of disk and 2 MB of
+ * memory (docs/scaling.md, "Choosing P"). */
+#define KF_PARTITION_COUNT_DEFAULT 8
+/* Stores opened (RocksDB recovers its WAL) or closed at once at start and
+ * stop: opening is mostly fsync waits, so a few at a time overlap them
+ * without one thread per partition at P = 256. */
+#define KF_PARTITION_OPEN_THREADS_MAX 8
 /* One line of a placement file (a node name, a partition set, two
  * addresses) and the nodes one file may name. */
 #define KF_PLACEMENT_LINE_BYTES_MAX 1024

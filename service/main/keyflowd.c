@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -771,6 +772,23 @@ static int wait_for_stop(const sigset_t *sigs, int64_t deadline_ms, const kf_tls
     }
 }
 
+/* The soft descriptor limit up to the hard one: each partition's RocksDB
+ * holds about 30 descriptors while idle (a directory handle per column
+ * family, its WAL, manifest and log), so 8 partitions take about 270 of a
+ * common soft limit of 1024 before the first connection. The hard limit is
+ * what the operator allows; connections are bounded by their own flags. */
+static void raise_descriptor_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            kf_log(KF_LOG_DEBUG, "main", "descriptor limit raised from %llu to %llu",
+                   (unsigned long long)was, (unsigned long long)rl.rlim_max);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     options_t o = {0};
     if (!parse_args(argc, argv, &o)) {
@@ -798,6 +816,7 @@ int main(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     main_thread = pthread_self();
+    raise_descriptor_limit();
 
     /* Every file keyflowd creates is its user's alone: RocksDB creates its
      * files (tables, WAL, manifest, LOG) with 0644 less the umask, and has

@@ -516,9 +516,14 @@ static void *engine_main(void *arg) {
         /* The free space, measured now and then (and at the first turn,
          * before any timer fires), so writes resume soon after space is
          * freed even when nothing is written, and windows due while the
-         * disk is low wait instead of filling it (kf_ctx_disk_room_left). */
+         * disk is low wait instead of filling it (kf_ctx_disk_room_left).
+         * With several partitions the others' writes to the same
+         * filesystem are not in this engine's estimate: measure at every
+         * turn (statvfs does no I/O, about a microsecond), so a partition
+         * that wrote nothing lately still refuses once another filled the
+         * disk to the reserve. */
         char disk_why[KF_ERROR_MESSAGE_BYTES_MAX];
-        uint64_t disk_free_bytes = disk_refresh(e, false);
+        uint64_t disk_free_bytes = disk_refresh(e, e->config.partition_count > 1);
         kf_core_set_disk_low(e->core, disk_low_why(e, disk_why, sizeof disk_why) ? disk_why : NULL);
         kf_core_set_disk_room(e->core, disk_free_bytes > e->disk_reserve_bytes
                                            ? disk_free_bytes - e->disk_reserve_bytes

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -332,6 +333,124 @@ static void note_unserved(const char *data_dir, const kf_partition_set_t *served
 
 /* ---- opening ------------------------------------------------------------- */
 
+/* One store to open (or close), on a thread of its own. */
+typedef struct store_job {
+    char path[PATH_MAX];
+    size_t wal_bytes_max;
+    kf_store_t **store;
+    kf_status_t status;
+    kf_error_t err;
+} store_job_t;
+
+static void *open_store_main(void *arg) {
+    store_job_t *job = arg;
+    kf_rocks_options_t ro = {.path = job->path, .wal_bytes_max = job->wal_bytes_max};
+    job->status = kf_store_open_rocks(&ro, job->store, &job->err);
+    if (job->status != KF_OK) {
+        char inner[KF_ERROR_MESSAGE_BYTES_MAX];
+        snprintf(inner, sizeof inner, "%s", job->err.message);
+        kf_error_set(&job->err, job->status, "%s: %s", job->path, inner);
+    }
+    return NULL;
+}
+
+static void *close_store_main(void *arg) {
+    store_job_t *job = arg;
+    kf_store_close(*job->store); /* flushes its memtables first */
+    *job->store = NULL;
+    return NULL;
+}
+
+/* Runs fn over the jobs, up to KF_PARTITION_OPEN_THREADS_MAX at once: a
+ * store's open or close is mostly waiting for fsync, and with 8 partitions
+ * opened one after the other that wait was most of a start. A thread that
+ * cannot be started runs its job here. */
+static void run_store_jobs(store_job_t *jobs, size_t n, void *(*fn)(void *)) {
+    for (size_t first = 0; first < n; first += KF_PARTITION_OPEN_THREADS_MAX) {
+        size_t count = n - first;
+        if (count > KF_PARTITION_OPEN_THREADS_MAX) {
+            count = KF_PARTITION_OPEN_THREADS_MAX;
+        }
+        pthread_t threads[KF_PARTITION_OPEN_THREADS_MAX];
+        bool started[KF_PARTITION_OPEN_THREADS_MAX];
+        for (size_t i = 0; i < count; i++) {
+            started[i] = pthread_create(&threads[i], NULL, fn, &jobs[first + i]) == 0;
+            if (!started[i]) {
+                fn(&jobs[first + i]);
+            }
+        }
+        for (size_t i = 0; i < count; i++) {
+            if (started[i]) {
+                pthread_join(threads[i], NULL);
+            }
+        }
+    }
+}
+
+/* The share of the process's WAL budget (limits.h) each of n stores gets. */
+static size_t wal_share_bytes(uint32_t n) {
+    size_t share = KF_ROCKS_WAL_BYTES_MAX / (n > 0 ? n : 1);
+    return share > KF_ROCKS_WAL_BYTES_PER_STORE_MIN ? share : KF_ROCKS_WAL_BYTES_PER_STORE_MIN;
+}
+
+/* Opens the served partitions' stores and home's together; on an error
+ * the ones that opened stay in ps for kf_partitions_close. */
+static kf_status_t open_stores(kf_partitions_t *ps, const char *data_dir,
+                               const kf_partition_set_t *served, kf_error_t *err) {
+    store_job_t *jobs = calloc(KF_PARTITION_COUNT_MAX + 1, sizeof *jobs);
+    if (jobs == NULL) {
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate the store openings");
+    }
+    size_t n = 0;
+    size_t share = wal_share_bytes(kf_partition_set_size(served));
+    for (uint32_t p = 0; p < ps->count; p++) {
+        if (kf_partition_set_has(served, p)) {
+            path_of(jobs[n].path, sizeof jobs[n].path, "%s/partitions/%u", data_dir, p);
+            jobs[n].wal_bytes_max = share;
+            jobs[n++].store = &ps->stores[p];
+        }
+    }
+    path_of(jobs[n].path, sizeof jobs[n].path, "%s/home", data_dir);
+    jobs[n].wal_bytes_max = KF_ROCKS_WAL_BYTES_PER_STORE_MIN; /* API keys only */
+    jobs[n++].store = &ps->home_store;
+    int64_t begin_us = kf_mono_us();
+    run_store_jobs(jobs, n, open_store_main);
+    ps->open_us += kf_mono_us() - begin_us;
+    kf_status_t st = KF_OK;
+    for (size_t i = 0; i < n && st == KF_OK; i++) {
+        if (jobs[i].status != KF_OK) {
+            *err = jobs[i].err;
+            st = jobs[i].status;
+        }
+    }
+    free(jobs);
+    return st;
+}
+
+/* Closes every store still open, several at once (each flushes first). */
+static void close_stores(kf_partitions_t *ps) {
+    store_job_t *jobs = calloc(KF_PARTITION_COUNT_MAX + 1, sizeof *jobs);
+    size_t n = 0;
+    for (uint32_t p = 0; p < ps->count; p++) {
+        if (ps->stores[p] != NULL && ps->stores[p] != ps->home_store) {
+            if (jobs != NULL) {
+                jobs[n++].store = &ps->stores[p];
+            } else {
+                kf_store_close(ps->stores[p]);
+                ps->stores[p] = NULL;
+            }
+        }
+    }
+    if (jobs != NULL) {
+        run_store_jobs(jobs, n, close_store_main);
+        free(jobs);
+    }
+    if (ps->home_store != NULL) {
+        kf_store_close(ps->home_store);
+        ps->home_store = NULL;
+    }
+}
+
 static kf_status_t open_store(kf_partitions_t *ps, const char *path, kf_store_t **out,
                               kf_error_t *err) {
     kf_rocks_options_t ro = {.path = path};
@@ -455,16 +574,17 @@ kf_status_t kf_partitions_open(const kf_partitions_options_t *o, kf_partitions_t
     } else {
         bool create = !have_dataset;
         for (uint32_t p = 0; st == KF_OK && p < ps->count; p++) {
-            if (!kf_partition_set_has(&served, p)) {
-                continue;
-            }
             char dir[PATH_MAX];
-            st = prepare_partition(o->data_dir, p, ps->count, create, dir, sizeof dir, ps->ids[p],
-                                   err);
-            if (st == KF_OK) {
-                st = open_store(ps, dir, &ps->stores[p], err);
+            if (kf_partition_set_has(&served, p)) {
+                st = prepare_partition(o->data_dir, p, ps->count, create, dir, sizeof dir,
+                                       ps->ids[p], err);
             }
-            if (st == KF_OK) {
+        }
+        if (st == KF_OK) {
+            st = open_stores(ps, o->data_dir, &served, err);
+        }
+        for (uint32_t p = 0; st == KF_OK && p < ps->count; p++) {
+            if (kf_partition_set_has(&served, p)) {
                 ps->configs[p] = o->engine;
                 /* The process's memory budget, shared by its partitions. */
                 ps->configs[p].memory_budget_bytes =
@@ -483,11 +603,7 @@ kf_status_t kf_partitions_open(const kf_partitions_options_t *o, kf_partitions_t
                 st = open_engine(ps, &ps->configs[p], ps->stores[p], &ps->engines[p], err);
             }
         }
-        if (st == KF_OK) {
-            path_of(path, sizeof path, "%s/home", o->data_dir);
-            st = open_store(ps, path, &ps->home_store, err);
-            ps->home_config.memory_budget_bytes = 0; /* API keys only: nothing to budget */
-        }
+        ps->home_config.memory_budget_bytes = 0; /* API keys only: nothing to budget */
         if (st == KF_OK) {
             st = open_engine(ps, &ps->home_config, ps->home_store, &ps->home, err);
         }
@@ -571,14 +687,7 @@ void kf_partitions_close(kf_partitions_t *ps) {
         }
     }
     kf_engine_destroy(ps->home);
-    for (uint32_t p = 0; p < ps->count; p++) {
-        if (ps->stores[p] != NULL && ps->stores[p] != ps->home_store) {
-            kf_store_close(ps->stores[p]);
-        }
-    }
-    if (ps->home_store != NULL) {
-        kf_store_close(ps->home_store);
-    }
+    close_stores(ps);
     free(ps);
 }
 

@@ -534,19 +534,23 @@ static bool poll_next(fanout_t *f) {
 static const plan_t plan_poll_runs = {"poll_runs", poll_begin, poll_settles, poll_next};
 
 /* ---- ListRuns: one partition after the other behind one page token ------
- * A token is "p<partition>:<that partition's token>"; a page comes from one
- * partition (it may hold fewer than page_size runs; the end is an empty
- * next_page_token, as always). */
+ * A token is "p<partition>:<that partition's token>". A page is filled from
+ * one partition after the other until it holds page_size runs or the last
+ * partition is done, so with 8 partitions a short list is still one page;
+ * the end is an empty next_page_token, as always. */
 
 typedef struct list_state {
-    uint32_t at; /* index into router->served */
+    uint32_t at;                             /* index into router->served */
+    uint32_t want;                           /* the page's size */
+    Keyflow__V1__ListRunsResponse *gathered; /* the page so far */
 } list_state_t;
 
-static Keyflow__V1__ListRunsRequest *list_request(fanout_t *f, const char *token) {
+static Keyflow__V1__ListRunsRequest *list_request(fanout_t *f, const char *token, uint32_t size) {
     const Keyflow__V1__ListRunsRequest *req = (const void *)f->parent->request;
     Keyflow__V1__ListRunsRequest *sub = kf_arena_new(f->parent->arena, sizeof *sub);
     *sub = *req;
     sub->page_token = (char *)token;
+    sub->page_size = size;
     return sub;
 }
 
@@ -556,6 +560,11 @@ static kf_status_t list_runs_begin(fanout_t *f, int32_t *direct) {
     const Keyflow__V1__ListRunsRequest *req = (const void *)f->parent->request;
     list_state_t *st = kf_arena_new(f->parent->arena, sizeof *st);
     f->state = st;
+    /* An out-of-range size goes to the partition as it came: its engine
+     * refuses it with the usual message. */
+    st->want = req->page_size > 0 && req->page_size <= KF_LIST_PAGE_MAX ? (uint32_t)req->page_size
+               : req->page_size == 0                                    ? KF_LIST_PAGE_DEFAULT
+                                                                        : 0;
     const char *inner = "";
     if (req->page_token[0] != '\0') {
         char *end = NULL;
@@ -574,8 +583,35 @@ static kf_status_t list_runs_begin(fanout_t *f, int32_t *direct) {
         }
         inner = end + 1;
     }
-    fanout_add(f, r->served[st->at], &list_request(f, inner)->base);
+    Keyflow__V1__ListRunsRequest *first = list_request(f, inner, st->want);
+    first->page_size = req->page_size;
+    fanout_add(f, r->served[st->at], &first->base);
     return KF_OK;
+}
+
+/* Adds a partition's runs to the page; false when the answer is too large. */
+static bool list_gather(fanout_t *f, const Keyflow__V1__ListRunsResponse *resp) {
+    list_state_t *st = f->state;
+    Keyflow__V1__ListRunsResponse *copy = copy_into_parent(f, &resp->base);
+    if (copy == NULL) {
+        return false;
+    }
+    Keyflow__V1__ListRunsResponse *g = st->gathered;
+    if (g == NULL) {
+        st->gathered = copy;
+        return true;
+    }
+    if (copy->n_runs > 0) {
+        Keyflow__V1__Run **runs =
+            kf_arena_new(f->parent->arena, (g->n_runs + copy->n_runs) * sizeof *runs);
+        if (g->n_runs > 0) {
+            memcpy(runs, g->runs, g->n_runs * sizeof *runs);
+        }
+        memcpy(runs + g->n_runs, copy->runs, copy->n_runs * sizeof *copy->runs);
+        g->runs = runs;
+        g->n_runs += copy->n_runs;
+    }
+    return true;
 }
 
 static bool list_runs_next(fanout_t *f) {
@@ -589,21 +625,24 @@ static bool list_runs_next(fanout_t *f) {
     const Keyflow__V1__ListRunsResponse *resp = (const void *)s->cmd.response;
     bool more_here = resp->next_page_token[0] != '\0';
     bool last_partition = st->at + 1 >= r->served_count;
-    if (resp->n_runs == 0 && !more_here && !last_partition) {
+    if (!list_gather(f, resp)) {
+        return false;
+    }
+    Keyflow__V1__ListRunsResponse *out = st->gathered;
+    if (!more_here && !last_partition && out->n_runs < st->want) {
         round_reset(f);
         st->at++;
-        fanout_add(f, r->served[st->at], &list_request(f, "")->base);
+        fanout_add(f, r->served[st->at],
+                   &list_request(f, "", st->want - (uint32_t)out->n_runs)->base);
         return true;
-    }
-    Keyflow__V1__ListRunsResponse *out = copy_into_parent(f, &resp->base);
-    if (out == NULL) {
-        return false;
     }
     if (more_here) {
         out->next_page_token =
             kf_arena_printf(f->parent->arena, "p%u:%s", s->partition, resp->next_page_token);
     } else if (!last_partition) {
         out->next_page_token = kf_arena_printf(f->parent->arena, "p%u:", r->served[st->at + 1]);
+    } else {
+        out->next_page_token = "";
     }
     f->parent->response = &out->base;
     kf_error_clear(&f->parent->error);
@@ -1418,7 +1457,12 @@ static bool read_next(fanout_t *f) {
         }
         return true;
     }
-    read_answer(f, NULL);
+    /* No rows anywhere: a partition's empty page, so the answer has the
+     * page's format (JSON "rows": [], or an empty batch) as with one. */
+    const sub_t *empty = f->nsubs > 0 && f->subs[f->nsubs - 1].cmd.error.status == KF_OK
+                             ? &f->subs[f->nsubs - 1]
+                             : NULL;
+    read_answer(f, empty);
     return false;
 }
 
