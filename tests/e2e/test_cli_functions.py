@@ -56,7 +56,9 @@ class FunctionsTestCase(unittest.TestCase):
         for path in (harness.CLI, RUNNING_SUM, SESSION_COUNTER):
             if not os.path.exists(path):
                 raise unittest.SkipTest("not built: %s" % path)
-        cls.server = harness.Keyflowd(args=["--plugin-dir", HANDLERS]).start()
+        # One partition: these tests model a function's output as one
+        # sequence over all keys (harness.ONE_PARTITION says why).
+        cls.server = harness.Keyflowd(args=harness.ONE_PARTITION + ["--plugin-dir", HANDLERS]).start()
 
     @classmethod
     def tearDownClass(cls):

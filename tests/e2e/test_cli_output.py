@@ -73,7 +73,9 @@ def on_pty(argv, env, stdout_tty=True, stderr_tty=True, stdin=None, timeout=60):
 class CliOutputTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = harness.Keyflowd(args=["--plugin-dir", HANDLERS]).start()
+        # One partition: these tests model a function's output as one
+        # sequence over all keys (harness.ONE_PARTITION says why).
+        cls.server = harness.Keyflowd(args=harness.ONE_PARTITION + ["--plugin-dir", HANDLERS]).start()
 
     @classmethod
     def tearDownClass(cls):

@@ -294,7 +294,9 @@ class FunctionsGrpcBase(unittest.TestCase):
     def setUpClass(cls):
         require_build(cls)
         load_stubs()
-        cls.server = harness.Keyflowd(args=["--plugin-dir", HANDLERS]).start()
+        # One partition: these tests model a function's output as one
+        # sequence over all keys (harness.ONE_PARTITION says why).
+        cls.server = harness.Keyflowd(args=harness.ONE_PARTITION + ["--plugin-dir", HANDLERS]).start()
         cls.connect()
 
     @classmethod

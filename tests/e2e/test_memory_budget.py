@@ -64,7 +64,10 @@ class MemoryBudgetTest(unittest.TestCase):
             except grpc.RpcError as e:
                 self.assertEqual(e.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, e.details())
                 self.assertIn("memory budget", e.details())
-                self.assertIn("--memory-budget %d" % BUDGET, e.details())
+                # With the default 8 partitions each has an eighth of the
+                # budget, and the refusal names its partition's share.
+                self.assertIn("share of --memory-budget, %d bytes" % (BUDGET // 8),
+                              e.details())
                 return opened
             opened.append("k%d" % i)
         self.fail("%d windows and no refusal from a %d-byte budget" % (WINDOWS_MAX, BUDGET))
@@ -82,8 +85,11 @@ class MemoryBudgetTest(unittest.TestCase):
                                         {"rule": {"kind": "debounce", "windowMs": 600000},
                                          "input": 2})
         self.assertEqual(status, 200, body)
-        # A new window is refused over HTTP too, naming the budget.
-        status, body = self.server.http("POST", "/v1/workflows/%s/keys/new-one/events" % WF,
+        # A new window is refused over HTTP too, naming the budget: the key
+        # gRPC was refused, whose partition's share is full (another
+        # partition's may still have room).
+        refused = "k%d" % len(opened)
+        status, body = self.server.http("POST", "/v1/workflows/%s/keys/%s/events" % (WF, refused),
                                         {"rule": {"kind": "debounce", "windowMs": 600000},
                                          "input": 3})
         self.assertEqual((status, body["status"]), (429, "RESOURCE_EXHAUSTED"), body)

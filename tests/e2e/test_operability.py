@@ -159,9 +159,11 @@ class JsonLogTest(Server):
         for _ in range(2):
             status, body = self.server.http("POST", "/v1/functions", raw=descriptor)
             self.assertEqual(status, 200, body)
-        reg = wait_until(lambda: self.find("function registered", function_id="running_sum"), 10,
-                         "the function-registered line")
-        self.assertEqual(len(reg), 1, "an idempotent repeat registers nothing")
+        # One line from each of the default 8 partitions, none for the repeat.
+        reg = wait_until(lambda: [r for r in [self.find("function registered",
+                                                        function_id="running_sum")]
+                                  if len(r) >= 8], 10, "the function-registered lines")[0]
+        self.assertEqual(len(reg), 8, "an idempotent repeat registers nothing")
         self.assertRegex(reg[0]["descriptor_sha256"], r"^[0-9a-f]{64}$")
         # The start-up lines: the store's open and recovery times as
         # numbers (not inside the message), the version; every line parsed.
@@ -169,7 +171,7 @@ class JsonLogTest(Server):
         self.assertEqual(len(opened), 1, "one store-opened line")
         self.assertIsInstance(opened[0]["open_ms"], int)
         self.assertIsInstance(opened[0]["recover_ms"], int)
-        self.assertIn("1 partition", opened[0]["partitions"])
+        self.assertIn("8 partitions", opened[0]["partitions"], "the default count")
         serving = self.find("serving", module="main")
         self.assertEqual(serving[0]["version"], project_version())
 

@@ -143,17 +143,20 @@ class OneProcessManyPartitions(unittest.TestCase):
             self.assertEqual(done.run.status, R.RUN_STATUS_COMPLETED)
             got = self.stubs.runs.GetRun(R.GetRunRequest(run_id=run.run_id), timeout=30)
             self.assertEqual(got.status, R.RUN_STATUS_COMPLETED)
-        # ListRuns pages through every partition behind one token.
-        listed, token, pages = [], "", 0
+        # ListRuns pages through every partition behind one token, each
+        # page filled from one partition after the other.
+        listed, token, sizes = [], "", []
         while True:
             page = self.stubs.runs.ListRuns(R.ListRunsRequest(workflow=wf, page_size=7,
                                                               page_token=token), timeout=30)
             listed += [r.run_id for r in page.runs]
-            token, pages = page.next_page_token, pages + 1
-            self.assertLess(pages, 100)
+            token = page.next_page_token
+            sizes.append(len(page.runs))
+            self.assertLess(len(sizes), 100)
             if not token:
                 break
         self.assertEqual(sorted(listed), sorted(runs), "every run listed exactly once")
+        self.assertEqual(sizes[:-1], [7] * (len(sizes) - 1), "full pages but the last")
         d = self.stubs.coords.DescribeCoordinator(C.DescribeCoordinatorRequest(
             coordinator=C.CoordinatorRef(kind=C.RULE_KIND_BATCH, workflow=wf, key=keys[0])),
             timeout=30)

@@ -37,7 +37,9 @@ class RetireTest(unittest.TestCase):
         tf.load_stubs()
         rw.load_stubs()
         cls.pb, cls.pg = tf.pb, tf.pg
-        cls.server = harness.Keyflowd(args=["--plugin-dir", tf.HANDLERS]).start()
+        # One partition: these tests model a function's output as one
+        # sequence over all keys (harness.ONE_PARTITION says why).
+        cls.server = harness.Keyflowd(args=harness.ONE_PARTITION + ["--plugin-dir", tf.HANDLERS]).start()
         cls.connect()
 
     @classmethod
@@ -259,8 +261,8 @@ class RetireTest(unittest.TestCase):
         self.assertFalse(self.push(fid, "p", 1, rows("ann", 200, 1)).duplicate)
 
     def test_idle_producers_expire_and_stay_forgotten(self):
-        server = harness.Keyflowd(args=["--plugin-dir", tf.HANDLERS,
-                                        "--producer-idle-expiry-ms", "500"]).start()
+        server = harness.Keyflowd(args=harness.ONE_PARTITION + [
+            "--plugin-dir", tf.HANDLERS, "--producer-idle-expiry-ms", "500"]).start()
         self.addCleanup(server.cleanup)
         channel = grpc.insecure_channel(server.grpc_target)
         self.addCleanup(channel.close)
