@@ -2,8 +2,10 @@
 # keyflow developer entry point.
 #
 #   ./dev.sh start [keyflowd flags]   install missing packages, build, run keyflowd
-#                                     (RocksDB under ./data, gRPC 127.0.0.1:50051,
-#                                     HTTP 127.0.0.1:8070, example handlers loaded)
+#                                     (a data set of 8 partitions under ./data unless
+#                                     --partition-count says otherwise, gRPC
+#                                     127.0.0.1:50051, HTTP 127.0.0.1:8070, example
+#                                     handlers loaded)
 #   ./dev.sh test                     install, build, and run every test: unit,
 #                                     end-to-end and crash suites, then the whole
 #                                     suite again under AddressSanitizer + UBSan;

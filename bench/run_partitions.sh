@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# run_partitions.sh - SendEvent and PushBatch with 1 and 2 partitions in one
-# process, in the same run (bench/README.md, "Partitions"; docs/scaling.md).
+# run_partitions.sh - SendEvent and PushBatch with 1, 2 and 8 partitions in
+# one process, in the same run (bench/README.md, "Partitions";
+# docs/scaling.md).
 #
-# Two keyflowd processes start side by side over fresh data directories, one
-# with --partition-count 1 and one with 2; each round measures SendEvent
+# One keyflowd per partition count starts over a fresh data directory, side
+# by side (--partition-count 1, 2 and 8: 8 is a new data set's default);
+# each round measures SendEvent
 # (kf_load, debounce 60 s windows, uniform keys) and PushBatch (kf_fnload,
-# running_sum, one batch outstanding per producer) against one, then the
-# other, so that the machine's other work weighs on both alike. Only one
+# running_sum, one batch outstanding per producer) against each in turn,
+# so that the machine's other work weighs on all alike. Only one
 # server is under load at a time (the idle one sleeps in its engine threads).
 # It prints one line per measurement and a summary: the median rate of each
 # side, and the server's CPU per event or row (server CPU-seconds / items),
@@ -15,7 +17,8 @@
 #
 # Environment (all optional):
 #   BUILD_DIR      build tree (default <repo>/build-bench)
-#   ROUNDS         rounds of (1 partition, 2 partitions) (default 3)
+#   COUNTS         the partition counts compared (default "1 2 8")
+#   ROUNDS         rounds over every count (default 3)
 #   DURATION_S     measured seconds per run (default 6)
 #   WARMUP_S       warm-up seconds per run (default 1)
 #   CONCURRENCY    SendEvent calls in flight and PushBatch producers (default 64)
@@ -26,6 +29,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$ROOT/build-bench}
+COUNTS=${COUNTS:-1 2 8}
 ROUNDS=${ROUNDS:-3}
 DURATION_S=${DURATION_S:-6}
 WARMUP_S=${WARMUP_S:-1}
@@ -61,14 +65,14 @@ stop_all() {
 trap stop_all EXIT
 trap 'exit 130' INT TERM
 
-for p in 1 2; do
+for p in $COUNTS; do
     mkdir -p "$WORK/p$p"
     "$KEYFLOWD" --data "$WORK/p$p/data" --partition-count "$p" --plugin-dir "$HANDLERS" \
         --grpc 127.0.0.1:0 --http 127.0.0.1:0 --port-file "$WORK/p$p/ports" \
         --log-level warn >"$RESULTS_DIR/$STAMP.p$p.log" 2>&1 &
     PID[$p]=$!
 done
-for p in 1 2; do
+for p in $COUNTS; do
     for _ in $(seq 1 200); do
         [ -s "$WORK/p$p/ports" ] && break
         kill -0 "${PID[$p]}" 2>/dev/null || { log "keyflowd ($p partitions) died"; exit 1; }
@@ -100,7 +104,7 @@ measure() {
 declare -A RATES CPUS
 for round in $(seq 1 "$ROUNDS"); do
     for what in send push; do
-        for p in 1 2; do
+        for p in $COUNTS; do
             log "round $round: $what, $p partition(s), load average $(cut -d' ' -f1-3 /proc/loadavg)"
             read -r rate cpu < <(measure "$what" "$p" "$round")
             RATES[$what.$p]="${RATES[$what.$p]:-} $rate"
@@ -114,7 +118,7 @@ median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{a[NR]=$1} END {print (NR 
 printf '\n| %-9s | partitions | rate per round | median | server CPU %% (median) | server CPU us per item |\n' "call"
 printf '|---|---|---|---|---|---|\n'
 for what in send push; do
-    for p in 1 2; do
+    for p in $COUNTS; do
         rate=$(echo "${RATES[$what.$p]}" | median)
         cpu=$(echo "${CPUS[$what.$p]}" | median)
         per=$(awk -v c="$cpu" -v r="$rate" 'BEGIN { printf "%.2f", (r > 0 ? c / 100 * 1e6 / r : 0) }')
