@@ -615,6 +615,11 @@ class FlushCancelTest(ServerTest):
 
 
 class RunsTest(ServerTest):
+    # One partition: these tests hold runs of different keys to one order
+    # (oldest first, creation order in ListRuns), which only one partition
+    # has (harness.ONE_PARTITION). test_http_gateway's run tests use 8.
+    server_args = harness.ONE_PARTITION
+
     def start_run(self, key, input_json="1"):
         r = self.send(key, batch(max_events=1, max_wait_ms=60000), input_json)
         self.assertTrue(r.run_started)
