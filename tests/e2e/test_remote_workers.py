@@ -163,7 +163,11 @@ class RemoteWorkersTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         load_stubs()
-        cls.server = harness.Keyflowd(args=["--plugin-dir", HANDLERS]).start()
+        # One partition: the fake worker counts one engine's calls in
+        # flight and answers its call IDs (harness.ONE_PARTITION); the SDK
+        # workers' tests serve 8 partitions.
+        cls.server = harness.Keyflowd(args=harness.ONE_PARTITION + [
+            "--plugin-dir", HANDLERS]).start()
         cls.channel = grpc.insecure_channel(cls.server.grpc_target)
         cls.fns = fpg.FunctionsStub(cls.channel)
         with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:

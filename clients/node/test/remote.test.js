@@ -33,19 +33,21 @@ async function readAllRaw(client, raw, functionId) {
   const { reflection } = require('../lib/protos').load();
   const Req = reflection.lookupType('keyflow.v1.ReadOutputRequest');
   const Resp = reflection.lookupType('keyflow.v1.ReadOutputResponse');
+  // With cursors, as a user of the default 8 partitions reads: the same
+  // rows give the same pages in turn.
   const pages = [];
-  let after = 0;
+  let cursor = '';
   for (;;) {
     const buf = await new Promise((resolve, reject) => raw.makeUnaryRequest(
       '/keyflow.v1.Functions/ReadOutput', (b) => b, (b) => b,
-      Buffer.from(Req.encode({ function_id: functionId, after_seq: after, limit: 1000 }).finish()),
+      Buffer.from(Req.encode({ function_id: functionId, cursor, limit: 1000 }).finish()),
       client.metadata, {}, (err, b) => (err ? reject(err) : resolve(b))));
     const resp = Resp.decode(buf);
     if (Number(resp.first_seq) === 0) {
       return pages;
     }
     pages.push(buf);
-    after = Number(resp.last_seq);
+    cursor = resp.next_cursor;
   }
 }
 
