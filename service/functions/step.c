@@ -1090,6 +1090,19 @@ static void step_finish(step_t *s, kf_status_t st) {
             ack->sequence = s->req->sequence;
             ack->first_output_seq = first_seq;
             ack->last_output_seq = last_seq;
+            if (fns->config->partition_count > 1 && first_seq > 0) {
+                /* Sequences are this partition's own: a batch passed on to
+                 * one partition as it is must still say which (the router
+                 * merges these ranges when a batch reaches several). */
+                Keyflow__V1__OutputRange *range = kf_arena_new(cmd->arena, sizeof *range);
+                keyflow__v1__output_range__init(range);
+                range->partition = (int32_t)fns->config->partition_index;
+                range->first_seq = first_seq;
+                range->last_seq = last_seq;
+                ack->output_ranges = kf_arena_new(cmd->arena, sizeof *ack->output_ranges);
+                ack->output_ranges[0] = range;
+                ack->n_output_ranges = 1;
+            }
             ack->due_timers = (int64_t)kf__due_timers(fn);
             producer_t *p = kf__producer_get(fn, s->req->producer_id, true);
             if (p->owner[0] == '\0') {

@@ -274,6 +274,26 @@ class FunctionsAcrossPartitions(unittest.TestCase):
             rows += [(p, row) for row in got]
         self.fail("no end of output")
 
+    def test_a_batch_of_one_partition_names_its_partition(self):
+        # Passed on to its partition as it is, the batch's output sequences
+        # are still that partition's own: the answer must say which.
+        user = "solo-user"
+        rows = [{"user": user, "ts": self.BASE_US + i, "amount": i} for i in range(3)]
+        push = {"producerId": "solo", "sequence": 1, "rows": rows}
+        # A function of its own: the other tests read all of running_sum's output.
+        self.ok("POST", "/v1/functions", dict(self.descriptor, functionId="running_sum_solo",
+                                                 pipelineStateId="running_sum_solo.v1"))
+        ack = self.ok("POST", "/v1/functions/running_sum_solo/batches", push)
+        want = partitions.of_key([user], self.COUNT)
+        self.assertEqual(len(ack.get("outputRanges", [])), 1, ack)
+        got = ack["outputRanges"][0]
+        self.assertEqual(got.get("partition", 0), want, ack)
+        self.assertEqual((got["firstSeq"], got["lastSeq"]),
+                         (ack["firstOutputSeq"], ack["lastOutputSeq"]), ack)
+        again = self.ok("POST", "/v1/functions/running_sum_solo/batches", push)
+        self.assertTrue(again.get("duplicate"), again)
+        self.assertEqual(again.get("outputRanges"), ack["outputRanges"])
+
     def test_a_batch_splits_by_key_and_its_output_merges_behind_one_cursor(self):
         users = ["user-%d" % i for i in range(16)]
         rows = [{"user": u, "ts": self.BASE_US + i, "amount": i} for i, u in enumerate(users)]
