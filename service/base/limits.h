@@ -422,7 +422,7 @@
 #define KF_PARTITION_COUNT_MAX 256
 /* The count a new data set gets when --partition-count is not given: room
  * to spread over 8 cores or processes later (the count never changes), at
- * a fixed cost per idle partition of about 0.2 MB of disk and 2 MB of
+ * a fixed cost per idle partition of about 0.2 MB of disk and 2-3 MB of
  * memory (docs/scaling.md, "Choosing P"). */
 #define KF_PARTITION_COUNT_DEFAULT 8
 /* Stores opened (RocksDB recovers its WAL) or closed at once at start and
