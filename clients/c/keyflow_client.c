@@ -42,6 +42,7 @@
 #include <jansson.h>
 
 #include "base/assert.h"
+#include "base/json.h"
 #include "base/partition.h"
 #include "base/limits.h"
 
@@ -601,8 +602,14 @@ release_call:
  *     turn for at most ROUTED_POLL_SLICE_MS, so a run anywhere is leased
  *     within about that times the endpoints;
  *   split: SendEvents split by the events' endpoints, the answers in order;
- *     a PushBatch or DryRunBatch, ReadOutput and streams are refused
- *     (UNIMPLEMENTED: the SDKs split and merge those);
+ *     PushBatch (columnar or rows_json) split by its rows' key partitions,
+ *     a watermark to every endpoint, the answers combined; a row of a
+ *     partition no endpoint given serves refuses it before anything is
+ *     sent; DryRunBatch to the one endpoint its rows reach (refused when
+ *     they reach several, as the server refuses several partitions);
+ *   merge, ReadOutput: endpoints in turn behind one merged cursor; a
+ *     TailOutput stream: one stream per endpoint, merged (see "TailOutput
+ *     over several endpoints" below); other streams are refused;
  *   home (API keys), and calls without a route: the first endpoint.
  */
 
@@ -1232,6 +1239,132 @@ static Keyflow__V1__RowBatch *slice_batch(const Keyflow__V1__RowBatch *batch, co
     return out;
 }
 
+/* The rows of a PushBatch or DryRunBatch, columnar or rows_json, with the
+ * endpoint of each row's key. */
+typedef struct split_rows {
+    size_t rows;
+    size_t *endpoint; /* per row */
+    json_t *json;     /* rows_json parsed (an array), or NULL; freed by split_rows_done */
+    size_t endpoints[KF_CLIENT_ENDPOINTS_MAX];
+    size_t endpoint_count; /* distinct endpoints the rows reach */
+} split_rows_t;
+
+static void split_rows_done(split_rows_t *s) {
+    json_decref(s->json);
+    s->json = NULL;
+}
+
+/* Finds each row's partition with kf-hash-1 over its key columns (the
+ * function's descriptor, from the first serving endpoint) and the endpoint
+ * serving it. A row of a partition no endpoint given serves refuses the
+ * whole call here, before anything is sent: the rows of the other
+ * partitions must not be applied without it (the server refuses such a
+ * batch as a whole too). */
+static kf_status_t split_rows(kf_client_t *client, const char *method, const char *function_id,
+                              const Keyflow__V1__RowBatch *batch, const char *rows_json,
+                              uint32_t count, kf_arena_t *arena, int64_t timeout_ms,
+                              split_rows_t *out, kf_error_t *err) {
+    memset(out, 0, sizeof *out);
+    const Keyflow__V1__FunctionDescriptor *d = NULL;
+    size_t key_cols[KF_KEY_COLUMNS_MAX], n_keys = 0;
+    kf_status_t st =
+        key_columns_of(client, function_id, timeout_ms, arena, &d, key_cols, &n_keys, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    if (batch != NULL) {
+        out->rows = batch->row_count > 0 ? (size_t)batch->row_count : 0;
+    } else {
+        json_error_t jerr;
+        const char *text = rows_json != NULL ? rows_json : "";
+        out->json = json_loadb(text, strlen(text), KF_JSON_LOAD_FLAGS, &jerr);
+        if (!json_is_array(out->json)) {
+            split_rows_done(out);
+            return kf_error_set(err, KF_E_INVALID, "rows_json: a JSON array of objects (%s)",
+                                jerr.text);
+        }
+        out->rows = json_array_size(out->json);
+    }
+    out->endpoint = kf_arena_zalloc(arena, (out->rows + 1) * sizeof *out->endpoint);
+    if (out->endpoint == NULL) {
+        split_rows_done(out);
+        return kf_error_set(err, KF_E_LIMIT, "request: the arena is full");
+    }
+    for (size_t r = 0; r < out->rows; r++) {
+        kf_partition_hasher_t h;
+        kf_partition_hasher_init(&h);
+        for (size_t k = 0; k < n_keys; k++) {
+            const char *v = NULL;
+            size_t len = 0;
+            if (batch != NULL) {
+                const Keyflow__V1__Column *col =
+                    key_cols[k] < batch->n_columns ? batch->columns[key_cols[k]] : NULL;
+                if (col != NULL && col->values_case == KEYFLOW__V1__COLUMN__VALUES_STRINGS &&
+                    col->strings != NULL && r < col->strings->n_values) {
+                    v = col->strings->values[r];
+                    len = strlen(v);
+                }
+            } else {
+                json_t *cell = json_object_get(json_array_get(out->json, r), d->key_columns[k]);
+                if (json_is_string(cell)) {
+                    v = json_string_value(cell);
+                    len = json_string_length(cell);
+                }
+            }
+            if (v == NULL) {
+                split_rows_done(out);
+                return batch != NULL
+                           ? kf_error_set(err, KF_E_INVALID,
+                                          "batch.columns[%zu]: key column \"%s\" needs %zu UTF8 "
+                                          "values",
+                                          key_cols[k], d->key_columns[k], out->rows)
+                           : kf_error_set(err, KF_E_INVALID,
+                                          "rows_json[%zu]: key column \"%s\" needs a string", r,
+                                          d->key_columns[k]);
+            }
+            kf_partition_hasher_column(&h, v, len);
+        }
+        uint32_t p = kf_partition_hasher_partition(&h, count);
+        pthread_mutex_lock(&client->lock);
+        int e = client->owner[p];
+        pthread_mutex_unlock(&client->lock);
+        if (e < 0) {
+            split_rows_done(out);
+            return kf_error_set(err, KF_E_NOT_OWNER,
+                                "%s: row %zu's key belongs to partition %u of %u, which no "
+                                "endpoint given serves; nothing was sent (give every process of "
+                                "the data set: docs/scaling.md)",
+                                method, r, p, count);
+        }
+        out->endpoint[r] = (size_t)e;
+        bool seen = false;
+        for (size_t i = 0; i < out->endpoint_count; i++) {
+            seen = seen || out->endpoints[i] == (size_t)e;
+        }
+        if (!seen) {
+            out->endpoints[out->endpoint_count++] = (size_t)e;
+        }
+    }
+    return KF_OK;
+}
+
+/* Rows `which[0..n)` of a rows_json array as an array of their own (the
+ * objects as parsed, written again: the server reads the same values). */
+static char *slice_rows_json(json_t *rows, const size_t *which, size_t n, kf_arena_t *arena) {
+    json_t *part = json_array();
+    for (size_t i = 0; part != NULL && i < n; i++) {
+        if (json_array_append(part, json_array_get(rows, which[i])) != 0) {
+            json_decref(part);
+            part = NULL;
+        }
+    }
+    char *text = part != NULL ? kf_json_dumps(part, JSON_COMPACT) : NULL;
+    json_decref(part);
+    char *out = text != NULL ? kf_arena_strdup(arena, text) : NULL;
+    free(text);
+    return out;
+}
+
 /* PushBatch split by the endpoints of its rows' keys: each endpoint gets its
  * rows, in order, under the call's producer and sequence (a retry is a
  * duplicate everywhere); a watermark goes to every serving endpoint. The
@@ -1241,50 +1374,31 @@ static kf_status_t call_push_batch(kf_client_t *client, const ProtobufCMessage *
                                    ProtobufCMessage **response, kf_error_t *err) {
     const Keyflow__V1__PushBatchRequest *req = (const void *)request;
     *response = NULL;
-    if (req->rows_case != KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH || req->batch == NULL) {
-        return kf_error_set(err, KF_E_UNIMPLEMENTED,
-                            "PushBatch: with several endpoints the C client splits columnar "
-                            "batches only, not rows_json");
+    bool columnar = req->rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH;
+    const Keyflow__V1__RowBatch *batch = columnar ? req->batch : NULL;
+    if (columnar && batch == NULL) {
+        return kf_error_set(err, KF_E_INVALID, "batch: missing");
     }
-    const Keyflow__V1__RowBatch *batch = req->batch;
-    const Keyflow__V1__FunctionDescriptor *d = NULL;
-    size_t key_cols[KF_KEY_COLUMNS_MAX], n_keys = 0;
+    split_rows_t s;
     kf_status_t st =
-        key_columns_of(client, req->function_id, timeout_ms, arena, &d, key_cols, &n_keys, err);
+        split_rows(client, "PushBatch", req->function_id, batch, columnar ? NULL : req->rows_json,
+                   count, arena, timeout_ms, &s, err);
     if (st != KF_OK) {
         return st;
     }
-    size_t rows = batch->row_count > 0 ? (size_t)batch->row_count : 0;
-    size_t *endpoint = kf_arena_zalloc(arena, (rows + 1) * sizeof *endpoint);
-    size_t *which = kf_arena_zalloc(arena, (rows + 1) * sizeof *which);
-    if (endpoint == NULL || which == NULL) {
+    size_t *which = kf_arena_zalloc(arena, (s.rows + 1) * sizeof *which);
+    if (which == NULL) {
+        split_rows_done(&s);
         return kf_error_set(err, KF_E_LIMIT, "request: the arena is full");
-    }
-    for (size_t r = 0; r < rows; r++) {
-        kf_partition_hasher_t h;
-        kf_partition_hasher_init(&h);
-        for (size_t k = 0; k < n_keys; k++) {
-            const Keyflow__V1__Column *col =
-                key_cols[k] < batch->n_columns ? batch->columns[key_cols[k]] : NULL;
-            if (col == NULL || col->values_case != KEYFLOW__V1__COLUMN__VALUES_STRINGS ||
-                col->strings == NULL || r >= col->strings->n_values) {
-                return kf_error_set(err, KF_E_INVALID,
-                                    "batch.columns[%zu]: key column \"%s\" needs %zu UTF8 values",
-                                    key_cols[k], d->key_columns[k], rows);
-            }
-            const char *v = col->strings->values[r];
-            kf_partition_hasher_column(&h, v, strlen(v));
-        }
-        endpoint[r] = endpoint_of(client, kf_partition_hasher_partition(&h, count));
     }
     size_t served[KF_CLIENT_ENDPOINTS_MAX], n_served = 0;
     served_endpoints(client, served, &n_served);
     Keyflow__V1__PushBatchResponse *out = NULL;
     size_t ranges = 0;
-    for (size_t e = 0; e < client->endpoint_count; e++) {
+    for (size_t e = 0; st == KF_OK && e < client->endpoint_count; e++) {
         size_t n = 0;
-        for (size_t r = 0; r < rows; r++) {
-            if (endpoint[r] == e) {
+        for (size_t r = 0; r < s.rows; r++) {
+            if (s.endpoint[r] == e) {
                 which[n++] = r;
             }
         }
@@ -1298,17 +1412,24 @@ static kf_status_t call_push_batch(kf_client_t *client, const ProtobufCMessage *
             continue;
         }
         Keyflow__V1__PushBatchRequest sub = *req;
-        sub.batch = slice_batch(batch, which, n, arena);
-        if (sub.batch == NULL) {
-            return kf_error_set(err, KF_E_INVALID,
-                                "batch: a column holds fewer values than row_count (%zu)", rows);
+        if (columnar) {
+            sub.batch = slice_batch(batch, which, n, arena);
+        } else {
+            sub.rows_json = slice_rows_json(s.json, which, n, arena);
+        }
+        if (columnar ? sub.batch == NULL : sub.rows_json == NULL) {
+            st = columnar ? kf_error_set(err, KF_E_INVALID,
+                                         "batch: a column holds fewer values than row_count (%zu)",
+                                         s.rows)
+                          : kf_error_set(err, KF_E_LIMIT, "request: the arena is full");
+            break;
         }
         ProtobufCMessage *msg = NULL;
         st = call_on(client, e, KF_CLIENT_PATH_PUSH_BATCH, &sub.base,
                      &keyflow__v1__push_batch_response__descriptor, arena, timeout_ms, &msg, NULL,
                      err);
         if (st != KF_OK) {
-            return st; /* safe to retry as a whole: each endpoint has it once */
+            break; /* safe to retry as a whole: each endpoint has it once */
         }
         Keyflow__V1__PushBatchResponse *a = (void *)msg;
         if (out == NULL) {
@@ -1327,7 +1448,8 @@ static kf_status_t call_push_batch(kf_client_t *client, const ProtobufCMessage *
         Keyflow__V1__OutputRange **all =
             kf_arena_zalloc(arena, (ranges + a->n_output_ranges + 1) * sizeof *all);
         if (all == NULL) {
-            return kf_error_set(err, KF_E_LIMIT, "response: the arena is full");
+            st = kf_error_set(err, KF_E_LIMIT, "response: the arena is full");
+            break;
         }
         memcpy(all, out->output_ranges, ranges * sizeof *all);
         memcpy(all + ranges, a->output_ranges, a->n_output_ranges * sizeof *all);
@@ -1337,11 +1459,55 @@ static kf_status_t call_push_batch(kf_client_t *client, const ProtobufCMessage *
         out->first_output_seq = ranges == 1 ? all[0]->first_seq : 0;
         out->last_output_seq = ranges == 1 ? all[0]->last_seq : 0;
     }
+    split_rows_done(&s);
+    if (st != KF_OK) {
+        return st;
+    }
     if (out == NULL) {
         return kf_error_set(err, KF_E_INVALID, "batch: no rows and no watermark");
     }
     *response = &out->base;
     return KF_OK;
+}
+
+/* DryRunBatch as the server routes it: a batch that stays with one
+ * endpoint goes there as it is (which refuses it in turn when it reaches
+ * several of that process's partitions); one whose rows, or watermark,
+ * would reach several endpoints is refused: a dry run steps one
+ * partition's engine, and several engines' answers do not add up to one
+ * step. */
+static kf_status_t call_dry_run_batch(kf_client_t *client, const ProtobufCMessage *request,
+                                      uint32_t count, kf_arena_t *arena, int64_t timeout_ms,
+                                      ProtobufCMessage **response, kf_error_t *err) {
+    const Keyflow__V1__DryRunBatchRequest *req = (const void *)request;
+    *response = NULL;
+    bool columnar = req->rows_case == KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_BATCH;
+    if (columnar && req->batch == NULL) {
+        return kf_error_set(err, KF_E_INVALID, "batch: missing");
+    }
+    split_rows_t s;
+    kf_status_t st =
+        split_rows(client, "DryRunBatch", req->function_id, columnar ? req->batch : NULL,
+                   columnar ? NULL : req->rows_json, count, arena, timeout_ms, &s, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    split_rows_done(&s);
+    size_t served[KF_CLIENT_ENDPOINTS_MAX], n_served = 0;
+    served_endpoints(client, served, &n_served);
+    bool watermark = req->watermark_present_case ==
+                     KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
+    if (s.endpoint_count > 1 || (watermark && n_served > 1)) {
+        return kf_error_set(err, KF_E_UNIMPLEMENTED,
+                            "DryRunBatch: the batch would reach %zu processes (%s); dry-run one "
+                            "partition's rows at a time",
+                            watermark ? n_served : s.endpoint_count,
+                            watermark ? "a watermark goes to every process" : "its rows' keys");
+    }
+    size_t e = s.endpoint_count == 1 ? s.endpoints[0] : (n_served > 0 ? served[0] : 0);
+    return call_on(client, e, KF_CLIENT_PATH_DRY_RUN_BATCH, request,
+                   &keyflow__v1__dry_run_batch_response__descriptor, arena, timeout_ms, response,
+                   NULL, err);
 }
 
 /* An output cursor (docs/scaling.md): the partition read last and each
@@ -1501,6 +1667,9 @@ static kf_status_t call_routed(kf_client_t *client, const char *method_path,
         if (strcmp(method_path, KF_CLIENT_PATH_PUSH_BATCH) == 0) {
             return call_push_batch(client, request, count, arena, timeout_ms, response, err);
         }
+        if (strcmp(method_path, KF_CLIENT_PATH_DRY_RUN_BATCH) == 0) {
+            return call_dry_run_batch(client, request, count, arena, timeout_ms, response, err);
+        }
         break;
     case ROUTE_HOME:
     case ROUTE_ANY:
@@ -1579,6 +1748,16 @@ struct kf_client_stream {
     bool status_received;
     bool finished;      /* `outcome` is final */
     kf_error_t outcome; /* KF_OK: the server ended the stream with OK */
+    /* A TailOutput over several endpoints (a fan): no call of its own but
+     * one stream per serving endpoint, asked in turn, and the cursor
+     * merged from every page handed out (docs/scaling.md). */
+    kf_client_t *client;
+    struct kf_client_stream *subs[KF_CLIENT_ENDPOINTS_MAX];
+    size_t sub_endpoint[KF_CLIENT_ENDPOINTS_MAX];
+    size_t sub_count; /* 0: an ordinary stream */
+    size_t turn;      /* the sub-stream asked first by the next next */
+    uint32_t partition_count;
+    cursor_t *cursor;
 };
 
 static grpc_call_error stream_start_batch(kf_client_stream_t *stream, stream_batch_t kind,
@@ -1623,6 +1802,15 @@ static kf_status_t stream_finish(kf_client_stream_t *stream, kf_status_t st,
     return st;
 }
 
+static kf_status_t fan_open(kf_client_t *client, const ProtobufCMessage *request,
+                            const ProtobufCMessageDescriptor *response_desc, int64_t timeout_ms,
+                            kf_client_stream_t **out, kf_error_t *err);
+
+static kf_status_t stream_open_on(kf_client_t *client, size_t endpoint, const char *method_path,
+                                  const ProtobufCMessage *request,
+                                  const ProtobufCMessageDescriptor *response_desc,
+                                  int64_t timeout_ms, kf_client_stream_t **out, kf_error_t *err);
+
 kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
                                   const ProtobufCMessage *request,
                                   const ProtobufCMessageDescriptor *response_desc,
@@ -1631,12 +1819,22 @@ kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
     check_call_args(method_path, request, response_desc, timeout_ms);
     KF_ASSERT(strlen(method_path) < STREAM_METHOD_PATH_BYTES_MAX);
     *out = NULL;
-    if (client->endpoint_count > 1) {
-        return kf_error_set(err, KF_E_UNIMPLEMENTED,
-                            "%s: a stream over several endpoints is not routed by the C client; "
-                            "open it on each endpoint (a client of one target each)",
-                            method_path);
+    if (client->endpoint_count == 1) {
+        return stream_open_on(client, 0, method_path, request, response_desc, timeout_ms, out, err);
     }
+    if (strcmp(method_path, KF_CLIENT_PATH_TAIL_OUTPUT) == 0) {
+        return fan_open(client, request, response_desc, timeout_ms, out, err);
+    }
+    return kf_error_set(err, KF_E_UNIMPLEMENTED,
+                        "%s: a stream over several endpoints is routed by the C client for "
+                        "TailOutput only; open it on each endpoint (a client of one target each)",
+                        method_path);
+}
+
+static kf_status_t stream_open_on(kf_client_t *client, size_t endpoint, const char *method_path,
+                                  const ProtobufCMessage *request,
+                                  const ProtobufCMessageDescriptor *response_desc,
+                                  int64_t timeout_ms, kf_client_stream_t **out, kf_error_t *err) {
     grpc_byte_buffer *send_buffer = NULL;
     kf_status_t st = pack_request(request, &send_buffer, err);
     if (st != KF_OK) {
@@ -1659,8 +1857,8 @@ kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
     stream->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_slice method = grpc_slice_from_copied_string(method_path);
     stream->call =
-        grpc_channel_create_call(client->channels[0], NULL, GRPC_PROPAGATE_DEFAULTS, stream->cq,
-                                 method, NULL, deadline_after(timeout_ms), NULL);
+        grpc_channel_create_call(client->channels[endpoint], NULL, GRPC_PROPAGATE_DEFAULTS,
+                                 stream->cq, method, NULL, deadline_after(timeout_ms), NULL);
     grpc_slice_unref(method);
     KF_ASSERT(stream->call != NULL);
 
@@ -1692,10 +1890,163 @@ kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
     return KF_OK;
 }
 
+/* ---- TailOutput over several endpoints ----------------------------------
+ *
+ * One TailOutput stream per serving endpoint, each given the merged cursor
+ * (a process reads only its own partitions' positions in it). A next asks
+ * the streams in turn, starting after the one that answered last so that
+ * none starves the others: first each without waiting, then each for at
+ * most FAN_SLICE_MS at a time (every stream has its completion queue of its
+ * own, so the fan cannot wait on all of them at once). A page is handed out
+ * as its endpoint sent it, its next_cursor replaced by the merged cursor:
+ * per partition the furthest position any page gave, so a reader resumes
+ * from it without gaps or repeats. The first stream to end ends the fan
+ * (with its outcome, naming the endpoint): the reader opens it again from
+ * the last cursor. */
+
+/* How long a waiting next waits on one endpoint's stream before the next
+ * one's: a row is handed out at most about this times the endpoints after
+ * it arrived. */
+#define FAN_SLICE_MS 20
+/* Opening a fan asks for the placement first; a stream without a deadline
+ * (0) still bounds that call. */
+#define FAN_DISCOVER_TIMEOUT_MS 10000
+
+static kf_status_t fan_open(kf_client_t *client, const ProtobufCMessage *request,
+                            const ProtobufCMessageDescriptor *response_desc, int64_t timeout_ms,
+                            kf_client_stream_t **out, kf_error_t *err) {
+    route_t route;
+    uint32_t count = 0;
+    kf_status_t st =
+        route_of(client, KF_CLIENT_PATH_TAIL_OUTPUT,
+                 timeout_ms > 0 ? timeout_ms : FAN_DISCOVER_TIMEOUT_MS, &route, &count, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    Keyflow__V1__TailOutputRequest sub = *(const Keyflow__V1__TailOutputRequest *)request;
+    kf_client_stream_t *fan = calloc(1, sizeof *fan);
+    cursor_t *cursor = calloc(1, sizeof *cursor);
+    if (fan == NULL || cursor == NULL) {
+        free(fan);
+        free(cursor);
+        return kf_error_set(err, KF_E_NOMEM, "cannot allocate a stream");
+    }
+    fan->client = client;
+    fan->cursor = cursor;
+    fan->partition_count = count;
+    fan->response_desc = response_desc;
+    snprintf(fan->method_path, sizeof fan->method_path, "%s", KF_CLIENT_PATH_TAIL_OUTPUT);
+    if (!cursor_parse(sub.cursor, count, cursor)) {
+        st = kf_error_set(err, KF_E_INVALID,
+                          "cursor: \"%s\" is not an output cursor of a data set of %u partitions",
+                          sub.cursor, count);
+    }
+    size_t served[KF_CLIENT_ENDPOINTS_MAX], n = 0;
+    served_endpoints(client, served, &n);
+    if (st == KF_OK && n == 0) {
+        st = kf_error_set(err, KF_E_UNAVAILABLE, "TailOutput: no endpoint serves a partition");
+    }
+    kf_arena_t arena;
+    kf_arena_init(&arena, 0);
+    for (size_t i = 0; st == KF_OK && i < n; i++) {
+        sub.cursor = cursor_format(cursor, count, &arena);
+        st = sub.cursor != NULL
+                 ? stream_open_on(client, served[i], KF_CLIENT_PATH_TAIL_OUTPUT, &sub.base,
+                                  response_desc, timeout_ms, &fan->subs[i], err)
+                 : kf_error_set(err, KF_E_NOMEM, "cannot format the cursor");
+        if (st == KF_OK) {
+            fan->sub_endpoint[i] = served[i];
+            fan->sub_count = i + 1;
+        }
+    }
+    kf_arena_deinit(&arena);
+    if (st != KF_OK) {
+        kf_client_stream_close(fan);
+        return st;
+    }
+    *out = fan;
+    return KF_OK;
+}
+
+/* Ends the fan with `st`: every stream is cancelled, every next returns it. */
+static kf_status_t fan_finish(kf_client_stream_t *fan, kf_status_t st, const kf_error_t *why,
+                              kf_error_t *err) {
+    for (size_t i = 0; i < fan->sub_count; i++) {
+        kf_client_stream_cancel(fan->subs[i]);
+    }
+    *err = *why;
+    err->status = st;
+    return stream_finish(fan, st, err);
+}
+
+static kf_status_t fan_next(kf_client_stream_t *fan, kf_arena_t *arena, int64_t timeout_ms,
+                            ProtobufCMessage **response, kf_error_t *err) {
+    if (fan->finished) {
+        *err = fan->outcome;
+        return fan->outcome.status;
+    }
+    int64_t deadline_ms = timeout_ms > 0 ? now_ms() + timeout_ms : INT64_MAX;
+    for (size_t round = 0;; round++) {
+        for (size_t k = 0; k < fan->sub_count; k++) {
+            size_t i = (fan->turn + k) % fan->sub_count;
+            const char *endpoint = fan->client->endpoints[fan->sub_endpoint[i]];
+            int64_t left_ms = deadline_ms - now_ms();
+            int64_t wait_ms = round == 0 || left_ms <= 1 ? 1
+                              : left_ms < FAN_SLICE_MS   ? left_ms
+                                                         : FAN_SLICE_MS;
+            ProtobufCMessage *msg = NULL;
+            kf_error_t sub_err;
+            kf_status_t st = kf_client_stream_next(fan->subs[i], arena, wait_ms, &msg, &sub_err);
+            if (st == KF_AGAIN) {
+                continue;
+            }
+            kf_error_t why;
+            if (st != KF_OK) {
+                kf_error_set(&why, st, "%s: %s (resume from the last page's next_cursor)", endpoint,
+                             sub_err.message);
+                return fan_finish(fan, st, &why, err);
+            }
+            if (msg == NULL) {
+                kf_error_set(&why, KF_OK, "%s: the server ended the stream", endpoint);
+                return fan_finish(fan, KF_OK, &why, err);
+            }
+            Keyflow__V1__ReadOutputResponse *page = (void *)msg;
+            cursor_t *at = kf_arena_zalloc(arena, sizeof *at);
+            if (at == NULL) {
+                return kf_error_set(err, KF_E_LIMIT, "response: the arena is full");
+            }
+            if (!cursor_parse(page->next_cursor, fan->partition_count, at)) {
+                kf_error_set(&why, KF_E_INTERNAL, "TailOutput: %s answered cursor \"%s\"", endpoint,
+                             page->next_cursor);
+                return fan_finish(fan, KF_E_INTERNAL, &why, err);
+            }
+            for (uint32_t p = 0; p < fan->partition_count; p++) {
+                fan->cursor->pos[p] =
+                    at->pos[p] > fan->cursor->pos[p] ? at->pos[p] : fan->cursor->pos[p];
+            }
+            fan->cursor->last = at->last;
+            page->next_cursor = cursor_format(fan->cursor, fan->partition_count, arena);
+            if (page->next_cursor == NULL) {
+                return kf_error_set(err, KF_E_LIMIT, "response: the arena is full");
+            }
+            fan->turn = i + 1;
+            *response = msg;
+            return KF_OK;
+        }
+        if (now_ms() >= deadline_ms) {
+            return kf_error_set(err, KF_AGAIN, "%s: no message within %lld ms", fan->method_path,
+                                (long long)timeout_ms);
+        }
+    }
+}
+
 kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena, int64_t timeout_ms,
                                   ProtobufCMessage **response, kf_error_t *err) {
     KF_ASSERT(stream != NULL && arena != NULL && response != NULL && timeout_ms >= 0);
     *response = NULL;
+    if (stream->sub_count > 0) {
+        return fan_next(stream, arena, timeout_ms, response, err);
+    }
     gpr_timespec deadline = deadline_after(timeout_ms);
     for (;;) {
         if (stream->finished) {
@@ -1765,12 +2116,26 @@ kf_status_t kf_client_stream_next(kf_client_stream_t *stream, kf_arena_t *arena,
 
 void kf_client_stream_cancel(kf_client_stream_t *stream) {
     KF_ASSERT(stream != NULL);
+    for (size_t i = 0; i < stream->sub_count; i++) {
+        kf_client_stream_cancel(stream->subs[i]);
+    }
+    if (stream->sub_count > 0) {
+        return;
+    }
     /* gRPC allows a cancel from any thread, any number of times. */
     grpc_call_cancel(stream->call, NULL);
 }
 
 void kf_client_stream_close(kf_client_stream_t *stream) {
     if (stream == NULL) {
+        return;
+    }
+    if (stream->call == NULL) { /* a fan, or one whose open failed part way */
+        for (size_t i = 0; i < stream->sub_count; i++) {
+            kf_client_stream_close(stream->subs[i]);
+        }
+        free(stream->cursor);
+        free(stream);
         return;
     }
     /* A no-op for a call that has ended; otherwise every pending batch
@@ -1899,6 +2264,9 @@ KF_CLIENT_WRAPPER(kf_client_list_functions, KF_CLIENT_PATH_LIST_FUNCTIONS,
 KF_CLIENT_WRAPPER(kf_client_push_batch, KF_CLIENT_PATH_PUSH_BATCH, Keyflow__V1__PushBatchRequest,
                   keyflow__v1__push_batch_request__descriptor, Keyflow__V1__PushBatchResponse,
                   keyflow__v1__push_batch_response__descriptor)
+KF_CLIENT_WRAPPER(kf_client_dry_run_batch, KF_CLIENT_PATH_DRY_RUN_BATCH,
+                  Keyflow__V1__DryRunBatchRequest, keyflow__v1__dry_run_batch_request__descriptor,
+                  Keyflow__V1__DryRunBatchResponse, keyflow__v1__dry_run_batch_response__descriptor)
 KF_CLIENT_WRAPPER(kf_client_read_output, KF_CLIENT_PATH_READ_OUTPUT, Keyflow__V1__ReadOutputRequest,
                   keyflow__v1__read_output_request__descriptor, Keyflow__V1__ReadOutputResponse,
                   keyflow__v1__read_output_response__descriptor)

@@ -38,11 +38,21 @@
  *   registration, deletion, descriptions and trims go to every endpoint
  *   (GetFunction's counters summed); ListRuns goes endpoint after endpoint
  *   behind one page token; PollRuns asks each in turn (a long poll waits on
- *   each for at most a second at a time); SendEvents and columnar
- *   PushBatch are split by endpoint (one call per endpoint, same producer
- *   and sequence); ReadOutput reads the endpoints in turn behind one merged
- *   cursor. A rows_json PushBatch, DryRunBatch and streams (TailOutput) are
- *   refused with KF_E_UNIMPLEMENTED.
+ *   each for at most a second at a time); SendEvents and PushBatch
+ *   (columnar or rows_json) are split by the rows' key partitions, one call
+ *   per endpoint with the same producer and sequence, a watermark to every
+ *   endpoint, the answers summed (lowest watermark, output_ranges per
+ *   partition); a row of a partition no endpoint given serves refuses the
+ *   whole call with KF_E_NOT_OWNER before anything is sent. DryRunBatch
+ *   goes to the one endpoint its rows reach (refused with
+ *   KF_E_UNIMPLEMENTED when they, or its watermark, reach several).
+ *   ReadOutput reads the endpoints in turn behind one merged cursor (per
+ *   partition the furthest position any endpoint answered; a page holds one
+ *   partition's rows). TailOutput opens one stream per endpoint and hands
+ *   out their pages as they come, each with its partition and the merged
+ *   cursor as next_cursor, so a reader resumes from the last page it took;
+ *   the first endpoint's stream to end ends it. Other streams are refused
+ *   with KF_E_UNIMPLEMENTED.
  *
  * Limits
  *   Requests of at most KF_REQUEST_BYTES_MAX (20 MiB) are sent and responses
@@ -91,6 +101,7 @@
 #define KF_CLIENT_PATH_GET_FUNCTION         "/keyflow.v1.Functions/GetFunction"
 #define KF_CLIENT_PATH_LIST_FUNCTIONS       "/keyflow.v1.Functions/ListFunctions"
 #define KF_CLIENT_PATH_PUSH_BATCH           "/keyflow.v1.Functions/PushBatch"
+#define KF_CLIENT_PATH_DRY_RUN_BATCH        "/keyflow.v1.Functions/DryRunBatch"
 #define KF_CLIENT_PATH_READ_OUTPUT          "/keyflow.v1.Functions/ReadOutput"
 #define KF_CLIENT_PATH_TAIL_OUTPUT          "/keyflow.v1.Functions/TailOutput"
 #define KF_CLIENT_PATH_GET_KEY_STATE        "/keyflow.v1.Functions/GetKeyState"
@@ -271,6 +282,13 @@ kf_status_t kf_client_push_batch(kf_client_t *client, const Keyflow__V1__PushBat
                                  kf_arena_t *arena, int64_t timeout_ms,
                                  Keyflow__V1__PushBatchResponse **response,
                                  kf_error_t *err) KF_MUST_USE;
+/* What the batch would do, changing nothing. With several endpoints the
+ * batch must stay with one of them (see Several endpoints). */
+kf_status_t kf_client_dry_run_batch(kf_client_t *client,
+                                    const Keyflow__V1__DryRunBatchRequest *request,
+                                    kf_arena_t *arena, int64_t timeout_ms,
+                                    Keyflow__V1__DryRunBatchResponse **response,
+                                    kf_error_t *err) KF_MUST_USE;
 /* A long poll when request->wait_ms > 0: give timeout_ms > wait_ms. */
 kf_status_t kf_client_read_output(kf_client_t *client,
                                   const Keyflow__V1__ReadOutputRequest *request, kf_arena_t *arena,
@@ -386,10 +404,12 @@ void kf_client_stream_cancel(kf_client_stream_t *stream);
 void kf_client_stream_close(kf_client_stream_t *stream);
 
 /*
- * Functions/TailOutput: pages of output rows after request->after_seq, one
- * ReadOutputResponse per message as rows are written (the server sends
- * only non-empty pages and never ends the stream on its own, except with
- * an error). Typed kf_client_stream_open / kf_client_stream_next.
+ * Functions/TailOutput: pages of output rows after request->after_seq (or
+ * request->cursor), one ReadOutputResponse per message as rows are written
+ * (the server sends only non-empty pages and never ends the stream on its
+ * own, except with an error). With several endpoints the stream follows
+ * all of them and each page's next_cursor is the merged cursor (see
+ * Several endpoints). Typed kf_client_stream_open / kf_client_stream_next.
  */
 kf_status_t kf_client_tail_output(kf_client_t *client,
                                   const Keyflow__V1__TailOutputRequest *request, int64_t timeout_ms,

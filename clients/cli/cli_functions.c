@@ -375,7 +375,8 @@ static const kf__cli_flag_t tail_flags[] = {
     {"--format", KF__CLI_VALUE, "json|columnar",
      "rows as JSON objects (\"rows\", the default) or as columns (\"batch\")"},
     {"--cursor", KF__CLI_VALUE, "C",
-     "with several partitions: a ReadOutput page's nextCursor instead of --after"},
+     "with several partitions: start after a page's nextCursor (from output or tail) instead of "
+     "--after"},
 };
 
 static int cmd_tail(kf__cli_t *cli, const kf__cli_args_t *args) {
@@ -562,7 +563,10 @@ static const kf__cli_command_t functions_commands[] = {
      "follow a function's output as rows are written",
      "Prints each page the server streams as one JSON line, as for output. Without --count\n"
      "it follows until interrupted; --count N exits 0 after N pages. The stream has no\n"
-     "deadline unless --timeout-ms is given.",
+     "deadline unless --timeout-ms is given. With several partitions each page holds one\n"
+     "partition's rows (\"partition\", its own sequences) and \"nextCursor\" is where to\n"
+     "resume (--cursor); with several endpoints (--addr a,b,c) every endpoint is followed\n"
+     "and \"nextCursor\" merges their positions.",
      FLAGS(tail_flags), 1, 1, false, cmd_tail, NULL},
     {"trim", "ID (--before SEQ | --before-cursor C)", "drop a function's output rows before SEQ",
      "For a consumer that has committed its position: rows before SEQ are gone for\n"

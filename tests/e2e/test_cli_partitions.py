@@ -185,9 +185,18 @@ class TwoProcesses(unittest.TestCase):
         self.cli("functions", "trim", d["functionId"], "--before-cursor", cursor)
         (info,) = self.json_lines("functions", "get", d["functionId"])
         self.assertEqual(int(info.get("retainedRows", 0)), 0, info)
-        # What the C client does not split says so.
-        proc = self.cli(*push[:-1], "2", "--json-rows", stdin=rows, expect=1)
+        # A dry run of rows on both processes is refused, as the server
+        # refuses one of several partitions; one key's rows go to its process.
+        dry_rows = [{"user": u, "ts": 5000, "amount": 1} for u in users]
+        request = {"functionId": d["functionId"], "rowsJson": json.dumps(dry_rows)}
+        proc = self.cli("call", "/keyflow.v1.Functions/DryRunBatch", json.dumps(request),
+                        expect=1)
         self.assertIn("UNIMPLEMENTED", proc.stderr)
+        self.assertIn("dry-run one partition's rows at a time", proc.stderr)
+        request["rowsJson"] = json.dumps(dry_rows[:1])
+        (dry,) = self.json_lines("call", "/keyflow.v1.Functions/DryRunBatch",
+                                 json.dumps(request))
+        self.assertEqual(int(dry["rowsAccepted"]), 1, dry)
 
 
 if __name__ == "__main__":
