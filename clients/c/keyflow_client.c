@@ -1451,8 +1451,13 @@ static kf_status_t call_push_batch(kf_client_t *client, const ProtobufCMessage *
             st = kf_error_set(err, KF_E_LIMIT, "response: the arena is full");
             break;
         }
-        memcpy(all, out->output_ranges, ranges * sizeof *all);
-        memcpy(all + ranges, a->output_ranges, a->n_output_ranges * sizeof *all);
+        /* An answer without output rows has no array (memcpy takes no NULL). */
+        if (ranges > 0) {
+            memcpy(all, out->output_ranges, ranges * sizeof *all);
+        }
+        if (a->n_output_ranges > 0) {
+            memcpy(all + ranges, a->output_ranges, a->n_output_ranges * sizeof *all);
+        }
         ranges += a->n_output_ranges;
         out->output_ranges = all;
         out->n_output_ranges = ranges;
