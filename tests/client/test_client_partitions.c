@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,6 +63,9 @@ static void start_server(server_t *s, const char *partitions) {
     s->pid = fork();
     cr_assert_geq(s->pid, 0);
     if (s->pid == 0) {
+        /* A test that dies before its teardown (a sanitizer's abort, a
+         * timeout) takes its servers with it. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         dup2(fd, 1);
         dup2(fd, 2);
