@@ -128,7 +128,8 @@ class Load:
         self.push_seq = 0
         self.push_lock = threading.Lock()
         self.last_run = None
-        self.read_after = 0  # the consumer's position
+        self.read_after = 0  # the consumer's position (one partition)
+        self.read_cursor = ""  # ... or its cursor (several)
         self.reads = 0
 
     def register(self):
@@ -173,22 +174,30 @@ class Load:
 
     def consume(self):
         """One page of new output (no wait: the latency is the read's own);
-        every 10th read trims what was read."""
+        every 10th read trims what was read. With several partitions the
+        position is a cursor (docs/scaling.md); with one, after_seq."""
         page = call(self.stats, "ReadOutput", lambda: self.fns.ReadOutput(F.ReadOutputRequest(
-            function_id=FUNCTION, after_seq=self.read_after, limit=5000), timeout=RPC_TIMEOUT_S))
+            function_id=FUNCTION, after_seq=0 if self.read_cursor else self.read_after,
+            cursor=self.read_cursor, limit=5000), timeout=RPC_TIMEOUT_S))
         if page is None:
+            if self.read_cursor:
+                return  # counted as an error; a cursor cannot be moved past retention here
             # Below the retained range (retention went past us): skip ahead.
             info = call(self.stats, "GetFunction", lambda: self.fns.GetFunction(
                 F.GetFunctionRequest(function_id=FUNCTION), timeout=RPC_TIMEOUT_S))
             if info is not None:
                 self.read_after = max(self.read_after, info.first_retained_seq - 1)
             return
-        if page.last_seq:
+        if page.next_cursor:
+            self.read_cursor = page.next_cursor
+        elif page.last_seq:
             self.read_after = page.last_seq
         self.reads += 1
         if self.reads % 10 == 0:
-            call(self.stats, "TrimOutput", lambda: self.fns.TrimOutput(F.TrimOutputRequest(
-                function_id=FUNCTION, before_seq=self.read_after + 1), timeout=RPC_TIMEOUT_S))
+            trim = (F.TrimOutputRequest(function_id=FUNCTION, before_cursor=self.read_cursor)
+                    if self.read_cursor else
+                    F.TrimOutputRequest(function_id=FUNCTION, before_seq=self.read_after + 1))
+            call(self.stats, "TrimOutput", lambda: self.fns.TrimOutput(trim, timeout=RPC_TIMEOUT_S))
 
     def inspect(self):
         key = "k%d" % random.randrange(self.args.keys)

@@ -269,35 +269,57 @@ kf_status_t kf__run_load_body(kf_ctx_t *ctx, const char *run_id, Keyflow__Record
 kf_status_t kf__run_load(kf_ctx_t *ctx, const char *run_id, kf_stored_run_t **out,
                          kf_error_t *err) {
     *out = NULL;
+    /* The final state first, then the body. A run read here is not in
+     * memory, so it is finished and its records change only when
+     * retention's sweep deletes both in one write, which the committer may
+     * apply between these two reads (the engine reads while it commits).
+     * In this order that write can only hide the body: read as "no such
+     * run". Body first, it could hide the state and a deleted run would
+     * read as a corrupt live one (ListRuns answered DATA_LOSS in a soak). */
+    kf_value_t v;
+    bool found;
+    kf_status_t st =
+        kf_store_get(ctx->store, KF_CF_RUN_STATE, run_id, strlen(run_id), &v, &found, err);
+    if (st != KF_OK) {
+        return st;
+    }
+    Keyflow__Records__RunStateRec *state = NULL;
+    if (found) {
+        state = keyflow__records__run_state_rec__unpack(NULL, v.len, v.data);
+        kf_store_value_free(&v);
+        if (state == NULL || !state_valid(state)) {
+            if (state != NULL) {
+                keyflow__records__run_state_rec__free_unpacked(state, NULL);
+            }
+            return corrupt(err, "run_state", run_id);
+        }
+    }
     Keyflow__Records__RunRec *body;
-    kf_status_t st = kf__run_load_body(ctx, run_id, &body, err);
+    st = kf__run_load_body(ctx, run_id, &body, err);
     if (st != KF_OK || body == NULL) {
+        if (state != NULL) {
+            keyflow__records__run_state_rec__free_unpacked(state, NULL);
+        }
         return st;
     }
     kf_stored_run_t *s = calloc(1, sizeof *s);
     if (s == NULL) {
         keyflow__records__run_rec__free_unpacked(body, NULL);
+        if (state != NULL) {
+            keyflow__records__run_state_rec__free_unpacked(state, NULL);
+        }
         return kf_error_set(err, KF_E_NOMEM, "runs: cannot read %s", run_id);
     }
     s->body = body;
-    kf_value_t v;
-    bool found;
-    if ((st = kf_store_get(ctx->store, KF_CF_RUN_STATE, run_id, strlen(run_id), &v, &found, err)) !=
-        KF_OK) {
-        kf__stored_run_free(s);
-        return st;
-    }
+    s->state = state;
     s->view = *s->body;
-    if (found) {
-        s->state = keyflow__records__run_state_rec__unpack(NULL, v.len, v.data);
-        kf_store_value_free(&v);
-        if (s->state == NULL || !state_valid(s->state) ||
-            strcmp(s->state->workflow, s->body->workflow) != 0 || s->state->seq != s->body->seq) {
+    if (state != NULL) {
+        if (strcmp(state->workflow, body->workflow) != 0 || state->seq != body->seq) {
             kf__stored_run_free(s);
             return corrupt(err, "run_state", run_id);
         }
-        overlay_state(&s->view, s->state);
-    } else if (s->body->layout != KF_RUN_LAYOUT_WHOLE || !whole_valid(s->body)) {
+        overlay_state(&s->view, state);
+    } else if (body->layout != KF_RUN_LAYOUT_WHOLE || !whole_valid(body)) {
         /* A body without a final state is a live run's, and every live run
          * is in memory: not a record this engine leaves behind. */
         kf__stored_run_free(s);
