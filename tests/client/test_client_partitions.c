@@ -41,7 +41,7 @@
 
 typedef struct server {
     pid_t pid;
-    char dir[64];
+    char dir[256];
     char target[64];
 } server_t;
 
@@ -54,9 +54,12 @@ static int64_t now_ms(void) {
 }
 
 static void start_server(server_t *s, const char *partitions) {
-    snprintf(s->dir, sizeof s->dir, "/tmp/kf-client-XXXXXX");
+    /* Under $TMPDIR when it is set, as mkdtemp(1) and Python's tempfile do. */
+    const char *tmp = getenv("TMPDIR");
+    int n = snprintf(s->dir, sizeof s->dir, "%s/kf-client-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    cr_assert(n > 0 && (size_t)n < sizeof s->dir, "TMPDIR too long: %s", tmp);
     cr_assert_not_null(mkdtemp(s->dir));
-    char data[128], ports[128], log[128];
+    char data[300], ports[300], log[300];
     snprintf(data, sizeof data, "%s/db", s->dir);
     snprintf(ports, sizeof ports, "%s/ports", s->dir);
     snprintf(log, sizeof log, "%s/keyflowd.log", s->dir);
