@@ -88,10 +88,24 @@ typedef struct kf_value {
 
 /* ---- opening ---------------------------------------------------------- */
 
+/* A RocksDB block cache that several stores of one process read through:
+ * one bound for all of them, and the hot blocks of a busy store can take
+ * room a quiet one does not use. Outlives every store opened with it. */
+typedef struct kf_store_cache kf_store_cache_t;
+
+/* NULL when it cannot be allocated. */
+kf_store_cache_t *kf_store_cache_create(size_t capacity_bytes);
+void kf_store_cache_destroy(kf_store_cache_t *cache); /* NULL is fine */
+/* What the cache holds now; any thread. */
+uint64_t kf_store_cache_bytes(const kf_store_cache_t *cache);
+
 typedef struct kf_rocks_options {
     const char *path;          /* directory; created if missing */
     size_t write_buffer_bytes; /* per family memtable; 0 = default */
     size_t wal_bytes_max;      /* live WAL before flushing; 0 = KF_ROCKS_WAL_BYTES_MAX */
+    /* Shared with other stores; NULL = a cache of KF_ROCKS_BLOCK_CACHE_BYTES
+     * of the store's own. */
+    kf_store_cache_t *block_cache;
 } kf_rocks_options_t;
 
 /* Opens (creating if needed) a RocksDB store and checks its format version.
@@ -143,8 +157,10 @@ kf_status_t kf_store_free_bytes(kf_store_t *store, uint64_t *free_bytes,
                                 kf_error_t *err) KF_MUST_USE;
 
 /* What the store holds in memory now: RocksDB's memtables (every family,
- * flushing ones included) and its block cache. The memory store reports
- * its records' bytes as memtable bytes. Cheap; any thread. */
+ * flushing ones included) and its block cache (a shared cache's whole
+ * content: every store reading through it reports the same figure). The
+ * memory store reports its records' bytes as memtable bytes. Cheap; any
+ * thread. */
 typedef struct kf_store_memory {
     uint64_t memtable_bytes;
     uint64_t block_cache_bytes;

@@ -29,6 +29,7 @@ typedef struct rocks_store {
     rocksdb_writeoptions_t *write_sync;
     rocksdb_readoptions_t *read;
     rocksdb_cache_t *block_cache;               /* one for every family */
+    bool own_cache;                             /* not a kf_store_cache_t's */
     rocksdb_block_based_table_options_t *table; /* with block_cache */
     atomic_bool poisoned;                       /* a write failed: refuse all later writes */
 } rocks_store_t;
@@ -48,6 +49,34 @@ typedef struct rocks_iter {
     char *upper;
     size_t upper_len;
 } rocks_iter_t;
+
+struct kf_store_cache {
+    rocksdb_cache_t *cache;
+};
+
+kf_store_cache_t *kf_store_cache_create(size_t capacity_bytes) {
+    kf_store_cache_t *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        return NULL;
+    }
+    c->cache = rocksdb_cache_create_lru(capacity_bytes);
+    if (c->cache == NULL) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void kf_store_cache_destroy(kf_store_cache_t *c) {
+    if (c != NULL) {
+        rocksdb_cache_destroy(c->cache);
+        free(c);
+    }
+}
+
+uint64_t kf_store_cache_bytes(const kf_store_cache_t *c) {
+    return rocksdb_cache_get_usage(c->cache);
+}
 
 static kf_status_t rocks_error(kf_error_t *err, char *rocks_err, const char *what) {
     kf_status_t st = kf_error_set(err, KF_E_IO, "rocksdb %s: %s", what, rocks_err);
@@ -291,7 +320,7 @@ static void rs_close(kf_store_t *s) {
     if (rs->table != NULL) {
         rocksdb_block_based_options_destroy(rs->table);
     }
-    if (rs->block_cache != NULL) {
+    if (rs->block_cache != NULL && rs->own_cache) {
         rocksdb_cache_destroy(rs->block_cache);
     }
     free(rs->path);
@@ -431,8 +460,14 @@ kf_status_t kf_store_open_rocks(const kf_rocks_options_t *o, kf_store_t **out, k
     rocksdb_options_destroy(rs->options);
     rs->options = db_options;
 
-    /* One block cache for every family, of a stated size (limits.h). */
-    rs->block_cache = rocksdb_cache_create_lru(KF_ROCKS_BLOCK_CACHE_BYTES);
+    /* One block cache for every family, of a stated size (limits.h), or
+     * the one the process shares among its stores. */
+    if (o->block_cache != NULL) {
+        rs->block_cache = o->block_cache->cache;
+    } else {
+        rs->block_cache = rocksdb_cache_create_lru(KF_ROCKS_BLOCK_CACHE_BYTES);
+        rs->own_cache = true;
+    }
     rs->table = rocksdb_block_based_options_create();
     rocksdb_block_based_options_set_block_cache(rs->table, rs->block_cache);
 

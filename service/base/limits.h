@@ -273,10 +273,12 @@
  * stop stepping over them (storage/store_rocks.c). */
 #define KF_ROCKS_DELETION_WINDOW_ENTRIES  10000
 #define KF_ROCKS_DELETION_TRIGGER_ENTRIES 5000
-/* RocksDB's block cache, one for every family: what the engine does not
- * keep in memory (run bodies, finished runs, journals) is read through it.
- * Without one of its own each family would have RocksDB's default 8 MiB
- * cache, up to 8 MiB times the families, unaccounted. */
+/* RocksDB's block cache, one for every family of every partition's store
+ * (and home's): what the engine does not keep in memory (run bodies,
+ * finished runs, journals) is read through it. Without one of its own each
+ * family would have RocksDB's default 8 MiB cache, up to 8 MiB times the
+ * families, unaccounted; with one per store, 8 partitions held 9 times
+ * this (267 MB in a soak). */
 #define KF_ROCKS_BLOCK_CACHE_BYTES (32 * 1024 * 1024)
 /* How often the engine reads what RocksDB holds in memory for /metrics
  * (keyflow_store_memtable_bytes, _block_cache_bytes): each read takes

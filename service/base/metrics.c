@@ -94,12 +94,12 @@ void kf_gauge_add(kf_gauge_t g, int64_t d) {
     atomic_fetch_add_explicit(&gauges[thread_slot][g], d, memory_order_relaxed);
 }
 /* What every slot holds the same of (the functions registered in every
- * partition and their workers, the one filesystem's free space, readiness)
- * is their largest
- * value; the rest is a sum over the partitions. */
+ * partition and their workers, the one filesystem's free space, the one
+ * block cache the stores share, readiness) is their largest value; the
+ * rest is a sum over the partitions. */
 static bool gauge_is_shared(kf_gauge_t g) {
     return g == KF_G_FUNCTIONS || g == KF_G_FUNCTION_WORKERS || g == KF_G_DISK_FREE_BYTES ||
-           g == KF_G_DISK_RESERVE_REACHED || g == KF_G_READY;
+           g == KF_G_STORE_BLOCK_CACHE_BYTES || g == KF_G_DISK_RESERVE_REACHED || g == KF_G_READY;
 }
 int64_t kf_gauge_get(kf_gauge_t g) {
     int64_t v = 0;
