@@ -44,6 +44,11 @@
 #define KF_DEDUP_MS_MAX     (7LL * 24 * 3600 * 1000)
 /* Remembered event IDs per coordinator; the oldest is forgotten first. */
 #define KF_REMEMBERED_IDS_MAX 1024
+/* Expired remembered IDs are deleted when every this-many-th ID is pushed
+ * (coord/coord.c): a busy coordinator keeps at most about this many expired
+ * ones besides its live ones. Each sweep reads the expired ones and the
+ * first live one: one iterator per this many events with IDs. */
+#define KF_REMEMBERED_IDS_SWEEP_EVERY 32
 /* Journal entries between snapshots (continue-as-new): bounds replay work
  * per key at start and storage per key between compactions. */
 #define KF_JOURNAL_ENTRIES_MAX 256

@@ -372,3 +372,41 @@ Test(coord_store, the_cap_forgets_the_oldest_live_id_when_expiries_interleave) {
     cr_assert_eq(d->n_remembered_ids, KF_REMEMBERED_IDS_MAX);
     cr_assert_str_eq(d->remembered_ids[0]->id, "e-178", "e-174 came back and e-176 went");
 }
+
+/* A coordinator whose events keep coming always has a live ID, so it is
+ * never deleted; its expired IDs must still go. Events 100 ms apart with a
+ * dedup span of 1 s: about 10 live at any time. Without the sweep every
+ * expired ID stayed until the cap (1024 records by seq, 1024 by name). */
+Test(coord_store, expired_ids_of_a_busy_coordinator_are_deleted_before_the_cap) {
+    enum { EVENTS = 600, STEP_MS = 100, DEDUP_MS = 1000 };
+    char id[32];
+    for (int i = 0; i < EVENTS; i++) {
+        Keyflow__V1__Rule *rule = sim_debounce(&sim, 50, 0);
+        rule->dedup_ms_present_case = KEYFLOW__V1__RULE__DEDUP_MS_PRESENT_DEDUP_MS;
+        rule->dedup_ms = DEDUP_MS;
+        snprintf(id, sizeof id, "e-%d", i);
+        ok(sim_send(&sim, "wf", "k", id, rule, "1"));
+        sim_advance(&sim, sim.now_ms + STEP_MS);
+    }
+    size_t live = describe('d', "k")->n_remembered_ids;
+    cr_assert_leq(live, DEDUP_MS / STEP_MS + 1);
+    /* Two records per remembered ID, a recent-runs record, and the window's
+     * event if one is open. */
+    size_t most = 2 * (KF_REMEMBERED_IDS_SWEEP_EVERY + live) + 2;
+    size_t items = sim_count_raw(&sim, KF_CF_COORD_ITEMS);
+    cr_assert_leq(items, most, "%zu records for %zu live IDs", items, live);
+    /* Dedup is what it was: the newest ID answers DUPLICATE, one past its
+     * span joins as new, and so does one the sweep deleted. */
+    Keyflow__V1__Rule *rule = sim_debounce(&sim, 50, 0);
+    rule->dedup_ms_present_case = KEYFLOW__V1__RULE__DEDUP_MS_PRESENT_DEDUP_MS;
+    rule->dedup_ms = DEDUP_MS;
+    snprintf(id, sizeof id, "e-%d", EVENTS - 1);
+    cr_assert_eq(ok(sim_send(&sim, "wf", "k", id, rule, "1"))->disposition, D(DUPLICATE));
+    snprintf(id, sizeof id, "e-%d", EVENTS - 2 * DEDUP_MS / STEP_MS);
+    cr_assert_neq(ok(sim_send(&sim, "wf", "k", id, rule, "1"))->disposition, D(DUPLICATE));
+    cr_assert_neq(ok(sim_send(&sim, "wf", "k", "e-0", rule, "1"))->disposition, D(DUPLICATE));
+    /* What the sweeps left is consistent after a restart. */
+    sim_crash(&sim);
+    cr_assert_eq(describe('d', "k")->n_remembered_ids, live + 2);
+    cr_assert_eq(ok(sim_send(&sim, "wf", "k", "e-0", rule, "1"))->disposition, D(DUPLICATE));
+}
