@@ -27,12 +27,13 @@ It reports; it never asserts. Needs Debian's python3 with grpcio:
 
   PYENV_VERSION=system python3 bench/runs_memory.py [--keyflowd PATH]
       [--counts 100000,1000000] [--deleted 1000000] [--input-bytes 64]
-      [--phases memory,restart,listing]
+      [--phases memory,restart,listing] [--keyflowd-args "--partition-count 1"]
 """
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -236,7 +237,7 @@ def per_run(m, base, runs):
 def phase_memory_restart(args, work, phases):
     data = os.path.join(work, "mem", "data")
     os.makedirs(os.path.dirname(data))
-    server = Server(args.keyflowd, data)
+    server = Server(args.keyflowd, data, args.keyflowd_args)
     results = {}
     try:
         ready_empty = server.start()
@@ -283,7 +284,8 @@ def phase_memory_restart(args, work, phases):
 def phase_listing(args, work):
     data = os.path.join(work, "list", "data")
     os.makedirs(os.path.dirname(data))
-    server = Server(args.keyflowd, data, ["--run-attempts", "1", "--run-retention-ms", "1000"])
+    server = Server(args.keyflowd, data,
+                    ["--run-attempts", "1", "--run-retention-ms", "1000"] + args.keyflowd_args)
     results = {}
     try:
         server.start()
@@ -336,13 +338,18 @@ def main():
     ap.add_argument("--list-calls", type=int, default=200)
     ap.add_argument("--phases", default="memory,restart,listing")
     ap.add_argument("--keep", action="store_true", help="keep the data directories")
+    ap.add_argument("--keyflowd-args", default="",
+                    help="extra keyflowd flags, e.g. \"--partition-count 1\" (a new data set "
+                    "gets the default partition count otherwise)")
     args = ap.parse_args()
+    args.keyflowd_args = shlex.split(args.keyflowd_args)
     args.counts = sorted(int(c) for c in args.counts.split(","))
     phases = set(args.phases.split(","))
     make_stubs()
     work = tempfile.mkdtemp(prefix="kf-runs-memory-", dir=os.path.join(ROOT, "build"))
     log("work directory %s" % work)
-    results = {"keyflowd": args.keyflowd, "input_bytes": args.input_bytes}
+    results = {"keyflowd": args.keyflowd, "keyflowd_args": args.keyflowd_args,
+               "input_bytes": args.input_bytes}
     try:
         if "memory" in phases:
             results.update(phase_memory_restart(args, work, phases))
