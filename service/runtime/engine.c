@@ -272,6 +272,20 @@ bool kf_engine_failed(const kf_engine_t *e) {
     return atomic_load(&e->failed);
 }
 
+void kf_engine_fail(kf_engine_t *e, const kf_error_t *err) {
+    pthread_mutex_lock(&e->lock);
+    bool first = !atomic_load(&e->failed);
+    if (first) {
+        kf_error_set(&e->failure, KF_E_UNAVAILABLE, "storage failure: %s, stopping", err->message);
+        atomic_store(&e->failed, true);
+    }
+    bool wake = first && e->engine_sleeping;
+    pthread_mutex_unlock(&e->lock);
+    if (wake) {
+        pthread_cond_signal(&e->engine_cv);
+    }
+}
+
 bool kf_engine_unready(kf_engine_t *e, char *why, size_t cap) {
     if (atomic_load(&e->failed)) {
         pthread_mutex_lock(&e->lock);

@@ -73,6 +73,14 @@ void kf_engine_stop(kf_engine_t *engine);
 void kf_engine_destroy(kf_engine_t *engine);
 /* True once a sync failed (the engine acknowledges nothing more). */
 bool kf_engine_failed(const kf_engine_t *engine);
+/* Another partition's sync failed (`err`, as its on_fatal got it) and the
+ * process fail-stops: this engine takes the same failure, so that what it
+ * holds (its open group, parked polls and reads, its queue) and every call
+ * that comes until the process is gone is answered "storage failure: ...,
+ * stopping", as in the partition that failed. A group its committer is
+ * writing still completes (its store did not fail). No-op when the engine
+ * failed already. Any thread. */
+void kf_engine_fail(kf_engine_t *engine, const kf_error_t *err);
 /* Why the engine does not take every command now, for /readyz: a storage
  * failure, or the disk reserve reached (free space measured by this call:
  * once it says so, new writes are refused). False, and `why` untouched,

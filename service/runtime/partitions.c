@@ -45,6 +45,9 @@ struct kf_partitions {
     char description[160];
     int64_t open_us;    /* opening the stores (RocksDB replays its WAL) */
     int64_t recover_us; /* recovering the engines */
+    /* The engines' on_fatal as the caller gave it (partition_fatal). */
+    void (*on_fatal)(const kf_error_t *err, void *ctx);
+    void *on_fatal_ctx;
 };
 
 /* Room the layout needs under the data directory ("/partitions/255/..."). */
@@ -509,8 +512,33 @@ static kf_status_t served_set(const kf_partitions_options_t *o, uint32_t count,
     return KF_OK;
 }
 
+/* A failed sync in one partition fail-stops the whole process. The other
+ * engines take the same failure first: what they hold and whatever comes
+ * until the process is gone is answered "storage failure: ..., stopping"
+ * (docs/semantics.md, "Durability and visibility"), not "shutting down"
+ * or, for a parked poll or wait, an empty or stale answer at the stop.
+ * Then the caller's on_fatal stops the process. Committer thread. */
+static void partition_fatal(const kf_error_t *err, void *ctx) {
+    kf_partitions_t *ps = ctx;
+    for (uint32_t p = 0; p < ps->count; p++) {
+        if (ps->engines[p] != NULL) {
+            kf_engine_fail(ps->engines[p], err);
+        }
+    }
+    if (ps->home != NULL) {
+        kf_engine_fail(ps->home, err);
+    }
+    ps->on_fatal(err, ps->on_fatal_ctx);
+}
+
 static kf_status_t open_engine(kf_partitions_t *ps, kf_engine_config_t *config, kf_store_t *store,
                                kf_engine_t **out, kf_error_t *err) {
+    if (config->on_fatal != NULL && config->on_fatal != partition_fatal) {
+        ps->on_fatal = config->on_fatal;
+        ps->on_fatal_ctx = config->on_fatal_ctx;
+        config->on_fatal = partition_fatal;
+        config->on_fatal_ctx = ps;
+    }
     int64_t begin_us = kf_mono_us();
     kf_status_t st = kf_engine_create(config, store, out, err);
     ps->recover_us += kf_mono_us() - begin_us;

@@ -4,7 +4,7 @@ Health/Watch streams every change, an unknown service is SERVICE_UNKNOWN
 SIGTERM follows a rollout's order: readiness goes NOT_SERVING first, both
 listeners keep serving requests (new connections too) for --drain-grace-ms,
 then the server stops. A failed sync (fail-stop) turns NOT_SERVING at once
-and the process exits 1.
+and the process exits 1; what every partition holds is told why.
 
 Run (Debian's Python):
   KEYFLOW_BUILD_DIR=build PYENV_VERSION=system python3 -m unittest -v test_health
@@ -18,6 +18,7 @@ import tempfile
 import threading
 import unittest
 import urllib.request
+import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -30,6 +31,8 @@ from grpc.health.v1 import health_pb2_grpc as HG  # noqa: E402
 from grpc.reflection.v1 import reflection_pb2 as RF  # noqa: E402
 from keyflow.v1 import coordinators_pb2 as C  # noqa: E402
 from keyflow.v1 import coordinators_pb2_grpc as CG  # noqa: E402
+from keyflow.v1 import runs_pb2 as R  # noqa: E402
+from keyflow.v1 import runs_pb2_grpc as RG  # noqa: E402
 
 SERVING = H.HealthCheckResponse.SERVING
 NOT_SERVING = H.HealthCheckResponse.NOT_SERVING
@@ -295,6 +298,66 @@ class HealthTest(unittest.TestCase):
                 coordinator=C.CoordinatorRef(kind=C.RULE_KIND_DEBOUNCE, workflow="wf",
                                              key="before")), timeout=10)
             self.assertTrue(d.HasField("window"))
+
+    @unittest.skipUnless(os.path.exists(FAIL_SYNC_LIB), "needs the fail_sync shim of the build")
+    def test_a_failed_sync_in_one_partition_is_what_every_partition_answers(self):
+        # 8 partitions (the default). A GetRun waits in one partition and a
+        # poll is parked in all of them; then a sync fails in another
+        # partition. The process stops, and the calls held by the partitions
+        # whose own store did not fail are told the same: not an empty poll
+        # or the waiting run's state at the stop, nor "shutting down".
+        trigger = os.path.join(tempfile.mkdtemp(prefix="kf-fail-"), "fail-now")
+        env = {"LD_PRELOAD": FAIL_SYNC_LIB, "KEYFLOW_TEST_FAIL_SYNC_FILE": trigger,
+               "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0"}
+        server = self.start(env=env)
+        ch = grpc.insecure_channel(server.grpc_target)
+        self.addCleanup(ch.close)
+        coords, runs = CG.CoordinatorsStub(ch), RG.RunsStub(ch)
+        wf = "parts-" + uuid.uuid4().hex[:8]
+        # A receipt's commit_seq names its partition (its remainder by 8).
+        pending = coords.SendEvent(C.SendEventRequest(workflow=wf, key="run", event=C.Event(
+            rule=C.Rule(kind=C.RULE_KIND_BATCH, max_events=1), input_json="1")), timeout=10)
+        waiting_partition = pending.receipt.commit_seq % 8
+        other = next(key for key in ("k-%d" % i for i in range(200))
+                     if self.send_event(server.grpc_target, key).receipt.commit_seq % 8
+                     != waiting_partition)
+        answers = {}
+
+        def call(name, fn):
+            try:
+                answers[name] = fn()
+            except grpc.RpcError as e:
+                answers[name] = e
+        threads = [
+            threading.Thread(target=call, args=("wait", lambda: runs.GetRun(R.GetRunRequest(
+                run_id=pending.receipt.run_id, wait_ms=60000), timeout=90))),
+            threading.Thread(target=call, args=("poll", lambda: runs.PollRuns(R.PollRunsRequest(
+                workflows=[wf + "-idle"], worker_id="w", wait_ms=60000), timeout=90)))]
+        for t in threads:
+            t.start()
+
+        def metric(name):
+            text = server.http("GET", "/metrics")[1]
+            return sum(int(line.split()[1]) for line in text.splitlines()
+                       if line.startswith(name + " "))
+        wait_until(lambda: metric("keyflow_run_waits") >= 1 and metric("keyflow_parked_polls") >= 8,
+                   20, "the GetRun and the poll waiting")
+        open(trigger, "w").close()
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.send_event(server.grpc_target, other)
+        self.assertRegex(cm.exception.details(), r"^storage failure: .*, stopping$")
+        for t in threads:
+            t.join(60)
+        # (A call over every partition names the partition that answered.)
+        for name in ("wait", "poll"):
+            answer = answers.get(name)
+            self.assertIsInstance(answer, grpc.RpcError, "%s answered %r" % (name, answer))
+            self.assertEqual(answer.code(), grpc.StatusCode.UNAVAILABLE, name)
+            self.assertRegex(answer.details(), r"^(partition \d: )?storage failure: .*, stopping$", name)
+        self.assertEqual(server.proc.wait(timeout=60), 1)
+        server.proc = None
+        server.log.close()
+
 
 if __name__ == "__main__":
     unittest.main()

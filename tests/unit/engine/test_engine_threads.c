@@ -11,6 +11,7 @@
 
 #include "runtime/engine.h"
 #include "keyflow/v1/coordinators.pb-c.h"
+#include "keyflow/v1/runs.pb-c.h"
 
 typedef struct waiter {
     pthread_mutex_t lock;
@@ -150,6 +151,54 @@ Test(engine_threads, failed_sync_stops_without_acknowledging, .timeout = 30) {
     cr_assert_eq(kf_memdisk_writes(disk), before, "nothing reached the disk");
     kf_engine_destroy(engine);
     kf_arena_deinit(&slot.arena);
+    kf_arena_deinit(&later.arena);
+    kf_store_close(store);
+    kf_memdisk_destroy(disk);
+}
+
+/* Another partition's sync failed and the process fail-stops
+ * (kf_engine_fail): a poll waiting here is answered with that failure, and
+ * so is every later call, though this engine's own store works. */
+Test(engine_threads, a_failure_elsewhere_is_what_this_engine_answers, .timeout = 30) {
+    kf_memdisk_t *disk = kf_memdisk_create();
+    w.disk = disk;
+    kf_store_t *store;
+    kf_error_t err;
+    cr_assert_eq(kf_store_open_mem(disk, NULL, &store, &err), KF_OK);
+    kf_engine_config_t cfg = {.clock = kf_clock_system(), .on_fatal = on_fatal};
+    kf_engine_t *engine;
+    cr_assert_eq(kf_engine_create(&cfg, store, &engine, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(kf_engine_start(engine, &err), KF_OK);
+    static Keyflow__V1__PollRunsRequest poll;
+    static char *workflows[] = {"wf"};
+    keyflow__v1__poll_runs_request__init(&poll);
+    poll.n_workflows = 1;
+    poll.workflows = workflows;
+    poll.worker_id = "w";
+    poll.wait_ms = 60000;
+    static kf_arena_t arena;
+    kf_arena_init(&arena, 0);
+    static kf_cmd_t parked;
+    parked.op = KF_OP_POLL_RUNS;
+    parked.request = &poll.base;
+    parked.arena = &arena;
+    parked.done = on_done;
+    cr_assert_eq(kf_engine_submit(engine, &parked), KF_OK);
+    kf_error_t elsewhere;
+    kf_error_set(&elsewhere, KF_E_IO, "injected fsync failure");
+    kf_engine_fail(engine, &elsewhere);
+    wait_for(&w.done, 1);
+    cr_assert_eq(parked.error.status, KF_E_UNAVAILABLE);
+    cr_assert_str_eq(parked.error.message, "storage failure: injected fsync failure, stopping");
+    cr_assert(kf_engine_failed(engine));
+    static req_slot_t later;
+    fill(&later, 1);
+    cr_assert_eq(kf_engine_submit(engine, &later.cmd), KF_E_UNAVAILABLE);
+    cr_assert_str_eq(later.cmd.error.message, "storage failure: injected fsync failure, stopping");
+    kf_engine_stop(engine);
+    cr_assert_eq(w.fatal, 0, "the failure was the other partition's to report");
+    kf_engine_destroy(engine);
+    kf_arena_deinit(&arena);
     kf_arena_deinit(&later.arena);
     kf_store_close(store);
     kf_memdisk_destroy(disk);
