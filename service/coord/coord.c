@@ -1678,6 +1678,22 @@ void kf_coords_flush(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
             kf_ctx_fail(ctx, cmd);
             return;
         }
+        if (end_waits_for_disk(ctx, &s)) {
+            /* Its run would copy its input where the disk has no room above
+             * its reserve: refused like a new event. A client that filled
+             * the disk to the reserve with windows could otherwise flush
+             * them until the disk is full, and again after every restart.
+             * CancelWindow still drops it. */
+            kf_error_set(&cmd->error, KF_E_NO_SPACE,
+                         "disk reserve reached: closing this window copies its %lld bytes of "
+                         "input into a run, and the disk has no room for them above "
+                         "--disk-reserve; flush it once space is freed, or cancel it",
+                         (long long)s.w.input_len);
+            state_done(&s);
+            kf_counter_add(KF_C_REJECTED_DISK_RESERVE, 1);
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
         if (!s.w.run_started && events_load(ctx, &s, &cmd->error) != KF_OK) {
             kf_ctx_fail(ctx, cmd);
             return;

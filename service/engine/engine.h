@@ -152,6 +152,10 @@ typedef struct kf_engine_config {
     /* Free bytes kept on the store's filesystem (--disk-reserve); 0 =
      * KF_DISK_RESERVE_BYTES_DEFAULT. */
     uint64_t disk_reserve_bytes;
+    /* The partitions whose stores this process writes on that filesystem
+     * (the served ones): each engine closes windows into its share of the
+     * room above the reserve (runtime/engine.c, disk_room). 0 or 1: all. */
+    uint32_t disk_sharing_partitions;
     /* The server's output retention (--output-retention-*), for the bounds
      * a descriptor leaves out. Unset: KF_OUTPUT_RETENTION_MS_DEFAULT of
      * age, no bound on rows or bytes. */

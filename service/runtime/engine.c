@@ -67,7 +67,10 @@ struct kf_engine {
     size_t inbox_max;
     bool engine_sleeping;
     group_t groups[2];
-    group_t *handed;  /* the group the committer owns, or NULL */
+    group_t *handed; /* the group the committer owns, or NULL */
+    /* Its bytes, taken when it was handed over (lock): written, but not
+     * yet in a measure of the disk (disk_room). */
+    size_t handed_bytes;
     group_t *open;    /* the group being filled (guarded by lock) */
     uint64_t next_id; /* id of the next group to open (lock) */
     bool engine_busy; /* the engine is in a turn: `open` is its own */
@@ -181,6 +184,25 @@ static bool disk_low_why(kf_engine_t *e, char *why, size_t cap) {
     snprintf(why, cap, "%s", e->disk_why);
     pthread_mutex_unlock(&e->disk_lock);
     return low;
+}
+
+/* What this engine's group may still write before the disk reaches its
+ * reserve (kf_core_set_disk_room): the free space above the reserve, less
+ * the group its committer is writing now (the measure does not show it
+ * yet), and with several partitions in the process only this partition's
+ * share. Every partition's engine fills its group from its own measure of
+ * the one filesystem at the same time: windows waiting for space in 8
+ * partitions each closed into the whole room when space came back, wrote
+ * 8 times the room and fail-stopped at the floor (check_space). Shares of
+ * one room never add up to more than the room; the next turn measures
+ * again and takes a share of what is left. Engine thread. */
+static uint64_t disk_room(kf_engine_t *e, uint64_t free_bytes) {
+    pthread_mutex_lock(&e->lock);
+    uint64_t taken = e->disk_reserve_bytes + e->handed_bytes;
+    pthread_mutex_unlock(&e->lock);
+    uint64_t room = free_bytes > taken ? free_bytes - taken : 0;
+    uint32_t sharing = e->config.disk_sharing_partitions;
+    return sharing > 1 ? room / sharing : room;
 }
 
 /* Group ids are the commit sequences receipts carry (docs/semantics.md,
@@ -539,9 +561,7 @@ static void *engine_main(void *arg) {
         char disk_why[KF_ERROR_MESSAGE_BYTES_MAX];
         uint64_t disk_free_bytes = disk_refresh(e, e->config.partition_count > 1);
         kf_core_set_disk_low(e->core, disk_low_why(e, disk_why, sizeof disk_why) ? disk_why : NULL);
-        kf_core_set_disk_room(e->core, disk_free_bytes > e->disk_reserve_bytes
-                                           ? disk_free_bytes - e->disk_reserve_bytes
-                                           : 0);
+        kf_core_set_disk_room(e->core, disk_room(e, disk_free_bytes));
         store_memory_refresh(e);
         /* Due timers first: a request that arrives after a window's due
          * time must find that window closed (its run started), not join it. */
@@ -589,6 +609,7 @@ static void *engine_main(void *arg) {
                 inline_commit = true;
             } else {
                 e->handed = open;
+                e->handed_bytes = kf_batch_bytes(open->batch);
                 pthread_cond_signal(&e->committer_cv);
                 open = open == &e->groups[0] ? &e->groups[1] : &e->groups[0];
                 KF_ASSERT(group_empty(open));
@@ -792,6 +813,7 @@ static void *committer_main(void *arg) {
         }
         pthread_mutex_lock(&e->lock);
         e->handed = NULL;
+        e->handed_bytes = 0;
         if (!e->engine_busy && !group_empty(e->open) && !atomic_load(&e->failed)) {
             /* The engine is waiting and the open group holds work: take it
              * now instead of waking the engine to hand it over (two thread
@@ -799,6 +821,7 @@ static void *committer_main(void *arg) {
              * group just written, now empty, becomes the open one. */
             KF_ASSERT(group_empty(g));
             e->handed = e->open;
+            e->handed_bytes = kf_batch_bytes(e->open->batch);
             g->id = take_group_id(e);
             e->open = g;
         }

@@ -633,6 +633,7 @@ kf_status_t kf_partitions_open(const kf_partitions_options_t *o, kf_partitions_t
                     o->engine.memory_budget_bytes / kf_partition_set_size(&served);
                 ps->configs[p].memory_budget_process_bytes = o->engine.memory_budget_bytes;
                 ps->configs[p].memory_budget_partitions = kf_partition_set_size(&served);
+                ps->configs[p].disk_sharing_partitions = kf_partition_set_size(&served);
                 ps->configs[p].partition_index = p;
                 ps->configs[p].partition_count = ps->count;
                 ps->configs[p].metrics_slot = p + 1;

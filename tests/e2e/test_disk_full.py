@@ -11,6 +11,10 @@ otherwise).
   "storage failure: ..., stopping", the process exits 1 (no abort inside
   RocksDB), and after space is freed it restarts with everything that was
   acknowledged.
+- Flushing windows filled to the reserve is refused too (each would copy
+  its input into a run), not a way to fill the disk.
+- With 8 partitions, windows waiting in all of them when a little space
+  comes back close into that room together, not each into all of it.
 
 Run (Debian's Python, as root):
   cd /work/main && KEYFLOW_BUILD_DIR=build PYENV_VERSION=system \
@@ -66,19 +70,19 @@ def fill(path, leave_bytes):
     return written
 
 
-class DiskFullTest(unittest.TestCase):
+class DiskTestBase(unittest.TestCase):
+    """A keyflowd whose data directory is a tmpfs of FS_BYTES (no tests)."""
+    SERVER_ARGS = []
+    FS_BYTES = FS_BYTES
+
     def setUp(self):
         if os.geteuid() != 0:
             self.skipTest("needs root to mount a small tmpfs for the data directory")
-        # One partition: the thresholds and the fail-stop path are those of
-        # one store's own estimate (runtime/engine.c; with several, each
-        # engine turn measures the disk and refuses at the reserve instead),
-        # and the runs are polled in one order (harness.ONE_PARTITION).
-        self.server = harness.Keyflowd(args=harness.ONE_PARTITION + ["--disk-reserve", RESERVE])
+        self.server = harness.Keyflowd(args=self.SERVER_ARGS + ["--disk-reserve", RESERVE])
         self.addCleanup(self.server.cleanup)
         self.db = os.path.join(self.server.data_dir, "db")
         os.makedirs(self.db)
-        p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d" % FS_BYTES, "tmpfs", self.db],
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d" % self.FS_BYTES, "tmpfs", self.db],
                            capture_output=True, text=True)
         if p.returncode != 0:
             self.skipTest("cannot mount a tmpfs (%s)" % p.stderr.strip())
@@ -119,6 +123,20 @@ class DiskFullTest(unittest.TestCase):
     def free_bytes(self):
         st = os.statvfs(self.db)
         return st.f_bavail * st.f_frsize
+
+    def metric(self, name):
+        """A metric's value, summed over its series."""
+        text = self.server.http("GET", "/metrics")[1]
+        return sum(float(line.split()[1]) for line in text.splitlines()
+                   if line.startswith(name + " ") or line.startswith(name + "{"))
+
+
+class DiskFullTest(DiskTestBase):
+    # One partition: the thresholds and the fail-stop path are those of one
+    # store's own estimate (runtime/engine.c; with several, each engine turn
+    # measures the disk and refuses at the reserve instead), and the runs are
+    # polled in one order (harness.ONE_PARTITION).
+    SERVER_ARGS = harness.ONE_PARTITION
 
     def fill_under_load(self):
         """Big events from four clients until one is refused for the disk
@@ -272,16 +290,62 @@ class DiskFullTest(unittest.TestCase):
         wait_until(all_runs_started, 30, "the waiting windows to close with space back")
         self.assertEqual(self.server.stop(), 0)
 
+    def test_flushing_windows_filled_to_the_reserve_is_refused_not_fatal(self):
+        # A client fills the disk to the reserve with big batch windows and
+        # then flushes them: each flush copies its window's input into a
+        # run. Without room for that it is refused like a new event (it
+        # used to go on until the disk was full and keyflowd fail-stopped,
+        # and could again after every restart); CancelWindow still works.
+        self.start()
+        fill(self.filler, RESERVE_BYTES + 12 * 1024 * 1024)
+        rule = C.Rule(kind=C.RULE_KIND_BATCH, max_events=10000, max_wait_ms=3600000)
+        keys = []
+        with self.assertRaises(grpc.RpcError) as cm:
+            for i in range(1000):
+                keys.append("w-%d" % (i // 10))
+                self.send(keys[-1], rule, BIG_INPUT)
+        self.assertIn("disk reserve reached", cm.exception.details())
+        keys = sorted(set(keys))
+        self.assertGreater(len(keys) * 10 * len(BIG_INPUT), RESERVE_BYTES)
+
+        answers = []
+        for key in keys:
+            ref = C.CoordinatorRef(kind=C.RULE_KIND_BATCH, workflow=self.wf, key=key)
+            try:
+                answers.append(self.coords.FlushWindow(C.FlushWindowRequest(coordinator=ref),
+                                                       timeout=30).flushed)
+            except grpc.RpcError as e:
+                self.assertEqual(e.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, e.details())
+                self.assertIn("disk reserve reached", e.details())
+                self.assertIn("--disk-reserve", e.details())
+                answers.append(None)
+        self.assertIn(None, answers)
+        self.assertIsNone(self.server.proc.poll(), "keyflowd stopped:\n" + self.server.read_log())
+        self.assertGreater(self.free_bytes(), RESERVE_BYTES // 4)
+        waiting = [k for k, a in zip(keys, answers) if a is None]
+        cancelled = self.coords.CancelWindow(C.CancelWindowRequest(coordinator=C.CoordinatorRef(
+            kind=C.RULE_KIND_BATCH, workflow=self.wf, key=waiting.pop())), timeout=10)
+        self.assertTrue(cancelled.cancelled)
+
+        # Space back: the rest flush.
+        os.unlink(self.filler)
+        wait_until(lambda: self.server.http("GET", "/readyz")[0] == 200, 10, "/readyz 200 with space back")
+        for key in waiting:
+            self.assertTrue(self.coords.FlushWindow(C.FlushWindowRequest(coordinator=C.CoordinatorRef(
+                kind=C.RULE_KIND_BATCH, workflow=self.wf, key=key)), timeout=30).flushed)
+        self.assertEqual(self.server.stop(), 0)
+
     def test_a_disk_filled_behind_its_back_fail_stops_with_its_own_message(self):
         self.start()
         acked = self.send("kept", self.debounce(), '"before"').receipt.run_id
         fill(self.filler, 0)
         self.assertLess(self.free_bytes(), 65536)
-        # A write the reserve does not stop (a new event may be refused
-        # for the reserve instead, when the engine measured the disk since
-        # the fill): closing the window copies its input into a run.
+        # A write the reserve does not stop (a new event, or a flush that
+        # copies a window's input into a run, may be refused for the
+        # reserve instead, when the engine measured the disk since the
+        # fill): dropping the window writes its deletions.
         with self.assertRaises(grpc.RpcError) as cm:
-            self.coords.FlushWindow(C.FlushWindowRequest(coordinator=C.CoordinatorRef(
+            self.coords.CancelWindow(C.CancelWindowRequest(coordinator=C.CoordinatorRef(
                 kind=C.RULE_KIND_DEBOUNCE, workflow=self.wf, key="kept")), timeout=30)
         self.assertEqual(cm.exception.code(), grpc.StatusCode.UNAVAILABLE)
         self.assertRegex(cm.exception.details(), r"^storage failure: disk full: .*, stopping$")
@@ -299,6 +363,66 @@ class DiskFullTest(unittest.TestCase):
         d = self.coords.DescribeCoordinator(C.DescribeCoordinatorRequest(coordinator=C.CoordinatorRef(
             kind=C.RULE_KIND_DEBOUNCE, workflow=self.wf, key="kept")), timeout=10)
         self.assertEqual(d.window.run_id, acked)
+        self.assertEqual(self.server.stop(), 0)
+
+
+class PartitionsDiskFullTest(DiskTestBase):
+    """The default 8 partitions: one filesystem, one reserve, eight engines
+    writing to it at the same time."""
+    FS_BYTES = 256 * 1024 * 1024
+    WINDOWS = 640  # 80 in each partition
+    CHUNK = json.dumps("z" * (25 * 1024 - 2))  # 5 of them fill a window to 125 KiB
+
+    def test_windows_waiting_in_every_partition_close_into_the_room_not_past_it(self):
+        # Batch windows in all 8 partitions fall due together while the disk
+        # is below the reserve: they wait. Then space comes back: a room as
+        # large as the reserve, each partition's windows more than that.
+        # Every engine sees the same room; closing into it must not add up
+        # to more than the room (two engines each taking all of it wrote
+        # past the floor, a quarter of the reserve, and fail-stopped).
+        self.start()
+        # One call opens them all, so that each partition's are due at
+        # once; the time leaves room to fill them and the disk.
+        rule = C.Rule(kind=C.RULE_KIND_BATCH, max_events=100, max_wait_ms=25000)
+        keys = ["w-%d" % i for i in range(self.WINDOWS)]
+
+        def send_all(input_json):
+            answer = self.coords.SendEvents(C.SendEventsRequest(events=[
+                C.SendEventRequest(workflow=self.wf, key=key, event=C.Event(rule=rule, input_json=input_json))
+                for key in keys]), timeout=120)
+            self.assertTrue(all(r.HasField("response") for r in answer.results), answer.results[:1])
+        send_all("0")
+        for _ in range(5):
+            send_all(self.CHUNK)
+        self.assertEqual(self.metric("keyflow_open_windows"), self.WINDOWS)
+        fill(self.filler, RESERVE_BYTES - 1024 * 1024)
+        last = self.coords.DescribeCoordinator(C.DescribeCoordinatorRequest(coordinator=C.CoordinatorRef(
+            kind=C.RULE_KIND_BATCH, workflow=self.wf, key=keys[-1])), timeout=10)
+        wait_until(lambda: time.time() * 1000 > last.window.due_ms + 1000, 60, "the windows' due time")
+        self.assertIsNone(self.server.proc.poll(), "keyflowd stopped:\n" + self.server.read_log())
+        # (RocksDB deleting WAL files it flushed may make a little room
+        # meanwhile: a few windows may close into it; the rest wait.)
+        waiting = self.metric("keyflow_open_windows")
+        self.assertGreater(waiting, self.WINDOWS // 2)
+
+        # Space back: a room of the reserve's size above it, a tenth of
+        # what the waiting windows need.
+        room = RESERVE_BYTES
+        with open(self.filler, "r+b") as f:
+            f.truncate(max(0, os.path.getsize(self.filler) - (RESERVE_BYTES + room - self.free_bytes())))
+        lowest = self.free_bytes()
+        deadline = time.time() + 3
+        while time.time() < deadline:  # the waiting windows look again every 500 ms
+            self.assertIsNone(self.server.proc.poll(), "keyflowd stopped:\n" + self.server.read_log())
+            lowest = min(lowest, self.free_bytes())
+            time.sleep(0.02)
+        self.assertNotIn("fail-stop", self.server.read_log())
+        self.assertGreater(lowest, RESERVE_BYTES // 4, "free space went below the floor")
+        self.assertLess(self.metric("keyflow_open_windows"), waiting, "none closed into the room")
+
+        # All the space back: every window closes.
+        os.unlink(self.filler)
+        wait_until(lambda: self.metric("keyflow_open_windows") == 0, 60, "every window to close")
         self.assertEqual(self.server.stop(), 0)
 
 
