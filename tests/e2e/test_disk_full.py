@@ -74,11 +74,12 @@ class DiskTestBase(unittest.TestCase):
     """A keyflowd whose data directory is a tmpfs of FS_BYTES (no tests)."""
     SERVER_ARGS = []
     FS_BYTES = FS_BYTES
+    RESERVE = RESERVE
 
     def setUp(self):
         if os.geteuid() != 0:
             self.skipTest("needs root to mount a small tmpfs for the data directory")
-        self.server = harness.Keyflowd(args=self.SERVER_ARGS + ["--disk-reserve", RESERVE])
+        self.server = harness.Keyflowd(args=self.SERVER_ARGS + ["--disk-reserve", self.RESERVE])
         self.addCleanup(self.server.cleanup)
         self.db = os.path.join(self.server.data_dir, "db")
         os.makedirs(self.db)
@@ -369,8 +370,10 @@ class DiskFullTest(DiskTestBase):
 class PartitionsDiskFullTest(DiskTestBase):
     """The default 8 partitions: one filesystem, one reserve, eight engines
     writing to it at the same time."""
-    FS_BYTES = 256 * 1024 * 1024
-    WINDOWS = 640  # 80 in each partition
+    FS_BYTES = 192 * 1024 * 1024
+    RESERVE = "4MiB"
+    RESERVE_BYTES = 4 * 1024 * 1024
+    WINDOWS = 320  # 40 in each partition
     CHUNK = json.dumps("z" * (25 * 1024 - 2))  # 5 of them fill a window to 125 KiB
 
     def test_windows_waiting_in_every_partition_close_into_the_room_not_past_it(self):
@@ -382,8 +385,9 @@ class PartitionsDiskFullTest(DiskTestBase):
         # past the floor, a quarter of the reserve, and fail-stopped).
         self.start()
         # One call opens them all, so that each partition's are due at
-        # once; the time leaves room to fill them and the disk.
-        rule = C.Rule(kind=C.RULE_KIND_BATCH, max_events=100, max_wait_ms=25000)
+        # once; the time leaves room to fill them and the disk on a busy
+        # machine.
+        rule = C.Rule(kind=C.RULE_KIND_BATCH, max_events=100, max_wait_ms=40000)
         keys = ["w-%d" % i for i in range(self.WINDOWS)]
 
         def send_all(input_json):
@@ -395,7 +399,7 @@ class PartitionsDiskFullTest(DiskTestBase):
         for _ in range(5):
             send_all(self.CHUNK)
         self.assertEqual(self.metric("keyflow_open_windows"), self.WINDOWS)
-        fill(self.filler, RESERVE_BYTES - 1024 * 1024)
+        fill(self.filler, self.RESERVE_BYTES - 1024 * 1024)
         last = self.coords.DescribeCoordinator(C.DescribeCoordinatorRequest(coordinator=C.CoordinatorRef(
             kind=C.RULE_KIND_BATCH, workflow=self.wf, key=keys[-1])), timeout=10)
         wait_until(lambda: time.time() * 1000 > last.window.due_ms + 1000, 60, "the windows' due time")
@@ -407,9 +411,9 @@ class PartitionsDiskFullTest(DiskTestBase):
 
         # Space back: a room of the reserve's size above it, a tenth of
         # what the waiting windows need.
-        room = RESERVE_BYTES
+        room = self.RESERVE_BYTES
         with open(self.filler, "r+b") as f:
-            f.truncate(max(0, os.path.getsize(self.filler) - (RESERVE_BYTES + room - self.free_bytes())))
+            f.truncate(max(0, os.path.getsize(self.filler) - (self.RESERVE_BYTES + room - self.free_bytes())))
         lowest = self.free_bytes()
         deadline = time.time() + 3
         while time.time() < deadline:  # the waiting windows look again every 500 ms
@@ -417,7 +421,7 @@ class PartitionsDiskFullTest(DiskTestBase):
             lowest = min(lowest, self.free_bytes())
             time.sleep(0.02)
         self.assertNotIn("fail-stop", self.server.read_log())
-        self.assertGreater(lowest, RESERVE_BYTES // 4, "free space went below the floor")
+        self.assertGreater(lowest, self.RESERVE_BYTES // 4, "free space went below the floor")
         self.assertLess(self.metric("keyflow_open_windows"), waiting, "none closed into the room")
 
         # All the space back: every window closes.
