@@ -405,9 +405,10 @@ class PartitionsDiskFullTest(DiskTestBase):
         wait_until(lambda: time.time() * 1000 > last.window.due_ms + 1000, 60, "the windows' due time")
         self.assertIsNone(self.server.proc.poll(), "keyflowd stopped:\n" + self.server.read_log())
         # (RocksDB deleting WAL files it flushed may make a little room
-        # meanwhile: a few windows may close into it; the rest wait.)
+        # meanwhile, and a slow machine may send them late: some windows
+        # may close into it; the rest wait, far more than the room below.)
         waiting = self.metric("keyflow_open_windows")
-        self.assertGreater(waiting, self.WINDOWS // 2)
+        self.assertGreater(waiting * 125 * 1024, 2 * self.RESERVE_BYTES)
 
         # Space back: a room of the reserve's size above it, a tenth of
         # what the waiting windows need.
