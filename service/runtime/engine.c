@@ -198,11 +198,15 @@ static bool disk_low_why(kf_engine_t *e, char *why, size_t cap) {
  * again and takes a share of what is left. Engine thread. */
 static uint64_t disk_room(kf_engine_t *e, uint64_t free_bytes) {
     pthread_mutex_lock(&e->lock);
-    uint64_t taken = e->disk_reserve_bytes + e->handed_bytes;
+    uint64_t handed = e->handed_bytes;
     pthread_mutex_unlock(&e->lock);
-    uint64_t room = free_bytes > taken ? free_bytes - taken : 0;
+    uint64_t room = free_bytes > e->disk_reserve_bytes ? free_bytes - e->disk_reserve_bytes : 0;
     uint32_t sharing = e->config.disk_sharing_partitions;
-    return sharing > 1 ? room / sharing : room;
+    uint64_t share = sharing > 1 ? room / sharing : room;
+    /* The group in flight is this engine's own: it comes off its share,
+     * not off the room (an engine whose committer lagged took a second
+     * share meanwhile). */
+    return share > handed ? share - handed : 0;
 }
 
 /* Group ids are the commit sequences receipts carry (docs/semantics.md,
