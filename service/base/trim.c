@@ -31,6 +31,10 @@ void kf_trim_freed(size_t bytes) {
     atomic_fetch_add_explicit(&freed, bytes, memory_order_relaxed);
 }
 
+uint64_t kf_trim_freed_total(void) {
+    return atomic_load_explicit(&freed, memory_order_relaxed);
+}
+
 struct kf_trimmer {
     pthread_t thread;
     pthread_mutex_t lock; /* only for stopping */

@@ -36,6 +36,8 @@ typedef struct kf_trimmer kf_trimmer_t;
 
 /* Any thread: `bytes` were just freed (an estimate is fine). */
 void kf_trim_freed(size_t bytes);
+/* Every byte reported so far, by any thread (tests). */
+uint64_t kf_trim_freed_total(void);
 
 /* Starts the thread. KF_E_INTERNAL when it cannot be started. */
 kf_status_t kf_trimmer_create(int64_t interval_ms, size_t min_freed_bytes, kf_trimmer_t **out,

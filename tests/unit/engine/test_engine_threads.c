@@ -1,14 +1,19 @@
 /*
  * test_engine_threads.c - the threaded engine: replies only after the
  * group is durable, group commit across concurrent submitters, a failed
- * sync that stops the engine without acknowledging anything, and the disk
- * reserve (refused growth, and a fail-stop instead of a full disk).
+ * sync that stops the engine without acknowledging anything, the disk
+ * reserve (refused growth, and a fail-stop instead of a full disk), and
+ * memory the store gives back reported to the trimmer.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
+#include "base/clock.h"
+#include "base/metrics.h"
+#include "base/trim.h"
 #include "runtime/engine.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
@@ -306,6 +311,75 @@ Test(engine_threads, a_write_into_a_full_disk_fail_stops_first, .timeout = 30) {
     kf_engine_stop(engine);
     kf_engine_destroy(engine);
     kf_arena_deinit(&slot.arena);
+    kf_store_close(store);
+    kf_memdisk_destroy(disk);
+}
+
+/* Polls cond (every 10 ms) until it holds or 10 s passed. */
+static bool eventually(bool (*cond)(void *), void *arg) {
+    int64_t deadline_us = kf_mono_us() + 10 * 1000 * 1000;
+    while (!cond(arg)) {
+        if (kf_mono_us() > deadline_us) {
+            return false;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return true;
+}
+
+#define GIVEN_BACK_RECORDS 64
+#define GIVEN_BACK_VALUE   1024
+
+static bool gauge_holds_records(void *arg) {
+    (void)arg;
+    return kf_gauge_get(KF_G_STORE_MEMTABLE_BYTES) >= GIVEN_BACK_RECORDS * GIVEN_BACK_VALUE;
+}
+
+static bool reported_freed(void *arg) {
+    return kf_trim_freed_total() - *(uint64_t *)arg >= GIVEN_BACK_RECORDS * GIVEN_BACK_VALUE;
+}
+
+/* RocksDB frees a flushed memtable on its own thread, with no command in
+ * sight: the engine sees the store's memory fall at its next reading and
+ * reports the fall as freed, so the trimmer gives it back (the memory
+ * store's records stand in for memtables here). */
+Test(engine_threads, memory_the_store_gives_back_is_reported_freed, .timeout = 30) {
+    kf_memdisk_t *disk = kf_memdisk_create();
+    kf_store_t *store;
+    kf_error_t err;
+    cr_assert_eq(kf_store_open_mem(disk, NULL, &store, &err), KF_OK);
+    kf_engine_config_t cfg = {.clock = kf_clock_system()};
+    kf_engine_t *engine;
+    cr_assert_eq(kf_engine_create(&cfg, store, &engine, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(kf_engine_start(engine, &err), KF_OK);
+
+    static uint8_t value[GIVEN_BACK_VALUE];
+    kf_batch_t *batch = kf_batch_create(store);
+    for (int i = 0; i < GIVEN_BACK_RECORDS; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "given%03d", i);
+        kf_batch_put(batch, KF_CF_RUNS, key, strlen(key), value, sizeof value);
+    }
+    cr_assert_eq(kf_store_write(store, batch, &err), KF_OK, "%s", err.message);
+    cr_assert(eventually(gauge_holds_records, NULL), "the engine never read the store's memory");
+
+    uint64_t before = kf_trim_freed_total();
+    kf_batch_clear(batch);
+    for (int i = 0; i < GIVEN_BACK_RECORDS; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "given%03d", i);
+        kf_batch_delete(batch, KF_CF_RUNS, key, strlen(key));
+    }
+    cr_assert_eq(kf_store_write(store, batch, &err), KF_OK, "%s", err.message);
+    cr_assert(eventually(reported_freed, &before),
+              "the store gave back %d bytes; %llu were reported freed",
+              GIVEN_BACK_RECORDS * GIVEN_BACK_VALUE,
+              (unsigned long long)(kf_trim_freed_total() - before));
+
+    kf_batch_destroy(batch);
+    kf_engine_stop(engine);
+    kf_engine_destroy(engine);
     kf_store_close(store);
     kf_memdisk_destroy(disk);
 }
