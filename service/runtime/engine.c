@@ -101,11 +101,11 @@ struct kf_engine {
     /* The disk reserve (see disk_refresh), guarded by disk_lock. */
     pthread_mutex_t disk_lock;
     uint64_t disk_reserve_bytes;
-    uint64_t disk_free_bytes;    /* at the last measure */
-    uint64_t disk_written_bytes; /* group bytes written since */
-    int64_t disk_checked_us;     /* monotonic; 0 = never measured */
-    int64_t memory_checked_us;   /* the store's memory gauges (engine thread); 0 = never */
-    uint64_t memory_held_bytes;  /* memtables + block cache at that reading */
+    uint64_t disk_free_bytes;     /* at the last measure */
+    uint64_t disk_written_bytes;  /* group bytes written since */
+    int64_t disk_checked_us;      /* monotonic; 0 = never measured */
+    int64_t memory_checked_us;    /* the store's memory gauges (engine thread); 0 = never */
+    uint64_t memtable_held_bytes; /* the store's memtables at that reading */
     char disk_why[KF_ERROR_MESSAGE_BYTES_MAX];
     bool disk_error_logged; /* statvfs failed, said once */
     atomic_bool disk_low;   /* free space (estimated) below the reserve */
@@ -496,16 +496,17 @@ static void store_memory_refresh(kf_engine_t *e) {
     kf_gauge_set(KF_G_STORE_MEMTABLE_BYTES, (int64_t)memory.memtable_bytes);
     kf_gauge_set(KF_G_STORE_BLOCK_CACHE_BYTES, (int64_t)memory.block_cache_bytes);
     /* RocksDB frees a memtable on its own thread when the memtable's flush
-     * ends, often after a burst's last trim: what the store gave back is
-     * reported like the engine's own frees, so the trimmer returns it to the
-     * system (base/trim.h). Without it the memtables flushed after 100k
-     * pending runs stayed resident, about 37 MiB over 8 partitions
-     * (bench/README.md, "Where the fixed share goes at 100k"). */
-    uint64_t held = memory.memtable_bytes + memory.block_cache_bytes;
-    if (held < e->memory_held_bytes) {
-        kf_trim_freed(e->memory_held_bytes - held);
+     * ends, often after a burst's last trim: what the store's memtables
+     * gave back is reported like the engine's own frees, so the trimmer
+     * returns it to the system (base/trim.h). Without it the memtables
+     * flushed after 100k pending runs stayed resident, about 37 MiB over 8
+     * partitions (bench/README.md, "Where the fixed share goes at 100k").
+     * The block cache is shared by every partition's store: its falls are
+     * not this store's to report. */
+    if (memory.memtable_bytes < e->memtable_held_bytes) {
+        kf_trim_freed(e->memtable_held_bytes - memory.memtable_bytes);
     }
-    e->memory_held_bytes = held;
+    e->memtable_held_bytes = memory.memtable_bytes;
     e->memory_checked_us = now_us;
 }
 
