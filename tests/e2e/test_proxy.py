@@ -108,12 +108,26 @@ class Proxy(unittest.TestCase):
         cls.log = open(os.path.join(cls.dir, "haproxy.log"), "wb")
         cls.proxy = subprocess.Popen(["haproxy", "-db", "-f", cfg], stdout=cls.log,
                                      stderr=subprocess.STDOUT)
+        # haproxy binds the socket (so the file exists) some time before it
+        # listens on it: until then a connection is refused. Under load that
+        # gap failed the first tests (ECONNREFUSED), so wait for a connection.
         deadline = time.monotonic() + 30
-        while not os.path.exists(cls.socket):
+        while not cls.proxy_accepts():
             if cls.proxy.poll() is not None or time.monotonic() > deadline:
                 cls.tearDownClass()
                 raise RuntimeError("haproxy did not start")
             time.sleep(0.02)
+
+    @classmethod
+    def proxy_accepts(cls):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(cls.socket)
+            return True
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False
+        finally:
+            probe.close()
 
     @classmethod
     def tearDownClass(cls):
