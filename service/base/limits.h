@@ -381,6 +381,10 @@
  * within the body timeout (--http-body-timeout-ms: a 20 MiB body at about
  * 1 MB/s), and take its answer as fast. Past them it is closed. A slowloris
  * client therefore holds a connection for at most a few seconds. */
+/* Request bytes the gateway's HTTP/1 connections may hold in all while
+ * they are read (service/http/conns.c): past it, the connections holding
+ * the most are closed, checked every 100 ms. Six 20 MiB bodies at once. */
+#define KF_HTTP_BUFFERED_BYTES_MAX        (128u * 1024 * 1024)
 #define KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT 5000
 #define KF_HTTP_HEADER_TIMEOUT_MS_MAX     60000
 #define KF_HTTP_BODY_TIMEOUT_MS_DEFAULT   30000

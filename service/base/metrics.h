@@ -88,6 +88,8 @@
       "HTTP connections closed at accept: too many from one client address")                       \
     X(KF_C_HTTP_CONNECTIONS_TIMED_OUT, "keyflow_http_connections_timed_out_total",                 \
       "HTTP connections closed: no complete request head or request in time")                      \
+    X(KF_C_HTTP_CONNECTIONS_SHED, "keyflow_http_connections_shed_total",                           \
+      "HTTP connections closed: connections held more request bytes than the gateway's bound")     \
     X(KF_C_HTTP_OFFLOADED, "keyflow_http_offloaded_total",                                         \
       "HTTP bodies decoded and responses rendered by the gateway's worker threads")
 

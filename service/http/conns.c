@@ -22,6 +22,7 @@
 #include "base/alloc.h"
 #include "base/assert.h"
 #include "base/clock.h"
+#include "base/limits.h"
 #include "base/log.h"
 #include "base/metrics.h"
 
@@ -274,8 +275,50 @@ static bool head_complete(h2o_socket_t *sock) {
     return in != NULL && in->size >= 4 && memmem(in->bytes, in->size, "\r\n\r\n", 4) != NULL;
 }
 
+/* Request bytes h2o holds for a connection: an HTTP/1 request's head and
+ * body stay in the socket's input until it is answered. */
+static size_t buffered_bytes(const kf_http_conn_t *conn) {
+    return conn->sock != NULL && conn->sock->input != NULL ? conn->sock->input->size : 0;
+}
+
+/* Every connection may hold a body of up to the entity limit (20 MiB), and
+ * one address may open KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT of them:
+ * 64 connections holding 19 MiB each took 508 MiB of RSS from one client
+ * (a hostile audit). Past KF_HTTP_BUFFERED_BYTES_MAX in all, the
+ * connections still receiving that hold the most are shut down, largest
+ * first (held ones are being answered: their bytes go with the answer). */
+static void shed_buffered(kf_http_conns_t *c) {
+    size_t total = 0;
+    for (kf_http_conn_t *conn = c->open; conn != NULL; conn = conn->next) {
+        if (!conn->shut) {
+            total += buffered_bytes(conn);
+        }
+    }
+    while (total > KF_HTTP_BUFFERED_BYTES_MAX) {
+        kf_http_conn_t *largest = NULL;
+        for (kf_http_conn_t *conn = c->open; conn != NULL; conn = conn->next) {
+            if (!conn->shut && conn->held == 0 &&
+                (largest == NULL || buffered_bytes(conn) > buffered_bytes(largest))) {
+                largest = conn;
+            }
+        }
+        if (largest == NULL || buffered_bytes(largest) == 0) {
+            return;
+        }
+        total -= buffered_bytes(largest);
+        shutdown(h2o_socket_get_fd(largest->sock), SHUT_RDWR);
+        largest->shut = true;
+        kf_counter_add(KF_C_HTTP_CONNECTIONS_SHED, 1);
+        kf_log(KF_LOG_WARN, c->name,
+               "closing a connection holding %zu request bytes: connections held more than "
+               "%llu in all",
+               buffered_bytes(largest), (unsigned long long)KF_HTTP_BUFFERED_BYTES_MAX);
+    }
+}
+
 static void on_tick(h2o_timeout_entry_t *entry) {
     kf_http_conns_t *c = H2O_STRUCT_FROM_MEMBER(kf_http_conns_t, tick_entry, entry);
+    shed_buffered(c);
     int64_t now = now_ms();
     for (kf_http_conn_t *conn = c->open; conn != NULL; conn = conn->next) {
         if (conn->held > 0 || conn->shut) {

@@ -190,6 +190,50 @@ class HttpAbuseTest(unittest.TestCase):
         self.assertEqual((doc["code"], doc["status"]), (8, "RESOURCE_EXHAUSTED"))
         self.assertIn("20971520", doc["message"])
 
+    def test_bodies_held_past_the_gateway_s_bound_are_shed_largest_first(self):
+        # Ten connections from one address each send 18 MiB of a 19 MiB
+        # body and stop: 180 MiB held, past KF_HTTP_BUFFERED_BYTES_MAX
+        # (128 MiB). Before the bound all ten were kept until the body
+        # timeout (30 s), and 64 such connections took 508 MiB of RSS.
+        server = self.start()
+        declared, sent = 19 * 1024 * 1024, 18 * 1024 * 1024
+        chunk = b"x" * (1024 * 1024)
+        socks = []
+        self.addCleanup(lambda: [s.close() for s in socks])
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+            socks.append(s)
+            try:
+                s.sendall(b"POST /v1/workflows/w/keys/k/events HTTP/1.1\r\nHost: localhost\r\n"
+                          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % declared)
+                for _ in range(sent // len(chunk)):
+                    s.sendall(chunk)
+            except OSError:
+                pass  # shed while it was sending
+
+        def closed():
+            n = 0
+            for s in socks:
+                s.setblocking(False)
+                try:
+                    if s.recv(1) == b"":
+                        n += 1
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    n += 1
+            return n
+
+        # At most 7 x 18 MiB = 126 MiB may stay: at least 3 are closed, well
+        # before the 30 s body timeout.
+        wait_until(lambda: closed() >= 3, 15, "connections past the bound to be closed")
+        self.assertGreater(metric(get_text(server.probe_port, "/metrics"),
+                                  "keyflow_http_connections_shed_total"), 0)
+        self.assertEqual(get(server.http_port, "/healthz"), (200, {"status": "ok"}))
+        for s in socks:
+            s.close()
+        self.assertEqual(server.stop(), 0)
+
     def test_a_large_body_is_decoded_off_the_loop(self):
         server = self.start()
         # A 16 MB event: decoding it takes on the order of a second (then
