@@ -64,6 +64,21 @@ def get(port, path, source="127.0.0.1", timeout=10):
         s.close()
 
 
+def closed_by_server(socks):
+    """How many of the non-blocking sockets the server closed (a read
+    gives EOF or an error)."""
+    n = 0
+    for s in socks:
+        try:
+            if s.recv(1) == b"":
+                n += 1
+        except BlockingIOError:
+            pass
+        except OSError:
+            n += 1
+    return n
+
+
 class Slowloris:
     """Many connections that send the start of a request head and nothing
     more, each from one of `sources`, without blocking on any of them."""
@@ -93,17 +108,7 @@ class Slowloris:
                 del pending[fd]
 
     def closed_by_server(self):
-        """How many the server closed (a read gives EOF or an error)."""
-        n = 0
-        for s in self.socks:
-            try:
-                if s.recv(1) == b"":
-                    n += 1
-            except BlockingIOError:
-                pass
-            except OSError:
-                n += 1
-        return n
+        return closed_by_server(self.socks)
 
     def close(self):
         for s in self.socks:
@@ -212,17 +217,9 @@ class HttpAbuseTest(unittest.TestCase):
                 pass  # shed while it was sending
 
         def closed():
-            n = 0
             for s in socks:
                 s.setblocking(False)
-                try:
-                    if s.recv(1) == b"":
-                        n += 1
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    n += 1
-            return n
+            return closed_by_server(socks)
 
         # At most 7 x 18 MiB = 126 MiB may stay: at least 3 are closed, well
         # before the 30 s body timeout.

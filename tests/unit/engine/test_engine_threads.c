@@ -87,16 +87,24 @@ static void wait_for(int *counter, int target) {
     pthread_mutex_unlock(&w.lock);
 }
 
+/* A store on `disk` and a started engine over it, with the system clock
+ * and default limits (the config outlives the engine: engines borrow it). */
+static kf_engine_t *start_engine(kf_memdisk_t *disk, kf_store_t **store) {
+    static kf_engine_config_t cfg;
+    cfg = (kf_engine_config_t){.clock = kf_clock_system()};
+    kf_error_t err;
+    cr_assert_eq(kf_store_open_mem(disk, NULL, store, &err), KF_OK);
+    kf_engine_t *engine;
+    cr_assert_eq(kf_engine_create(&cfg, *store, &engine, &err), KF_OK, "%s", err.message);
+    cr_assert_eq(kf_engine_start(engine, &err), KF_OK);
+    return engine;
+}
+
 Test(engine_threads, replies_follow_durable_writes, .timeout = 30) {
     kf_memdisk_t *disk = kf_memdisk_create();
     w.disk = disk;
     kf_store_t *store;
-    kf_error_t err;
-    cr_assert_eq(kf_store_open_mem(disk, NULL, &store, &err), KF_OK);
-    kf_engine_config_t cfg = {.clock = kf_clock_system()};
-    kf_engine_t *engine;
-    cr_assert_eq(kf_engine_create(&cfg, store, &engine, &err), KF_OK, "%s", err.message);
-    cr_assert_eq(kf_engine_start(engine, &err), KF_OK);
+    kf_engine_t *engine = start_engine(disk, &store);
     static req_slot_t slots[32];
     uint64_t before = kf_memdisk_writes(disk);
     for (int i = 0; i < 32; i++) {
@@ -348,11 +356,7 @@ Test(engine_threads, memory_the_store_gives_back_is_reported_freed, .timeout = 3
     kf_memdisk_t *disk = kf_memdisk_create();
     kf_store_t *store;
     kf_error_t err;
-    cr_assert_eq(kf_store_open_mem(disk, NULL, &store, &err), KF_OK);
-    kf_engine_config_t cfg = {.clock = kf_clock_system()};
-    kf_engine_t *engine;
-    cr_assert_eq(kf_engine_create(&cfg, store, &engine, &err), KF_OK, "%s", err.message);
-    cr_assert_eq(kf_engine_start(engine, &err), KF_OK);
+    kf_engine_t *engine = start_engine(disk, &store);
 
     static uint8_t value[GIVEN_BACK_VALUE];
     kf_batch_t *batch = kf_batch_create(store);
