@@ -660,6 +660,11 @@ class AuthTest(unittest.TestCase):
         b = Client(self.server.grpc_target, self.rows, bob)
         self.addCleanup(a.close)
         self.addCleanup(b.close)
+        # The port file comes before recovery ends: until then calls are
+        # UNAVAILABLE (an ASan CI run met it). The owner's heartbeat says
+        # when the partitions serve.
+        harness.wait_until(lambda: a.code("/keyflow.v1.Runs/HeartbeatRun", hb)
+                           != grpc.StatusCode.UNAVAILABLE, 60, "the restarted keyflowd to serve")
         self.assertEqual(b.code("/keyflow.v1.Runs/CompleteRun", done),
                          grpc.StatusCode.PERMISSION_DENIED)
         self.assertEqual(a.code("/keyflow.v1.Runs/HeartbeatRun", hb), grpc.StatusCode.OK)
