@@ -266,6 +266,32 @@ kf_status_t kf__run_load_body(kf_ctx_t *ctx, const char *run_id, Keyflow__Record
     return KF_OK;
 }
 
+/* A finished run's final state, checked; *out is NULL when run_id has none
+ * (a live run, a whole record of an older build, or no run). The caller
+ * frees *out. */
+static kf_status_t load_state(kf_ctx_t *ctx, const char *run_id,
+                              Keyflow__Records__RunStateRec **out, kf_error_t *err) {
+    *out = NULL;
+    kf_value_t v;
+    bool found;
+    kf_status_t st =
+        kf_store_get(ctx->store, KF_CF_RUN_STATE, run_id, strlen(run_id), &v, &found, err);
+    if (st != KF_OK || !found) {
+        return st;
+    }
+    Keyflow__Records__RunStateRec *state =
+        keyflow__records__run_state_rec__unpack(NULL, v.len, v.data);
+    kf_store_value_free(&v);
+    if (state == NULL || !state_valid(state)) {
+        if (state != NULL) {
+            keyflow__records__run_state_rec__free_unpacked(state, NULL);
+        }
+        return corrupt(err, "run_state", run_id);
+    }
+    *out = state;
+    return KF_OK;
+}
+
 kf_status_t kf__run_load(kf_ctx_t *ctx, const char *run_id, kf_stored_run_t **out,
                          kf_error_t *err) {
     *out = NULL;
@@ -276,23 +302,10 @@ kf_status_t kf__run_load(kf_ctx_t *ctx, const char *run_id, kf_stored_run_t **ou
      * In this order that write can only hide the body: read as "no such
      * run". Body first, it could hide the state and a deleted run would
      * read as a corrupt live one (ListRuns answered DATA_LOSS in a soak). */
-    kf_value_t v;
-    bool found;
-    kf_status_t st =
-        kf_store_get(ctx->store, KF_CF_RUN_STATE, run_id, strlen(run_id), &v, &found, err);
+    Keyflow__Records__RunStateRec *state;
+    kf_status_t st = load_state(ctx, run_id, &state, err);
     if (st != KF_OK) {
         return st;
-    }
-    Keyflow__Records__RunStateRec *state = NULL;
-    if (found) {
-        state = keyflow__records__run_state_rec__unpack(NULL, v.len, v.data);
-        kf_store_value_free(&v);
-        if (state == NULL || !state_valid(state)) {
-            if (state != NULL) {
-                keyflow__records__run_state_rec__free_unpacked(state, NULL);
-            }
-            return corrupt(err, "run_state", run_id);
-        }
     }
     Keyflow__Records__RunRec *body;
     st = kf__run_load_body(ctx, run_id, &body, err);
@@ -511,20 +524,11 @@ Keyflow__V1__Run *kf__run_to_pb(kf_arena_t *arena, kf_ctx_t *ctx, const run_t *r
 kf_status_t kf__run_load_final(kf_ctx_t *ctx, const char *run_id, kf_stored_final_t *out,
                                kf_error_t *err) {
     memset(out, 0, sizeof *out);
-    kf_value_t v;
-    bool found;
-    kf_status_t st =
-        kf_store_get(ctx->store, KF_CF_RUN_STATE, run_id, strlen(run_id), &v, &found, err);
+    kf_status_t st = load_state(ctx, run_id, &out->state, err);
     if (st != KF_OK) {
         return st;
     }
-    if (found) {
-        out->state = keyflow__records__run_state_rec__unpack(NULL, v.len, v.data);
-        kf_store_value_free(&v);
-        if (out->state == NULL || !state_valid(out->state)) {
-            kf__stored_final_free(out);
-            return corrupt(err, "run_state", run_id);
-        }
+    if (out->state != NULL) {
         out->found = out->finished = true;
         out->workflow = out->state->workflow;
         out->seq = out->state->seq;
