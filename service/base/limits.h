@@ -234,7 +234,10 @@
 /* ReplayBatch keeps the last input batches of each REPLAY_SAFE function in
  * memory, each with the state its step touched and its output: up to
  * --replay-batches per function (a debugging aid: a few are enough) and
- * --replay-bytes in all per engine, the oldest forgotten first. */
+ * --replay-bytes in all per process (each served partition gets an equal
+ * share, as of --memory-budget), the oldest forgotten first. They also stay
+ * within the room the engine's tables leave in --memory-budget: 64 MiB per
+ * partition, outside the budget, was 512 MiB at 8 partitions. */
 #define KF_REPLAY_BATCHES_DEFAULT 8
 #define KF_REPLAY_BATCHES_MAX     64
 #define KF_REPLAY_BYTES_DEFAULT   (64LL * 1024 * 1024)

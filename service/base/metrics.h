@@ -46,6 +46,9 @@
       "--memory-budget: the engine's tables may not pass it with new entries (0: none)")           \
     X(KF_G_MEMORY_USED_BYTES, "keyflow_memory_used_bytes",                                         \
       "Estimated bytes of the engine's tables (windows, runs, keys, producers, functions)")        \
+    X(KF_G_REPLAY_BYTES, "keyflow_replay_bytes",                                                   \
+      "Bytes of input batches kept for ReplayBatch (within --replay-bytes and the room "           \
+      "--memory-budget leaves)")                                                                   \
     X(KF_G_STORE_MEMTABLE_BYTES, "keyflow_store_memtable_bytes",                                   \
       "Bytes in RocksDB's memtables (every family), last measured")                                \
     X(KF_G_STORE_BLOCK_CACHE_BYTES, "keyflow_store_block_cache_bytes",                             \

@@ -220,6 +220,7 @@ static void memory_refresh(kf_core_t *core) {
     kf_memory_t *m = &core->ctx.memory;
     m->used_bytes = kf_coords_memory_bytes(core->coords) + kf_runs_memory_bytes(core->runs) +
                     kf_functions_memory_bytes(core->functions);
+    kf_functions_replay_fit(core->functions, m);
     kf_gauge_set(KF_G_MEMORY_USED_BYTES, (int64_t)m->used_bytes);
 }
 

@@ -146,7 +146,9 @@ typedef struct kf_engine_config {
     struct kf_watchdog *watchdog;
     /* ReplayBatch: input batches kept per REPLAY_SAFE function (0: none;
      * keyflowd's --replay-batches) and bytes they may hold in all (0: the
-     * KF_REPLAY_BYTES_DEFAULT; --replay-bytes). */
+     * KF_REPLAY_BYTES_DEFAULT; --replay-bytes, of which each of several
+     * partitions in a process gets an equal share), within the room the
+     * tables leave in memory_budget_bytes. */
     int64_t replay_batches;
     int64_t replay_bytes;
     /* Free bytes kept on the store's filesystem (--disk-reserve); 0 =

@@ -65,6 +65,10 @@ void kf_functions_trim(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 /* Estimated bytes of every function's tables (the memory budget); walks
  * the functions (at most KF_FUNCTIONS_MAX). */
 uint64_t kf_functions_memory_bytes(const kf_functions_t *fns);
+/* Forgets the oldest batches kept for ReplayBatch until they fit the room
+ * the tables (m->used_bytes) leave in the memory budget m, and their share
+ * of --replay-bytes: they yield to the tables (functions/replay.c). */
+void kf_functions_replay_fit(kf_functions_t *fns, const kf_memory_t *m);
 void kf_functions_delete(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 void kf_functions_delete_producer(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd);
 

@@ -555,6 +555,8 @@ kf_status_t kf__producer_admit(kf_ctx_t *ctx, kf_error_t *err) KF_MUST_USE;
 /* After a handler call was applied: KF_E_LIMIT (in s->err) when the keys
  * the step added would pass the budget. */
 kf_status_t kf__step_memory_check(const step_t *s) KF_MUST_USE;
+/* What the step's new keys add to the tables (0 when it added none). */
+uint64_t kf__step_memory_growth(const step_t *s);
 /* The step committed: count what it added until the next refresh. */
 void kf__step_memory_commit(step_t *s);
 

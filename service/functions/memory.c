@@ -46,7 +46,7 @@ kf_status_t kf__producer_admit(kf_ctx_t *ctx, kf_error_t *err) {
 
 /* What the step added, when it added keys (the budget admits new keys;
  * a step that only changes existing ones always goes through). */
-static uint64_t step_growth(const step_t *s) {
+uint64_t kf__step_memory_growth(const step_t *s) {
     const function_t *fn = s->fn;
     if (fn->live_keys <= s->live_keys0) {
         return 0;
@@ -62,10 +62,10 @@ static uint64_t step_growth(const step_t *s) {
 }
 
 kf_status_t kf__step_memory_check(const step_t *s) {
-    uint64_t bytes = step_growth(s);
+    uint64_t bytes = kf__step_memory_growth(s);
     return bytes > 0 ? kf_ctx_memory_check(s->ctx, bytes, "new keys", s->err) : KF_OK;
 }
 
 void kf__step_memory_commit(step_t *s) {
-    s->ctx->memory.used_bytes += step_growth(s);
+    s->ctx->memory.used_bytes += kf__step_memory_growth(s);
 }

@@ -23,7 +23,13 @@
  *      the step fired first: the replay fires the same timers in the same
  *      order, up to max_timer_callbacks_per_step.
  *   3. Records are bounded: per function by config->replay_batches, in all
- *      by config->replay_bytes; the oldest is forgotten first.
+ *      by config->replay_bytes (this partition's share of --replay-bytes)
+ *      and by the room the engine's tables leave in the memory budget
+ *      (replay_room); the oldest is forgotten first. They are a debugging
+ *      aid, so they yield to the tables: a table admission never counts
+ *      them, and whenever the tables grow into their room
+ *      (kf_functions_replay_fit, at every refresh of the count) the oldest
+ *      go.
  *
  * Records are kept in memory only: a restart forgets them (docs/semantics.md).
  * Engine-thread only.
@@ -34,6 +40,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "functions/functions_int.h"
 
 /* ---- the records ------------------------------------------------------- */
@@ -62,9 +69,30 @@ static void rec_unlink(kf_functions_t *fns, replay_rec_t *r) {
     }
     fn->replay_count--;
     fns->replay_bytes -= r->len;
+    kf_gauge_set(KF_G_REPLAY_BYTES, (int64_t)fns->replay_bytes);
     free(r->producer_id);
     free(r->bytes);
     free(r);
+}
+
+/* The bytes records may hold while the engine's tables take tables_bytes
+ * (invariant 3). */
+static uint64_t replay_room(const kf_functions_t *fns, const kf_memory_t *m,
+                            uint64_t tables_bytes) {
+    int64_t share = fns->config->replay_bytes;
+    uint64_t room = share > 0 ? (uint64_t)share : (uint64_t)KF_REPLAY_BYTES_DEFAULT;
+    if (m->budget_bytes != 0) {
+        uint64_t left = m->budget_bytes > tables_bytes ? m->budget_bytes - tables_bytes : 0;
+        room = left < room ? left : room;
+    }
+    return room;
+}
+
+void kf_functions_replay_fit(kf_functions_t *fns, const kf_memory_t *m) {
+    uint64_t room = replay_room(fns, m, m->used_bytes);
+    while (fns->replay_bytes > room) {
+        rec_unlink(fns, fns->replay_head);
+    }
 }
 
 void kf__replay_forget(kf_functions_t *fns, function_t *fn) {
@@ -100,8 +128,6 @@ void kf__replay_keep(step_t *s) {
     kf_functions_t *fns = s->fns;
     function_t *fn = s->fn;
     int64_t per_fn = fns->config->replay_batches;
-    int64_t budget =
-        fns->config->replay_bytes > 0 ? fns->config->replay_bytes : KF_REPLAY_BYTES_DEFAULT;
     if (per_fn <= 0 || fn->desc->determinism != KEYFLOW__V1__DETERMINISM__DETERMINISM_REPLAY_SAFE) {
         return;
     }
@@ -164,10 +190,13 @@ void kf__replay_keep(step_t *s) {
     free(rows_bytes);
     free(out_bytes);
     kf_arena_deinit(&a);
-    if ((int64_t)r->len > budget) {
+    /* The tables as they will be once this step commits. */
+    uint64_t room =
+        replay_room(fns, &s->ctx->memory, s->ctx->memory.used_bytes + kf__step_memory_growth(s));
+    if (r->len > room) {
         free(r->bytes);
         free(r);
-        return; /* larger than every record together may be */
+        return; /* larger than every record together may be now */
     }
     r->fn = fn;
     r->producer_id = kf_xstrdup(s->req->producer_id);
@@ -191,9 +220,10 @@ void kf__replay_keep(step_t *s) {
     while (fn->replay_count > (uint32_t)per_fn) {
         rec_unlink(fns, fn->replay_head);
     }
-    while ((int64_t)fns->replay_bytes > budget) {
-        rec_unlink(fns, fns->replay_head);
+    while (fns->replay_bytes > room) {
+        rec_unlink(fns, fns->replay_head); /* never r: r->len <= room */
     }
+    kf_gauge_set(KF_G_REPLAY_BYTES, (int64_t)fns->replay_bytes);
 }
 
 /* ---- the scratch function ---------------------------------------------- */

@@ -531,6 +531,14 @@ static void partition_fatal(const kf_error_t *err, void *ctx) {
     ps->on_fatal(err, ps->on_fatal_ctx);
 }
 
+/* Each served partition's share of the process's --replay-bytes: at least
+ * a byte, since 0 would mean the default. */
+static int64_t replay_share(const kf_engine_config_t *c, const kf_partition_set_t *served) {
+    int64_t total = c->replay_bytes > 0 ? c->replay_bytes : KF_REPLAY_BYTES_DEFAULT;
+    int64_t share = total / (int64_t)kf_partition_set_size(served);
+    return share > 0 ? share : 1;
+}
+
 static kf_status_t open_engine(kf_partitions_t *ps, kf_engine_config_t *config, kf_store_t *store,
                                kf_engine_t **out, kf_error_t *err) {
     if (config->on_fatal != NULL && config->on_fatal != partition_fatal) {
@@ -633,6 +641,11 @@ kf_status_t kf_partitions_open(const kf_partitions_options_t *o, kf_partitions_t
                     o->engine.memory_budget_bytes / kf_partition_set_size(&served);
                 ps->configs[p].memory_budget_process_bytes = o->engine.memory_budget_bytes;
                 ps->configs[p].memory_budget_partitions = kf_partition_set_size(&served);
+                /* And --replay-bytes, so that the batches kept for
+                 * ReplayBatch take a fixed amount of memory whatever the
+                 * partition count (each partition keeps its part of a
+                 * batch, so its share holds as many batches). */
+                ps->configs[p].replay_bytes = replay_share(&o->engine, &served);
                 ps->configs[p].disk_sharing_partitions = kf_partition_set_size(&served);
                 ps->configs[p].partition_index = p;
                 ps->configs[p].partition_count = ps->count;

@@ -15,6 +15,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "base/metrics.h"
 #include "fn_harness.h"
 
 static void setup(void) {
@@ -179,6 +180,44 @@ Test(replay, the_records_are_bounded) {
     sim.config.replay_bytes = 10;
     fnh_push_ok("f", 4, "[" ROW("a", 10, "ok", 1) "]", INT64_MIN);
     cr_assert_eq(replay("f", "p", 4)->error.status, KF_E_NOT_FOUND);
+}
+
+static int64_t gauge_now(kf_gauge_t g) {
+    sim_advance(&sim, sim.now_ms); /* a turn refreshes the memory count */
+    return kf_gauge_get(g);
+}
+
+/* Kept batches live in the room the tables leave in the memory budget:
+ * with room for two and a half, two are kept (replay_batches would keep
+ * three); a step that adds a key is admitted into their room, and the
+ * oldest go, so that tables and records stay within the budget. */
+Test(replay, the_records_yield_to_the_tables_in_the_memory_budget) {
+    register_fn("f", true, 0);
+    fnh_push_ok("f", 1, "[" ROW("a", 10, "ok", 1) "]", INT64_MIN);
+    int64_t record = kf_gauge_get(KF_G_REPLAY_BYTES);
+    cr_assert_gt(record, 0);
+    int64_t tables = gauge_now(KF_G_MEMORY_USED_BYTES);
+    fnh_push_ok("f", 2, "[" ROW("b", 10, "ok", 1) "]", INT64_MIN);
+    int64_t per_key = gauge_now(KF_G_MEMORY_USED_BYTES) - tables;
+    cr_assert_gt(per_key, 0);
+    sim_crash(&sim); /* the tables as recovery makes them */
+    cr_assert_eq(kf_gauge_get(KF_G_REPLAY_BYTES), 0, "a restart forgets them");
+    int64_t budget = gauge_now(KF_G_MEMORY_USED_BYTES) + 2 * record + record / 2;
+    sim.config.memory_budget_bytes = (uint64_t)budget;
+    sim_crash(&sim);
+    for (int seq = 3; seq <= 5; seq++) {
+        fnh_push_ok("f", seq, "[" ROW("a", 10, "ok", 1) "]", INT64_MIN);
+    }
+    cr_assert_eq(replay("f", "p", 3)->error.status, KF_E_NOT_FOUND, "no room for a third");
+    cr_assert(replay_ok("f", 4)->reproduced);
+    cr_assert(replay_ok("f", 5)->reproduced);
+    cr_assert_leq(gauge_now(KF_G_MEMORY_USED_BYTES) + kf_gauge_get(KF_G_REPLAY_BYTES), budget);
+    /* A new key fits the budget only in the room the records held. */
+    cr_assert_leq(per_key, 2 * record, "the test assumes a key is smaller than two records");
+    cr_assert_eq(fnh_push("f", "p", 6, "[" ROW("c", 10, "ok", 1) "]", INT64_MIN)->error.status,
+                 KF_OK, "a new key is admitted whatever the records hold");
+    cr_assert_eq(replay("f", "p", 4)->error.status, KF_E_NOT_FOUND, "the oldest went");
+    cr_assert_leq(gauge_now(KF_G_MEMORY_USED_BYTES) + kf_gauge_get(KF_G_REPLAY_BYTES), budget);
 }
 
 /* A replay runs while a batch of the function waits (the scratch copy is
