@@ -13,8 +13,11 @@
 
 static atomic_bool serving; /* wanted && !degraded && !failed */
 static atomic_bool failed;
-static bool wanted;   /* what kf_health_set last asked (change_lock) */
-static bool degraded; /* kf_health_degrade (change_lock) */
+static bool wanted; /* what kf_health_set last asked (change_lock) */
+/* Conditions degrading the process now (change_lock): one per engine at
+ * its disk reserve, so one engine clearing does not make the process ready
+ * while another is still below it. */
+static unsigned degraded;
 static char why[KF_ERROR_MESSAGE_BYTES_MAX] = "starting"; /* change_lock */
 /* Orders changes, so the log and the listeners see them in one order. */
 static pthread_mutex_t change_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -52,7 +55,7 @@ void kf_health_reason(char *buf, size_t cap) {
 /* Applies wanted/degraded to the state; change_lock held. `stops` says
  * that this call's reason is why the process does not serve. */
 static void update(const char *reason, bool stops) {
-    bool to = wanted && !degraded;
+    bool to = wanted && degraded == 0;
     if (stops && !atomic_load(&failed)) {
         snprintf(why, sizeof why, "%s", reason);
     }
@@ -74,7 +77,13 @@ void kf_health_set(bool to, const char *reason) {
 
 void kf_health_degrade(bool on, const char *reason) {
     pthread_mutex_lock(&change_lock);
-    degraded = on;
+    if (on) {
+        degraded++;
+    } else {
+        KF_ASSERT(degraded > 0); /* each clear follows its own degrade */
+        degraded--;
+    }
+    /* A clear that leaves another condition standing keeps that reason. */
     update(reason, on);
     pthread_mutex_unlock(&change_lock);
 }

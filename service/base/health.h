@@ -42,9 +42,12 @@ void kf_health_set(bool serving, const char *reason);
  * logged as an error with the reason. */
 void kf_health_fail(const char *reason);
 /* A condition that keeps a started process from serving until it clears,
- * independent of kf_health_set: the disk reserve reached. While it holds,
- * the state is NOT_SERVING with its reason; when it clears, the state is
- * what kf_health_set last asked for (SERVING again, or still draining). */
+ * independent of kf_health_set: the disk reserve reached. Conditions are
+ * counted, each raiser calling (true) once and (false) once when its own
+ * condition clears (every partition's engine raises its own): while any
+ * holds, the state is NOT_SERVING with the latest raiser's reason; when the
+ * last clears, the state is what kf_health_set last asked for (SERVING
+ * again, or still draining). */
 void kf_health_degrade(bool degraded, const char *reason);
 
 typedef void (*kf_health_listener_fn)(void *ctx);

@@ -930,6 +930,11 @@ void kf_engine_destroy(kf_engine_t *e) {
         return;
     }
     kf_engine_stop(e);
+    if (atomic_load(&e->disk_low)) {
+        /* Its condition goes with it; the process's readiness counts one
+         * per engine (base/health.h). */
+        kf_health_degrade(false, "disk reserve: engine closed");
+    }
     kf_core_destroy(e->core);
     kf_watchdog_destroy(e->watchdog); /* after the engine thread: no call is armed */
     for (int i = 0; i < 2; i++) {
