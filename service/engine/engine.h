@@ -47,6 +47,11 @@ struct kf_cmd {
      * the partition the call's key belongs to, which this process does not
      * serve; kf_router_owner names who does. */
     int32_t foreign_partition;
+    /* With error.status KF_E_RANGE from ReadOutput below the retained rows
+     * (functions/retention.c): the after_seq a read may resume from (the
+     * first retained sequence - 1), so that the router can answer a
+     * resumable cursor. */
+    int64_t resume_after_seq;
     /* Router-private: where the command went (runtime/router.c). */
     void *routed;
     /* Engine-private. */

@@ -580,9 +580,10 @@ uint32_t kf__producers_expire(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t limit
  * mark, in the step's batch. */
 void kf__output_put_chunk(kf_ctx_t *ctx, function_t *fn, const Keyflow__V1__RowBatch *chunk,
                           uint32_t rows);
-/* KF_E_RANGE, naming the first retained sequence, when a read after
- * `after_seq` would start before the retained rows. */
-kf_status_t kf__output_check_range(const function_t *fn, int64_t after_seq, kf_error_t *err);
+/* KF_E_RANGE in cmd->error, naming the first retained sequence, when a
+ * read after `after_seq` would start before the retained rows; then
+ * cmd->resume_after_seq is where a read may resume. */
+kf_status_t kf__output_check_range(const function_t *fn, int64_t after_seq, kf_cmd_t *cmd);
 /* The retention in force for fn (its descriptor's, then the server's). */
 void kf__output_retention(const kf_functions_t *fns, const function_t *fn, kf_retention_t *out);
 

@@ -42,9 +42,6 @@ void kf__output_written(kf_functions_t *fns, function_t *fn, uint64_t group) {
 static kf_status_t read_rows(kf_ctx_t *ctx, function_t *fn, int64_t after, int64_t limit,
                              Keyflow__V1__RowFormat format, kf_arena_t *arena,
                              Keyflow__V1__ReadOutputResponse *resp, kf_error_t *err) {
-    if (kf__output_check_range(fn, after, err) != KF_OK) {
-        return err->status;
-    }
     uint64_t high = fn->durable_output_seq;
     resp->high_water_seq = (int64_t)high;
     resp->first_retained_seq = (int64_t)fn->trimmed_seq + 1;
@@ -155,8 +152,10 @@ static void answer_read(kf_ctx_t *ctx, function_t *fn, kf_cmd_t *cmd) {
     Keyflow__V1__ReadOutputResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__read_output_response__init(resp);
     int64_t limit = req->limit ? req->limit : KF_READ_OUTPUT_LIMIT_DEFAULT;
-    if (read_rows(ctx, fn, req->after_seq, limit, req->format, cmd->arena, resp, &cmd->error) !=
-        KF_OK) {
+    /* Again when a parked read wakes: a trim may have passed it meanwhile. */
+    if (kf__output_check_range(fn, req->after_seq, cmd) != KF_OK ||
+        read_rows(ctx, fn, req->after_seq, limit, req->format, cmd->arena, resp, &cmd->error) !=
+            KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
@@ -186,7 +185,7 @@ void kf_functions_read(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
-    if (kf__output_check_range(fn, req->after_seq, err) != KF_OK) {
+    if (kf__output_check_range(fn, req->after_seq, cmd) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }

@@ -62,11 +62,12 @@ void kf__output_put_chunk(kf_ctx_t *ctx, function_t *fn, const Keyflow__V1__RowB
     fn->retained_bytes += bytes;
 }
 
-kf_status_t kf__output_check_range(const function_t *fn, int64_t after_seq, kf_error_t *err) {
+kf_status_t kf__output_check_range(const function_t *fn, int64_t after_seq, kf_cmd_t *cmd) {
     if ((uint64_t)after_seq >= fn->trimmed_seq) {
         return KF_OK;
     }
-    return kf_error_set(err, KF_E_RANGE,
+    cmd->resume_after_seq = (int64_t)fn->trimmed_seq;
+    return kf_error_set(&cmd->error, KF_E_RANGE,
                         "after_seq: %" PRId64 " is before the retained output of %s: rows up to "
                         "%" PRIu64 " were trimmed; the first retained sequence is %" PRIu64,
                         after_seq, fn->id, fn->trimmed_seq, fn->trimmed_seq + 1);

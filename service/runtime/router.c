@@ -1419,6 +1419,40 @@ static void read_answer(fanout_t *f, const sub_t *s) {
     kf_error_clear(&f->parent->error);
 }
 
+/* A partition's position in the cursor is before its retained rows (a
+ * trim or the retention passed it): the error names the partition and
+ * gives the cursor to resume with, every other position kept, so that a
+ * reader need not take the cursor apart. A cursor too long for an error
+ * message (many partitions) is described instead. */
+static void read_fail_range(fanout_t *f, const sub_t *s) {
+    kf_router_t *r = f->router;
+    read_state_t *st = f->state;
+    uint32_t p = s->partition;
+    int64_t resume = s->cmd.resume_after_seq;
+    int64_t was = st->cursor.pos[p];
+    f->parent->response = NULL;
+    if (r->count == 1 || resume <= was) {
+        fail_as(f, s);
+        return;
+    }
+    cursor_t next = st->cursor;
+    next.pos[p] = resume;
+    const char *text = cursor_format(&next, r->count, f->parent->arena);
+    static const char fmt[] =
+        "cursor: its position in partition %u (%lld) is before that partition's retained "
+        "output: rows up to %lld were trimmed; resume with cursor %s";
+    if (strlen(text) + sizeof fmt + 3 * 20 < KF_ERROR_MESSAGE_BYTES_MAX) {
+        kf_error_set(&f->parent->error, KF_E_RANGE, fmt, p, (long long)was, (long long)resume,
+                     text);
+    } else {
+        kf_error_set(&f->parent->error, KF_E_RANGE,
+                     "cursor: its position in partition %u (%lld) is before that partition's "
+                     "retained output: rows up to %lld were trimmed; resume with the same cursor "
+                     "with partition %u's position set to %lld (docs/scaling.md)",
+                     p, (long long)was, (long long)resume, p, (long long)resume);
+    }
+}
+
 static bool read_next(fanout_t *f) {
     kf_router_t *r = f->router;
     read_state_t *st = f->state;
@@ -1436,6 +1470,10 @@ static bool read_next(fanout_t *f) {
     }
     if (rows != NULL) {
         read_answer(f, rows);
+        return false;
+    }
+    if (failed != NULL && failed->cmd.error.status == KF_E_RANGE) {
+        read_fail_range(f, failed);
         return false;
     }
     if (failed != NULL) {

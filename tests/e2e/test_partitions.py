@@ -390,6 +390,43 @@ class FunctionsAcrossPartitions(unittest.TestCase):
                                        {"beforeSeq": "2"})
         self.assertEqual(status, 400, doc)
 
+    def test_a_cursor_before_a_trim_is_answered_with_the_cursor_to_resume_from(self):
+        fid = "resume-" + uuid.uuid4().hex[:8]
+        self.ok("POST", "/v1/functions", dict(self.descriptor, functionId=fid,
+                                              pipelineStateId=fid + ".v1"))
+        users = ["r%d" % i for i in range(12)]
+        self.assertGreater(len({partitions.of_key([u], self.COUNT) for u in users}), 1)
+        self.ok("POST", "/v1/functions/%s/batches" % fid, {
+            "producerId": "r", "sequence": 1,
+            "rows": [{"user": u, "ts": self.BASE_US, "amount": 1} for u in users]})
+        _, end = self.read_all(fid)
+        self.ok("POST", "/v1/functions/%s/output:trim" % fid, {"beforeCursor": end})
+        self.ok("POST", "/v1/functions/%s/batches" % fid, {
+            "producerId": "r", "sequence": 2,
+            "rows": [{"user": u, "ts": self.BASE_US + 1, "amount": 2} for u in users]})
+        # From the start (an empty cursor, or any cursor older than the trim),
+        # each partition behind the trim answers OUT_OF_RANGE, when its turn
+        # comes, with a cursor that moves it to its first retained row and
+        # keeps the rest.
+        cursor, refusals, rows = "", 0, []
+        for _ in range(100):
+            status, doc = self.server.http(
+                "GET", "/v1/functions/%s/output?limit=100&cursor=%s" % (fid, cursor))
+            if status != 200:
+                self.assertEqual((status, doc["status"]), (400, "OUT_OF_RANGE"), doc)
+                self.assertIn("resume with cursor ", doc["message"])
+                cursor = doc["message"].rsplit("resume with cursor ", 1)[1]
+                refusals += 1
+                self.assertLessEqual(refusals, self.COUNT, doc)
+                continue
+            if not doc.get("rows"):
+                break
+            rows += doc["rows"]
+            cursor = doc["nextCursor"]
+        self.assertGreater(refusals, 0)
+        self.assertEqual(sorted(row["key"] for row in rows), sorted(users),
+                         "every partition's retained rows, and nothing trimmed")
+
     def test_after_seq_is_refused_with_several_partitions(self):
         status, doc = self.server.http("GET", "/v1/functions/running_sum/output?after=3")
         self.assertEqual(status, 400, doc)
