@@ -103,6 +103,9 @@ typedef struct kf_rocks_options {
     const char *path;          /* directory; created if missing */
     size_t write_buffer_bytes; /* per family memtable; 0 = default */
     size_t wal_bytes_max;      /* live WAL before flushing; 0 = KF_ROCKS_WAL_BYTES_MAX */
+    /* Age at which a table file of a pending-work family is rewritten
+     * (store_rocks.c); 0 = KF_ROCKS_PENDING_REWRITE_S. */
+    unsigned pending_rewrite_s;
     /* Shared with other stores; NULL = a cache of KF_ROCKS_BLOCK_CACHE_BYTES
      * of the store's own. */
     kf_store_cache_t *block_cache;

@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
@@ -394,6 +395,36 @@ static rocksdb_options_t *family_options(const rocks_store_t *rs, const kf_rocks
     return opt;
 }
 
+/* Families of pending work keyed by a number that only grows (run_live
+ * by run sequence, wake-ups and event-time timers by time), each entry
+ * deleted when its work is done, mostly within one memtable: the flush
+ * then keeps only tombstones, in a key range nothing on disk overlaps, so
+ * the file moves down to the last level without a rewrite, and RocksDB
+ * never compacts a last-level file for its tombstones alone while no
+ * snapshot is released (this store takes none). In the soak such files
+ * piled up at 100 per partition an hour (bench/README.md, "Soak").
+ * Periodic compaction rewrites every file of these families older than
+ * KF_ROCKS_PENDING_REWRITE_S, dropping the tombstones. It is a mutable
+ * option the C API sets only on an open database. A failure costs files,
+ * not data: it is logged. */
+static void rewrite_pending_families(rocks_store_t *rs, const kf_rocks_options_t *o) {
+    static const kf_cf_t families[] = {KF_CF_RUN_LIVE, KF_CF_WAKEUPS, KF_CF_TIMERS_BY_TIME};
+    char seconds[24];
+    snprintf(seconds, sizeof seconds, "%u",
+             o->pending_rewrite_s != 0 ? o->pending_rewrite_s : KF_ROCKS_PENDING_REWRITE_S);
+    const char *keys[] = {"periodic_compaction_seconds"};
+    const char *values[] = {seconds};
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        char *e = NULL;
+        rocksdb_set_options_cf(rs->db, rs->cf[families[i]], 1, keys, values, &e);
+        if (e != NULL) {
+            kf_log(KF_LOG_WARN, "storage", "periodic compaction of %s: %s", kf_cf_name(families[i]),
+                   e);
+            rocksdb_free(e);
+        }
+    }
+}
+
 kf_status_t kf_store_open_rocks(const kf_rocks_options_t *o, kf_store_t **out, kf_error_t *err) {
     rocks_store_t *rs = calloc(1, sizeof *rs);
     if (rs == NULL) {
@@ -489,6 +520,7 @@ kf_status_t kf_store_open_rocks(const kf_rocks_options_t *o, kf_store_t **out, k
     rs->write_sync = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(rs->write_sync, 1);
     rs->read = rocksdb_readoptions_create();
+    rewrite_pending_families(rs, o);
     kf_status_t st = kf__store_check_format(&rs->base, err);
     if (st != KF_OK) {
         rs_close(&rs->base);

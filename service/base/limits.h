@@ -275,6 +275,12 @@
  * (API keys only) gets that minimum. */
 #define KF_ROCKS_WAL_BYTES_MAX           (16 * 1024 * 1024)
 #define KF_ROCKS_WAL_BYTES_PER_STORE_MIN (2 * 1024 * 1024)
+/* Table files of the families of pending work (live runs, wake-ups,
+ * event-time timers) are rewritten at this age, which drops the
+ * tombstones of work done since (storage/store_rocks.c): about 17 files
+ * per family and partition at the soak's load rather than ever more.
+ * These families hold only pending work, so the rewrite is small. */
+#define KF_ROCKS_PENDING_REWRITE_S 600
 /* A table file of a family that retention deletes from (runs, wake-ups) is
  * compacted as soon as some run of this many consecutive entries in it
  * holds at least KF_ROCKS_DELETION_TRIGGER_ENTRIES tombstones: reads then

@@ -180,6 +180,77 @@ Test(store_rocks_only, small_memtables_flush_and_read_back) {
     }
 }
 
+static int count_table_files(const char *dir) {
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s", dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        size_t len = strlen(e->d_name);
+        n += len > 4 && strcmp(e->d_name + len - 4, ".sst") == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+enum { GROW_PER_ROUND = 40, GROW_VALUE_BYTES = 400 };
+
+/* One round of short-lived work: GROW_PER_ROUND new keys written and
+ * deleted in one batch, so in the same memtable (as a short-lived run's
+ * live state is). */
+static void grow_round(kf_store_t *store, uint64_t *next) {
+    uint8_t value[GROW_VALUE_BYTES];
+    memset(value, 'v', sizeof value);
+    uint64_t first = *next;
+    kf_batch_t *batch = kf_batch_create(store);
+    for (int i = 0; i < GROW_PER_ROUND; i++) {
+        uint8_t key[8];
+        kf_put_be64(key, (*next)++);
+        kf_batch_put(batch, KF_CF_RUN_LIVE, key, sizeof key, value, sizeof value);
+    }
+    for (uint64_t k = first; k < *next; k++) {
+        uint8_t key[8];
+        kf_put_be64(key, k);
+        kf_batch_delete(batch, KF_CF_RUN_LIVE, key, sizeof key);
+    }
+    harness_write(store, batch);
+    kf_batch_destroy(batch);
+}
+
+/* Keys that only grow, each written and then deleted (run_live: a run's
+ * live state by run sequence, deleted when it finishes). A flush keeps the
+ * tombstones alone, in a file that overlaps nothing and so moves to the
+ * last level without a rewrite; such files piled up forever, 100 per
+ * partition an hour in the soak, until these families were rewritten
+ * periodically (store_rocks.c, rewrite_pending_families). Before: 70
+ * files after the first 300 rounds, more with every flush. */
+Test(store_rocks_only, tombstones_of_growing_keys_do_not_pile_up_in_files) {
+    char path[HARNESS_PATH_BYTES + 16];
+    snprintf(path, sizeof path, "%s/grow", h.dir);
+    kf_rocks_options_t options = {
+        .path = path, .write_buffer_bytes = 64 * 1024, .pending_rewrite_s = 2};
+    kf_store_t *store = NULL;
+    kf_error_t err;
+    kf_error_clear(&err);
+    cr_assert_eq(kf_store_open_rocks(&options, &store, &err), KF_OK, "%s", err.message);
+    enum { ROUNDS = 300, FILES_MAX = 16 };
+    uint64_t next = 1;
+    for (int r = 0; r < ROUNDS; r++) {
+        grow_round(store, &next);
+    }
+    int piled = count_table_files(path);
+    /* The work goes on (a flush every few rounds, each a chance for RocksDB
+     * to pick files past their age) until the files are few, or 60 s. */
+    int files = piled;
+    for (int i = 0; i < 600 && files > FILES_MAX; i++) {
+        grow_round(store, &next);
+        usleep(100 * 1000);
+        files = count_table_files(path);
+    }
+    cr_assert_leq(files, FILES_MAX, "%d table files left (%d after the first rounds)", files,
+                  piled);
+    kf_store_close(store);
+}
+
 /* A write whose log append fails is refused with KF_E_IO, and the store then
  * refuses every later write, even once the disk would accept it again, until
  * it is reopened. What was acknowledged before stays. */
