@@ -237,9 +237,23 @@ void kf_core_execute(kf_core_t *core, kf_cmd_t *cmd) {
     kf_error_clear(&cmd->error);
     cmd->response = NULL;
     cmd->parked = NULL;
-    /* Which commands grow the store is the RPC table's disk column (proto/rpcs.h). */
-    if (core->disk_low && kf_method_by_op(cmd->op)->grows_store) {
-        kf_error_set(&cmd->error, KF_E_NO_SPACE, "%s", core->disk_why);
+    /* Which commands grow the store is the RPC table's disk column
+     * (proto/rpcs.h). Besides the reserve itself, such a command needs room
+     * left in this engine's share of the space above it: the group holds
+     * what was admitted but not yet written, and the other partitions'
+     * engines fill their own shares meanwhile, so admitting whenever the
+     * last measure was above the reserve let each of 8 engines put a 64 MiB
+     * group past it at once (kf_core_set_disk_room). */
+    if (kf_method_by_op(cmd->op)->grows_store && (core->disk_low || !kf_ctx_disk_room_left(ctx))) {
+        if (core->disk_low) {
+            kf_error_set(&cmd->error, KF_E_NO_SPACE, "%s", core->disk_why);
+        } else {
+            kf_error_set(&cmd->error, KF_E_NO_SPACE,
+                         "disk reserve reached: the writes not yet on disk fill the %llu bytes "
+                         "this partition may still write above the reserve (--disk-reserve); "
+                         "new writes are refused until they are measured, retry shortly",
+                         (unsigned long long)ctx->disk_room_bytes);
+        }
         kf_counter_add(KF_C_REJECTED_DISK_RESERVE, 1);
         kf_ctx_fail(ctx, cmd);
         return;

@@ -73,9 +73,11 @@ void kf_core_shutdown(kf_core_t *core);
  * deletions, timers). `why` is copied. */
 void kf_core_set_disk_low(kf_core_t *core, const char *why);
 /* The bytes the store may still grow by before the reserve is reached (free
- * space minus the reserve; UINT64_MAX, the default, when not measured):
- * windows due once a group has written that much wait, open, for space
- * (kf_ctx_disk_room_left). */
+ * space minus the reserve, this engine's share of it; UINT64_MAX, the
+ * default, when not measured): once a group has written that much, windows
+ * due wait, open, for space (kf_ctx_disk_room_left), and commands that grow
+ * the store are refused with KF_E_NO_SPACE like below the reserve. A group
+ * may pass the room by the last command admitted, never by more. */
 void kf_core_set_disk_room(kf_core_t *core, uint64_t room_bytes);
 
 #endif

@@ -562,3 +562,49 @@ Test(events, send_events_takes_at_most_the_bound) {
     cr_assert_eq(cmd->error.status, KF_OK);
     cr_assert_eq(((Keyflow__V1__SendEventsResponse *)cmd->response)->n_results, 0);
 }
+
+/* Near the disk reserve a group takes new writes only into the room its
+ * engine may still write (kf_core_set_disk_room: the free space above the
+ * reserve, its partition's share, less what its committer still writes):
+ * each is admitted while the group holds less than that, so the group
+ * passes the room by its last write at most. It used to admit writes up to
+ * a whole group (64 MiB) whenever the last measure was above the reserve.
+ * Reads go on; with the room measured again, the next group admits. */
+Test(events, a_group_admits_new_writes_only_into_the_room_above_the_reserve) {
+    enum { INPUT_BYTES = 100 * 1024, ROOM_BYTES = 512 * 1024 };
+    char *input = kf_arena_new(&sim.arena, INPUT_BYTES + 3);
+    input[0] = '"';
+    memset(input + 1, 'x', INPUT_BYTES);
+    strcpy(input + 1 + INPUT_BYTES, "\"");
+    ok(sim_send(&sim, "wf", "first", NULL, sim_debounce(&sim, 60000, -1), input));
+    size_t one_write = sim.step_bytes; /* what each event below writes, about */
+    kf_core_set_disk_room(sim.core, ROOM_BYTES);
+    sim.hold_group = true;
+    int admitted = 0, refused = 0;
+    for (int i = 0; i < 20; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "k%d", i);
+        kf_cmd_t *cmd = sim_send(&sim, "wf", key, NULL, sim_debounce(&sim, 60000, -1), input);
+        if (cmd->error.status == KF_OK) {
+            cr_assert_eq(refused, 0, "event %d admitted after a refusal", i);
+            admitted++;
+            continue;
+        }
+        cr_assert_eq(cmd->error.status, KF_E_NO_SPACE, "%s", cmd->error.message);
+        cr_assert(strstr(cmd->error.message, "disk reserve reached") != NULL, "%s",
+                  cmd->error.message);
+        cr_assert(strstr(cmd->error.message, "--disk-reserve") != NULL, "%s", cmd->error.message);
+        refused++;
+    }
+    cr_assert_eq(describe('d', "k0")->window->event_count, 1, "reads go on");
+    sim.hold_group = false;
+    sim_step(&sim);
+    cr_assert_gt(admitted, 1);
+    cr_assert_gt(refused, 0, "20 events of 100 KB in a room of 512 KiB");
+    cr_assert_geq(sim.step_bytes, ROOM_BYTES);
+    cr_assert_lt(sim.step_bytes, ROOM_BYTES + one_write + one_write / 10,
+                 "past the room by one write at most");
+    cr_assert_null(describe('d', "k19")->window, "a refused event changed nothing");
+    kf_core_set_disk_room(sim.core, ROOM_BYTES);
+    ok(sim_send(&sim, "wf", "k19", NULL, sim_debounce(&sim, 60000, -1), input));
+}
