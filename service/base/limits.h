@@ -384,16 +384,19 @@
  * one client cannot take the whole gateway (a slowloris from one host holds
  * at most this many), while a proxy in front may be given more. */
 #define KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT 64
+/* Request bytes the gateway's connections may hold in all while they are
+ * read (service/http/conns.c): HTTP/1 requests, and HTTP/2 streams' bodies
+ * (h2o buffers each whole, up to 100 a connection). Past it, checked every
+ * 100 ms, the connections still sending that hold the most lose what they
+ * send: HTTP/1 ones are closed, HTTP/2 ones' streams are refused. Six
+ * 20 MiB bodies at once. */
+#define KF_HTTP_BUFFERED_BYTES_MAX (128u * 1024 * 1024)
 /* A connection must deliver a complete request head (request line and
  * headers) within this long of being accepted or of its last request's
  * answer (--http-header-timeout-ms), and the whole request, body included,
  * within the body timeout (--http-body-timeout-ms: a 20 MiB body at about
  * 1 MB/s), and take its answer as fast. Past them it is closed. A slowloris
  * client therefore holds a connection for at most a few seconds. */
-/* Request bytes the gateway's HTTP/1 connections may hold in all while
- * they are read (service/http/conns.c): past it, the connections holding
- * the most are closed, checked every 100 ms. Six 20 MiB bodies at once. */
-#define KF_HTTP_BUFFERED_BYTES_MAX        (128u * 1024 * 1024)
 #define KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT 5000
 #define KF_HTTP_HEADER_TIMEOUT_MS_MAX     60000
 #define KF_HTTP_BODY_TIMEOUT_MS_DEFAULT   30000

@@ -93,6 +93,9 @@
       "HTTP connections closed: no complete request head or request in time")                      \
     X(KF_C_HTTP_CONNECTIONS_SHED, "keyflow_http_connections_shed_total",                           \
       "HTTP connections closed: connections held more request bytes than the gateway's bound")     \
+    X(KF_C_HTTP_STREAMS_SHED, "keyflow_http_streams_shed_total",                                   \
+      "HTTP/2 streams refused while sending their body: connections held more request bytes than " \
+      "the gateway's bound")                                                                       \
     X(KF_C_HTTP_OFFLOADED, "keyflow_http_offloaded_total",                                         \
       "HTTP bodies decoded and responses rendered by the gateway's worker threads")
 

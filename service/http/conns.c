@@ -19,6 +19,11 @@
 #include <string.h>
 #include <sys/socket.h>
 
+/* After <h2o.h> (conns.h): h2o 2.2.5's HTTP/2 structs, for the request
+ * bytes a connection's streams hold (compat/khash.h says why it exists). */
+#include <h2o/http2.h>
+#include <h2o/http2_internal.h>
+
 #include "base/alloc.h"
 #include "base/assert.h"
 #include "base/clock.h"
@@ -48,6 +53,10 @@ struct kf_http_conn {
     int held;              /* requests answered later */
     bool http2;
     bool shut; /* its deadline passed: shut down, h2o closes it */
+    /* During a tick's shedding only: its h2o HTTP/2 connection (NULL for
+     * HTTP/1), and the request bytes it is still sending. */
+    h2o_http2_conn_t *h2;
+    size_t sending;
     kf_http_conn_t *prev;
     kf_http_conn_t *next; /* on conns->open while open, then on conns->closed */
 };
@@ -275,44 +284,153 @@ static bool head_complete(h2o_socket_t *sock) {
     return in != NULL && in->size >= 4 && memmem(in->bytes, in->size, "\r\n\r\n", 4) != NULL;
 }
 
-/* Request bytes h2o holds for a connection: an HTTP/1 request's head and
- * body stay in the socket's input until it is answered. */
-static size_t buffered_bytes(const kf_http_conn_t *conn) {
-    return conn->sock != NULL && conn->sock->input != NULL ? conn->sock->input->size : 0;
+/* ---- request bytes held ------------------------------------------------ */
+
+/* One HTTP/2 connection's streams. h2o 2.2.5 buffers each stream's request
+ * body whole (stream->_req_body) and gives the flow-control window back as
+ * the bytes arrive (16 MiB a stream, 100 streams a connection), so nothing
+ * but the entity limit bounds a stream, and nothing bounds a connection. */
+typedef struct h2_streams {
+    size_t held;                 /* body bytes of every stream */
+    size_t sending;              /* of which streams still receiving their body */
+    h2o_http2_stream_t *largest; /* the receiving stream holding the most */
+} h2_streams_t;
+
+static size_t stream_body_bytes(const h2o_http2_stream_t *stream) {
+    return stream->_req_body != NULL ? stream->_req_body->size : 0;
 }
 
-/* Every connection may hold a body of up to the entity limit (20 MiB), and
- * one address may open KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT of them:
- * 64 connections holding 19 MiB each took 508 MiB of RSS from one client
- * (a hostile audit). Past KF_HTTP_BUFFERED_BYTES_MAX in all, the
- * connections still receiving that hold the most are shut down, largest
- * first (held ones are being answered: their bytes go with the answer). */
+/* Every open stream is in its connection's priority tree exactly once (a
+ * public h2o structure; the stream table is not reachable, compat/khash.h).
+ * The tree is at most as deep as the connection has streams. */
+static void h2_walk(h2o_http2_scheduler_node_t *node, h2_streams_t *out) {
+    for (h2o_linklist_t *l = node->_all_refs.next; l != &node->_all_refs; l = l->next) {
+        h2o_http2_scheduler_openref_t *ref =
+            H2O_STRUCT_FROM_MEMBER(h2o_http2_scheduler_openref_t, _all_link, l);
+        h2o_http2_stream_t *stream =
+            H2O_STRUCT_FROM_MEMBER(h2o_http2_stream_t, _refs.scheduler, ref);
+        size_t n = stream_body_bytes(stream);
+        out->held += n;
+        if (stream->state == H2O_HTTP2_STREAM_STATE_RECV_BODY && n > 0) {
+            out->sending += n;
+            if (out->largest == NULL || n > stream_body_bytes(out->largest)) {
+                out->largest = stream;
+            }
+        }
+        h2_walk(&ref->node, out);
+    }
+}
+
+/* Finds which open connections are HTTP/2 (h2c, prior knowledge or
+ * upgrade, or ALPN h2): h2o lists them in the context, on the socket the
+ * tracker accepted. */
+static void find_http2(kf_http_conns_t *c) {
+    for (kf_http_conn_t *conn = c->open; conn != NULL; conn = conn->next) {
+        conn->h2 = NULL;
+    }
+    h2o_linklist_t *anchor = &c->accept_ctx->ctx->http2._conns;
+    for (h2o_linklist_t *l = anchor->next; l != anchor; l = l->next) {
+        h2o_http2_conn_t *h2 = H2O_STRUCT_FROM_MEMBER(h2o_http2_conn_t, _conns, l);
+        if (h2->sock != NULL && h2->sock->on_close.cb == on_conn_closed) {
+            kf_http_conn_t *conn = h2->sock->on_close.data;
+            if (conn->conns == c) {
+                conn->h2 = h2;
+            }
+        }
+    }
+}
+
+/* Request bytes h2o holds for a connection, and (*sending) how many of
+ * them it is still sending. HTTP/1: a request's head and body stay in the
+ * socket's input until it is answered; while it is held (being answered)
+ * they go with the answer. HTTP/2: every stream's body, of which those
+ * still arriving can be refused. */
+static size_t held_bytes(const kf_http_conn_t *conn, size_t *sending) {
+    *sending = 0;
+    if (conn->sock == NULL || conn->shut) {
+        return 0;
+    }
+    size_t in = conn->sock->input != NULL ? conn->sock->input->size : 0;
+    if (conn->h2 == NULL) {
+        *sending = conn->held == 0 ? in : 0;
+        return in;
+    }
+    h2_streams_t streams = {0};
+    h2_walk(&conn->h2->scheduler, &streams);
+    if (conn->h2->state < H2O_HTTP2_CONN_STATE_IS_CLOSING) {
+        *sending = streams.sending;
+    }
+    const h2o_buffer_t *upgrade = conn->h2->_http1_req_input; /* h2c: the upgrading request */
+    return in + streams.held + (upgrade != NULL ? upgrade->size : 0);
+}
+
+/* Resets an HTTP/2 connection's receiving streams, largest first, until
+ * `excess` bytes are gone or none is left; REFUSED_STREAM tells the client
+ * nothing was done and it may retry. The connection and its other streams
+ * (requests being answered) go on. Returns the bytes let go. */
+static size_t shed_streams(kf_http_conns_t *c, kf_http_conn_t *conn, size_t excess) {
+    size_t freed = 0;
+    int reset = 0;
+    while (freed < excess) {
+        h2_streams_t streams = {0};
+        h2_walk(&conn->h2->scheduler, &streams);
+        if (streams.largest == NULL) {
+            break;
+        }
+        freed += stream_body_bytes(streams.largest);
+        h2o_http2_encode_rst_stream_frame(&conn->h2->_write.buf, streams.largest->stream_id,
+                                          -H2O_HTTP2_ERROR_REFUSED_STREAM);
+        h2o_http2_stream_reset(conn->h2, streams.largest);
+        reset++;
+    }
+    if (reset > 0) {
+        h2o_http2_conn_request_write(conn->h2);
+        kf_counter_add(KF_C_HTTP_STREAMS_SHED, (uint64_t)reset);
+        kf_log(KF_LOG_WARN, c->name,
+               "refusing %d HTTP/2 streams holding %zu request bytes: connections held more "
+               "than %llu in all",
+               reset, freed, (unsigned long long)KF_HTTP_BUFFERED_BYTES_MAX);
+    }
+    return freed;
+}
+
+/* Every HTTP/1 connection may hold a body of up to the entity limit
+ * (20 MiB), and one address may open KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT
+ * of them: 64 connections holding 19 MiB each took 508 MiB of RSS from one
+ * client (a hostile audit); an HTTP/2 connection may hold 100 such bodies.
+ * Past KF_HTTP_BUFFERED_BYTES_MAX in all, the connections still sending
+ * that hold the most lose what they are sending, largest first: an HTTP/1
+ * connection is shut down, an HTTP/2 connection's receiving streams are
+ * reset. */
 static void shed_buffered(kf_http_conns_t *c) {
+    find_http2(c);
     size_t total = 0;
     for (kf_http_conn_t *conn = c->open; conn != NULL; conn = conn->next) {
-        if (!conn->shut) {
-            total += buffered_bytes(conn);
-        }
+        total += held_bytes(conn, &conn->sending);
     }
     while (total > KF_HTTP_BUFFERED_BYTES_MAX) {
         kf_http_conn_t *largest = NULL;
         for (kf_http_conn_t *conn = c->open; conn != NULL; conn = conn->next) {
-            if (!conn->shut && conn->held == 0 &&
-                (largest == NULL || buffered_bytes(conn) > buffered_bytes(largest))) {
+            if (conn->sending > 0 && (largest == NULL || conn->sending > largest->sending)) {
                 largest = conn;
             }
         }
-        if (largest == NULL || buffered_bytes(largest) == 0) {
+        if (largest == NULL) {
             return;
         }
-        total -= buffered_bytes(largest);
-        shutdown(h2o_socket_get_fd(largest->sock), SHUT_RDWR);
-        largest->shut = true;
-        kf_counter_add(KF_C_HTTP_CONNECTIONS_SHED, 1);
-        kf_log(KF_LOG_WARN, c->name,
-               "closing a connection holding %zu request bytes: connections held more than "
-               "%llu in all",
-               buffered_bytes(largest), (unsigned long long)KF_HTTP_BUFFERED_BYTES_MAX);
+        if (largest->h2 != NULL) {
+            total -= shed_streams(c, largest, total - KF_HTTP_BUFFERED_BYTES_MAX);
+        } else {
+            total -= largest->sending;
+            shutdown(h2o_socket_get_fd(largest->sock), SHUT_RDWR);
+            largest->shut = true;
+            kf_counter_add(KF_C_HTTP_CONNECTIONS_SHED, 1);
+            kf_log(KF_LOG_WARN, c->name,
+                   "closing a connection holding %zu request bytes: connections held more than "
+                   "%llu in all",
+                   largest->sending, (unsigned long long)KF_HTTP_BUFFERED_BYTES_MAX);
+        }
+        largest->sending = 0; /* drained as far as needed, or entirely */
     }
 }
 

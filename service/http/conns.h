@@ -22,6 +22,13 @@
  * HTTP/2 connections (known once one request came) get the body deadline:
  * their input is framed, not a request head.
  *
+ * Request bytes (each tick): the connections may hold at most
+ * KF_HTTP_BUFFERED_BYTES_MAX of requests in all, HTTP/1 requests and
+ * HTTP/2 stream bodies alike. Past it the connections still sending that
+ * hold the most lose what they send, largest first: an HTTP/1 connection
+ * is shut down, an HTTP/2 connection's receiving streams are reset
+ * (REFUSED_STREAM). Requests being answered count, and are never cut.
+ *
  * Threads: the loop thread of the listener only.
  */
 #ifndef KF_HTTP_CONNS_H

@@ -231,6 +231,36 @@ class HttpAbuseTest(unittest.TestCase):
             s.close()
         self.assertEqual(server.stop(), 0)
 
+    def test_http2_bodies_held_past_the_gateway_s_bound_are_refused_stream_by_stream(self):
+        # One h2c connection sends 18 MiB on each of ten streams and ends
+        # none: 180 MiB held, past KF_HTTP_BUFFERED_BYTES_MAX (128 MiB).
+        # h2o buffers each stream's body whole and gives the window back as
+        # it arrives (16 MiB a stream, 100 streams), so before the bound all
+        # of it stayed for as long as the connection lived.
+        from h2client import H2Connection
+        server = self.start()
+        conn = H2Connection(server.http_port)
+        self.addCleanup(conn.close)
+        # A request answered first: the connection is known to be HTTP/2 and
+        # held to the body deadline (30 s), not the head's.
+        self.assertEqual(conn.get("/healthz")[0], 200)
+        sent = []
+        for _ in range(10):
+            stream = conn.open("POST", "/v1/workflows/w/keys/k/events",
+                               headers=[("content-type", "application/json")])
+            sent.append(conn.send_body(stream, 18 * 1024 * 1024))
+        # At most 7 x 18 MiB = 126 MiB may stay: at least 3 streams are
+        # refused, and the connection goes on.
+        wait_until(lambda: len(conn.refused()) >= 3, 15, "streams past the bound to be refused")
+        self.assertEqual(conn.get("/healthz")[0], 200)
+        self.assertIsNone(conn.goaway)
+        self.assertGreaterEqual(metric(get_text(server.probe_port, "/metrics"),
+                                       "keyflow_http_streams_shed_total"), 3)
+        self.assertEqual(metric(get_text(server.probe_port, "/metrics"),
+                                "keyflow_http_connections_shed_total"), 0)
+        conn.close()
+        self.assertEqual(server.stop(), 0)
+
     def test_a_large_body_is_decoded_off_the_loop(self):
         server = self.start()
         # A 16 MB event: decoding it takes on the order of a second (then
