@@ -378,6 +378,26 @@
 #define KF_ARENA_BYTES_MAX (256LL * 1024 * 1024)
 /* gRPC calls awaiting a request at once, per method. */
 #define KF_GRPC_PENDING_PER_METHOD 64
+/* Request bytes of gRPC calls received and not yet answered, process-wide
+ * (--grpc-request-bytes-held): a call that would pass it is refused
+ * RESOURCE_EXHAUSTED at once, unless it is the only one. The engine queues
+ * calls by count (KF_QUEUE_DEPTH_MAX a partition), each up to
+ * KF_REQUEST_BYTES_MAX: without it 8192 queued 20 MiB calls were
+ * possible. Six 20 MiB requests at once, as the gateway's
+ * KF_HTTP_BUFFERED_BYTES_MAX: a request taken costs about three times its
+ * bytes while it waits (its unpacked copy, the partitions' commands, the
+ * write group), and with the disk stuck 128 MiB held came to 565 MiB of
+ * RSS (bench/README.md, "Request bytes held"). */
+#define KF_GRPC_REQUEST_BYTES_HELD_DEFAULT (128LL * 1024 * 1024)
+#define KF_GRPC_REQUEST_BYTES_HELD_MIN     (1LL * 1024 * 1024)
+#define KF_GRPC_REQUEST_BYTES_HELD_MAX     (1LL << 40)
+/* gRPC core's own memory (a resource quota on the server): it grants each
+ * stream the window for its whole message and buffers it before the call
+ * reaches keyflowd, on any number of streams, so unfinished messages are
+ * outside the count above (40 streams of 18 MiB pinned 720 MiB). Past the
+ * quota gRPC resets streams (RESOURCE_EXHAUSTED "Buffers full"); 32
+ * concurrent 16 MiB calls went through under it. */
+#define KF_GRPC_MEMORY_QUOTA_BYTES (512LL * 1024 * 1024)
 /* HTTP connections the gateway serves at once. */
 #define KF_HTTP_CONNECTIONS_MAX 4096
 /* Connections from one client address (--http-connections-per-address):

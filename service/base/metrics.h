@@ -96,6 +96,8 @@
     X(KF_C_HTTP_STREAMS_SHED, "keyflow_http_streams_shed_total",                                   \
       "HTTP/2 streams refused while sending their body: connections held more request bytes than " \
       "the gateway's bound")                                                                       \
+    X(KF_C_GRPC_REFUSED_REQUEST_BYTES, "keyflow_grpc_requests_refused_bytes_total",                \
+      "gRPC calls refused: calls not yet answered held --grpc-request-bytes-held of requests")     \
     X(KF_C_HTTP_OFFLOADED, "keyflow_http_offloaded_total",                                         \
       "HTTP bodies decoded and responses rendered by the gateway's worker threads")
 

@@ -84,6 +84,7 @@ typedef struct options {
     int64_t memory_budget_bytes;     /* --memory-budget; 0: derive the default */
     int64_t replay_batches;          /* --replay-batches */
     int64_t replay_bytes;            /* --replay-bytes */
+    int64_t grpc_request_bytes_held; /* --grpc-request-bytes-held */
 } options_t;
 
 /* Numeric flags of the engine's retention: each is also read from its
@@ -97,7 +98,7 @@ typedef struct number_flag {
     int64_t *value;
 } number_flag_t;
 
-#define NUMBER_FLAGS 7
+#define NUMBER_FLAGS 8
 
 static void number_flags(options_t *o, number_flag_t out[NUMBER_FLAGS]) {
     out[0] = (number_flag_t){"--output-retention-ms",    "KEYFLOW_OUTPUT_RETENTION_MS", false, 0,
@@ -118,6 +119,12 @@ static void number_flags(options_t *o, number_flag_t out[NUMBER_FLAGS]) {
                              KF_REPLAY_BATCHES_MAX, &o->replay_batches};
     out[6] = (number_flag_t){"--replay-bytes",    "KEYFLOW_REPLAY_BYTES", true, 1,
                              KF_REPLAY_BYTES_MAX, &o->replay_bytes};
+    out[7] = (number_flag_t){"--grpc-request-bytes-held",
+                             "KEYFLOW_GRPC_REQUEST_BYTES_HELD",
+                             true,
+                             KF_GRPC_REQUEST_BYTES_HELD_MIN,
+                             KF_GRPC_REQUEST_BYTES_HELD_MAX,
+                             &o->grpc_request_bytes_held};
 }
 
 static void usage(FILE *out) {
@@ -155,6 +162,9 @@ static void usage(FILE *out) {
         "  --run-attempts N      leases per run before it FAILS (default %d, max %d)\n"
         "  --queue-depth N       engine queue bound (default and max %d)\n"
         "  --grpc-threads N      completion-queue threads (default 1)\n"
+        "  --grpc-request-bytes-held BYTES  request bytes of gRPC calls not yet answered:\n"
+        "                        a call past it is refused RESOURCE_EXHAUSTED, unless it is\n"
+        "                        the only one (default 128MiB; suffixes KiB, MiB, GiB)\n"
         "  --disk-reserve BYTES  free space kept on the data directory's filesystem: below\n"
         "                        it new events, batches and functions are refused (HTTP 507)\n"
         "                        while reads, completions and deletions go on (default\n"
@@ -206,7 +216,7 @@ static void usage(FILE *out) {
         "KEYFLOW_RUN_ATTEMPTS, KEYFLOW_QUEUE_DEPTH, KEYFLOW_GRPC_THREADS, KEYFLOW_DISK_RESERVE,\n"
         "KEYFLOW_OUTPUT_RETENTION_MS, KEYFLOW_OUTPUT_RETENTION_ROWS,\n"
         "KEYFLOW_OUTPUT_RETENTION_BYTES, KEYFLOW_PRODUCER_IDLE_EXPIRY_MS, KEYFLOW_MEMORY_BUDGET,\n"
-        "KEYFLOW_REPLAY_BATCHES, KEYFLOW_REPLAY_BYTES,\n"
+        "KEYFLOW_REPLAY_BATCHES, KEYFLOW_REPLAY_BYTES, KEYFLOW_GRPC_REQUEST_BYTES_HELD,\n"
         "KEYFLOW_LOG_LEVEL, KEYFLOW_LOG_FORMAT, KEYFLOW_DRAIN_GRACE_MS, KEYFLOW_SERVER_TLS_CERT,\n"
         "KEYFLOW_SERVER_TLS_KEY, KEYFLOW_SERVER_TLS_CLIENT_CA, KEYFLOW_AUTH=1,\n"
         "KEYFLOW_INSECURE_NO_AUTH=1, KEYFLOW_BOOTSTRAP_KEY_FILE, KEYFLOW_ADMIN_KEY_FILE.\n",
@@ -373,6 +383,7 @@ static bool parse_env(options_t *o) {
     o->producer_idle_expiry_ms = KF_PRODUCER_IDLE_EXPIRY_MS_DEFAULT;
     o->replay_batches = KF_REPLAY_BATCHES_DEFAULT;
     o->replay_bytes = KF_REPLAY_BYTES_DEFAULT;
+    o->grpc_request_bytes_held = KF_GRPC_REQUEST_BYTES_HELD_DEFAULT;
     number_flag_t numbers[NUMBER_FLAGS];
     number_flags(o, numbers);
     for (size_t i = 0; i < NUMBER_FLAGS; i++) {
@@ -910,8 +921,11 @@ int main(int argc, char **argv) {
     kf_log_kv(KF_LOG_INFO, "main", "store opened", KF_LOG_INT("open_ms", open_ms),
               KF_LOG_INT("recover_ms", recover_ms),
               KF_LOG_STR("partitions", kf_partitions_describe(partitions)));
-    kf_grpc_options_t go = {
-        .address = o.grpc_address, .threads = o.grpc_threads, .tls = tls, .auth = auth};
+    kf_grpc_options_t go = {.address = o.grpc_address,
+                            .threads = o.grpc_threads,
+                            .tls = tls,
+                            .auth = auth,
+                            .request_bytes_held_max = o.grpc_request_bytes_held};
     kf_grpc_server_t *grpc;
     int grpc_port;
     if (kf_grpc_server_create(&go, router, &grpc, &grpc_port, &err) != KF_OK) {

@@ -113,7 +113,8 @@ struct call {
     bool close_watched;    /* RECV_CLOSE was started on its own */
     bool refs_watch;       /* counted in server->watches */
     int grpc_code;
-    bool metrics_done; /* this call's request was counted in the metrics */
+    bool metrics_done;     /* this call's request was counted in the metrics */
+    int64_t request_bytes; /* counted in server->request_bytes until freed */
     int64_t start_us;
     call_tag_t tag_main;
     call_tag_t tag_close;
@@ -157,9 +158,11 @@ struct kf_grpc_server {
     int thread_count;
     bool started;
     atomic_bool shutting_down;
-    atomic_int live_calls;     /* calls handed out by grpc and not yet freed */
-    atomic_int watches;        /* of which Health/Watch streams (open until cancelled) */
-    atomic_int worker_streams; /* Workers/Serve streams (KF_WORKER_STREAMS_MAX) */
+    atomic_int live_calls;      /* calls handed out by grpc and not yet freed */
+    atomic_int watches;         /* of which Health/Watch streams (open until cancelled) */
+    atomic_int worker_streams;  /* Workers/Serve streams (KF_WORKER_STREAMS_MAX) */
+    atomic_llong request_bytes; /* request bytes of the calls not yet freed */
+    int64_t request_bytes_max;  /* kf_grpc_options_t.request_bytes_held_max */
     call_tag_t shutdown_tag;
     atomic_bool shutdown_done;
     pthread_mutex_t watch_lock;
@@ -229,6 +232,7 @@ static void call_free(call_t *c) {
     if (c->call != NULL) {
         atomic_fetch_sub(&c->server->live_calls, 1);
     }
+    atomic_fetch_sub(&c->server->request_bytes, c->request_bytes);
     free(c);
 }
 
@@ -1322,6 +1326,30 @@ static void serve_front(call_t *c) {
     KF_UNREACHABLE();
 }
 
+/* Counts the call's request message among the bytes calls hold until they
+ * are answered, or refuses the call (RESOURCE_EXHAUSTED, nothing done) when
+ * that would pass the bound while other calls hold some: a call that is
+ * alone is always taken, so any request within KF_REQUEST_BYTES_MAX can be
+ * served. gRPC has already read the message; refusing at once frees it. */
+static bool hold_request_bytes(call_t *c) {
+    kf_grpc_server_t *s = c->server;
+    int64_t n = c->payload != NULL ? (int64_t)grpc_byte_buffer_length(c->payload) : 0;
+    int64_t before = atomic_fetch_add(&s->request_bytes, n);
+    if (n > 0 && before > 0 && before + n > s->request_bytes_max) {
+        atomic_fetch_sub(&s->request_bytes, n);
+        kf_counter_add(KF_C_GRPC_REFUSED_REQUEST_BYTES, 1);
+        char message[KF_ERROR_MESSAGE_BYTES_MAX];
+        snprintf(message, sizeof message,
+                 "queued request bytes: calls not yet answered hold %lld, and this request's "
+                 "%lld would pass the limit of %lld (--grpc-request-bytes-held); retry later",
+                 (long long)before, (long long)n, (long long)s->request_bytes_max);
+        send_reply(c, KF_E_LIMIT, message, NULL);
+        return false;
+    }
+    c->request_bytes = n;
+    return true;
+}
+
 static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     atomic_fetch_add(&s->live_calls, 1);
     c->start_us = kf_mono_us();
@@ -1336,7 +1364,7 @@ static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     }
     request_call(s, (size_t)(c->method - kf_methods)); /* keep the method's backlog full */
     const kf_method_t *m = c->method;
-    if (!authenticate(c)) {
+    if (!authenticate(c) || !hold_request_bytes(c)) {
         return;
     }
     if (m->executor == KF_RPC_FRONT_END) {
@@ -1347,6 +1375,10 @@ static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     if (req == NULL) {
         return;
     }
+    /* The arena has the request now: the message need not wait in the
+     * queue twice (its bytes stay counted until the answer). */
+    grpc_byte_buffer_destroy(c->payload);
+    c->payload = NULL;
     kf_cmd_t *cmd = &c->cmd;
     cmd->op = m->op;
     cmd->request = req;
@@ -1572,6 +1604,8 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_router_t 
     if (s->thread_count > KF_GRPC_THREADS_MAX) {
         s->thread_count = KF_GRPC_THREADS_MAX;
     }
+    s->request_bytes_max = options->request_bytes_held_max > 0 ? options->request_bytes_held_max
+                                                               : KF_GRPC_REQUEST_BYTES_HELD_DEFAULT;
     s->shutdown_tag.call = NULL;
     s->health_listener = -1;
     kf_status_t reflection_st = kf_reflection_create(&s->reflection, err);
@@ -1582,7 +1616,12 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_router_t 
     }
     pthread_mutex_init(&s->tls_lock, NULL);
     pthread_mutex_init(&s->watch_lock, NULL);
-    grpc_arg args[3];
+    /* gRPC's own buffers: it grants a stream the window for its whole
+     * message (up to KF_REQUEST_BYTES_MAX) before the call reaches us, on
+     * any number of streams. Past the quota it resets streams. */
+    grpc_resource_quota *quota = grpc_resource_quota_create("keyflow");
+    grpc_resource_quota_resize(quota, KF_GRPC_MEMORY_QUOTA_BYTES);
+    grpc_arg args[4];
     memset(args, 0, sizeof args);
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -1593,8 +1632,13 @@ kf_status_t kf_grpc_server_create(const kf_grpc_options_t *options, kf_router_t 
     args[2].type = GRPC_ARG_INTEGER;
     args[2].key = GRPC_ARG_ALLOW_REUSEPORT;
     args[2].value.integer = 0;
-    grpc_channel_args channel_args = {3, args};
+    args[3].type = GRPC_ARG_POINTER;
+    args[3].key = GRPC_ARG_RESOURCE_QUOTA;
+    args[3].value.pointer.p = quota;
+    args[3].value.pointer.vtable = grpc_resource_quota_arg_vtable();
+    grpc_channel_args channel_args = {4, args};
     s->server = grpc_server_create(&channel_args, NULL);
+    grpc_resource_quota_unref(quota); /* the server holds its own reference */
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
     _Static_assert(KF_METHOD_COUNT <= KF_METRICS_METHODS_MAX, "a metrics id per method");

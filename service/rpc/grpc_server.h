@@ -9,6 +9,14 @@
  * benchmarks) from base/health.h, Check with the current status and Watch
  * with every change; TailOutput as a loop of engine reads.
  *
+ * Request bytes held: gRPC reads a call's request message whole before the
+ * call arrives here, and a call keeps it (and its unpacked copy in the
+ * call's arena) until it is answered; the engine queues calls by count.
+ * The request bytes of calls not yet answered are counted process-wide, and
+ * a call that would take them past request_bytes_held_max is refused
+ * RESOURCE_EXHAUSTED at once, unless no other call holds any
+ * (keyflow_grpc_requests_refused_bytes_total).
+ *
  * Only this module includes grpc/. Statuses become gRPC codes through
  * kf_status_grpc_code (one table, base/status.h).
  */
@@ -16,6 +24,7 @@
 #define KF_RPC_GRPC_SERVER_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "base/status.h"
 #include "auth/auth.h"
@@ -25,13 +34,17 @@
 typedef struct kf_grpc_server kf_grpc_server_t;
 
 typedef struct kf_grpc_options {
-    const char *address; /* "127.0.0.1:0" binds an ephemeral port */
-    int threads;         /* completion-queue threads; 0 = 1 */
-    kf_tls_t *tls;       /* borrowed (a reference is taken); NULL = plaintext.
-                            With a client CA in it, every client must show a
-                            certificate that CA signed (mTLS). */
-    kf_auth_t *auth;     /* API keys every call is checked against (borrowed;
-                            must outlive the server); NULL: no checks */
+    const char *address;            /* "127.0.0.1:0" binds an ephemeral port */
+    int threads;                    /* completion-queue threads; 0 = 1 */
+    kf_tls_t *tls;                  /* borrowed (a reference is taken); NULL = plaintext.
+                                       With a client CA in it, every client must show a
+                                       certificate that CA signed (mTLS). */
+    kf_auth_t *auth;                /* API keys every call is checked against (borrowed;
+                                       must outlive the server); NULL: no checks */
+    int64_t request_bytes_held_max; /* request bytes of calls not yet answered,
+                                       past which calls are refused
+                                       RESOURCE_EXHAUSTED; 0 = the default
+                                       (KF_GRPC_REQUEST_BYTES_HELD_DEFAULT) */
 } kf_grpc_options_t;
 
 /* Binds the address; *port receives the bound port. The engine is borrowed

@@ -5,7 +5,7 @@ them. It honours flow control (it sends no more than the windows the server
 grants) and records what the server sends: SETTINGS, WINDOW_UPDATE,
 RST_STREAM, GOAWAY, and the HEADERS/DATA of answers.
 
-Used by tests/e2e/test_http_abuse.py.
+Used by tests/e2e/test_http_abuse.py and bench/request_bytes.py.
 """
 
 import socket
