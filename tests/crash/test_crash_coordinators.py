@@ -104,10 +104,7 @@ class CrashTest(unittest.TestCase):
         self.wf = "crash-" + uuid.uuid4().hex[:8]
 
     def tearDown(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
-        if any(t is self for t, _ in bad):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+        harness.log_on_failure(self, self.server)
 
     def test_sigkill_under_concurrent_load(self):
         cluster = Cluster(self.server)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest
 import urllib.error
 import urllib.request
 
@@ -85,6 +86,84 @@ def stubs():
         real_grpc.__path__.append(os.path.join(out, "grpc"))
     _stubs_dir = out
     return out
+
+
+def stopped(server):
+    """Stops a server with SIGTERM, which must exit 0 (a sanitizer's report
+    at exit does not), and removes its data directory."""
+    code = server.stop()
+    log = server.read_log()
+    server.cleanup()
+    assert code == 0, "keyflowd exited %s; log:\n%s" % (code, log)
+
+
+def class_server(cls, **kw):
+    """A keyflowd shared by the tests of one TestCase class (call it from
+    setUpClass): started once, killed with its data directory when the
+    class is done, even when the start fails. A class shares one only
+    where its tests do not need a fresh server: each works in a workflow
+    (or function) of its own, and none counts what the whole server holds."""
+    server = Keyflowd(**kw)
+    cls.addClassCleanup(server.cleanup)
+    return server.start()
+
+
+def partition_processes(count, sets, args=()):
+    """One keyflowd per partition set in `sets` (e.g. ("0-1", "2-3")) of a
+    new data set of `count` partitions, each with its own data directory;
+    returns them started. If one cannot start, those already started are
+    killed before the error goes on."""
+    servers = []
+    try:
+        for s in sets:
+            servers.append(Keyflowd(args=["--partition-count", str(count), "--partitions", s]
+                                    + list(args)))
+            servers[-1].start()
+    except BaseException:
+        for server in servers:
+            server.cleanup()
+        raise
+    return servers
+
+
+def log_on_failure(test, server):
+    """For tearDown: writes the server's log to stderr when `test` failed
+    (unittest has no direct hook; the log is short). server may be None
+    (none started)."""
+    result = getattr(getattr(test, "_outcome", None), "result", None)
+    bad = getattr(result, "errors", []) + getattr(result, "failures", [])
+    if server is not None and any(t is test for t, _ in bad):
+        sys.stderr.write("\n--- keyflowd log ---\n%s\n" % server.read_log())
+
+
+class ServerTest(unittest.TestCase):
+    """A base for tests against one keyflowd started with server_args:
+    self.server. One per class (a test that restarts it restarts it for
+    the tests after it), unless the class sets fresh_server: one per test,
+    for tests that look at the whole server (every workflow's runs,
+    server-wide gauges and counters) or need it new. A failed test's
+    server log goes to stderr."""
+
+    server_args = ()
+    fresh_server = False
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if not cls.fresh_server:
+            cls.shared_server = class_server(cls, args=list(cls.server_args))
+
+    def setUp(self):
+        if self.fresh_server:
+            self.server = Keyflowd(args=list(self.server_args)).start()
+            self.addCleanup(self.server.cleanup)
+        else:
+            self.server = self.shared_server
+            if self.server.proc is None:  # an earlier test failed while restarting it
+                self.server.start()
+
+    def tearDown(self):
+        log_on_failure(self, self.server)
 
 
 class Pki:

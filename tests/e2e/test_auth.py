@@ -356,10 +356,7 @@ class AuthTest(unittest.TestCase):
         self.addCleanup(self.admin.close)
 
     def tearDown(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
-        if any(t is self for t, _ in bad):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+        harness.log_on_failure(self, self.server)
 
     def bootstrap_key(self):
         path = os.path.join(self.server.data_dir, "db", "bootstrap-admin.key")

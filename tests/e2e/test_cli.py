@@ -1,7 +1,7 @@
 """End-to-end tests of the `keyflow` CLI against the real keyflowd.
 
 Every interaction goes through the CLI binary (harness.CLI); the server is
-started once for the class on 127.0.0.1 port 0. Each test uses its own
+started once for the module on 127.0.0.1 port 0. Each test uses its own
 workflow name, so tests do not see each other's runs. Nothing sleeps for
 timing: windows are closed with flush or a full batch, and where a window
 must close on its own it is 50 ms long and a long poll waits for the run.
@@ -33,19 +33,23 @@ def unique(prefix):
 
 
 class CliTestCase(unittest.TestCase):
+    """One keyflowd for every class of the test module (each test uses its
+    own workflow), stopped when the module is done."""
     server = None
 
     @classmethod
     def setUpClass(cls):
         if not os.path.exists(harness.CLI):
             raise unittest.SkipTest("CLI not built: %s" % harness.CLI)
-        cls.server = harness.Keyflowd().start()
+        if CliTestCase.server is None:
+            CliTestCase.server = harness.Keyflowd().start()
+            unittest.addModuleCleanup(CliTestCase.stop_server)
 
-    @classmethod
-    def tearDownClass(cls):
-        if cls.server is not None:
-            cls.server.stop()
-            cls.server.cleanup()
+    @staticmethod
+    def stop_server():
+        server, CliTestCase.server = CliTestCase.server, None
+        server.stop()
+        server.cleanup()
 
     # --- helpers ------------------------------------------------------------
 

@@ -31,31 +31,19 @@ SETS = ("0-1", "2-3")
 CLI_TIMEOUT_S = 60
 
 
-def stopped(server):
-    """Stops a server, which must exit 0 (a sanitizer's report does not)."""
-    code = server.stop()
-    log = server.read_log()
-    server.cleanup()
-    assert code == 0, "keyflowd exited %s; log:\n%s" % (code, log)
-
-
 class TwoProcesses(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
         if not os.path.exists(harness.CLI):
             raise unittest.SkipTest("CLI not built: %s" % harness.CLI)
-        cls.servers = []
-        for s in SETS:
-            cls.servers.append(harness.Keyflowd(args=[
-                "--partition-count", str(COUNT), "--partitions", s,
-                "--plugin-dir", HANDLERS]).start())
+        cls.servers = harness.partition_processes(COUNT, SETS, ["--plugin-dir", HANDLERS])
 
     @classmethod
     def tearDownClass(cls):
         for s in cls.servers:
             if s.proc is not None:
-                stopped(s)
+                harness.stopped(s)
 
     def addr(self):
         return ",".join(s.grpc_target for s in self.servers)

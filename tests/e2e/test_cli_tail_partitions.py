@@ -42,20 +42,13 @@ class ThreeProcesses(unittest.TestCase):
     def setUpClass(cls):
         if not os.path.exists(harness.CLI):
             raise unittest.SkipTest("CLI not built: %s" % harness.CLI)
-        cls.servers = []
-        for s in SETS:
-            cls.servers.append(harness.Keyflowd(args=[
-                "--partition-count", str(COUNT), "--partitions", s,
-                "--plugin-dir", HANDLERS]).start())
+        cls.servers = harness.partition_processes(COUNT, SETS, ["--plugin-dir", HANDLERS])
 
     @classmethod
     def tearDownClass(cls):
         for s in cls.servers:
             if s.proc is not None:
-                code = s.stop()
-                log = s.read_log()
-                s.cleanup()
-                assert code == 0, "keyflowd exited %s; log:\n%s" % (code, log)
+                harness.stopped(s)
 
     def addr(self):
         return ",".join(s.grpc_target for s in self.servers)

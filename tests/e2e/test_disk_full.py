@@ -94,10 +94,7 @@ class DiskTestBase(unittest.TestCase):
         self.channel = None
 
     def tearDown(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
-        if any(t is self for t, _ in bad):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+        harness.log_on_failure(self, self.server)
 
     def stop_quietly(self):
         if self.channel is not None:

@@ -161,13 +161,14 @@ class HttpTransport:
 
 
 class EventsTest:
-    """The tests; mixed into one TestCase per transport below."""
+    """The tests; mixed into one harness.ServerTest per transport below
+    (one keyflowd per class, each test in a workflow of its own and
+    connected anew: a test before it may have restarted the server)."""
 
     transport_class = None
 
     def setUp(self):
-        self.server = harness.Keyflowd().start()
-        self.addCleanup(self.server.cleanup)
+        super().setUp()
         self.connect()
         self.wf = "wf-" + uuid.uuid4().hex[:8]
 
@@ -179,12 +180,6 @@ class EventsTest:
         self.server.kill()
         self.server.start()
         self.connect()
-
-    def tearDown(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
-        if any(t is self for t, _ in bad):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
 
     def send(self, key, ev):
         return self.t.send(self.wf, key, ev)
@@ -368,11 +363,11 @@ class EventsTest:
         self.assertEqual(len(self.t.send_many(too_many[:1000])), 1000)
 
 
-class GrpcEventsTest(EventsTest, unittest.TestCase):
+class GrpcEventsTest(EventsTest, harness.ServerTest):
     transport_class = GrpcTransport
 
 
-class HttpEventsTest(EventsTest, unittest.TestCase):
+class HttpEventsTest(EventsTest, harness.ServerTest):
     transport_class = HttpTransport
 
     def test_events_batch_takes_a_json_array(self):

@@ -64,28 +64,18 @@ def batch(max_events=None, max_wait_ms=None, dedup_ms=None):
     return r
 
 
-class ServerTest(unittest.TestCase):
-    """One fresh keyflowd per test (port 0, temp data dir)."""
-
-    server_args = []
+class ServerTest(harness.ServerTest):
+    """One keyflowd per class (port 0, temp data dir), each test in a
+    workflow of its own; fresh_server where a class's tests look at the
+    whole server."""
 
     def setUp(self):
-        self.server = harness.Keyflowd(args=self.server_args).start()
-        self.addCleanup(self.server.cleanup)
+        super().setUp()
         self.channel = grpc.insecure_channel(self.server.grpc_target)
         self.addCleanup(self.channel.close)
         self.coords = CG.CoordinatorsStub(self.channel)
         self.runs = RG.RunsStub(self.channel)
         self.wf = "wf-" + uuid.uuid4().hex[:8]
-
-    def tearDown(self):
-        # Show the server log when a test failed (unittest has no direct hook;
-        # the log is short).
-        outcome = getattr(self, "_outcome", None)
-        errors = getattr(getattr(outcome, "result", None), "errors", []) + \
-            getattr(getattr(outcome, "result", None), "failures", [])
-        if any(t is self for t, _ in errors):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
 
     # --- helpers ---------------------------------------------------------
     def send(self, key, rule, input_json="null", event_id="", workflow=None):
@@ -139,12 +129,15 @@ class ServerTest(unittest.TestCase):
     def assert_receipt_run_id(self, run_id, key):
         self.assertRegex(run_id, "^" + re.escape(key) + "@" + UUID_RE + "$")
 
-    def metric(self, name):
+    def metric(self, name, absent=None):
+        """The sample's value; `absent` if it has none (None: a failure)."""
         status, text = self.server.http("GET", "/metrics")
         self.assertEqual(status, 200)
         for line in text.splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])
+        if absent is not None:
+            return absent
         raise AssertionError("metric %s not found" % name)
 
 
@@ -621,6 +614,8 @@ class RunsTest(ServerTest):
     # (oldest first, creation order in ListRuns), which only one partition
     # has (harness.ONE_PARTITION). test_http_gateway's run tests use 8.
     server_args = harness.ONE_PARTITION
+    # Polls of every workflow, ListRuns of everything, parked-poll gauges.
+    fresh_server = True
 
     def start_run(self, key, input_json="1"):
         r = self.send(key, batch(max_events=1, max_wait_ms=60000), input_json)
@@ -948,6 +943,9 @@ class RetentionTest(ServerTest):
 
 
 class InvalidInputTest(ServerTest):
+    # "Nothing was created" is checked server-wide (gauges, ListRuns).
+    fresh_server = True
+
     def test_invalid_send_event_changes_nothing(self):
         good = debounce(1000)
         cases = [
@@ -1044,12 +1042,17 @@ class HealthTest(ServerTest):
 
     def test_grpc_requests_are_counted_in_metrics(self):
         labels = 'keyflow_requests_total{method="SendEvent",transport="grpc",code="%s"}'
+        codes = ("OK", "INVALID_ARGUMENT")
+        # The server is shared by the class: counted from here on (a code
+        # not seen yet may have no sample before).
+        before = [self.metric(labels % code, absent=0) for code in codes]
         self.send("m", debounce(60000), "1")
         self.send("m", debounce(60000), "2")
         with self.assertRaises(grpc.RpcError):
             self.send("m", debounce(0), "3")
-        self.assertEqual(self.metric(labels % "OK"), 2)
-        self.assertEqual(self.metric(labels % "INVALID_ARGUMENT"), 1)
+        after = [self.metric(labels % code) for code in codes]
+        self.assertEqual(after[0] - before[0], 2, "one OK sample per request")
+        self.assertEqual(after[1] - before[1], 1)
 
     def test_a_unary_call_without_its_message_is_refused(self):
         # A client that half-closes without sending the request (here: the

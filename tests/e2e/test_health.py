@@ -91,10 +91,7 @@ class HealthTest(unittest.TestCase):
         return self.server
 
     def tearDown(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
-        if any(t is self for t, _ in bad) and hasattr(self, "server"):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+        harness.log_on_failure(self, getattr(self, "server", None))
 
     def watch(self, service=""):
         w = Watcher(self.server.grpc_target, service)

@@ -135,10 +135,7 @@ class HttpAbuseTest(unittest.TestCase):
         return server
 
     def tearDown(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
-        if any(t is self for t, _ in bad) and hasattr(self, "server"):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+        harness.log_on_failure(self, getattr(self, "server", None))
 
     def test_a_slowloris_from_one_address_leaves_the_gateway_to_the_others(self):
         server = self.start("--http-connections-per-address", "32")

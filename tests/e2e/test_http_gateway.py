@@ -50,18 +50,14 @@ class Response:
         return "HTTP %s %s" % (self.status, self.text[:500])
 
 
-@unittest.skipIf(shutil.which("curl") is None, "curl is not installed")
-class GatewayTest(unittest.TestCase):
-    def setUp(self):
-        self.server = harness.Keyflowd(args=["--plugin-dir", os.path.join(harness.BUILD, "handlers")]).start()
-        self.addCleanup(self.server.cleanup)
-        self.wf = "wf-" + uuid.uuid4().hex[:8]
+class Gateway(harness.ServerTest):
+    """The helpers; each test works in a workflow of its own."""
 
-    def tearDown(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
-        if any(t is self for t, _ in bad):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+    server_args = ["--plugin-dir", os.path.join(harness.BUILD, "handlers")]
+
+    def setUp(self):
+        super().setUp()
+        self.wf = "wf-" + uuid.uuid4().hex[:8]
 
     # --- curl ------------------------------------------------------------
     def curl(self, method, path, body=None, raw=None, http2=False, extra=(), check=True):
@@ -148,7 +144,12 @@ class GatewayTest(unittest.TestCase):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
-    # --- tests -----------------------------------------------------------
+
+
+@unittest.skipIf(shutil.which("curl") is None, "curl is not installed")
+class GatewayTest(Gateway):
+    """One keyflowd for the class."""
+
     def test_batch_event_in_design_json_form(self):
         event = {"id": "e-1", "rule": {"kind": "batch", "maxEvents": 10, "maxWaitMs": 1000,
                                         "dedupMs": 600000}, "input": {"order": 17, "items": ["a", "b"]}}
@@ -277,42 +278,6 @@ class GatewayTest(unittest.TestCase):
                                {"lease": leased[0]["lease"], "result": {"key": key}})
                 self.assertEqual(done["run"]["status"], "RUN_STATUS_COMPLETED")
                 self.assertEqual(done["run"]["result"], {"key": key})
-
-    def test_abandoned_http_long_poll_does_not_take_a_run(self):
-        # curl gives up on a 30 s long poll after 0.5 s (the connection is
-        # closed). A run created afterwards must go to a live worker.
-        r = self.curl("POST", "/v1/runs:poll", {"workflows": [self.wf], "workerId": "gone", "waitMs": 30000},
-                      extra=["--max-time", "0.5"], check=False)
-        self.assertIsNone(r, "curl was expected to time out")
-        deadline = time.time() + 3
-        while time.time() < deadline and self.sample(self.metrics(), "keyflow_parked_polls") > 0:
-            time.sleep(0.05)
-        created = self.send("k", {"rule": {"kind": "batch", "maxEvents": 1}, "input": "work"})
-        run_id = created["receipt"]["runId"]
-        runs = self.poll(wait_ms=5000, worker="live")
-        got = self.ok("GET", self.run_path(run_id))
-        self.assertEqual([x["runId"] for x in runs], [run_id],
-                         "the run went to the abandoned HTTP long poll: %r" % got)
-
-    def test_abandoned_http_long_poll_with_a_pipelined_request_is_cancelled(self):
-        """A client that pipelines one more request behind its long poll and
-        then closes: the unread bytes must not hide the close (a peek at the
-        socket found them and missed it), or the poll takes the next run."""
-        import socket
-        port = int(self.server.http_base.rsplit(":", 1)[1])
-        body = json.dumps({"workflows": [self.wf], "workerId": "gone", "waitMs": 30000}).encode()
-        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        sock.sendall(b"POST /v1/runs:poll HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        # Parked in every partition: the gauge sums them.
-        wait_until(lambda: self.sample(self.metrics(), "keyflow_parked_polls") >= 1, 10, "the poll to park")
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        sock.close()
-        wait_until(lambda: self.sample(self.metrics(), "keyflow_parked_polls") == 0, 5,
-                   "the abandoned poll to be cancelled")
-        created = self.send("k", {"rule": {"kind": "batch", "maxEvents": 1}, "input": "work"})
-        runs = self.poll(wait_ms=5000, worker="live")
-        self.assertEqual([x["runId"] for x in runs], [created["receipt"]["runId"]])
 
     def test_flush_and_cancel(self):
         # Event IDs keep the coordinator (and its journal) after the window.
@@ -465,67 +430,6 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual(answers["GetRun"]["eventIds"], [])
         self.assertEqual(answers["GetFunction"]["descriptor"]["timerNames"], [])
 
-    def test_errors_name_the_field_and_change_nothing(self):
-        path = self.events_path("bad")
-        cases = [
-            ("bad JSON body", dict(raw='{"rule": {"kind": "batch",'), 400, 3, "INVALID_ARGUMENT", "body"),
-            ("body not an object", dict(raw='[1, 2]'), 400, 3, "INVALID_ARGUMENT", "body"),
-            ("unknown field", dict(body={"rule": {"kind": "batch", "maxEventz": 3}}), 400, 3, "INVALID_ARGUMENT",
-             "maxEventz"),
-            ("duplicate key", dict(raw='{"rule": {"kind": "batch"}, "rule": {"kind": "debounce", "windowMs": 5}}'),
-             400, 3, "INVALID_ARGUMENT", "rule"),
-            ("one field under two spellings", dict(body={"rule": {"kind": "debounce", "windowMs": 5,
-                                                                  "window_ms": 6}}), 400, 3,
-             "INVALID_ARGUMENT", re.compile(r"window_?[mM]s")),
-            ("integer with a fraction", dict(body={"rule": {"kind": "debounce", "windowMs": 1.5}}), 400, 3,
-             "INVALID_ARGUMENT", "windowMs"),
-            ("event id not a string", dict(body={"id": 5, "rule": {"kind": "batch"}}), 400, 3,
-             "INVALID_ARGUMENT", "id"),
-            ("unknown top-level field", dict(body={"rule": {"kind": "batch"}, "inptu": 1}), 400, 3,
-             "INVALID_ARGUMENT", "inptu"),
-            ("maxEvents not a number", dict(body={"rule": {"kind": "batch", "maxEvents": "ten"}}), 400, 3,
-             "INVALID_ARGUMENT", "maxEvents"),
-            ("maxEvents 0", dict(body={"rule": {"kind": "batch", "maxEvents": 0}}), 400, 3, "INVALID_ARGUMENT",
-             re.compile(r"max_?[eE]vents")),
-            ("maxEvents 10001", dict(body={"rule": {"kind": "batch", "maxEvents": 10001}}), 400, 3,
-             "INVALID_ARGUMENT", re.compile(r"max_?[eE]vents")),
-            ("windowMs 0", dict(body={"rule": {"kind": "debounce", "windowMs": 0}}), 400, 3, "INVALID_ARGUMENT",
-             re.compile(r"window_?[mM]s")),
-            ("unknown kind", dict(body={"rule": {"kind": "throttle", "windowMs": 5}}), 400, 3, "INVALID_ARGUMENT",
-             "kind"),
-            ("missing rule", dict(body={"input": 1}), 400, 3, "INVALID_ARGUMENT", "rule"),
-            ("invalid JSON input text", dict(body={"rule": {"kind": "batch"}, "inputJson": "{nope"}), 400, 3,
-             "INVALID_ARGUMENT", "input"),
-            ("oversized key", dict(path=self.events_path("k" * 300)), 413, 8, "RESOURCE_EXHAUSTED", "key"),
-            ("oversized input", dict(body={"rule": {"kind": "batch"}, "input": "x" * (256 * 1024)}), 413, 8,
-             "RESOURCE_EXHAUSTED", "input"),
-        ]
-        for name, kw, http_status, code, status_name, field in cases:
-            with self.subTest(name):
-                resp = self.curl("POST", kw.get("path", path),
-                                 kw.get("body", {"rule": {"kind": "batch"}} if "raw" not in kw else None),
-                                 raw=kw.get("raw"))
-                self.assert_error(resp, http_status, code, status_name, field)
-        for kind in ("batch", "debounce"):
-            d = self.describe(kind, "bad")
-            self.assertFalse(d.get("exists", False), "a refused event creates no coordinator: %r" % d)
-        self.assertEqual(self.sample(self.metrics(), "keyflow_coordinators"), 0)
-        # Routes and methods.
-        self.assert_error(self.curl("GET", "/v1/nope"), 404, 5, "NOT_FOUND", "/v1/nope")
-        self.assert_error(self.curl("GET", "/v1/workflows/w/keys/k/evnts"), 404, 5, "NOT_FOUND")
-        self.assert_error(self.curl("DELETE", "/v1/runs"), 405, 12, "UNIMPLEMENTED", "DELETE")
-        self.assert_error(self.curl("GET", self.events_path("k")), 405, 12, "UNIMPLEMENTED")
-        self.assert_error(self.curl("PUT", self.coord_path("batch", "k")), 405, 12, "UNIMPLEMENTED")
-        # "k:explode" is a legal key: the path is the Describe route, which is GET only.
-        self.assert_error(self.curl("POST", self.coord_path("batch", "k", ":explode")), 405, 12, "UNIMPLEMENTED")
-        self.assert_error(self.curl("GET", "/v1/runs/x@y", raw="{}"), 400, 3, "INVALID_ARGUMENT", "body")
-        self.assert_error(self.curl("POST", "/v1/runs:poll", {"workerId": "w", "waitMs": 0, "lease": 1}),
-                          400, 3, "INVALID_ARGUMENT", "lease")
-        self.assert_error(self.curl("POST", "/v1/runs:poll", {"waitMs": 0}), 400, 3, "INVALID_ARGUMENT",
-                          "worker_id")
-        self.assert_error(self.curl("GET", self.coord_path("sometimes", "k")), 400, 3, "INVALID_ARGUMENT",
-                          "kind")
-
     def test_path_query_and_body_cannot_disagree_or_hide_bytes(self):
         """A value in the path or query that decodes to a NUL byte is refused
         (as a C string it would name another key or run); a singular field
@@ -668,6 +572,111 @@ class GatewayTest(unittest.TestCase):
         r = self.curl("HEAD", "/v1/runs?workflow=" + self.wf, extra=["-I"])
         self.assertEqual(r.status, 200)
         self.assertEqual(self.curl("HEAD", "/v1/runs/no@such", extra=["-I"]).status, 404)
+
+
+@unittest.skipIf(shutil.which("curl") is None, "curl is not installed")
+class ServerWideTest(Gateway):
+    """Tests that look at the whole server (server-wide gauges and
+    counters, a parked poll anywhere): a new keyflowd for each."""
+
+    fresh_server = True
+
+    def test_abandoned_http_long_poll_does_not_take_a_run(self):
+        # curl gives up on a 30 s long poll after 0.5 s (the connection is
+        # closed). A run created afterwards must go to a live worker.
+        r = self.curl("POST", "/v1/runs:poll", {"workflows": [self.wf], "workerId": "gone", "waitMs": 30000},
+                      extra=["--max-time", "0.5"], check=False)
+        self.assertIsNone(r, "curl was expected to time out")
+        deadline = time.time() + 3
+        while time.time() < deadline and self.sample(self.metrics(), "keyflow_parked_polls") > 0:
+            time.sleep(0.05)
+        created = self.send("k", {"rule": {"kind": "batch", "maxEvents": 1}, "input": "work"})
+        run_id = created["receipt"]["runId"]
+        runs = self.poll(wait_ms=5000, worker="live")
+        got = self.ok("GET", self.run_path(run_id))
+        self.assertEqual([x["runId"] for x in runs], [run_id],
+                         "the run went to the abandoned HTTP long poll: %r" % got)
+
+    def test_abandoned_http_long_poll_with_a_pipelined_request_is_cancelled(self):
+        """A client that pipelines one more request behind its long poll and
+        then closes: the unread bytes must not hide the close (a peek at the
+        socket found them and missed it), or the poll takes the next run."""
+        import socket
+        port = int(self.server.http_base.rsplit(":", 1)[1])
+        body = json.dumps({"workflows": [self.wf], "workerId": "gone", "waitMs": 30000}).encode()
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(b"POST /v1/runs:poll HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        # Parked in every partition: the gauge sums them.
+        wait_until(lambda: self.sample(self.metrics(), "keyflow_parked_polls") >= 1, 10, "the poll to park")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        sock.close()
+        wait_until(lambda: self.sample(self.metrics(), "keyflow_parked_polls") == 0, 5,
+                   "the abandoned poll to be cancelled")
+        created = self.send("k", {"rule": {"kind": "batch", "maxEvents": 1}, "input": "work"})
+        runs = self.poll(wait_ms=5000, worker="live")
+        self.assertEqual([x["runId"] for x in runs], [created["receipt"]["runId"]])
+
+    def test_errors_name_the_field_and_change_nothing(self):
+        path = self.events_path("bad")
+        cases = [
+            ("bad JSON body", dict(raw='{"rule": {"kind": "batch",'), 400, 3, "INVALID_ARGUMENT", "body"),
+            ("body not an object", dict(raw='[1, 2]'), 400, 3, "INVALID_ARGUMENT", "body"),
+            ("unknown field", dict(body={"rule": {"kind": "batch", "maxEventz": 3}}), 400, 3, "INVALID_ARGUMENT",
+             "maxEventz"),
+            ("duplicate key", dict(raw='{"rule": {"kind": "batch"}, "rule": {"kind": "debounce", "windowMs": 5}}'),
+             400, 3, "INVALID_ARGUMENT", "rule"),
+            ("one field under two spellings", dict(body={"rule": {"kind": "debounce", "windowMs": 5,
+                                                                  "window_ms": 6}}), 400, 3,
+             "INVALID_ARGUMENT", re.compile(r"window_?[mM]s")),
+            ("integer with a fraction", dict(body={"rule": {"kind": "debounce", "windowMs": 1.5}}), 400, 3,
+             "INVALID_ARGUMENT", "windowMs"),
+            ("event id not a string", dict(body={"id": 5, "rule": {"kind": "batch"}}), 400, 3,
+             "INVALID_ARGUMENT", "id"),
+            ("unknown top-level field", dict(body={"rule": {"kind": "batch"}, "inptu": 1}), 400, 3,
+             "INVALID_ARGUMENT", "inptu"),
+            ("maxEvents not a number", dict(body={"rule": {"kind": "batch", "maxEvents": "ten"}}), 400, 3,
+             "INVALID_ARGUMENT", "maxEvents"),
+            ("maxEvents 0", dict(body={"rule": {"kind": "batch", "maxEvents": 0}}), 400, 3, "INVALID_ARGUMENT",
+             re.compile(r"max_?[eE]vents")),
+            ("maxEvents 10001", dict(body={"rule": {"kind": "batch", "maxEvents": 10001}}), 400, 3,
+             "INVALID_ARGUMENT", re.compile(r"max_?[eE]vents")),
+            ("windowMs 0", dict(body={"rule": {"kind": "debounce", "windowMs": 0}}), 400, 3, "INVALID_ARGUMENT",
+             re.compile(r"window_?[mM]s")),
+            ("unknown kind", dict(body={"rule": {"kind": "throttle", "windowMs": 5}}), 400, 3, "INVALID_ARGUMENT",
+             "kind"),
+            ("missing rule", dict(body={"input": 1}), 400, 3, "INVALID_ARGUMENT", "rule"),
+            ("invalid JSON input text", dict(body={"rule": {"kind": "batch"}, "inputJson": "{nope"}), 400, 3,
+             "INVALID_ARGUMENT", "input"),
+            ("oversized key", dict(path=self.events_path("k" * 300)), 413, 8, "RESOURCE_EXHAUSTED", "key"),
+            ("oversized input", dict(body={"rule": {"kind": "batch"}, "input": "x" * (256 * 1024)}), 413, 8,
+             "RESOURCE_EXHAUSTED", "input"),
+        ]
+        for name, kw, http_status, code, status_name, field in cases:
+            with self.subTest(name):
+                resp = self.curl("POST", kw.get("path", path),
+                                 kw.get("body", {"rule": {"kind": "batch"}} if "raw" not in kw else None),
+                                 raw=kw.get("raw"))
+                self.assert_error(resp, http_status, code, status_name, field)
+        for kind in ("batch", "debounce"):
+            d = self.describe(kind, "bad")
+            self.assertFalse(d.get("exists", False), "a refused event creates no coordinator: %r" % d)
+        self.assertEqual(self.sample(self.metrics(), "keyflow_coordinators"), 0)
+        # Routes and methods.
+        self.assert_error(self.curl("GET", "/v1/nope"), 404, 5, "NOT_FOUND", "/v1/nope")
+        self.assert_error(self.curl("GET", "/v1/workflows/w/keys/k/evnts"), 404, 5, "NOT_FOUND")
+        self.assert_error(self.curl("DELETE", "/v1/runs"), 405, 12, "UNIMPLEMENTED", "DELETE")
+        self.assert_error(self.curl("GET", self.events_path("k")), 405, 12, "UNIMPLEMENTED")
+        self.assert_error(self.curl("PUT", self.coord_path("batch", "k")), 405, 12, "UNIMPLEMENTED")
+        # "k:explode" is a legal key: the path is the Describe route, which is GET only.
+        self.assert_error(self.curl("POST", self.coord_path("batch", "k", ":explode")), 405, 12, "UNIMPLEMENTED")
+        self.assert_error(self.curl("GET", "/v1/runs/x@y", raw="{}"), 400, 3, "INVALID_ARGUMENT", "body")
+        self.assert_error(self.curl("POST", "/v1/runs:poll", {"workerId": "w", "waitMs": 0, "lease": 1}),
+                          400, 3, "INVALID_ARGUMENT", "lease")
+        self.assert_error(self.curl("POST", "/v1/runs:poll", {"waitMs": 0}), 400, 3, "INVALID_ARGUMENT",
+                          "worker_id")
+        self.assert_error(self.curl("GET", self.coord_path("sometimes", "k")), 400, 3, "INVALID_ARGUMENT",
+                          "kind")
 
     def test_metrics(self):
         sample = 'keyflow_requests_total'

@@ -47,10 +47,7 @@ class LifecycleTest(unittest.TestCase):
         self.wf = "wf-" + uuid.uuid4().hex[:8]
 
     def tearDown(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
-        if any(t is self for t, _ in bad):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+        harness.log_on_failure(self, self.server)
 
     def connect(self):
         if self.channel is not None:
@@ -227,65 +224,6 @@ class LifecycleTest(unittest.TestCase):
         finally:
             for s in socks:
                 s.close()
-
-    def test_usage_errors_exit_2_before_opening_anything(self):
-        """Bad flags and addresses are usage errors: exit 2 (the systemd unit
-        does not restart on it) with a message naming the problem, and no
-        data directory is created."""
-        import subprocess
-        import tempfile
-        cases = [
-            (["--bogus"], "unknown option --bogus"),
-            (["--grpc-threads"], "--grpc-threads needs a value"),
-            (["--http", "127.0.0.1:99999"], "port in 0..65535"),
-            (["--http", "127.0.0.1"], "expected host:port"),
-            (["--grpc", ":5"], "expected host:port"),
-            (["--run-attempts", "0"], "run-attempts"),
-        ]
-        for args, message in cases:
-            with self.subTest(args=args):
-                data = os.path.join(tempfile.mkdtemp(prefix="kf-usage-"), "data")
-                p = subprocess.run([harness.KEYFLOWD, "--data", data] + args, capture_output=True,
-                                   timeout=30)
-                self.assertEqual(p.returncode, 2, p.stderr.decode())
-                self.assertIn(message, p.stderr.decode())
-                self.assertFalse(os.path.exists(data), "a usage error must not create the data directory")
-
-    def test_out_of_descriptors_the_gateway_pauses_accepting_and_recovers(self):
-        """With its descriptors used up, keyflowd stops reading the HTTP
-        listener for a moment (says so in its log) instead of retrying
-        accept() in a busy loop, and serves again once clients leave."""
-        import shutil
-        import socket
-        if shutil.which("prlimit") is None:
-            self.skipTest("prlimit (util-linux) is not installed")
-        saved = os.environ.get("KEYFLOW_WRAPPER")
-        # 8 partitions' stores hold about 270 descriptors before the first
-        # connection (keyflowd.c, raise_descriptor_limit): 400 leaves about
-        # 130 for connections, as 200 did with one partition.
-        os.environ["KEYFLOW_WRAPPER"] = "prlimit --nofile=400 --"
-        try:
-            # Every connection comes from 127.0.0.1: lift the per-address
-            # bound so that the descriptors run out first.
-            server = harness.Keyflowd(args=["--http-connections-per-address", "4096"]).start()
-        finally:
-            if saved is None:
-                del os.environ["KEYFLOW_WRAPPER"]
-            else:
-                os.environ["KEYFLOW_WRAPPER"] = saved
-        self.addCleanup(server.cleanup)
-        port = int(server.http_base.rsplit(":", 1)[1])
-        socks = []
-        try:
-            for _ in range(300):
-                socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
-            wait_until(lambda: "pausing new connections" in server.read_log(), 10,
-                       "the gateway to pause accepting")
-        finally:
-            for s in socks:
-                s.close()
-        wait_until(lambda: server.http("GET", "/healthz")[0] == 200, 20, "/healthz to answer again")
-        self.assertEqual(server.stop(), 0)
 
     def check_restart_keeps_state(self, crash):
         deb = C.Rule(kind=DEBOUNCE, window_ms=600000)
@@ -495,6 +433,69 @@ class LifecycleTest(unittest.TestCase):
         self.assertEqual([x.run_id for x in again], [r.receipt.run_id])
         self.assertEqual(again[0].attempts, 2)
         self.assertNotEqual(again[0].lease, leased[0].lease)
+
+
+class ProcessTest(unittest.TestCase):
+    """Starts of keyflowd itself (no server of the class's own)."""
+
+    def test_usage_errors_exit_2_before_opening_anything(self):
+        """Bad flags and addresses are usage errors: exit 2 (the systemd unit
+        does not restart on it) with a message naming the problem, and no
+        data directory is created."""
+        import subprocess
+        import tempfile
+        cases = [
+            (["--bogus"], "unknown option --bogus"),
+            (["--grpc-threads"], "--grpc-threads needs a value"),
+            (["--http", "127.0.0.1:99999"], "port in 0..65535"),
+            (["--http", "127.0.0.1"], "expected host:port"),
+            (["--grpc", ":5"], "expected host:port"),
+            (["--run-attempts", "0"], "run-attempts"),
+        ]
+        for args, message in cases:
+            with self.subTest(args=args):
+                data = os.path.join(tempfile.mkdtemp(prefix="kf-usage-"), "data")
+                p = subprocess.run([harness.KEYFLOWD, "--data", data] + args, capture_output=True,
+                                   timeout=30)
+                self.assertEqual(p.returncode, 2, p.stderr.decode())
+                self.assertIn(message, p.stderr.decode())
+                self.assertFalse(os.path.exists(data), "a usage error must not create the data directory")
+
+    def test_out_of_descriptors_the_gateway_pauses_accepting_and_recovers(self):
+        """With its descriptors used up, keyflowd stops reading the HTTP
+        listener for a moment (says so in its log) instead of retrying
+        accept() in a busy loop, and serves again once clients leave."""
+        import shutil
+        import socket
+        if shutil.which("prlimit") is None:
+            self.skipTest("prlimit (util-linux) is not installed")
+        saved = os.environ.get("KEYFLOW_WRAPPER")
+        # 8 partitions' stores hold about 270 descriptors before the first
+        # connection (keyflowd.c, raise_descriptor_limit): 400 leaves about
+        # 130 for connections, as 200 did with one partition.
+        os.environ["KEYFLOW_WRAPPER"] = "prlimit --nofile=400 --"
+        try:
+            # Every connection comes from 127.0.0.1: lift the per-address
+            # bound so that the descriptors run out first.
+            server = harness.Keyflowd(args=["--http-connections-per-address", "4096"]).start()
+        finally:
+            if saved is None:
+                del os.environ["KEYFLOW_WRAPPER"]
+            else:
+                os.environ["KEYFLOW_WRAPPER"] = saved
+        self.addCleanup(server.cleanup)
+        port = int(server.http_base.rsplit(":", 1)[1])
+        socks = []
+        try:
+            for _ in range(300):
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            wait_until(lambda: "pausing new connections" in server.read_log(), 10,
+                       "the gateway to pause accepting")
+        finally:
+            for s in socks:
+                s.close()
+        wait_until(lambda: server.http("GET", "/healthz")[0] == 200, 20, "/healthz to answer again")
+        self.assertEqual(server.stop(), 0)
 
 
 if __name__ == "__main__":

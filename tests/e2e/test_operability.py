@@ -56,10 +56,7 @@ class Server(unittest.TestCase):
         self.wf = "wf-" + uuid.uuid4().hex[:8]
 
     def tearDown(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
-        if any(t is self for t, _ in bad):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+        harness.log_on_failure(self, self.server)
 
     def log_lines(self):
         with open(self.server.log_path, "rb") as f:

@@ -57,14 +57,6 @@ def keys_in(workflow, count, partition, n):
     return out
 
 
-def stopped(server):
-    """Stops a server, which must exit 0 (a sanitizer's report does not)."""
-    code = server.stop()
-    log = server.read_log()
-    server.cleanup()
-    assert code == 0, "keyflowd exited %s; log:\n%s" % (code, log)
-
-
 class Stubs:
     def __init__(self, server):
         self.channel = grpc.insecure_channel(server.grpc_target)
@@ -112,7 +104,7 @@ class OneProcessManyPartitions(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.stubs.close()
-        stopped(cls.server)
+        harness.stopped(cls.server)
 
     def test_the_data_directory_holds_one_store_per_partition(self):
         db = os.path.join(self.server.data_dir, "db")
@@ -248,7 +240,7 @@ class FunctionsAcrossPartitions(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        stopped(cls.server)
+        harness.stopped(cls.server)
 
     def ok(self, method, path, body=None):
         status, doc = self.server.http(method, path, body)
@@ -556,7 +548,7 @@ class Placement(unittest.TestCase):
         for s in (cls.sa, cls.sb):
             s.close()
         for srv in (cls.a, cls.b):
-            stopped(srv)
+            harness.stopped(srv)
         shutil.rmtree(cls.dir, ignore_errors=True)
 
     def test_a_key_of_another_process_is_refused_with_its_owner(self):
@@ -696,7 +688,7 @@ class KubernetesManifest(unittest.TestCase):
             self.assertEqual([(n["name"], n["partitions"], n["grpcAddress"]) for n in doc["nodes"]],
                              [(n[1], n[2], n[3]) for n in nodes])
         finally:
-            stopped(srv)
+            harness.stopped(srv)
 
 
 class Layout(unittest.TestCase):

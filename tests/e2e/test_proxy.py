@@ -70,13 +70,6 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.socket_path)
 
 
-def stopped(server):
-    code = server.stop()
-    log = server.read_log()
-    server.cleanup()
-    assert code == 0, "keyflowd exited %s; log:\n%s" % (code, log)
-
-
 class Proxy(unittest.TestCase):
 
     @classmethod
@@ -138,7 +131,7 @@ class Proxy(unittest.TestCase):
             cls.log.close()
         for s in getattr(cls, "servers", []):
             if s.proc is not None:
-                stopped(s)
+                harness.stopped(s)
         shutil.rmtree(cls.dir, True)
 
     def request(self, method, path, body=None):

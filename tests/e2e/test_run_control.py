@@ -198,16 +198,16 @@ class HttpApi:
 
 
 class RunControl:
-    """The tests; a subclass names the transport (API)."""
+    """The tests, mixed into one harness.ServerTest per transport (API)
+    below: one keyflowd per class, each test in a workflow of its own
+    (unique())."""
     API = None
+    server_args = ["--run-attempts", "2"]
 
     def setUp(self):
-        self.server = harness.Keyflowd(args=["--run-attempts", "2"]).start()
+        super().setUp()
         self.api = self.API(self.server)
-
-    def tearDown(self):
-        self.api.close()
-        self.server.cleanup()
+        self.addCleanup(self.api.close)
 
     def run_of(self, wf, key, **options):
         resp = self.api.send(wf, key, one(**options))
@@ -324,11 +324,11 @@ class RunControl:
         self.assertEqual([r["runId"] for r in listed["runs"]], mine)
 
 
-class GrpcRunControlTest(RunControl, unittest.TestCase):
+class GrpcRunControlTest(RunControl, harness.ServerTest):
     API = GrpcApi
 
 
-class HttpRunControlTest(RunControl, unittest.TestCase):
+class HttpRunControlTest(RunControl, harness.ServerTest):
     API = HttpApi
 
 

@@ -109,10 +109,7 @@ class TlsTest(unittest.TestCase):
         return server
 
     def tearDown(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        bad = getattr(result, "errors", []) + getattr(result, "failures", [])
-        if any(t is self for t, _ in bad) and getattr(self, "server", None):
-            sys.stderr.write("\n--- keyflowd log ---\n%s\n" % self.server.read_log())
+        harness.log_on_failure(self, getattr(self, "server", None))
 
     def assert_grpc_refused(self, ch):
         with self.assertRaises(grpc.RpcError) as cm:
