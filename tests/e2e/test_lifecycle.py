@@ -37,17 +37,15 @@ def now_ms():
     return int(time.time() * 1000)
 
 
-class LifecycleTest(unittest.TestCase):
+class Lifecycle(harness.ServerTest):
+    """The helpers; each test works in a workflow of its own."""
+
     def setUp(self):
-        self.server = harness.Keyflowd().start()
-        self.addCleanup(self.server.cleanup)
+        super().setUp()
         self.channel = None
         self.connect()
         self.addCleanup(lambda: self.channel and self.channel.close())
         self.wf = "wf-" + uuid.uuid4().hex[:8]
-
-    def tearDown(self):
-        harness.log_on_failure(self, self.server)
 
     def connect(self):
         if self.channel is not None:
@@ -91,139 +89,10 @@ class LifecycleTest(unittest.TestCase):
             if not token:
                 return out
 
-    # --- tests -----------------------------------------------------------
-    def test_sigterm_exits_zero_after_finishing_in_flight_work(self):
-        rule = C.Rule(kind=BATCH, max_events=10000, max_wait_ms=600000)
-        acked, errors, sent = [], [], [0]
-        stop = threading.Event()
 
-        def producer():
-            ch = grpc.insecure_channel(self.server.grpc_target)
-            stub = CG.CoordinatorsStub(ch)
-            i = 0
-            while not stop.is_set() and i < 5000:
-                i += 1
-                sent[0] = i
-                try:
-                    stub.SendEvent(C.SendEventRequest(workflow=self.wf, key="load", event=C.Event(
-                        id="e%d" % i, rule=rule, input_json=str(i))), timeout=10)
-                    acked.append(i)
-                except grpc.RpcError as e:
-                    errors.append(e.code())
-                    break
-            ch.close()
-
-        poll_result = {}
-
-        def parked_poll():
-            try:
-                poll_result["runs"] = self.poll(wait_ms=30000, worker="parked", timeout=40)
-            except grpc.RpcError as e:
-                poll_result["error"] = e.code()
-            poll_result["at"] = time.monotonic()
-
-        poller = threading.Thread(target=parked_poll)
-        poller.start()
-        th = threading.Thread(target=producer)
-        th.start()
-        wait_until(lambda: len(acked) >= 50, 20, "50 acknowledged events before SIGTERM")
-        t = time.monotonic()
-        code = self.server.stop()
-        stopped = time.monotonic()
-        stop.set()
-        th.join(30)
-        poller.join(30)
-        self.assertEqual(code, 0, "SIGTERM must exit 0")
-        self.assertLess(stopped - t, 15, "shutdown must not wait for the 30 s long poll")
-        self.assertIn("at", poll_result, "the parked long poll was never answered")
-        self.assertLess(poll_result["at"] - t, 15)
-        self.assertEqual(poll_result.get("runs", []), [], "the parked poll ends empty: %r" % poll_result)
-        self.assertIn("stopped", self.server.read_log())
-        # Everything acknowledged is there after the restart; nothing more
-        # than was sent.
-        self.server.start()
-        self.connect()
-        d = self.describe(BATCH, "load")
-        self.assertTrue(d.HasField("window"))
-        self.assertGreaterEqual(d.window.event_count, len(acked), "an acknowledged event was lost")
-        self.assertLessEqual(d.window.event_count, sent[0])
-        remembered = {m.id for m in d.remembered_ids}
-        missing = ["e%d" % i for i in acked if "e%d" % i not in remembered]
-        # At most 1024 remembered IDs per key: check the ones that can be.
-        if len(acked) <= 1024:
-            self.assertEqual(missing, [], "acknowledged event IDs lost")
-        # The inputs are in order, with no gaps among the acknowledged ones.
-        f = self.coords.FlushWindow(C.FlushWindowRequest(coordinator=C.CoordinatorRef(
-            kind=BATCH, workflow=self.wf, key="load")), timeout=10)
-        inputs = json.loads(self.get_run(f.run_id).input_json)
-        self.assertEqual(inputs[:len(acked)], acked)
-        self.assertEqual(inputs, list(range(1, len(inputs) + 1)))
-
-    def test_sigterm_answers_parked_http_poll_and_health_watch(self):
-        from grpc.health.v1 import health_pb2, health_pb2_grpc
-        import subprocess
-        res = {}
-        url = self.server.http_base + "/v1/runs:poll"
-
-        def http_poll():
-            p = subprocess.run(["curl", "-s", "--max-time", "40", "-w", "\n%{http_code}", "-X", "POST",
-                                "--data-binary", json.dumps({"workerId": "w", "waitMs": 30000}), url],
-                               capture_output=True, timeout=60)
-            res["http"] = p.stdout.decode()
-
-        def watch():
-            stub = health_pb2_grpc.HealthStub(self.channel)
-            try:
-                for m in stub.Watch(health_pb2.HealthCheckRequest(), timeout=40):
-                    res.setdefault("watch", []).append(m.status)
-                res["watch_end"] = "eof"
-            except grpc.RpcError as e:
-                res["watch_end"] = e.code()
-
-        threads = [threading.Thread(target=http_poll), threading.Thread(target=watch)]
-        for th in threads:
-            th.start()
-        # Parked in every partition (the gauge sums the partitions).
-        wait_until(lambda: "watch" in res and re.search(
-            r"\nkeyflow_parked_polls [1-9]\d*\n", self.server.http("GET", "/metrics")[1]),
-            10, "the HTTP long poll to park and the watch to start")
-        t = time.monotonic()
-        self.assertEqual(self.server.stop(), 0)
-        for th in threads:
-            th.join(45)
-        self.assertLess(time.monotonic() - t, 15, "shutdown waited for the long poll or the watch")
-        self.assertEqual(res["watch"][0], health_pb2.HealthCheckResponse.SERVING)
-        self.assertIn("watch_end", res, "the health watch stream was not ended by the shutdown")
-        body, _, code = res["http"].rpartition("\n")
-        self.assertIn(code, ("200", "503"), res["http"])
-        if code == "200":
-            self.assertEqual(json.loads(body), {"runs": []}, "a parked poll ends empty at shutdown")
-
-    def test_sigterm_with_idle_and_unfinished_http_connections_exits_zero(self):
-        """HTTP clients that keep a connection open (keep-alive after a
-        request, connected but silent, half a body sent) must not stop a
-        clean shutdown: the gateway closes them, and the process exits 0
-        after its final sync ("stopped" in the log)."""
-        import socket
-        port = int(self.server.http_base.rsplit(":", 1)[1])
-        socks = []
-        keepalive = socket.create_connection(("127.0.0.1", port), timeout=10)
-        keepalive.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        self.assertTrue(keepalive.recv(64).startswith(b"HTTP/1.1 200"))
-        socks.append(keepalive)
-        socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
-        half = socket.create_connection(("127.0.0.1", port), timeout=10)
-        half.sendall(b"POST /v1/runs:poll HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{")
-        socks.append(half)
-        # One listener accepts in arrival order: once a fourth connection is
-        # answered, the three above are open on the server's side.
-        self.assertEqual(self.server.http("GET", "/healthz")[0], 200)
-        try:
-            self.assertEqual(self.server.stop(), 0, self.server.read_log()[-2000:])
-            self.assertIn("stopped", self.server.read_log())
-        finally:
-            for s in socks:
-                s.close()
+class RestartTest(Lifecycle):
+    """Restarts and crashes of one keyflowd shared by the class: what each
+    test's workflow holds survives them."""
 
     def check_restart_keeps_state(self, crash):
         deb = C.Rule(kind=DEBOUNCE, window_ms=600000)
@@ -433,6 +302,146 @@ class LifecycleTest(unittest.TestCase):
         self.assertEqual([x.run_id for x in again], [r.receipt.run_id])
         self.assertEqual(again[0].attempts, 2)
         self.assertNotEqual(again[0].lease, leased[0].lease)
+
+
+class SigtermTest(Lifecycle):
+    """SIGTERM of a new keyflowd for each test: its log and its parked polls
+    (of every workflow) are the test's alone."""
+
+    fresh_server = True
+
+    def test_sigterm_exits_zero_after_finishing_in_flight_work(self):
+        rule = C.Rule(kind=BATCH, max_events=10000, max_wait_ms=600000)
+        acked, errors, sent = [], [], [0]
+        stop = threading.Event()
+
+        def producer():
+            ch = grpc.insecure_channel(self.server.grpc_target)
+            stub = CG.CoordinatorsStub(ch)
+            i = 0
+            while not stop.is_set() and i < 5000:
+                i += 1
+                sent[0] = i
+                try:
+                    stub.SendEvent(C.SendEventRequest(workflow=self.wf, key="load", event=C.Event(
+                        id="e%d" % i, rule=rule, input_json=str(i))), timeout=10)
+                    acked.append(i)
+                except grpc.RpcError as e:
+                    errors.append(e.code())
+                    break
+            ch.close()
+
+        poll_result = {}
+
+        def parked_poll():
+            try:
+                poll_result["runs"] = self.poll(wait_ms=30000, worker="parked", timeout=40)
+            except grpc.RpcError as e:
+                poll_result["error"] = e.code()
+            poll_result["at"] = time.monotonic()
+
+        poller = threading.Thread(target=parked_poll)
+        poller.start()
+        th = threading.Thread(target=producer)
+        th.start()
+        wait_until(lambda: len(acked) >= 50, 20, "50 acknowledged events before SIGTERM")
+        t = time.monotonic()
+        code = self.server.stop()
+        stopped = time.monotonic()
+        stop.set()
+        th.join(30)
+        poller.join(30)
+        self.assertEqual(code, 0, "SIGTERM must exit 0")
+        self.assertLess(stopped - t, 15, "shutdown must not wait for the 30 s long poll")
+        self.assertIn("at", poll_result, "the parked long poll was never answered")
+        self.assertLess(poll_result["at"] - t, 15)
+        self.assertEqual(poll_result.get("runs", []), [], "the parked poll ends empty: %r" % poll_result)
+        self.assertIn("stopped", self.server.read_log())
+        # Everything acknowledged is there after the restart; nothing more
+        # than was sent.
+        self.server.start()
+        self.connect()
+        d = self.describe(BATCH, "load")
+        self.assertTrue(d.HasField("window"))
+        self.assertGreaterEqual(d.window.event_count, len(acked), "an acknowledged event was lost")
+        self.assertLessEqual(d.window.event_count, sent[0])
+        remembered = {m.id for m in d.remembered_ids}
+        missing = ["e%d" % i for i in acked if "e%d" % i not in remembered]
+        # At most 1024 remembered IDs per key: check the ones that can be.
+        if len(acked) <= 1024:
+            self.assertEqual(missing, [], "acknowledged event IDs lost")
+        # The inputs are in order, with no gaps among the acknowledged ones.
+        f = self.coords.FlushWindow(C.FlushWindowRequest(coordinator=C.CoordinatorRef(
+            kind=BATCH, workflow=self.wf, key="load")), timeout=10)
+        inputs = json.loads(self.get_run(f.run_id).input_json)
+        self.assertEqual(inputs[:len(acked)], acked)
+        self.assertEqual(inputs, list(range(1, len(inputs) + 1)))
+
+    def test_sigterm_answers_parked_http_poll_and_health_watch(self):
+        from grpc.health.v1 import health_pb2, health_pb2_grpc
+        import subprocess
+        res = {}
+        url = self.server.http_base + "/v1/runs:poll"
+
+        def http_poll():
+            p = subprocess.run(["curl", "-s", "--max-time", "40", "-w", "\n%{http_code}", "-X", "POST",
+                                "--data-binary", json.dumps({"workerId": "w", "waitMs": 30000}), url],
+                               capture_output=True, timeout=60)
+            res["http"] = p.stdout.decode()
+
+        def watch():
+            stub = health_pb2_grpc.HealthStub(self.channel)
+            try:
+                for m in stub.Watch(health_pb2.HealthCheckRequest(), timeout=40):
+                    res.setdefault("watch", []).append(m.status)
+                res["watch_end"] = "eof"
+            except grpc.RpcError as e:
+                res["watch_end"] = e.code()
+
+        threads = [threading.Thread(target=http_poll), threading.Thread(target=watch)]
+        for th in threads:
+            th.start()
+        # Parked in every partition (the gauge sums the partitions).
+        wait_until(lambda: "watch" in res and re.search(
+            r"\nkeyflow_parked_polls [1-9]\d*\n", self.server.http("GET", "/metrics")[1]),
+            10, "the HTTP long poll to park and the watch to start")
+        t = time.monotonic()
+        self.assertEqual(self.server.stop(), 0)
+        for th in threads:
+            th.join(45)
+        self.assertLess(time.monotonic() - t, 15, "shutdown waited for the long poll or the watch")
+        self.assertEqual(res["watch"][0], health_pb2.HealthCheckResponse.SERVING)
+        self.assertIn("watch_end", res, "the health watch stream was not ended by the shutdown")
+        body, _, code = res["http"].rpartition("\n")
+        self.assertIn(code, ("200", "503"), res["http"])
+        if code == "200":
+            self.assertEqual(json.loads(body), {"runs": []}, "a parked poll ends empty at shutdown")
+
+    def test_sigterm_with_idle_and_unfinished_http_connections_exits_zero(self):
+        """HTTP clients that keep a connection open (keep-alive after a
+        request, connected but silent, half a body sent) must not stop a
+        clean shutdown: the gateway closes them, and the process exits 0
+        after its final sync ("stopped" in the log)."""
+        import socket
+        port = int(self.server.http_base.rsplit(":", 1)[1])
+        socks = []
+        keepalive = socket.create_connection(("127.0.0.1", port), timeout=10)
+        keepalive.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        self.assertTrue(keepalive.recv(64).startswith(b"HTTP/1.1 200"))
+        socks.append(keepalive)
+        socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        half = socket.create_connection(("127.0.0.1", port), timeout=10)
+        half.sendall(b"POST /v1/runs:poll HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{")
+        socks.append(half)
+        # One listener accepts in arrival order: once a fourth connection is
+        # answered, the three above are open on the server's side.
+        self.assertEqual(self.server.http("GET", "/healthz")[0], 200)
+        try:
+            self.assertEqual(self.server.stop(), 0, self.server.read_log()[-2000:])
+            self.assertIn("stopped", self.server.read_log())
+        finally:
+            for s in socks:
+                s.close()
 
 
 class ProcessTest(unittest.TestCase):
