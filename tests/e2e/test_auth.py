@@ -337,7 +337,14 @@ class Client:
             return e.code()
 
 
-class AuthTest(unittest.TestCase):
+class Auth(unittest.TestCase):
+    """The helpers. A server with --auth, stopped with SIGTERM at the end
+    (exit 0: no sanitizer report): one per class, or one per test where
+    the class sets fresh_server."""
+
+    ARGS = ["--auth", "--plugin-dir", HANDLERS, "--probe-address", "127.0.0.1:0"]
+    fresh_server = False
+
     @classmethod
     def setUpClass(cls):
         for path in (DUMP, os.path.join(HANDLERS, "running_sum.so")):
@@ -345,12 +352,17 @@ class AuthTest(unittest.TestCase):
                 raise unittest.SkipTest("not built: %s" % path)
         cls.rows = {r["path"]: r for r in table()["methods"]}
         cls.routes = table()["routes"]
+        if not cls.fresh_server:
+            cls.shared_server = harness.class_server(cls, args=cls.ARGS)
+            cls.addClassCleanup(harness.stopped, cls.shared_server)
 
     def setUp(self):
-        self.server = harness.Keyflowd(args=["--auth", "--plugin-dir", HANDLERS,
-                                             "--probe-address", "127.0.0.1:0"]).start()
-        self.addCleanup(self.server.cleanup)
-        self.addCleanup(lambda: self.assertEqual(self.server.stop(), 0, self.server.read_log()))
+        if self.fresh_server:
+            self.server = harness.Keyflowd(args=self.ARGS).start()
+            self.addCleanup(self.server.cleanup)
+            self.addCleanup(lambda: self.assertEqual(self.server.stop(), 0, self.server.read_log()))
+        else:
+            self.server = self.shared_server
         self.admin_key = self.bootstrap_key()
         self.admin = Client(self.server.grpc_target, self.rows, self.admin_key)
         self.addCleanup(self.admin.close)
@@ -372,6 +384,12 @@ class AuthTest(unittest.TestCase):
     def http(self, method, path, body, key):
         headers = {"Authorization": bearer(key)} if key else {}
         return self.server.http(method, path, body, headers=headers)[0]
+
+
+
+class AuthTest(Auth):
+    """One server for the class: each test makes keys, workflows and
+    functions of its own."""
 
     # --- the negative suite ----------------------------------------------------
     def make_ctx(self):
@@ -606,6 +624,13 @@ class AuthTest(unittest.TestCase):
             self.assertIsNone(self.server.proc.poll(), self.server.read_log())
         self.assertEqual(self.admin.code("/keyflow.v1.Keys/ListKeys", K.ListKeysRequest()),
                          grpc.StatusCode.OK)
+
+
+class NewServerAuthTest(Auth):
+    """A new server for each test: these kill and restart it, or count
+    every admin key it holds."""
+
+    fresh_server = True
 
     # --- ownership ---------------------------------------------------------------
     def test_a_producer_belongs_to_the_key_that_first_used_it(self):
