@@ -41,22 +41,19 @@ def metric(text, series):
     return None
 
 
-class Server(unittest.TestCase):
-    """Shared: a server per test with the given flags, its log on failure."""
+class Server(harness.ServerTest):
+    """A new server for each test (its log is the test's alone) with the
+    class's server_args, its log on failure."""
 
-    args = ()
+    fresh_server = True
 
     def setUp(self):
-        self.server = harness.Keyflowd(args=list(self.args)).start()
-        self.addCleanup(self.server.cleanup)
+        super().setUp()
         self.channel = grpc.insecure_channel(self.server.grpc_target)
         self.addCleanup(self.channel.close)
         self.coords = CG.CoordinatorsStub(self.channel)
         self.runs = RG.RunsStub(self.channel)
         self.wf = "wf-" + uuid.uuid4().hex[:8]
-
-    def tearDown(self):
-        harness.log_on_failure(self, self.server)
 
     def log_lines(self):
         with open(self.server.log_path, "rb") as f:
@@ -69,8 +66,8 @@ class Server(unittest.TestCase):
 
 
 class JsonLogTest(Server):
-    args = ("--log-format", "json", "--log-level", "debug", "--run-attempts", "1",
-            "--plugin-dir", HANDLERS)
+    server_args = ("--log-format", "json", "--log-level", "debug", "--run-attempts", "1",
+                   "--plugin-dir", HANDLERS)
 
     def records(self):
         """Every line parsed; each must be one JSON object with the common
@@ -212,8 +209,6 @@ class JsonLogTest(Server):
 
 
 class TextLogTest(Server):
-    args = ()
-
     def test_default_is_text_at_info_without_request_lines(self):
         self.send("k1")
         wait_until(lambda: any("window closed, run started" in l for l in self.log_lines()), 10,
@@ -224,6 +219,10 @@ class TextLogTest(Server):
                                r"window closed, run started kind=batch workflow=%s key=k1 "
                                r"run_id=k1@\S+ reason=full events=1$" % self.wf)
         self.assertFalse([l for l in lines if " request " in l or l.startswith("{")], lines)
+
+
+class ConfigurationDocsTest(unittest.TestCase):
+    """keyflowd's flags and --help, no server started."""
 
     def test_bad_log_flags_are_usage_errors(self):
         for args, message in ((["--log-format", "xml"], "log format must be text or json"),
@@ -236,8 +235,6 @@ class TextLogTest(Server):
         self.assertEqual(p.returncode, 2)
         self.assertIn("got yaml", p.stderr.decode())
 
-
-class ConfigurationDocsTest(unittest.TestCase):
     def test_the_readme_lists_every_environment_variable_of_help(self):
         """README's Configuration names each variable `keyflowd --help`
         reads, and none it does not."""
