@@ -386,7 +386,6 @@ class Auth(unittest.TestCase):
         return self.server.http(method, path, body, headers=headers)[0]
 
 
-
 class AuthTest(Auth):
     """One server for the class: each test makes keys, workflows and
     functions of its own."""

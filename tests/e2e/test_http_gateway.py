@@ -145,7 +145,6 @@ class Gateway(harness.ServerTest):
         return 0.0
 
 
-
 @unittest.skipIf(shutil.which("curl") is None, "curl is not installed")
 class GatewayTest(Gateway):
     """One keyflowd for the class."""
