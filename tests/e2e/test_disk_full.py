@@ -137,8 +137,8 @@ class DiskFullTest(DiskTestBase):
     SERVER_ARGS = harness.ONE_PARTITION
 
     def fill_under_load(self):
-        """Big events from four clients until one is refused for the disk
-        reserve; returns that error."""
+        """Big events from four clients until one is refused below the
+        disk reserve; returns that error."""
         refused = []
         failures = []
 
@@ -152,7 +152,14 @@ class DiskFullTest(DiskTestBase):
                     try:
                         self.send("big-%d-%d" % (n, i), self.debounce(), BIG_INPUT, stub)
                     except grpc.RpcError as e:
-                        (refused if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else failures).append(e)
+                        if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                            failures.append(e)
+                        elif "below the reserve" in e.details():
+                            refused.append(e)
+                        # Else the writes in flight fill the room above the
+                        # reserve (docs/semantics.md, "Disk space"): once
+                        # they are on disk, it is reached, unless RocksDB
+                        # freed space meanwhile; go on until it is.
             finally:
                 ch.close()
 
