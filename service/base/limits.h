@@ -429,6 +429,12 @@
 #define KF_PROBE_CONNECTIONS_PER_ADDRESS_MAX 16
 #define KF_PROBE_TIMEOUT_MS                  2000
 #define KF_PROBE_REQUEST_BYTES_MAX           4096
+/* A request of a gRPC stream the front end serves itself and that stays
+ * open as long as the client likes (reflection, TailOutput; health takes
+ * KF_PROBE_REQUEST_BYTES_MAX): a function ID and a cursor of up to
+ * KF_OUTPUT_CURSOR_BYTES_MAX fit many times over. Bounded so that idle
+ * streams cannot hold --grpc-request-bytes-held (service/rpc). */
+#define KF_FRONT_REQUEST_BYTES_MAX (64 * 1024)
 /* Request bodies larger than this are decoded (JSON to the request message)
  * by the gateway's worker threads instead of its event loop, and responses
  * whose message is larger are rendered there: decoding JSON runs at about
@@ -534,6 +540,9 @@ _Static_assert(KF_OUTPUT_RETENTION_MS_DEFAULT <= KF_OUTPUT_RETENTION_MS_MAX,
 _Static_assert(KF_PARTITION_COUNT_DEFAULT >= 1 &&
                    KF_PARTITION_COUNT_DEFAULT <= KF_PARTITION_COUNT_MAX,
                "default partition count within bound");
+_Static_assert(KF_OUTPUT_CURSOR_BYTES_MAX + KF_FUNCTION_ID_BYTES_MAX + 64 <=
+                   KF_FRONT_REQUEST_BYTES_MAX,
+               "a TailOutput request with the longest cursor fits");
 _Static_assert(KF_PARTITION_COUNT_MAX <= 4096, "a run ID's 12 tag bits name every partition");
 _Static_assert(KF_PARTITION_COUNT_MAX % 64 == 0, "partition sets are whole 64-bit words");
 _Static_assert(KF_DISK_RESERVE_BYTES_MIN <= KF_DISK_RESERVE_BYTES_DEFAULT &&

@@ -1250,6 +1250,14 @@ static void reflect_answer(call_t *c, grpc_byte_buffer *request) {
         reflect_finish(c, KF_OK, NULL);
         return;
     }
+    size_t request_len = grpc_byte_buffer_length(request);
+    if (request_len > KF_FRONT_REQUEST_BYTES_MAX) {
+        char message[KF_ERROR_MESSAGE_BYTES_MAX];
+        snprintf(message, sizeof message, "request: %zu bytes; reflection takes at most %d",
+                 request_len, KF_FRONT_REQUEST_BYTES_MAX);
+        reflect_finish(c, KF_E_TOO_LARGE, message);
+        return;
+    }
     grpc_byte_buffer_reader reader;
     if (!grpc_byte_buffer_reader_init(&reader, request)) {
         reflect_finish(c, KF_E_INVALID, "request: unreadable");
@@ -1350,6 +1358,44 @@ static bool hold_request_bytes(call_t *c) {
     return true;
 }
 
+/* The request bytes a call this front end serves itself may bring (0: no
+ * bound of its own, KF_REQUEST_BYTES_MAX as for every call). Health,
+ * reflection and TailOutput streams stay open as long as the client likes,
+ * holding their first request's bytes, and health and reflection need no
+ * key: seven idle Watch streams of 19 MiB each held the whole
+ * --grpc-request-bytes-held, so every other call was refused until they
+ * closed. Their requests are small by nature; larger ones are refused. */
+static size_t front_request_bytes_max(const kf_method_t *m) {
+    if (m->executor != KF_RPC_FRONT_END) {
+        return 0;
+    }
+    switch (m->front) {
+    case KF_FRONT_HEALTH_WATCH:
+    case KF_FRONT_HEALTH_CHECK: return KF_PROBE_REQUEST_BYTES_MAX;
+    case KF_FRONT_TAIL_OUTPUT:
+    case KF_FRONT_PLACEMENT:
+    case KF_FRONT_REFLECTION_V1:
+    case KF_FRONT_REFLECTION_V1ALPHA: return KF_FRONT_REQUEST_BYTES_MAX;
+    case KF_FRONT_WORKER_SERVE: return 0; /* it reads its own messages, one at a time */
+    }
+    KF_UNREACHABLE();
+}
+
+/* Refuses (KF_E_TOO_LARGE, naming the bound) a front-end request past
+ * front_request_bytes_max; true when the call may go on. */
+static bool front_request_fits(call_t *c) {
+    size_t cap = front_request_bytes_max(c->method);
+    size_t n = c->payload != NULL ? grpc_byte_buffer_length(c->payload) : 0;
+    if (cap == 0 || n <= cap) {
+        return true;
+    }
+    char message[KF_ERROR_MESSAGE_BYTES_MAX];
+    snprintf(message, sizeof message, "request: %zu bytes; %s takes at most %zu", n,
+             c->method->name, cap);
+    send_reply(c, KF_E_TOO_LARGE, message, NULL);
+    return false;
+}
+
 static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     atomic_fetch_add(&s->live_calls, 1);
     c->start_us = kf_mono_us();
@@ -1364,7 +1410,7 @@ static void on_arrival(kf_grpc_server_t *s, call_t *c) {
     }
     request_call(s, (size_t)(c->method - kf_methods)); /* keep the method's backlog full */
     const kf_method_t *m = c->method;
-    if (!authenticate(c) || !hold_request_bytes(c)) {
+    if (!front_request_fits(c) || !authenticate(c) || !hold_request_bytes(c)) {
         return;
     }
     if (m->executor == KF_RPC_FRONT_END) {

@@ -114,5 +114,60 @@ class GrpcRequestBytesTest(unittest.TestCase):
         self.assertEqual(server.stop(), 0)
 
 
+def varint(n):
+    out = b""
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out += bytes([byte | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+class LongLivedStreamRequestsTest(unittest.TestCase):
+    """Health, reflection and TailOutput streams stay open as long as the
+    client likes and hold their first request's bytes meanwhile; health and
+    reflection need no key. A hostile audit held the whole
+    --grpc-request-bytes-held with seven idle 19 MiB Watch requests, so every
+    other call was refused. Their requests are bounded by size instead."""
+
+    def test_oversize_stream_requests_are_refused_and_hold_nothing(self):
+        from grpc.health.v1 import health_pb2 as H
+        from grpc.health.v1 import health_pb2_grpc as HG
+        server = harness.Keyflowd(args=["--grpc-request-bytes-held", "1MiB"])
+        self.addCleanup(server.cleanup)
+        server.start()
+        channel = grpc.insecure_channel(server.grpc_target)
+        self.addCleanup(channel.close)
+        health = HG.HealthStub(channel)
+        # A Watch whose request would hold most of the 1 MiB: refused at once.
+        watch = health.Watch(H.HealthCheckRequest(service="x" * 900000), timeout=30)
+        with self.assertRaises(grpc.RpcError) as cm:
+            next(watch)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("at most 4096", cm.exception.details())
+        # Reflection: a 70 KB host name (field 1) in the first request.
+        reflect = channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+        big = b"\x0a" + varint(70000) + b"h" * 70000
+        with self.assertRaises(grpc.RpcError) as cm:
+            list(reflect(iter([big]), timeout=30))
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("at most 65536", cm.exception.details())
+        # A well-formed Watch stays open and holds next to nothing: a call of
+        # 900 KB is still taken beside it.
+        ok_watch = health.Watch(H.HealthCheckRequest(service=""), timeout=60)
+        self.addCleanup(ok_watch.cancel)
+        self.assertEqual(next(ok_watch).status, H.HealthCheckResponse.SERVING)
+        stub = CG.CoordinatorsStub(channel)
+        event = C.Event(rule=C.Rule(kind=C.RULE_KIND_DEBOUNCE, window_ms=600000),
+                        input_json='"%s"' % ("y" * 200000))
+        reply = stub.SendEvents(C.SendEventsRequest(events=[
+            C.SendEventRequest(workflow="wf", key="k%d" % i, event=event) for i in range(4)]),
+            timeout=30)
+        self.assertEqual(len(reply.results), 4)
+        ok_watch.cancel()
+        self.assertEqual(server.stop(), 0)
+
+
 if __name__ == "__main__":
     unittest.main()
