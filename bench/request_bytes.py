@@ -80,6 +80,17 @@ def metric(server, name):
     return 0.0
 
 
+def streams_on_each(conns, one, settle_s):
+    """Runs one(connection) on every connection at once, each in its own
+    thread, then gives keyflowd settle_s seconds to act on what they hold."""
+    threads = [threading.Thread(target=one, args=(c,)) for c in conns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(settle_s)
+
+
 def attack_h2(server, args):
     conns = [H2Connection(server.http_port) for _ in range(args.connections)]
     for c in conns:
@@ -90,12 +101,7 @@ def attack_h2(server, args):
             s = c.open("POST", "/v1/workflows/w/keys/k/events", headers=[("content-type", "application/json")])
             c.send_body(s, int(args.mib * MIB), timeout=120)
 
-    threads = [threading.Thread(target=one, args=(c,)) for c in conns]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    time.sleep(args.settle)
+    streams_on_each(conns, one, args.settle)
     refused = sum(len(c.refused()) for c in conns)
     for c in conns:
         c.close()
@@ -117,12 +123,7 @@ def attack_grpc_partial(server, args):
                        headers=[("content-type", "application/grpc"), ("te", "trailers")])
             sent.append(c.send_body(s, size + 4, timeout=5, first=b"\x00" + struct.pack(">I", size)))
 
-    threads = [threading.Thread(target=one, args=(c,)) for c in conns]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    time.sleep(args.settle)
+    streams_on_each(conns, one, args.settle)
     reset = sum(len(c.reset) for c in conns)
     for c in conns:
         c.close()
