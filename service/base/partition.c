@@ -66,6 +66,15 @@ uint32_t kf_partition_of_coordinator(const char *workflow, size_t workflow_len, 
     return hash_end(&s) % count;
 }
 
+uint32_t kf_partition_home_of_function(const char *function_id, size_t len, uint32_t count) {
+    KF_ASSERT(count >= 1);
+    hash_state_t s;
+    hash_begin(&s);
+    hash_update_length(&s, len);
+    hash_update(&s, function_id, len);
+    return hash_end(&s) % count;
+}
+
 void kf_partition_hasher_init(kf_partition_hasher_t *hasher) {
     hash_state_t s;
     hash_begin(&s);

@@ -18,8 +18,13 @@
  *     a coordinator (workflow, key): u32be(len(workflow)) workflow
  *                                     u32be(len(key)) key
  *     a process-function key: its canonical key (per key column, u32be
- *                                     length and the UTF-8 bytes)
- *   so a coordinator hashes like a key of two columns.
+ *                                     length and the UTF-8 bytes) for a
+ *                                     SPLIT function; for a SINGLE one
+ *                                     (the default) every key is in the
+ *                                     function's home:
+ *     a function's home:              u32be(len(function_id)) function_id
+ *   so a coordinator hashes like a key of two columns, and a home like a
+ *   key of one.
  *
  * Run IDs ("<key>@<uuid>") carry their partition: the UUIDv7's 12 rand_a
  * bits (the three hex digits after the version digit '7') hold it, so a
@@ -47,6 +52,10 @@ uint32_t kf_partition_of_key(const void *canonical_key, size_t len, uint32_t cou
 /* The partition of a coordinator (workflow, key) of any kind. count >= 1. */
 uint32_t kf_partition_of_coordinator(const char *workflow, size_t workflow_len, const char *key,
                                      size_t key_len, uint32_t count);
+
+/* The home partition of a function (every key of a SINGLE function is
+ * there). count >= 1. */
+uint32_t kf_partition_home_of_function(const char *function_id, size_t len, uint32_t count);
 
 /* The same hash fed one key column at a time, for a key that is not one
  * string in memory (a row's key columns): init, then per column its bytes

@@ -53,6 +53,11 @@ def main():
         for count in (1, 3, 8):
             keys.append({"columns": cols, "canonical_hex": canonical(cols).hex(), "count": count,
                          "partition": kf_hash(canonical(cols)) % count})
+    homes = []
+    for fid in ("running_sum", "session_counter", "f", "", "caf\u00e9", "fn/" + "z" * 200):
+        for count in (1, 2, 3, 8, 256):
+            homes.append({"function_id": fid, "count": count,
+                          "partition": kf_hash(canonical([fid])) % count})
     run_ids = [
         {"run_id": "order-7@0190f7a2-5b3c-7005-8a4e-1c2d3e4f5a6b", "count": 8, "partition": 5},
         {"run_id": "a@b@0190f7a2-5b3c-7000-8a4e-1c2d3e4f5a6b", "count": 8, "partition": 0},
@@ -64,10 +69,12 @@ def main():
     ]
     doc = {
         "hash": "kf-hash-1",
-        "about": "docs/scaling.md: partition = kf-hash-1(input) mod count",
+        "about": "docs/scaling.md: partition = kf-hash-1(input) mod count; a SINGLE function's "
+                 "keys are all in its home, kf-hash-1(u32be(len(function_id)) function_id) mod count",
         "hashes": hashes,
         "coordinators": coordinators,
         "keys": keys,
+        "function_homes": homes,
         "run_ids": run_ids,
     }
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors.json")

@@ -79,6 +79,23 @@ Test(partition, key_vectors) {
     json_decref(doc);
 }
 
+Test(partition, function_home_vectors) {
+    json_t *doc = vectors();
+    size_t i;
+    json_t *v;
+    size_t n = 0;
+    json_array_foreach(json_object_get(doc, "function_homes"), i, v) {
+        const char *id = json_string_value(json_object_get(v, "function_id"));
+        uint32_t count = (uint32_t)json_integer_value(json_object_get(v, "count"));
+        uint32_t want = (uint32_t)json_integer_value(json_object_get(v, "partition"));
+        cr_expect_eq(kf_partition_home_of_function(id, strlen(id), count), want, "%s of %u", id,
+                     count);
+        n++;
+    }
+    cr_assert_gt(n, 0, "the vectors hold function homes");
+    json_decref(doc);
+}
+
 Test(partition, run_id_vectors) {
     json_t *doc = vectors();
     size_t i;
