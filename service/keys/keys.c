@@ -15,6 +15,7 @@
 #include "base/alloc.h"
 #include "base/assert.h"
 #include "base/log.h"
+#include "base/text.h"
 #include "keyflow/v1/keys.pb-c.h"
 #include "records/records.pb-c.h"
 
@@ -525,6 +526,16 @@ static kf_status_t check_grants(const Keyflow__V1__CreateKeyRequest *req, kf_gra
                                 "grants[%zu].prefix: at most %d bytes (KF_GRANT_PREFIX_BYTES_MAX), "
                                 "got %zu",
                                 i, KF_GRANT_PREFIX_BYTES_MAX, len);
+        }
+        /* A prefix is compared with workflow names, which refuse control
+         * bytes and bad UTF-8 (text.h): a prefix holding one matches no
+         * name, and would show up in logs and listings as a key that
+         * silently allows nothing, or breaks the line it is printed on. */
+        char field[48];
+        snprintf(field, sizeof field, "grants[%zu].prefix", i);
+        kf_status_t st = kf_check_identifier(field, g->prefix, KF_GRANT_PREFIX_BYTES_MAX, false, err);
+        if (st != KF_OK) {
+            return st;
         }
         memcpy(grants[i].prefix, g->prefix, len + 1);
     }

@@ -21,6 +21,7 @@ import os
 import pathlib
 import re
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -571,6 +572,43 @@ class AuthTest(Auth):
         escaped = 'name="x\\" by 0000000000000000\\n2026-01-01T00:00:00.000Z warn keys: forged"'
         for line in lines:
             self.assertIn(escaped, line)
+
+    def test_a_grant_prefix_with_a_control_byte_is_refused(self):
+        """A grant's prefix is matched against workflow and function names,
+        which refuse control bytes: a prefix holding one is refused at
+        CreateKey (gRPC and HTTP, naming the grant), and no key is made."""
+        listed = lambda: sorted(k.name for k in self.admin.call(
+            "/keyflow.v1.Keys/ListKeys", K.ListKeysRequest()).keys)
+        before = listed()
+        for i, prefix in enumerate(("team\x01", "a\nb", "tab\t", "del\x7f", "\x1f")):
+            with self.assertRaises(grpc.RpcError) as cm:
+                self.create_key("ctl-grpc-%d" % i, [("runs:read", ""), ("events:send", prefix)])
+            self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, prefix)
+            self.assertIn("grants[1].prefix", cm.exception.details())
+            self.assertIn("control characters", cm.exception.details())
+            # Over HTTP, on a raw socket: the JSON escape reaches the server
+            # as the byte itself.
+            body = json.dumps({"name": "ctl-http-%d" % i,
+                               "grants": [{"scope": "events:send", "prefix": prefix}]}).encode()
+            with socket.create_connection(("127.0.0.1", self.server.http_port), timeout=10) as s:
+                s.sendall(b"POST /v1/keys HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+                          b"Authorization: " + bearer(self.admin_key).encode() + b"\r\n"
+                          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                          % len(body) + body)
+                answer = b""
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    answer += chunk
+            head, _, text = answer.partition(b"\r\n\r\n")
+            self.assertTrue(head.startswith(b"HTTP/1.1 400 "), answer)
+            doc = json.loads(text)
+            self.assertEqual((doc["code"], doc["status"]), (3, "INVALID_ARGUMENT"))
+            self.assertIn("grants[0].prefix", doc["message"])
+        self.assertEqual(listed(), before)
+        # A clean prefix is still taken.
+        self.create_key("ctl-clean", [("events:send", "team-")])
 
     # --- malformed headers ------------------------------------------------------
     def test_two_authorization_headers_are_refused(self):
