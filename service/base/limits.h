@@ -404,6 +404,16 @@
  * one client cannot take the whole gateway (a slowloris from one host holds
  * at most this many), while a proxy in front may be given more. */
 #define KF_HTTP_CONNECTIONS_PER_ADDRESS_DEFAULT 64
+/* A request head (request line and headers, as sent; HTTP/2: the decoded
+ * names and values) is at most this long; past it the gateway answers 431
+ * (service/http/gateway.c) and closes an HTTP/1 connection. keyflow's own
+ * heads are a few hundred bytes (a path, Host, Authorization, Content-Type);
+ * 32 KiB is nginx's default (4 buffers of 8 KiB) and leaves room for what a
+ * proxy in front adds (X-Forwarded-For chains, tracing headers). h2o 2.2.5
+ * would take 408 KiB (H2O_MAX_REQLEN), and every connection may hold a head
+ * while it is answered: at this bound all KF_HTTP_CONNECTIONS_MAX of them
+ * hold at most KF_HTTP_BUFFERED_BYTES_MAX. */
+#define KF_HTTP_HEADER_BYTES_MAX (32u * 1024)
 /* Request bytes the gateway's connections may hold in all while they are
  * read (service/http/conns.c): HTTP/1 requests, and HTTP/2 streams' bodies
  * (h2o buffers each whole, up to 100 a connection). Past it, checked every
@@ -511,6 +521,9 @@ _Static_assert(KF_HTTP_TIMEOUT_MS_MIN <= KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT &&
                    KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT <= KF_HTTP_HEADER_TIMEOUT_MS_MAX &&
                    KF_HTTP_BODY_TIMEOUT_MS_DEFAULT <= KF_HTTP_BODY_TIMEOUT_MS_MAX,
                "default timeouts within bounds");
+_Static_assert((unsigned long long)KF_HTTP_HEADER_BYTES_MAX * KF_HTTP_CONNECTIONS_MAX <=
+                   KF_HTTP_BUFFERED_BYTES_MAX,
+               "every connection's head fits in the buffered bound");
 _Static_assert(KF_PROBE_CONNECTIONS_PER_ADDRESS_MAX <= KF_PROBE_CONNECTIONS_MAX,
                "per-address within the listener's bound");
 _Static_assert(KF_WORK_GROUP_BYTES_MAX <= KF_GROUP_BYTES_MAX, "follow-on steps stop earlier");

@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
 #include "base/limits.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/status.h"
 
 #define ACCEPT_RETRY_MS 100
 /* How often deadlines are checked: a connection lives at most this much
@@ -52,7 +54,8 @@ struct kf_http_conn {
     int64_t idle_since_ms; /* see conns.h */
     int held;              /* requests answered later */
     bool http2;
-    bool shut; /* its deadline passed: shut down, h2o closes it */
+    bool shut;                  /* its deadline passed: shut down, h2o closes it */
+    h2o_socket_cb h2o_on_read;  /* while an answer of ours is written: h2o's read callback */
     /* During a tick's shedding only: its h2o HTTP/2 connection (NULL for
      * HTTP/1), and the request bytes it is still sending. */
     h2o_http2_conn_t *h2;
@@ -76,6 +79,8 @@ struct kf_http_conns {
     kf_http_conn_t *open;
     kf_http_conn_t *closed; /* closed with requests still held */
     address_t *buckets[ADDRESS_BUCKETS];
+    char head_refusal[512]; /* the HTTP/1 answer to a head past KF_HTTP_HEADER_BYTES_MAX */
+    size_t head_refusal_len;
 };
 
 static int64_t now_ms(void) {
@@ -168,6 +173,36 @@ static void address_put(kf_http_conns_t *c, address_t *a) {
         }
     }
     KF_UNREACHABLE();
+}
+
+/* ---- answers of our own ------------------------------------------------ */
+
+/* A whole HTTP/1.1 answer with a JSON error body {"code", "status",
+ * "message"} (the gateway's shape), for a connection that is closed after
+ * it; `retry_after` (seconds) may be NULL. The message is ours: no
+ * character in it needs escaping. Returns its length. */
+static size_t render_answer(char *out, size_t cap, int http_status, const char *reason,
+                            const char *retry_after, kf_status_t status, const char *format, ...)
+    __attribute__((format(printf, 7, 8)));
+static size_t render_answer(char *out, size_t cap, int http_status, const char *reason,
+                            const char *retry_after, kf_status_t status, const char *format, ...) {
+    char message[256];
+    va_list ap;
+    va_start(ap, format);
+    vsnprintf(message, sizeof message, format, ap);
+    va_end(ap);
+    KF_ASSERT(strpbrk(message, "\"\\") == NULL);
+    char body[384];
+    int body_len = snprintf(body, sizeof body, "{\"code\":%d,\"status\":\"%s\",\"message\":\"%s\"}",
+                            kf_status_grpc_code(status), kf_status_grpc_name(status), message);
+    KF_ASSERT(body_len > 0 && (size_t)body_len < sizeof body);
+    int n = snprintf(out, cap,
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     "%s%s%sConnection: close\r\n\r\n%s",
+                     http_status, reason, body_len, retry_after != NULL ? "Retry-After: " : "",
+                     retry_after != NULL ? retry_after : "", retry_after != NULL ? "\r\n" : "", body);
+    KF_ASSERT(n > 0 && (size_t)n < cap);
+    return (size_t)n;
 }
 
 /* ---- accepting --------------------------------------------------------- */
@@ -278,10 +313,35 @@ static void on_accept(h2o_socket_t *listener, const char *err) {
 /* ---- deadlines --------------------------------------------------------- */
 
 /* HTTP/1: h2o keeps the request's bytes in the socket's input until it is
- * answered, so a blank line there means the head arrived. */
+ * answered, so an empty line there means the head arrived (lines end in
+ * CRLF or LF, as picohttpparser takes them). */
 static bool head_complete(h2o_socket_t *sock) {
     const h2o_buffer_t *in = sock->input;
-    return in != NULL && in->size >= 4 && memmem(in->bytes, in->size, "\r\n\r\n", 4) != NULL;
+    return in != NULL && in->size >= 2 &&
+           (memmem(in->bytes, in->size, "\n\r\n", 3) != NULL ||
+            memmem(in->bytes, in->size, "\n\n", 2) != NULL);
+}
+
+/* An HTTP/1 answer of ours on a connection h2o is reading a request head
+ * of: h2o stops reading (so it parses nothing more), the answer is written
+ * through the socket (TLS or not), then the socket is shut down and h2o's
+ * read handed back, which fails, and h2o closes the connection through its
+ * own error path. */
+static void on_answer_written(h2o_socket_t *sock, const char *err) {
+    (void)err;
+    kf_http_conn_t *conn = sock->on_close.data;
+    shutdown(h2o_socket_get_fd(sock), SHUT_RDWR);
+    h2o_socket_read_start(sock, conn->h2o_on_read);
+}
+
+static void answer_and_close(kf_http_conn_t *conn, const char *answer, size_t len) {
+    h2o_socket_t *sock = conn->sock;
+    conn->shut = true;
+    conn->h2o_on_read = sock->_cb.read;
+    KF_ASSERT(conn->h2o_on_read != NULL); /* h2o is reading a head */
+    h2o_socket_read_stop(sock);
+    h2o_iovec_t buf = h2o_iovec_init(answer, len);
+    h2o_socket_write(sock, &buf, 1, on_answer_written);
 }
 
 /* ---- request bytes held ------------------------------------------------ */
@@ -442,7 +502,17 @@ static void on_tick(h2o_timeout_entry_t *entry) {
         if (conn->held > 0 || conn->shut) {
             continue;
         }
-        bool body_phase = conn->http2 || head_complete(conn->sock);
+        bool body_phase = conn->http2 || conn->h2 != NULL || head_complete(conn->sock);
+        if (!body_phase && conn->sock->input != NULL &&
+            conn->sock->input->size > KF_HTTP_HEADER_BYTES_MAX && conn->sock->_cb.read != NULL) {
+            /* A head still arriving past the bound (one that arrived whole
+             * is the handler's to refuse). h2o alone would read 408 KiB. */
+            answer_and_close(conn, c->head_refusal, c->head_refusal_len);
+            kf_counter_add(KF_C_HTTP_CONNECTIONS_REFUSED, 1);
+            kf_log(KF_LOG_DEBUG, c->name, "closing a connection: request head past %u bytes",
+                   (unsigned)KF_HTTP_HEADER_BYTES_MAX);
+            continue;
+        }
         int64_t limit = body_phase ? c->limits.body_timeout_ms : c->limits.header_timeout_ms;
         if (now - conn->idle_since_ms > limit) {
             /* h2o is reading or writing this socket (nothing of it is held):
@@ -509,6 +579,12 @@ kf_http_conns_t *kf_http_conns_create(h2o_evloop_t *loop, h2o_socket_t *listener
     c->accept_entry.cb = on_accept_retry;
     h2o_timeout_init(loop, &c->tick_timeout, TICK_MS);
     c->tick_entry.cb = on_tick;
+    c->head_refusal_len = render_answer(
+        c->head_refusal, sizeof c->head_refusal, 431, "Request Header Fields Too Large", NULL,
+        KF_E_TOO_LARGE,
+        "request head: more than the limit of %u bytes (KF_HTTP_HEADER_BYTES_MAX) before its "
+        "end; the connection is closed",
+        (unsigned)KF_HTTP_HEADER_BYTES_MAX);
     return c;
 }
 

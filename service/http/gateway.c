@@ -164,6 +164,7 @@ static const char *reason(int status) {
     case 413: return "Payload Too Large";
     case 421: return "Misdirected Request";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 499: return "Client Closed Request";
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
@@ -718,11 +719,162 @@ static bool refuse_browser_without_keys(kf_gateway_t *gw, h2o_req_t *req) {
     return true;
 }
 
+/* ---- request framing and head size --------------------------------------- */
+
+/*
+ * h2o 2.2.5 frames an HTTP/1 body by the first Content-Length when several
+ * are sent, and by Transfer-Encoding when both are (lib/http1.c,
+ * init_headers); neither header reaches the handler (they are not in
+ * req->headers). A proxy in front that frames the other way sees a request
+ * where h2o sees a body, or the reverse: request smuggling. RFC 9112
+ * section 6.3 says to refuse such a request (400) and close the connection,
+ * which is done here before anything of the request is used. h2o reads
+ * nothing more of a connection while its request is in the handler, so with
+ * keep-alive off the bytes after it are never parsed as a request. h2o
+ * leaves the request's head at the start of the socket's input until it is
+ * answered (conns.c relies on the same), header names lowercased in place;
+ * that is what is read here, with picohttpparser's rules (LF or CRLF line
+ * ends, one empty line before the request line skipped).
+ *
+ * The head's size is bounded by KF_HTTP_HEADER_BYTES_MAX (431): here for a
+ * head that arrived whole (h2o alone would take 408 KiB), in conns.c for
+ * one still arriving.
+ */
+
+static bool name_is(const char *name, size_t len, const char *want) {
+    return len == strlen(want) && strncasecmp(name, want, len) == 0;
+}
+
+/* The head of an HTTP/1 request: 0 (fine), or the status to refuse it with
+ * (400, 431) and `message` saying why. */
+static int check_http1_head(h2o_req_t *req, char *message, size_t cap) {
+    h2o_socket_t *sock = req->conn->callbacks->get_socket != NULL
+                             ? req->conn->callbacks->get_socket(req->conn)
+                             : NULL;
+    if (sock == NULL || sock->input == NULL) {
+        return 0;
+    }
+    const char *start = sock->input->bytes;
+    const char *end = start + sock->input->size;
+    const char *line = start;
+    size_t head_bytes = 0;
+    int lines = 0;
+    int lengths = 0, codings = 0;
+    const char *length = NULL; /* the first Content-Length value */
+    size_t length_len = 0;
+    bool lengths_differ = false;
+    while (line < end && head_bytes == 0) {
+        const char *nl = memchr(line, '\n', (size_t)(end - line));
+        if (nl == NULL) {
+            return 0; /* h2o parsed a whole head: not reached */
+        }
+        size_t len = (size_t)(nl - line);
+        if (len > 0 && line[len - 1] == '\r') {
+            len--;
+        }
+        const char *next = nl + 1;
+        if (len == 0) {
+            if (lines > 0) {
+                head_bytes = (size_t)(next - start);
+            }
+            line = next;
+            continue;
+        }
+        const char *name = line;
+        const char *colon = lines > 0 ? memchr(line, ':', len) : NULL;
+        lines++;
+        line = next;
+        if (colon == NULL) {
+            continue; /* the request line */
+        }
+        size_t name_len = (size_t)(colon - name);
+        const char *value = colon + 1;
+        const char *value_end = name + len;
+        while (value < value_end && (*value == ' ' || *value == '\t')) {
+            value++;
+        }
+        while (value_end > value && (value_end[-1] == ' ' || value_end[-1] == '\t')) {
+            value_end--;
+        }
+        size_t value_len = (size_t)(value_end - value);
+        if (name_is(name, name_len, "content-length")) {
+            if (lengths++ == 0) {
+                length = value;
+                length_len = value_len;
+            } else if (value_len != length_len || memcmp(value, length, value_len) != 0) {
+                lengths_differ = true;
+            }
+        } else if (name_is(name, name_len, "transfer-encoding")) {
+            codings++;
+        }
+    }
+    if (head_bytes > KF_HTTP_HEADER_BYTES_MAX) {
+        snprintf(message, cap,
+                 "request head: %zu bytes, more than the limit of %u (KF_HTTP_HEADER_BYTES_MAX); "
+                 "the connection is closed",
+                 head_bytes, (unsigned)KF_HTTP_HEADER_BYTES_MAX);
+        return 431;
+    }
+    if (lengths_differ) {
+        snprintf(message, cap,
+                 "content-length: sent %d times with different values, so where the body ends "
+                 "is ambiguous (RFC 9112 section 6.3); the connection is closed",
+                 lengths);
+        return 400;
+    }
+    if (codings > 0 && lengths > 0) {
+        snprintf(message, cap,
+                 "transfer-encoding: sent with content-length, so where the body ends is "
+                 "ambiguous (RFC 9112 section 6.3); the connection is closed");
+        return 400;
+    }
+    if (codings > 1) {
+        snprintf(message, cap,
+                 "transfer-encoding: sent %d times; send it once (RFC 9112 section 6.3); the "
+                 "connection is closed",
+                 codings);
+        return 400;
+    }
+    return 0;
+}
+
+/* HTTP/2: the decoded head (h2o framed the body by frames). */
+static int check_http2_head(h2o_req_t *req, char *message, size_t cap) {
+    size_t bytes = req->input.method.len + req->input.path.len + req->input.authority.len;
+    for (size_t i = 0; i < req->headers.size; i++) {
+        bytes += req->headers.entries[i].name->len + req->headers.entries[i].value.len + 4;
+    }
+    if (bytes <= KF_HTTP_HEADER_BYTES_MAX) {
+        return 0;
+    }
+    snprintf(message, cap,
+             "request head: %zu bytes of names and values, more than the limit of %u "
+             "(KF_HTTP_HEADER_BYTES_MAX)",
+             bytes, (unsigned)KF_HTTP_HEADER_BYTES_MAX);
+    return 431;
+}
+
+/* Refuses a request whose framing is ambiguous (400) or whose head is too
+ * large (431), before anything of it is used; an HTTP/1 connection is
+ * closed after the answer. True when it answered. */
+static bool refuse_head(h2o_req_t *req) {
+    char message[KF_ERROR_MESSAGE_BYTES_MAX];
+    int status = req->version < 0x200 ? check_http1_head(req, message, sizeof message)
+                                      : check_http2_head(req, message, sizeof message);
+    if (status == 0) {
+        return false;
+    }
+    req->http1_is_persistent = 0; /* h2o closes the connection once this is sent */
+    send_error(req, status == 431 ? KF_E_TOO_LARGE : KF_E_INVALID, message, status);
+    return true;
+}
+
 static int on_probe_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_gateway_t *gw = *(kf_gateway_t **)(self + 1);
     int64_t start_us = kf_mono_us();
     kf_http_conn_request(req);
-    if (!refuse_browser_without_keys(gw, req) && !serve_probe(gw, req, path_length(req), false)) {
+    if (!refuse_head(req) && !refuse_browser_without_keys(gw, req) &&
+        !serve_probe(gw, req, path_length(req), false)) {
         send_error(req, KF_E_NOT_FOUND,
                    "path: the probe listener serves /healthz, /readyz and /metrics only", 0);
     }
@@ -797,7 +949,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     int64_t start_us = kf_mono_us();
     kf_http_conn_t *conn = kf_http_conn_request(req);
     size_t path_len = path_length(req);
-    if (refuse_browser_without_keys(gw, req) || serve_probe(gw, req, path_len, true) ||
+    if (refuse_head(req) || refuse_browser_without_keys(gw, req) ||
+        serve_probe(gw, req, path_len, true) ||
         serve_placement(gw, req, path_len)) {
         log_plain_request(req, start_us);
         return 0;
