@@ -521,8 +521,7 @@ _Static_assert(KF_HTTP_TIMEOUT_MS_MIN <= KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT &&
                    KF_HTTP_HEADER_TIMEOUT_MS_DEFAULT <= KF_HTTP_HEADER_TIMEOUT_MS_MAX &&
                    KF_HTTP_BODY_TIMEOUT_MS_DEFAULT <= KF_HTTP_BODY_TIMEOUT_MS_MAX,
                "default timeouts within bounds");
-_Static_assert((unsigned long long)KF_HTTP_HEADER_BYTES_MAX * KF_HTTP_CONNECTIONS_MAX <=
-                   KF_HTTP_BUFFERED_BYTES_MAX,
+_Static_assert(KF_HTTP_HEADER_BYTES_MAX *KF_HTTP_CONNECTIONS_MAX <= KF_HTTP_BUFFERED_BYTES_MAX,
                "every connection's head fits in the buffered bound");
 _Static_assert(KF_PROBE_CONNECTIONS_PER_ADDRESS_MAX <= KF_PROBE_CONNECTIONS_MAX,
                "per-address within the listener's bound");

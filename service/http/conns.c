@@ -54,8 +54,8 @@ struct kf_http_conn {
     int64_t idle_since_ms; /* see conns.h */
     int held;              /* requests answered later */
     bool http2;
-    bool shut;                  /* its deadline passed: shut down, h2o closes it */
-    h2o_socket_cb h2o_on_read;  /* while an answer of ours is written: h2o's read callback */
+    bool shut;                 /* its deadline passed: shut down, h2o closes it */
+    h2o_socket_cb h2o_on_read; /* while an answer of ours is written: h2o's read callback */
     /* During a tick's shedding only: its h2o HTTP/2 connection (NULL for
      * HTTP/1), and the request bytes it is still sending. */
     h2o_http2_conn_t *h2;
@@ -196,11 +196,12 @@ static size_t render_answer(char *out, size_t cap, int http_status, const char *
     int body_len = snprintf(body, sizeof body, "{\"code\":%d,\"status\":\"%s\",\"message\":\"%s\"}",
                             kf_status_grpc_code(status), kf_status_grpc_name(status), message);
     KF_ASSERT(body_len > 0 && (size_t)body_len < sizeof body);
-    int n = snprintf(out, cap,
-                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                     "%s%s%sConnection: close\r\n\r\n%s",
-                     http_status, reason, body_len, retry_after != NULL ? "Retry-After: " : "",
-                     retry_after != NULL ? retry_after : "", retry_after != NULL ? "\r\n" : "", body);
+    int n =
+        snprintf(out, cap,
+                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                 "%s%s%sConnection: close\r\n\r\n%s",
+                 http_status, reason, body_len, retry_after != NULL ? "Retry-After: " : "",
+                 retry_after != NULL ? retry_after : "", retry_after != NULL ? "\r\n" : "", body);
     KF_ASSERT(n > 0 && (size_t)n < cap);
     return (size_t)n;
 }

@@ -950,8 +950,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_http_conn_t *conn = kf_http_conn_request(req);
     size_t path_len = path_length(req);
     if (refuse_head(req) || refuse_browser_without_keys(gw, req) ||
-        serve_probe(gw, req, path_len, true) ||
-        serve_placement(gw, req, path_len)) {
+        serve_probe(gw, req, path_len, true) || serve_placement(gw, req, path_len)) {
         log_plain_request(req, start_us);
         return 0;
     }

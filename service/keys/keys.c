@@ -533,7 +533,8 @@ static kf_status_t check_grants(const Keyflow__V1__CreateKeyRequest *req, kf_gra
          * silently allows nothing, or breaks the line it is printed on. */
         char field[48];
         snprintf(field, sizeof field, "grants[%zu].prefix", i);
-        kf_status_t st = kf_check_identifier(field, g->prefix, KF_GRANT_PREFIX_BYTES_MAX, false, err);
+        kf_status_t st =
+            kf_check_identifier(field, g->prefix, KF_GRANT_PREFIX_BYTES_MAX, false, err);
         if (st != KF_OK) {
             return st;
         }
