@@ -591,6 +591,8 @@ release_call:
  * partition count, the partitions it serves, how each RPC routes) and then
  * sends each call where its route says, computing the partition with
  * kf-hash-1 (base/partition.h), as the SDKs do:
+ *   a SINGLE function (the default placement): every call about it at the
+ *     endpoint serving its home, as it is (see "SINGLE functions" below);
  *   by_coordinator, by_run_id, by_function_key: the key's endpoint; a
  *     refusal as another process's partition asks again and retries once;
  *   all: every endpoint (registration, deletion, descriptions, trims); the
@@ -602,7 +604,8 @@ release_call:
  *     turn for at most ROUTED_POLL_SLICE_MS, so a run anywhere is leased
  *     within about that times the endpoints;
  *   split: SendEvents split by the events' endpoints, the answers in order;
- *     PushBatch (columnar or rows_json) split by its rows' key partitions,
+ *     a SPLIT function's PushBatch (columnar or rows_json) split by its rows'
+ *     key partitions,
  *     a watermark to every endpoint, the answers combined; a row of a
  *     partition no endpoint given serves refuses it before anything is
  *     sent; DryRunBatch to the one endpoint its rows reach (refused when
@@ -882,21 +885,21 @@ static kf_status_t partition_of(kf_client_t *client, const route_t *route,
     }
 }
 
-static kf_status_t call_keyed(kf_client_t *client, const route_t *route, uint32_t count,
-                              const char *method_path, const ProtobufCMessage *request,
-                              const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
-                              int64_t timeout_ms, ProtobufCMessage **response, kf_error_t *err) {
+/* The call at the endpoint serving partition `p` (the first endpoint when
+ * !known); a refusal as another process's partition asks the endpoints
+ * again and retries once, where they now say. *endpoint: who answered. */
+static kf_status_t call_at_partition(kf_client_t *client, uint32_t p, bool known,
+                                     const char *method_path, const ProtobufCMessage *request,
+                                     const ProtobufCMessageDescriptor *response_desc,
+                                     kf_arena_t *arena, int64_t timeout_ms,
+                                     ProtobufCMessage **response, size_t *endpoint,
+                                     kf_error_t *err) {
     for (int attempt = 1;; attempt++) {
-        uint32_t p = 0;
-        bool known = false;
-        kf_status_t st = partition_of(client, route, request, count, timeout_ms, &p, &known, err);
-        if (st != KF_OK) {
-            return st;
-        }
         size_t e = known ? endpoint_of(client, p) : 0;
         bool misdirected = false;
-        st = call_on(client, e, method_path, request, response_desc, arena, timeout_ms, response,
-                     &misdirected, err);
+        *endpoint = e;
+        kf_status_t st = call_on(client, e, method_path, request, response_desc, arena, timeout_ms,
+                                 response, &misdirected, err);
         if (!misdirected || attempt == 2) {
             return st;
         }
@@ -908,9 +911,97 @@ static kf_status_t call_keyed(kf_client_t *client, const route_t *route, uint32_
     }
 }
 
-/* Adds another endpoint's description of a function into `into`. */
-static void function_info_add(Keyflow__V1__FunctionInfo *into,
-                              const Keyflow__V1__FunctionInfo *other) {
+static kf_status_t call_keyed(kf_client_t *client, const route_t *route, uint32_t count,
+                              const char *method_path, const ProtobufCMessage *request,
+                              const ProtobufCMessageDescriptor *response_desc, kf_arena_t *arena,
+                              int64_t timeout_ms, ProtobufCMessage **response, kf_error_t *err) {
+    uint32_t p = 0;
+    bool known = false;
+    kf_status_t st = partition_of(client, route, request, count, timeout_ms, &p, &known, err);
+    size_t e = 0;
+    return st != KF_OK ? st
+                       : call_at_partition(client, p, known, method_path, request, response_desc,
+                                           arena, timeout_ms, response, &e, err);
+}
+
+/* ---- SINGLE functions: every call at the home's endpoint -----------------
+ *
+ * A function of placement SINGLE (the default) keeps every key in its home
+ * partition (kf_partition_home_of_function), so every call about it -
+ * PushBatch, DryRunBatch, ReplayBatch, ReadOutput, TailOutput, TrimOutput,
+ * GetKeyState, GetFunction - goes to the endpoint serving that partition as
+ * it is: a batch whole (one atomic step), output paged by after_seq (one
+ * sequence, no cursor), the function's description that endpoint's. The
+ * placement is asked of that endpoint with GetFunction, which a SPLIT call
+ * needs anyway for its key columns; a SPLIT function, and every function of
+ * a keyflowd from before placement (which answers UNSPECIFIED), takes the
+ * split and merge plans. Issue 22 moves this choice, with those plans, into
+ * the module shared with the server's router. */
+
+static bool function_keyed(const char *method_path) {
+    static const char *const paths[] = {
+        KF_CLIENT_PATH_PUSH_BATCH,    KF_CLIENT_PATH_DRY_RUN_BATCH, KF_CLIENT_PATH_REPLAY_BATCH,
+        KF_CLIENT_PATH_READ_OUTPUT,   KF_CLIENT_PATH_TAIL_OUTPUT,   KF_CLIENT_PATH_TRIM_OUTPUT,
+        KF_CLIENT_PATH_GET_KEY_STATE, KF_CLIENT_PATH_GET_FUNCTION,
+    };
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        if (strcmp(paths[i], method_path) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* GetFunction of `function_id` at the endpoint serving its home: *info (in
+ * `arena`) and *endpoint, the endpoint that answered. */
+static kf_status_t home_info(kf_client_t *client, const char *function_id, uint32_t count,
+                             kf_arena_t *arena, int64_t timeout_ms, size_t *endpoint,
+                             Keyflow__V1__FunctionInfo **info, kf_error_t *err) {
+    Keyflow__V1__GetFunctionRequest req = KEYFLOW__V1__GET_FUNCTION_REQUEST__INIT;
+    req.function_id = (char *)function_id;
+    ProtobufCMessage *msg = NULL;
+    kf_status_t st = call_at_partition(
+        client, kf_partition_home_of_function(function_id, strlen(function_id), count), true,
+        KF_CLIENT_PATH_GET_FUNCTION, &req.base, &keyflow__v1__function_info__descriptor, arena,
+        timeout_ms, &msg, endpoint, err);
+    *info = (Keyflow__V1__FunctionInfo *)msg;
+    return st;
+}
+
+/* Whether the function a function-keyed request names is SINGLE; then
+ * *endpoint serves its home, and *info (in `arena`) is that endpoint's
+ * description of it. */
+static kf_status_t single_home(kf_client_t *client, const ProtobufCMessage *request, uint32_t count,
+                               kf_arena_t *arena, int64_t timeout_ms, bool *single,
+                               size_t *endpoint, Keyflow__V1__FunctionInfo **info,
+                               kf_error_t *err) {
+    *single = false;
+    kf_status_t st = home_info(client, string_at(request, "function_id"), count, arena, timeout_ms,
+                               endpoint, info, err);
+    if (st == KF_OK) {
+        *single = (*info)->placement == KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE;
+    }
+    return st;
+}
+
+/* Adds another endpoint's description of a SPLIT function into `into`
+ * (its partitions' shares after into's, in `arena`). */
+static kf_status_t function_info_add(Keyflow__V1__FunctionInfo *into,
+                                     const Keyflow__V1__FunctionInfo *other, kf_arena_t *arena,
+                                     kf_error_t *err) {
+    if (other->n_partitions > 0) {
+        size_t n = into->n_partitions + other->n_partitions;
+        Keyflow__V1__PartitionShare **all = kf_arena_zalloc(arena, (n + 1) * sizeof *all);
+        if (all == NULL) {
+            return kf_error_set(err, KF_E_LIMIT, "response: the arena is full");
+        }
+        if (into->n_partitions > 0) {
+            memcpy(all, into->partitions, into->n_partitions * sizeof *all);
+        }
+        memcpy(all + into->n_partitions, other->partitions, other->n_partitions * sizeof *all);
+        into->partitions = all;
+        into->n_partitions = n;
+    }
     into->keys += other->keys;
     into->timers += other->timers;
     into->state_bytes += other->state_bytes;
@@ -919,6 +1010,52 @@ static void function_info_add(Keyflow__V1__FunctionInfo *into,
     into->watermark_us =
         other->watermark_us < into->watermark_us ? other->watermark_us : into->watermark_us;
     into->available = into->available && other->available;
+    return KF_OK;
+}
+
+/* Adds endpoint `endpoint`'s page of ListFunctions into `into` (the first
+ * endpoint's page for the same request): a SINGLE function's entry becomes
+ * its home's endpoint's, a SPLIT function's entries are added up, and a
+ * function `into` does not list is appended (in `arena`). */
+static kf_status_t list_functions_add(kf_client_t *client, Keyflow__V1__ListFunctionsResponse *into,
+                                      const Keyflow__V1__ListFunctionsResponse *other,
+                                      size_t endpoint, kf_arena_t *arena, kf_error_t *err) {
+    pthread_mutex_lock(&client->lock);
+    uint32_t count = client->partition_count;
+    pthread_mutex_unlock(&client->lock);
+    for (size_t k = 0; k < other->n_functions; k++) {
+        Keyflow__V1__FunctionInfo *b = other->functions[k];
+        const char *id = b->descriptor != NULL ? b->descriptor->function_id : "";
+        Keyflow__V1__FunctionInfo **a = NULL;
+        for (size_t i = 0; i < into->n_functions && a == NULL; i++) {
+            const Keyflow__V1__FunctionDescriptor *d = into->functions[i]->descriptor;
+            a = d != NULL && strcmp(d->function_id, id) == 0 ? &into->functions[i] : NULL;
+        }
+        if (a == NULL) {
+            Keyflow__V1__FunctionInfo **all =
+                kf_arena_zalloc(arena, (into->n_functions + 2) * sizeof *all);
+            if (all == NULL) {
+                return kf_error_set(err, KF_E_LIMIT, "response: the arena is full");
+            }
+            if (into->n_functions > 0) {
+                memcpy(all, into->functions, into->n_functions * sizeof *all);
+            }
+            all[into->n_functions] = b;
+            into->functions = all;
+            into->n_functions++;
+        } else if (b->placement == KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE) {
+            if (count > 0 && endpoint_of(client, kf_partition_home_of_function(
+                                                     id, strlen(id), count)) == endpoint) {
+                *a = b;
+            }
+        } else {
+            kf_status_t st = function_info_add(*a, b, arena, err);
+            if (st != KF_OK) {
+                return st;
+            }
+        }
+    }
+    return KF_OK;
 }
 
 static kf_status_t call_all(kf_client_t *client, const char *method_path,
@@ -944,17 +1081,34 @@ static kf_status_t call_all(kf_client_t *client, const char *method_path,
             return kf_error_set(err, call_err.status, "%s: %s", client->endpoints[served[i]],
                                 call_err.message);
         }
+        kf_status_t st = KF_OK;
         if (first == NULL) {
             first = msg;
         } else if (response_desc == &keyflow__v1__function_info__descriptor) {
-            function_info_add((void *)first, (const void *)msg);
+            st = function_info_add((void *)first, (const void *)msg, arena, err);
         } else if (response_desc == &keyflow__v1__register_function_response__descriptor) {
             Keyflow__V1__RegisterFunctionResponse *a = (void *)first;
             const Keyflow__V1__RegisterFunctionResponse *b = (const void *)msg;
             a->already_registered = a->already_registered && b->already_registered;
             if (a->function != NULL && b->function != NULL) {
-                function_info_add(a->function, b->function);
+                /* A SINGLE function's description is its home's endpoint's. */
+                if (b->function->placement == KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE) {
+                    const char *id =
+                        b->function->descriptor != NULL ? b->function->descriptor->function_id : "";
+                    pthread_mutex_lock(&client->lock);
+                    uint32_t count = client->partition_count;
+                    pthread_mutex_unlock(&client->lock);
+                    if (count > 0 && endpoint_of(client, kf_partition_home_of_function(
+                                                             id, strlen(id), count)) == served[i]) {
+                        a->function = b->function;
+                    }
+                } else {
+                    st = function_info_add(a->function, b->function, arena, err);
+                }
             }
+        } else if (response_desc == &keyflow__v1__list_functions_response__descriptor) {
+            st =
+                list_functions_add(client, (void *)first, (const void *)msg, served[i], arena, err);
         } else if (response_desc == &keyflow__v1__delete_function_response__descriptor) {
             Keyflow__V1__DeleteFunctionResponse *a = (void *)first;
             const Keyflow__V1__DeleteFunctionResponse *b = (const void *)msg;
@@ -963,6 +1117,10 @@ static kf_status_t call_all(kf_client_t *client, const char *method_path,
             a->timers += b->timers;
             a->output_rows += b->output_rows;
             a->producers += b->producers;
+        }
+        if (st != KF_OK) {
+            *response = NULL;
+            return st;
         }
     }
     *response = first;
@@ -1643,6 +1801,25 @@ static kf_status_t call_routed(kf_client_t *client, const char *method_path,
     if (st != KF_OK) {
         return st;
     }
+    if (function_keyed(method_path)) {
+        bool single = false;
+        size_t home = 0;
+        Keyflow__V1__FunctionInfo *info = NULL;
+        st = single_home(client, request, count, arena, timeout_ms, &single, &home, &info, err);
+        if (st != KF_OK) {
+            return st;
+        }
+        if (single && strcmp(method_path, KF_CLIENT_PATH_GET_FUNCTION) == 0) {
+            *response = &info->base;
+            return KF_OK;
+        }
+        if (single) {
+            const char *id = string_at(request, "function_id");
+            return call_at_partition(client, kf_partition_home_of_function(id, strlen(id), count),
+                                     true, method_path, request, response_desc, arena, timeout_ms,
+                                     response, &home, err);
+        }
+    }
     switch (route.kind) {
     case ROUTE_BY_COORDINATOR:
     case ROUTE_BY_RUN_ID:
@@ -1816,6 +1993,11 @@ static kf_status_t stream_open_on(kf_client_t *client, size_t endpoint, const ch
                                   const ProtobufCMessageDescriptor *response_desc,
                                   int64_t timeout_ms, kf_client_stream_t **out, kf_error_t *err);
 
+/* Opening a TailOutput over several endpoints asks for the placement and
+ * the function's placement first; a stream without a deadline (0) still
+ * bounds those calls. */
+#define FAN_DISCOVER_TIMEOUT_MS 10000
+
 kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
                                   const ProtobufCMessage *request,
                                   const ProtobufCMessageDescriptor *response_desc,
@@ -1828,7 +2010,26 @@ kf_status_t kf_client_stream_open(kf_client_t *client, const char *method_path,
         return stream_open_on(client, 0, method_path, request, response_desc, timeout_ms, out, err);
     }
     if (strcmp(method_path, KF_CLIENT_PATH_TAIL_OUTPUT) == 0) {
-        return fan_open(client, request, response_desc, timeout_ms, out, err);
+        /* A SINGLE function's output is one stream, at its home's endpoint. */
+        int64_t ask_ms = timeout_ms > 0 ? timeout_ms : FAN_DISCOVER_TIMEOUT_MS;
+        route_t route;
+        uint32_t count = 0;
+        bool single = false;
+        size_t home = 0;
+        Keyflow__V1__FunctionInfo *info = NULL;
+        kf_arena_t arena;
+        kf_arena_init(&arena, 0);
+        kf_status_t st = route_of(client, method_path, ask_ms, &route, &count, err);
+        if (st == KF_OK) {
+            st = single_home(client, request, count, &arena, ask_ms, &single, &home, &info, err);
+        }
+        kf_arena_deinit(&arena);
+        if (st != KF_OK) {
+            return st;
+        }
+        return single ? stream_open_on(client, home, method_path, request, response_desc,
+                                       timeout_ms, out, err)
+                      : fan_open(client, request, response_desc, timeout_ms, out, err);
     }
     return kf_error_set(err, KF_E_UNIMPLEMENTED,
                         "%s: a stream over several endpoints is routed by the C client for "
@@ -1913,9 +2114,6 @@ static kf_status_t stream_open_on(kf_client_t *client, size_t endpoint, const ch
  * one's: a row is handed out at most about this times the endpoints after
  * it arrived. */
 #define FAN_SLICE_MS 20
-/* Opening a fan asks for the placement first; a stream without a deadline
- * (0) still bounds that call. */
-#define FAN_DISCOVER_TIMEOUT_MS 10000
 
 static kf_status_t fan_open(kf_client_t *client, const ProtobufCMessage *request,
                             const ProtobufCMessageDescriptor *response_desc, int64_t timeout_ms,

@@ -102,6 +102,7 @@
 #define KF_CLIENT_PATH_LIST_FUNCTIONS       "/keyflow.v1.Functions/ListFunctions"
 #define KF_CLIENT_PATH_PUSH_BATCH           "/keyflow.v1.Functions/PushBatch"
 #define KF_CLIENT_PATH_DRY_RUN_BATCH        "/keyflow.v1.Functions/DryRunBatch"
+#define KF_CLIENT_PATH_REPLAY_BATCH         "/keyflow.v1.Functions/ReplayBatch"
 #define KF_CLIENT_PATH_READ_OUTPUT          "/keyflow.v1.Functions/ReadOutput"
 #define KF_CLIENT_PATH_TAIL_OUTPUT          "/keyflow.v1.Functions/TailOutput"
 #define KF_CLIENT_PATH_GET_KEY_STATE        "/keyflow.v1.Functions/GetKeyState"

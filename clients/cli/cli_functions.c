@@ -56,7 +56,24 @@ static int parse_format(const kf__cli_args_t *args, Keyflow__V1__RowFormat *out)
 
 /* ---- register ------------------------------------------------------------ */
 
+static const kf__cli_flag_t register_flags[] = {
+    {"--placement", KF__CLI_VALUE, "single|split",
+     "where the keys live: single (the default: every key in the function's home partition) "
+     "or split (over every partition); overrides the file's"},
+};
+
 static int cmd_register(kf__cli_t *cli, const kf__cli_args_t *args) {
+    /* The flag first: a usage error sends nothing and reads nothing. */
+    const char *placement = kf__cli_value(args, "--placement");
+    Keyflow__V1__FunctionPlacement placed = KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_UNSPECIFIED;
+    if (placement != NULL && strcasecmp(placement, "single") == 0) {
+        placed = KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE;
+    } else if (placement != NULL && strcasecmp(placement, "split") == 0) {
+        placed = KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SPLIT;
+    } else if (placement != NULL) {
+        return kf__cli_usage_error(args->command,
+                                   "--placement: expected single or split, got \"%s\"", placement);
+    }
     const char *path = args->positional[0];
     const char *shown = strcmp(path, "-") == 0 ? "stdin" : path;
     char *text = NULL;
@@ -75,6 +92,9 @@ static int cmd_register(kf__cli_t *cli, const kf__cli_args_t *args) {
     }
     Keyflow__V1__RegisterFunctionRequest req = KEYFLOW__V1__REGISTER_FUNCTION_REQUEST__INIT;
     req.descriptor = (Keyflow__V1__FunctionDescriptor *)descriptor;
+    if (placed != KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_UNSPECIFIED) {
+        req.descriptor->placement = placed;
+    }
     Keyflow__V1__RegisterFunctionResponse *resp = NULL;
     if (kf_client_register_function(cli->client, &req, &cli->arena, kf__cli_timeout_ms(cli, 0),
                                     &resp, &err) != KF_OK) {
@@ -339,7 +359,7 @@ static const kf__cli_flag_t output_flags[] = {
      "rows as JSON objects (\"rows\", the default) or as columns (\"batch\")"},
     {"--wait-ms", KF__CLI_VALUE, "N", "long poll: wait up to N ms for a row after --after"},
     {"--cursor", KF__CLI_VALUE, "C",
-     "with several partitions: the previous page's nextCursor instead of --after"},
+     "a split function's: the previous page's nextCursor instead of --after"},
 };
 
 static int cmd_output(kf__cli_t *cli, const kf__cli_args_t *args) {
@@ -375,7 +395,7 @@ static const kf__cli_flag_t tail_flags[] = {
     {"--format", KF__CLI_VALUE, "json|columnar",
      "rows as JSON objects (\"rows\", the default) or as columns (\"batch\")"},
     {"--cursor", KF__CLI_VALUE, "C",
-     "with several partitions: start after a page's nextCursor (from output or tail) instead of "
+     "a split function's: start after a page's nextCursor (from output or tail) instead of "
      "--after"},
 };
 
@@ -461,7 +481,7 @@ static const kf__cli_flag_t trim_flags[] = {
     {"--before", KF__CLI_VALUE, "SEQ",
      "drop the output rows before SEQ (the last row read + 1; or --before-cursor)"},
     {"--before-cursor", KF__CLI_VALUE, "C",
-     "with several partitions: each partition's rows up to its position in an output cursor"},
+     "a split function's: each partition's rows up to its position in an output cursor"},
 };
 
 static int cmd_trim(kf__cli_t *cli, const kf__cli_args_t *args) {
@@ -523,14 +543,20 @@ static int cmd_delete_producer(kf__cli_t *cli, const kf__cli_args_t *args) {
 /* ---- the subcommand table ------------------------------------------------ */
 
 static const kf__cli_command_t functions_commands[] = {
-    {"register", "FILE|-", "register a function from its descriptor (proto3 JSON)",
+    {"register", "FILE|- [--placement single|split]",
+     "register a function from its descriptor (proto3 JSON)",
      "FILE holds a keyflow.v1.FunctionDescriptor in proto3 JSON form, e.g. the build's\n"
      "handlers/running_sum.descriptor.json ('-' reads stdin). Registering the identical\n"
      "descriptor again answers \"alreadyRegistered\": true; a different one under the same\n"
-     "functionId is ALREADY_EXISTS.",
-     NULL, 0, 1, 1, false, cmd_register, NULL},
-    {"get", "ID", "show a function: its canonical descriptor, watermark and counters", NULL, NULL,
-     0, 1, 1, false, cmd_get, NULL},
+     "functionId is ALREADY_EXISTS. --placement (docs/scaling.md, \"Placement\"): single,\n"
+     "the default, keeps every key in the function's home partition (one atomic step per\n"
+     "batch, one output sequence read with --after); split spreads the keys over every\n"
+     "partition for a function that needs more than one core (output read with --cursor).",
+     FLAGS(register_flags), 1, 1, false, cmd_register, NULL},
+    {"get", "ID", "show a function: its canonical descriptor, placement, watermark and counters",
+     "A single function shows its home partition; a split one each partition's part and\n"
+     "share of the limits (\"partitions\").",
+     NULL, 0, 1, 1, false, cmd_get, NULL},
     {"list", "[--page-size N] [--page-token T]", "list functions, one page at a time", NULL,
      FLAGS(list_flags), 0, 0, false, cmd_list, NULL},
     {"push",
@@ -556,17 +582,19 @@ static const kf__cli_command_t functions_commands[] = {
      "read one page of a function's output rows",
      "Prints the page: \"rows\" (JSON objects with their \"_seq\") or \"batch\" (columns),\n"
      "plus \"nextAfterSeq\" to pass as --after for the next page and \"highWaterSeq\".\n"
-     "With several partitions (docs/scaling.md) a page holds one partition's rows\n"
+     "A single function (the default placement) has one output sequence, whatever the\n"
+     "partitions. For a split one (docs/scaling.md) a page holds one partition's rows\n"
      "(\"partition\"; its own sequences) and \"nextCursor\" is what to pass as --cursor.",
      FLAGS(output_flags), 1, 1, false, cmd_output, NULL},
     {"tail", "ID [--after N | --cursor C] [--max-rows N] [--count N] [--format json|columnar]",
      "follow a function's output as rows are written",
      "Prints each page the server streams as one JSON line, as for output. Without --count\n"
      "it follows until interrupted; --count N exits 0 after N pages. The stream has no\n"
-     "deadline unless --timeout-ms is given. With several partitions each page holds one\n"
-     "partition's rows (\"partition\", its own sequences) and \"nextCursor\" is where to\n"
-     "resume (--cursor); with several endpoints (--addr a,b,c) every endpoint is followed\n"
-     "and \"nextCursor\" merges their positions.",
+     "deadline unless --timeout-ms is given. A single function's rows are one sequence\n"
+     "(resume with --after); with several endpoints (--addr a,b,c) the one serving its home\n"
+     "is followed. For a split function each page holds one partition's rows (\"partition\",\n"
+     "its own sequences) and \"nextCursor\" is where to resume (--cursor); with several\n"
+     "endpoints every endpoint is followed and \"nextCursor\" merges their positions.",
      FLAGS(tail_flags), 1, 1, false, cmd_tail, NULL},
     {"trim", "ID (--before SEQ | --before-cursor C)", "drop a function's output rows before SEQ",
      "For a consumer that has committed its position: rows before SEQ are gone for\n"

@@ -561,6 +561,31 @@ static void print_table(FILE *out, json_t *doc, const ProtobufCMessageDescriptor
     cells_free(&cells);
 }
 
+/* A SINGLE function's home partition in a table even when it is 0, the
+ * proto3 default its JSON leaves out: a table without the line would read
+ * as a function without a home. */
+static void show_home_partition(json_t *info) {
+    const char *placement = json_string_value(json_object_get(info, "placement"));
+    if (placement != NULL && strcmp(placement, "PLACEMENT_SINGLE") == 0 &&
+        json_object_get(info, "homePartition") == NULL) {
+        json_object_set_new(info, "homePartition", json_integer(0));
+    }
+}
+
+static void show_home_partitions(json_t *doc, const ProtobufCMessageDescriptor *desc) {
+    if (desc == &keyflow__v1__function_info__descriptor) {
+        show_home_partition(doc);
+    } else if (desc == &keyflow__v1__register_function_response__descriptor) {
+        show_home_partition(json_object_get(doc, "function"));
+    } else if (desc == &keyflow__v1__list_functions_response__descriptor) {
+        size_t i;
+        json_t *info;
+        json_array_foreach(json_object_get(doc, "functions"), i, info) {
+            show_home_partition(info);
+        }
+    }
+}
+
 int kf__cli_print(kf__cli_t *cli, const ProtobufCMessage *msg) {
     json_t *doc = kf_message_to_jansson(msg);
     if (doc == NULL) {
@@ -571,6 +596,7 @@ int kf__cli_print(kf__cli_t *cli, const ProtobufCMessage *msg) {
     kf__cli_progress_clear(cli);
     int rc = KF__CLI_EXIT_OK;
     if (cli->output == KF__CLI_OUTPUT_TABLE) {
+        show_home_partitions(doc, msg->descriptor);
         print_table(stdout, doc, msg->descriptor, cli->row_schema);
     } else {
         char *text = kf_json_dumps(doc, JSON_COMPACT);

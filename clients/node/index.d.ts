@@ -143,6 +143,8 @@ export interface FunctionInfo {
     inputSchema: { fields: Field[] };
     outputSchema: { fields: Field[] };
     keyColumns: string[];
+    /** as registered: 'PLACEMENT_SINGLE' or 'PLACEMENT_SPLIT' (absent before placement) */
+    placement?: string;
     [field: string]: unknown;
   };
   descriptorSha256: string;
@@ -162,7 +164,28 @@ export interface FunctionInfo {
   retainedRows: Int64;
   retainedBytes: Int64;
   producers: Int64;
+  /** in force: 'single' (every key in homePartition) or 'split' */
+  placement: FunctionPlacement;
+  /** single: the partition that holds every key */
+  homePartition: number;
+  /** split with several partitions: each partition's part and share of the limits */
+  partitions: PartitionShare[];
   [field: string]: unknown;
+}
+
+/** Where a function's keys live (docs/scaling.md, "Placement"); 'unspecified'
+ * only from a keyflowd from before placement (its functions are split). */
+export type FunctionPlacement = 'single' | 'split' | 'unspecified';
+export interface PartitionShare {
+  partition: number;
+  keys: Int64;
+  timers: Int64;
+  stateBytes: Int64;
+  maxKeys: Int64;
+  maxTimers: Int64;
+  maxStateBytes: Int64;
+  watermarkUs: Int64;
+  outputSeq: Int64;
 }
 
 /** A row: field name -> value (BOOL boolean, INT64 / TIMESTAMP_US number,
@@ -460,6 +483,11 @@ export class FunctionWorker {
 
 /** Lowercase hex SHA-256 of the files' bytes concatenated in order. */
 export function implementationDigest(...paths: string[]): string;
-/** A copy of a descriptor (object or path) as a REMOTE function with this digest. */
+/** A copy of a descriptor (object or path) as a REMOTE function with this digest;
+ * with placement, placed so (see withPlacement). */
 export function remoteDescriptor(descriptor: object | string, digest: string,
-  options?: { callTimeoutMs?: number }): object;
+  options?: { callTimeoutMs?: number; placement?: 'single' | 'split' }): object;
+/** A copy of a descriptor (object or path) with its placement: 'single' (the
+ * default: every key in the function's home partition, one atomic step per
+ * batch, one output sequence) or 'split' (keys spread over the partitions). */
+export function withPlacement(descriptor: object | string, placement: 'single' | 'split'): object;

@@ -5,10 +5,12 @@ const {
   Client, KeyflowError, Producer, OutputTail, debounce, batch, retry,
 } = require('./lib/client');
 const { Worker, RunContext, RetryableError } = require('./lib/worker');
-const { FunctionWorker, Activation, HandlerError, implementationDigest, remoteDescriptor } =
-  require('./lib/handler');
+const {
+  FunctionWorker, Activation, HandlerError, implementationDigest, remoteDescriptor, withPlacement,
+} = require('./lib/handler');
 
 module.exports = {
   Client, KeyflowError, Producer, OutputTail, Worker, RunContext, RetryableError, debounce, batch,
   retry, FunctionWorker, Activation, HandlerError, implementationDigest, remoteDescriptor,
+  withPlacement,
 };

@@ -125,8 +125,8 @@ function implementationDigest(...paths) {
 
 // A copy of a descriptor (an object in proto3 JSON form, or a path to one)
 // as a REMOTE function with this implementation digest.
-function remoteDescriptor(descriptor, digest, { callTimeoutMs } = {}) {
-  const d = JSON.parse(JSON.stringify(typeof descriptor === 'string'
+function remoteDescriptor(descriptor, digest, { callTimeoutMs, placement } = {}) {
+  let d = JSON.parse(JSON.stringify(typeof descriptor === 'string'
     ? JSON.parse(fs.readFileSync(descriptor, 'utf8')) : descriptor));
   delete d.implementation_digest;
   d.implementationDigest = digest;
@@ -134,6 +134,31 @@ function remoteDescriptor(descriptor, digest, { callTimeoutMs } = {}) {
   if (callTimeoutMs !== undefined) {
     d.limits = { ...(d.limits || {}), callTimeoutMs };
   }
+  if (placement !== undefined && placement !== null) {
+    d = withPlacement(d, placement);
+  }
+  return d;
+}
+
+// A copy of a descriptor (an object in proto3 JSON form or a path to one)
+// with its placement (docs/scaling.md, "Placement"): 'single' (every key in
+// the function's home partition: one atomic step per batch, one output
+// sequence, limits for the whole function; what a descriptor without one
+// gets) or 'split' (keys spread over the partitions, for a function that
+// needs more than one core).
+function withPlacement(descriptor, placement) {
+  let name = protos.enumValue('keyflow.v1.FunctionPlacement', placement, 'placement');
+  if (typeof name === 'number') {
+    name = { 1: 'PLACEMENT_SINGLE', 2: 'PLACEMENT_SPLIT' }[name];
+  }
+  if (name !== 'PLACEMENT_SINGLE' && name !== 'PLACEMENT_SPLIT') {
+    throw new TypeError(`placement: unknown value ${JSON.stringify(placement)} (one of single, ` +
+      'split)');
+  }
+  const d = JSON.parse(JSON.stringify(typeof descriptor === 'string'
+    ? JSON.parse(fs.readFileSync(descriptor, 'utf8')) : descriptor));
+  delete d.placement;
+  d.placement = name;
   return d;
 }
 
@@ -612,4 +637,7 @@ class FunctionWorkers {
   }
 }
 
-module.exports = { FunctionWorker, FunctionWorkers, Activation, HandlerError, implementationDigest, remoteDescriptor, answer };
+module.exports = {
+  FunctionWorker, FunctionWorkers, Activation, HandlerError, implementationDigest, remoteDescriptor,
+  withPlacement, answer,
+};

@@ -4,7 +4,9 @@
 //
 //   partition = kfHash(input) % partitionCount
 //   input: a coordinator (workflow, key) -> canonicalKey([workflow, key])
-//          a process-function key        -> canonicalKey(key columns)
+//          a key of a SPLIT function     -> canonicalKey(key columns)
+//          a function's home             -> canonicalKey([functionId])
+//                                           (every key of a SINGLE function)
 
 const HASH_NAME = 'kf-hash-1';
 
@@ -42,6 +44,12 @@ function ofKey(columns, count) {
   return kfHash(canonicalKey(columns)) % count;
 }
 
+// The home partition of a function: where a SINGLE function (the default
+// placement) keeps every key, so every call about it goes there.
+function homeOfFunction(functionId, count) {
+  return kfHash(canonicalKey([functionId])) % count;
+}
+
 // The partition a run ID names (its UUIDv7's rand_a bits), or -1.
 function ofRunId(runId, count) {
   if (count === 1) {
@@ -56,4 +64,6 @@ function ofRunId(runId, count) {
   return p < count ? p : -1;
 }
 
-module.exports = { HASH_NAME, kfHash, canonicalKey, ofCoordinator, ofKey, ofRunId };
+module.exports = {
+  HASH_NAME, kfHash, canonicalKey, ofCoordinator, ofKey, homeOfFunction, ofRunId,
+};

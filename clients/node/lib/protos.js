@@ -65,9 +65,25 @@ function camel(name) {
   return name.replace(/_([a-z0-9])/g, (_, c) => c.toUpperCase());
 }
 
-// RunStatus -> "RUN_STATUS_"
+// RunStatus -> "RUN_STATUS_"; an enum whose values do not all start with its
+// name's prefix loses their common one instead (FunctionPlacement's
+// PLACEMENT_SINGLE -> "single").
 function enumPrefix(enumType) {
-  return enumType.name.replace(/([a-z0-9])([A-Z])/g, '$1_$2').toUpperCase() + '_';
+  const prefix = enumType.name.replace(/([a-z0-9])([A-Z])/g, '$1_$2').toUpperCase() + '_';
+  const names = Object.keys(enumType.values);
+  if (names.every((n) => n.startsWith(prefix))) {
+    return prefix;
+  }
+  let common = names[0].split('_').slice(0, -1);
+  for (const n of names.slice(1)) {
+    const words = n.split('_');
+    let k = 0;
+    while (k < common.length && k < words.length - 1 && common[k] === words[k]) {
+      k++;
+    }
+    common = common.slice(0, k);
+  }
+  return common.map((w) => `${w}_`).join('');
 }
 
 function toInt(v) {

@@ -12,12 +12,18 @@
 //     (lib/partitions.js); a refusal naming another owner
 //     (FAILED_PRECONDITION with keyflow-partition) asks the endpoints again
 //     and retries once;
-//   * a batch split by the partitions of its rows' keys, one batch per
-//     endpoint, each with the call's producer and sequence (a watermark goes
-//     to every endpoint);
-//   * registration and deletion to every endpoint; function descriptions
-//     combined; runs listed endpoint after endpoint;
-//   * output read behind one cursor holding a position per partition;
+//   * every call about a SINGLE function (the default placement: every key
+//     in the function's home partition, partitions.homeOfFunction) to the
+//     endpoint serving its home, as it is: a batch whole (one atomic step),
+//     output paged by afterSeq (one sequence), its description that
+//     endpoint's. The placement comes with the descriptor, from the home
+//     endpoint, once per function;
+//   * for a SPLIT function, a batch split by the partitions of its rows'
+//     keys, one batch per endpoint, each with the call's producer and
+//     sequence (a watermark goes to every endpoint); output read behind one
+//     cursor holding a position per partition; its description combined;
+//   * registration and deletion to every endpoint; runs listed endpoint
+//     after endpoint;
 //   * a poll asks the endpoints in turn without waiting, then waits on all
 //     of them at once; runs a second endpoint leased in the same instant
 //     beyond maxRuns are released at once (no attempt counted).
@@ -80,12 +86,14 @@ function mergeCursors(count, ...cursors) {
   return formatCursor(count, last, pos);
 }
 
-// One function as several partitions (endpoints) describe it.
+// One SPLIT function as several partitions (endpoints) describe it.
 function combineInfos(infos) {
   const out = { ...infos[0] };
   for (const k of ['keys', 'timers', 'stateBytes', 'outputSeq', 'dueTimers']) {
     out[k] = infos.reduce((sum, i) => sum + (i[k] || 0), 0);
   }
+  out.partitions = infos.flatMap((i) => i.partitions || [])
+    .sort((a, b) => a.partition - b.partition);
   out.watermarkUs = Math.min(...infos.map((i) => i.watermarkUs || 0));
   out.available = infos.every((i) => i.available);
   for (const i of infos) {
@@ -118,6 +126,7 @@ class RoutingClient extends Client {
     this._count = null;
     this._owner = new Map(); // partition -> endpoint index
     this._routes = new Map(); // RPC path -> {kind, fields, plan}
+    this._placements = new Map(); // functionId -> 'single' | 'split', with _descriptors
     this._rotation = 0;
   }
 
@@ -207,7 +216,11 @@ class RoutingClient extends Client {
         return p >= 0 ? p : null;
       }
       case 'by_function_key': {
-        const d = await this._descriptor(fieldAt(request, route.fields[0]));
+        const functionId = fieldAt(request, route.fields[0]);
+        if (await this._single(functionId)) {
+          return partitions.homeOfFunction(functionId, count);
+        }
+        const d = await this._descriptor(functionId);
         const key = fieldAt(request, route.fields[1]);
         return partitions.ofKey(d.keyColumns.length === 1 ? [key] : JSON.parse(key), count);
       }
@@ -229,11 +242,78 @@ class RoutingClient extends Client {
       } catch (e) {
         if (attempt === 1 && e.partition !== undefined) {
           await this._discover(); // the partition moved: ask again, once
+          this._forget(request.functionId);
           continue;
         }
         throw e;
       }
     }
+  }
+
+  // --- a function's placement ---------------------------------------------
+
+  // Drops what is known of a function (deleted, or registered again with
+  // another placement).
+  _forget(functionId) {
+    if (functionId) {
+      this._descriptors.delete(functionId);
+      this._placements.delete(functionId);
+    }
+  }
+
+  async _homeClient(functionId) {
+    return this._clientOf(partitions.homeOfFunction(functionId, await this.partitionCount()));
+  }
+
+  // GetFunction of the endpoint serving the function's home (which answers
+  // for a SINGLE function and a SPLIT one alike); a refusal naming another
+  // owner asks the endpoints again, once. Remembers the descriptor and the
+  // placement. Resolves to {info, client}.
+  async _homeInfo(functionId) {
+    for (let attempt = 1; ; attempt++) {
+      const c = await this._homeClient(functionId);
+      let info;
+      try {
+        info = await Client.prototype.getFunction.call(c, functionId);
+      } catch (e) {
+        if (attempt === 1 && e.partition !== undefined) {
+          await this._discover();
+          continue;
+        }
+        throw e;
+      }
+      // In force: single or split. 'unspecified' comes from a keyflowd from
+      // before placement, whose functions are all split.
+      this._descriptors.set(functionId, info.descriptor);
+      this._placements.set(functionId, info.placement === 'single' ? 'single' : 'split');
+      return { info, client: c };
+    }
+  }
+
+  async _descriptor(functionId) {
+    return this._descriptors.get(functionId) || (await this._homeInfo(functionId)).info.descriptor;
+  }
+
+  // Whether the function is SINGLE (asked once, of its home's endpoint).
+  async _single(functionId) {
+    if (!this._placements.has(functionId)) {
+      await this._homeInfo(functionId);
+    }
+    return this._placements.get(functionId) === 'single';
+  }
+
+  // One function as the endpoints `clients` describe it (`infos`, in the
+  // same order): a SINGLE function's is its home's endpoint's, a SPLIT one's
+  // combined.
+  async _oneInfo(functionId, infos, clients) {
+    if (infos.some((i) => i.placement === 'single')) {
+      const home = await this._homeClient(functionId);
+      const at = clients.indexOf(home);
+      if (at >= 0) {
+        return infos[at];
+      }
+    }
+    return combineInfos(infos);
   }
 
   // The events split by their coordinators' endpoints, one SendEvents call
@@ -265,16 +345,23 @@ class RoutingClient extends Client {
   // --- functions ------------------------------------------------------------
 
   async registerFunction(descriptor) {
-    const answers = await this._each((c) => c.registerFunction(descriptor));
+    const clients = await this._servedClients();
+    const answers = await Promise.all(clients.map((c) => c.registerFunction(descriptor)));
+    const functionId = answers[0].function.descriptor.functionId;
+    this._forget(functionId); // registered again: maybe with another placement
     return {
       ...answers[0],
       alreadyRegistered: answers.every((a) => a.alreadyRegistered),
-      function: combineInfos(answers.map((a) => a.function)),
+      function: await this._oneInfo(functionId, answers.map((a) => a.function), clients),
     };
   }
 
   async getFunction(functionId) {
-    return combineInfos(await this._each((c) => c.getFunction(functionId)));
+    const { info, client: home } = await this._homeInfo(functionId);
+    if (info.placement === 'single') {
+      return info;
+    }
+    return combineInfos(await this._each((c) => (c === home ? info : c.getFunction(functionId))));
   }
 
   async* listFunctions({ pageSize = 0 } = {}) {
@@ -282,16 +369,16 @@ class RoutingClient extends Client {
     for (const c of await this._servedClients()) {
       for await (const fn of c.listFunctions({ pageSize })) {
         const id = fn.descriptor.functionId;
-        byId.set(id, [...(byId.get(id) || []), fn]);
+        byId.set(id, [...(byId.get(id) || []), [c, fn]]);
       }
     }
-    for (const infos of byId.values()) {
-      yield combineInfos(infos);
+    for (const [id, seen] of byId) {
+      yield await this._oneInfo(id, seen.map(([, fn]) => fn), seen.map(([c]) => c));
     }
   }
 
   async deleteFunction(functionId, { allowMissing = false } = {}) {
-    this._descriptors.delete(functionId);
+    this._forget(functionId);
     const answers = await this._each((c) => c.deleteFunction(functionId, { allowMissing: true }));
     const out = { ...answers[0], deleted: answers.some((a) => a.deleted) };
     for (const k of ['keys', 'timers', 'outputRows', 'producers']) {
@@ -322,6 +409,12 @@ class RoutingClient extends Client {
     const count = await this.partitionCount();
     if (!rowBatch) {
       rowBatch = await this.makeBatch(functionId, { rows: rowList, columns });
+    }
+    if (await this._single(functionId)) {
+      // Every key is in the home partition: the batch goes there whole, one
+      // atomic step, its ack as the home's process answers.
+      return (await this._homeClient(functionId)).pushBatch(functionId, producerId, sequence,
+        { batch: rowBatch, watermarkUs, attempts });
     }
     const d = await this._descriptor(functionId);
     const names = d.inputSchema.fields.map((f) => f.name);
@@ -357,9 +450,15 @@ class RoutingClient extends Client {
     return out;
   }
 
-  // One page of one partition's output after `cursor` (see
-  // Client.readOutput); nextCursor goes on from every endpoint's position.
+  // A SINGLE function's: one page of its one output sequence after afterSeq,
+  // from its home's endpoint (Client.readOutput). A SPLIT function's: one
+  // page of one partition's output after `cursor`; nextCursor goes on from
+  // every endpoint's position.
   async readOutput(functionId, { afterSeq = 0, limit = 0, waitMs = 0, cursor = '' } = {}) {
+    if (await this._single(functionId)) {
+      return (await this._homeClient(functionId)).readOutput(functionId,
+        { afterSeq, limit, waitMs, cursor });
+    }
     const clients = await this._servedClients();
     if (clients.length === 1) {
       return clients[0].readOutput(functionId, { afterSeq, limit, waitMs, cursor });
@@ -401,21 +500,40 @@ class RoutingClient extends Client {
   }
 
   async trimOutput(functionId, beforeSeq = 0, { beforeCursor = '' } = {}) {
+    if (await this._single(functionId)) {
+      return (await this._homeClient(functionId)).trimOutput(functionId, beforeSeq,
+        { beforeCursor });
+    }
     const answers = await this._each((c) => c.trimOutput(functionId, beforeSeq, { beforeCursor }));
     return answers.length === 1 ? answers[0] : { firstRetainedSeq: 0, outputSeq: 0 };
   }
 
-  // Rows as they come, from every endpoint, until the iteration stops or
-  // cancel() (a loop of readOutput long polls).
-  tailOutput(functionId, { cursor = '', maxRowsPerMessage = 0 } = {}) {
+  // A SINGLE function's: its home endpoint's TailOutput stream after
+  // afterSeq. A SPLIT function's: rows as they come, from every endpoint,
+  // until the iteration stops or cancel() (a loop of readOutput long polls
+  // after `cursor`).
+  tailOutput(functionId, { afterSeq = 0, cursor = '', maxRowsPerMessage = 0 } = {}) {
     const client = this;
     return {
       cursor,
       _cancelled: false,
+      _stream: null,
       cancel() {
         this._cancelled = true;
+        if (this._stream) {
+          this._stream.cancel();
+        }
       },
       async* [Symbol.asyncIterator]() {
+        if (await client._single(functionId)) {
+          this._stream = (await client._homeClient(functionId)).tailOutput(functionId,
+            { afterSeq, maxRowsPerMessage, cursor });
+          if (this._cancelled) {
+            this._stream.cancel();
+          }
+          yield* this._stream;
+          return;
+        }
         while (!this._cancelled) {
           const page = await client.readOutput(functionId,
             { limit: maxRowsPerMessage, waitMs: 10000, cursor: this.cursor });

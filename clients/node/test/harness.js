@@ -113,10 +113,15 @@ class Keyflowd {
   }
 }
 
-function runningSumDescriptor(functionId) {
+// The running_sum example's descriptor under a new function ID; with
+// placement ('single' or 'split') placed so, else without one (single).
+function runningSumDescriptor(functionId, placement) {
   const d = JSON.parse(fs.readFileSync(path.join(HANDLERS, 'running_sum.descriptor.json'), 'utf8'));
   d.functionId = functionId || unique('rs');
   d.pipelineStateId = `${d.functionId}.state`;
+  if (placement) {
+    d.placement = `PLACEMENT_${placement.toUpperCase()}`;
+  }
   return d;
 }
 

@@ -36,6 +36,29 @@ test('kf-hash-1 computes what keyflowd computes (tests/partition/vectors.json)',
   for (const r of v.run_ids) {
     assert.strictEqual(partitions.ofRunId(r.run_id, r.count), r.partition, r.run_id);
   }
+  assert.ok(v.function_homes.length > 0);
+  for (const h of v.function_homes) {
+    assert.strictEqual(partitions.homeOfFunction(h.function_id, h.count), h.partition,
+      `${h.function_id} of ${h.count}`);
+  }
+});
+
+test('descriptors built with a placement', () => {
+  const base = runningSumDescriptor('f');
+  assert.strictEqual(base.placement, undefined);
+  assert.strictEqual(kf.withPlacement(base, 'split').placement, 'PLACEMENT_SPLIT');
+  assert.strictEqual(kf.withPlacement(base, 'SINGLE').placement, 'PLACEMENT_SINGLE');
+  assert.strictEqual(base.placement, undefined, 'the base is left alone');
+  assert.throws(() => kf.withPlacement(base, 'spread'),
+    /placement: unknown value "spread" \(one of single, split\)/);
+  assert.throws(() => kf.withPlacement(base, 'unspecified'), /placement: unknown value/);
+  assert.strictEqual(kf.remoteDescriptor(base, 'ab'.repeat(32)).placement, undefined);
+  const d = kf.remoteDescriptor(base, 'ab'.repeat(32), { placement: 'split' });
+  assert.deepStrictEqual([d.placement, d.runtime], ['PLACEMENT_SPLIT', 'RUNTIME_REMOTE']);
+  const protos = require('../lib/protos');
+  const info = protos.toNative('keyflow.v1.FunctionInfo',
+    { placement: 'PLACEMENT_SPLIT', homePartition: 3 });
+  assert.deepStrictEqual([info.placement, info.homePartition], ['split', 3]);
 });
 
 async function threeProcesses(t) {

@@ -17,9 +17,9 @@ from ._connection import KeyflowError
 from ._convert import Record
 from .client import Client, OutputTail, Producer, batch, debounce, retry
 from .handler import (Activation, FunctionWorker, HandlerError, implementation_digest,
-                      remote_descriptor)
+                      remote_descriptor, with_placement)
 from .worker import RetryableError, RunContext, Worker
 
 __all__ = ["Activation", "Client", "FunctionWorker", "HandlerError", "KeyflowError",
            "OutputTail", "Producer", "Record", "RetryableError", "RunContext", "Worker", "batch",
-           "debounce", "implementation_digest", "remote_descriptor", "retry"]
+           "debounce", "implementation_digest", "remote_descriptor", "retry", "with_placement"]

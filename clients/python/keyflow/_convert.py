@@ -43,13 +43,26 @@ def _enum_short_name(field, number):
 
 
 def _enum_prefix(enum_type):
-    # RunStatus -> "RUN_STATUS_"
+    # RunStatus -> "RUN_STATUS_"; an enum whose values do not all start with
+    # its name's prefix loses their common one instead (FunctionPlacement's
+    # PLACEMENT_SINGLE -> "single").
     out = []
     for i, ch in enumerate(enum_type.name):
         if ch.isupper() and i > 0:
             out.append("_")
         out.append(ch.upper())
-    return "".join(out) + "_"
+    prefix = "".join(out) + "_"
+    names = [v.name for v in enum_type.values]
+    if all(n.startswith(prefix) for n in names):
+        return prefix
+    common = names[0].split("_")[:-1]
+    for n in names[1:]:
+        words = n.split("_")
+        k = 0
+        while k < len(common) and k < len(words) - 1 and common[k] == words[k]:
+            k += 1
+        common = common[:k]
+    return "".join(w + "_" for w in common)
 
 
 def enum_value(enum_type, value, what):

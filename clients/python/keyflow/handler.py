@@ -48,6 +48,7 @@ import time
 import grpc
 
 from ._connection import KeyflowError
+from ._convert import enum_value
 from .client import Client, backoff_delays
 from .v1 import functions_pb2 as fpb
 from .v1 import workers_pb2 as wpb
@@ -92,13 +93,40 @@ def implementation_digest(*paths):
     return h.hexdigest()
 
 
-def remote_descriptor(descriptor, digest, call_timeout_ms=None):
-    """A copy of a descriptor (a dict in proto3 JSON form, or a path to
-    one) as a REMOTE function with this implementation digest."""
+def with_placement(descriptor, placement):
+    """A copy of a descriptor (a dict in proto3 JSON form, a path to one, or
+    a FunctionDescriptor) with its placement (docs/scaling.md, "Placement"):
+    "single" (every key in the function's home partition: one atomic step
+    per batch, one output sequence, limits for the whole function; what a
+    descriptor without one gets) or "split" (keys spread over the
+    partitions, for a function that needs more than one core)."""
+    number = enum_value(fpb.FunctionPlacement.DESCRIPTOR, placement, "placement")
+    if number == fpb.PLACEMENT_UNSPECIFIED:
+        raise ValueError("placement: unknown value %r (one of single, split)" % (placement,))
+    if isinstance(descriptor, fpb.FunctionDescriptor):
+        out = fpb.FunctionDescriptor()
+        out.CopyFrom(descriptor)
+        out.placement = number
+        return out
     if isinstance(descriptor, str):
         with open(descriptor) as f:
             descriptor = json.load(f)
     d = json.loads(json.dumps(descriptor))
+    d["placement"] = fpb.FunctionPlacement.Name(number)
+    return d
+
+
+def remote_descriptor(descriptor, digest, call_timeout_ms=None, placement=None):
+    """A copy of a descriptor (a dict in proto3 JSON form, or a path to
+    one) as a REMOTE function with this implementation digest; with
+    placement ("single" or "split", see with_placement) placed so. None
+    keeps the descriptor's (absent: single)."""
+    if isinstance(descriptor, str):
+        with open(descriptor) as f:
+            descriptor = json.load(f)
+    d = json.loads(json.dumps(descriptor))
+    if placement is not None:
+        d = with_placement(d, placement)
     for camel, snake in (("implementationDigest", "implementation_digest"),):
         d.pop(snake, None)
         d[camel] = digest

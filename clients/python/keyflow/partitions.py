@@ -3,7 +3,9 @@ keyflowd computes it: kf-hash-1, pinned by tests/partition/vectors.json.
 
     partition = kf_hash(input) % partition_count
     input: a coordinator (workflow, key) -> canonical_key([workflow, key])
-           a process-function key        -> canonical_key(key columns)
+           a key of a SPLIT function     -> canonical_key(key columns)
+           a function's home             -> canonical_key([function_id])
+                                            (every key of a SINGLE function)
 
 No dependencies: the SDK's routing client and tests import it alike.
 """
@@ -43,6 +45,12 @@ def of_coordinator(workflow: str, key: str, count: int) -> int:
 
 def of_key(columns, count: int) -> int:
     return kf_hash(canonical_key(columns)) % count
+
+
+def home_of_function(function_id: str, count: int) -> int:
+    """The home partition of a function: where a SINGLE function (the
+    default placement) keeps every key, so every call about it goes there."""
+    return kf_hash(canonical_key([function_id])) % count
 
 
 def of_run_id(run_id: str, count: int) -> int:

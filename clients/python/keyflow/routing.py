@@ -11,13 +11,19 @@ RPC routes), then sends each call where its route says:
     kf-hash-1 (keyflow.partitions); a refusal naming another owner
     (FAILED_PRECONDITION with keyflow-partition) asks the endpoints again
     and retries once;
-  * a batch split by the partitions of its rows' keys, one batch per
-    endpoint, each with the call's producer and sequence (a watermark goes
-    to every endpoint);
-  * registration and deletion to every endpoint; function descriptions
-    combined; runs listed endpoint after endpoint;
-  * output read behind one cursor holding a position per partition (each
-    endpoint moves only its own partitions');
+  * every call about a SINGLE function (the default placement: every key
+    in the function's home partition, partitions.home_of_function) to the
+    endpoint serving its home, as it is: a batch whole (one atomic step),
+    output paged by after_seq (one sequence), its description that
+    endpoint's. The placement comes with the descriptor, from the home
+    endpoint, once per function;
+  * for a SPLIT function, a batch split by the partitions of its rows'
+    keys, one batch per endpoint, each with the call's producer and
+    sequence (a watermark goes to every endpoint); output read behind one
+    cursor holding a position per partition (each endpoint moves only its
+    own partitions'); its description combined;
+  * registration and deletion to every endpoint; runs listed endpoint
+    after endpoint;
   * a poll asks the endpoints in turn without waiting, then waits on all of
     them at once; runs a second endpoint leased in the same instant beyond
     max_runs are released at once (ReleaseRun: no attempt counted).
@@ -117,6 +123,7 @@ class RoutingClient(Client):
         self._coord, self._runs, self._fns = first._coord, first._runs, first._fns
         self._schemas = {}
         self._schemas_lock = threading.Lock()
+        self._placements = {}  # function_id -> "single" | "split", with _schemas
         self.push_retries = 0
         self._placement_lock = threading.Lock()
         self._count = None
@@ -198,7 +205,10 @@ class RoutingClient(Client):
             p = _partitions.of_run_id(_string_at(request, route.fields[0]), count)
             return p if p >= 0 else None
         if route.kind == "by_function_key":
-            d = self._descriptor(_string_at(request, route.fields[0]))
+            function_id = _string_at(request, route.fields[0])
+            if self._single(function_id):
+                return _partitions.home_of_function(function_id, count)
+            d = self._descriptor(function_id)
             key = _string_at(request, route.fields[1])
             columns = [key] if len(d.key_columns) == 1 else json.loads(key)
             return _partitions.of_key(columns, count)
@@ -222,9 +232,62 @@ class RoutingClient(Client):
                 trailers = dict(e.trailing_metadata() or ())
                 if attempt == 1 and "keyflow-partition" in trailers:
                     self._discover()  # the partition moved: ask again, once
+                    self._forget(getattr(request, "function_id", None))
                     continue
                 raise KeyflowError.from_rpc(e) from None
         raise AssertionError("unreachable")
+
+    # --- a function's placement ---------------------------------------------
+
+    def _forget(self, function_id):
+        """Drops what is known of a function (deleted, or registered again
+        with another placement)."""
+        if function_id:
+            with self._schemas_lock:
+                self._schemas.pop(function_id, None)
+                self._placements.pop(function_id, None)
+
+    def _home_client(self, function_id):
+        return self._client_of(_partitions.home_of_function(function_id, self._known()))
+
+    def _home_info(self, function_id):
+        """GetFunction of the endpoint serving the function's home (which
+        answers for a SINGLE function and for a SPLIT one alike); a refusal
+        naming another owner asks the endpoints again, once. Remembers the
+        descriptor and the placement."""
+        req = fpb.GetFunctionRequest(function_id=function_id)
+        for attempt in (1, 2):
+            c = self._home_client(function_id)
+            try:
+                info = c._fns.GetFunction(req, timeout=self.timeout_s, metadata=c._conn.metadata)
+                break
+            except grpc.RpcError as e:
+                trailers = dict(e.trailing_metadata() or ())
+                if attempt == 2 or "keyflow-partition" not in trailers:
+                    raise KeyflowError.from_rpc(e) from None
+                self._discover()
+        # In force: SINGLE or SPLIT. UNSPECIFIED comes from a keyflowd from
+        # before placement, whose functions are all split.
+        placement = "single" if info.placement == fpb.PLACEMENT_SINGLE else "split"
+        with self._schemas_lock:
+            self._schemas[function_id] = info.descriptor
+            self._placements[function_id] = placement
+        return info, c
+
+    def _descriptor(self, function_id):
+        with self._schemas_lock:
+            d = self._schemas.get(function_id)
+        return d if d is not None else self._home_info(function_id)[0].descriptor
+
+    def _single(self, function_id):
+        """Whether the function is SINGLE (asked once, of its home's endpoint)."""
+        with self._schemas_lock:
+            placement = self._placements.get(function_id)
+        if placement is None:
+            self._home_info(function_id)
+            with self._schemas_lock:
+                placement = self._placements.get(function_id)
+        return placement == "single"
 
     def send_events(self, events):
         """The events split by their coordinators' endpoints, one SendEvents
@@ -249,26 +312,44 @@ class RoutingClient(Client):
         return [fn(c) for c in self._served_clients()]
 
     def register_function(self, descriptor):
-        answers = self._each(lambda c: c.register_function(descriptor))
+        clients = self._served_clients()
+        answers = [c.register_function(descriptor) for c in clients]
         out = answers[0]
         out["already_registered"] = all(a.already_registered for a in answers)
-        out["function"] = _combine_infos([a.function for a in answers])
+        fid = out.function.descriptor.function_id
+        self._forget(fid)  # registered again: maybe with another placement
+        out["function"] = self._one_info(fid, [a.function for a in answers], clients)
         return out
 
+    def _one_info(self, function_id, infos, clients):
+        """One function as the endpoints `clients` describe it (`infos`, in
+        the same order): a SINGLE function's is its home's endpoint's, a
+        SPLIT one's combined."""
+        if any(i.get("placement") == "single" for i in infos):
+            home = self._home_client(function_id)
+            for c, info in zip(clients, infos):
+                if c is home:
+                    return info
+        return _combine_infos(infos)
+
     def get_function(self, function_id):
-        return _combine_infos(self._each(lambda c: c.get_function(function_id)))
+        info, home = self._home_info(function_id)
+        if info.placement == fpb.PLACEMENT_SINGLE:
+            return to_native(info)
+        clients = self._served_clients()
+        return _combine_infos([to_native(info) if c is home else c.get_function(function_id)
+                               for c in clients])
 
     def list_functions(self, page_size=None):
         by_id = {}
         for c in self._served_clients():
             for fn in c.list_functions(page_size):
-                by_id.setdefault(fn.descriptor.function_id, []).append(fn)
-        for infos in by_id.values():
-            yield _combine_infos(infos)
+                by_id.setdefault(fn.descriptor.function_id, []).append((c, fn))
+        for fid, seen in by_id.items():
+            yield self._one_info(fid, [fn for _, fn in seen], [c for c, _ in seen])
 
     def delete_function(self, function_id, allow_missing=False):
-        with self._schemas_lock:
-            self._schemas.pop(function_id, None)
+        self._forget(function_id)
         answers = self._each(lambda c: c.delete_function(function_id, allow_missing=True))
         out = Record(answers[0])
         for key in ("keys", "timers", "output_rows", "producers"):
@@ -346,6 +427,13 @@ class RoutingClient(Client):
         count = self._known()
         if batch is None:
             batch = self.make_batch(function_id, rows, columns)
+        kwargs = {} if attempts is None else {"attempts": attempts}
+        if self._single(function_id):
+            # Every key is in the home partition: the batch goes there whole,
+            # one atomic step, its ack as the home's process answers.
+            return self._home_client(function_id).push_batch(
+                function_id, producer_id, sequence, batch=batch, watermark_us=watermark_us,
+                **kwargs)
         d = self._descriptor(function_id)
         fields = [f.name for f in d.input_schema.fields]
         key_cols = [fields.index(k) for k in d.key_columns]
@@ -360,7 +448,6 @@ class RoutingClient(Client):
                 if id(c) not in by_client:
                     targets.append((c, []))
         acks = []
-        kwargs = {} if attempts is None else {"attempts": attempts}
         for c, which in targets:
             part = _rows.slice_batch(batch, which)
             acks.append(c.push_batch(function_id, producer_id, sequence, batch=part,
@@ -383,9 +470,13 @@ class RoutingClient(Client):
         return out
 
     def read_output(self, function_id, after_seq=0, limit=None, wait_ms=0, cursor=""):
-        """One page of one partition's output after `cursor` (see
-        Client.read_output); next_cursor goes on from every endpoint's
-        position."""
+        """A SINGLE function's: one page of its one output sequence after
+        after_seq, from its home's endpoint (Client.read_output). A SPLIT
+        function's: one page of one partition's output after `cursor`;
+        next_cursor goes on from every endpoint's position."""
+        if self._single(function_id):
+            return self._home_client(function_id).read_output(function_id, after_seq, limit,
+                                                              wait_ms, cursor=cursor)
         clients = self._served_clients()
         if len(clients) == 1:
             return clients[0].read_output(function_id, after_seq, limit, wait_ms, cursor=cursor)
@@ -431,13 +522,21 @@ class RoutingClient(Client):
                       first_retained_seq=0, partition=0, next_cursor=cursor)
 
     def trim_output(self, function_id, before_seq=0, before_cursor=""):
+        if self._single(function_id):
+            return self._home_client(function_id).trim_output(function_id, before_seq,
+                                                              before_cursor=before_cursor)
         answers = self._each(lambda c: c.trim_output(function_id, before_seq,
                                                      before_cursor=before_cursor))
         return answers[0] if len(answers) == 1 else Record(first_retained_seq=0, output_seq=0)
 
     def tail_output(self, function_id, after_seq=0, max_rows_per_message=None, cursor=""):
-        """Rows as they come, from every endpoint, until the iterator is
-        closed (a loop of read_output long polls)."""
+        """A SINGLE function's: its home endpoint's TailOutput stream after
+        after_seq. A SPLIT function's: rows as they come, from every
+        endpoint, until the iterator is closed (a loop of read_output long
+        polls after `cursor`)."""
+        if self._single(function_id):
+            return self._home_client(function_id).tail_output(function_id, after_seq,
+                                                              max_rows_per_message, cursor=cursor)
         return _RoutedTail(self, function_id, cursor, max_rows_per_message)
 
 
@@ -473,10 +572,12 @@ class _RoutedTail:
 
 
 def _combine_infos(infos):
-    """One function as several partitions (endpoints) describe it."""
+    """One SPLIT function as several partitions (endpoints) describe it."""
     out = Record(infos[0])
     for key in ("keys", "timers", "state_bytes", "output_seq"):
         out[key] = sum(i.get(key, 0) for i in infos)
+    out["partitions"] = sorted((p for i in infos for p in i.get("partitions") or ()),
+                               key=lambda p: p["partition"])
     out["watermark_us"] = min(i.get("watermark_us", 0) for i in infos)
     out["available"] = all(i.get("available") for i in infos)
     for i in infos:

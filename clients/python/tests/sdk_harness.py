@@ -38,11 +38,15 @@ def restart_same_port(server):
     assert server.grpc_port == port
 
 
-def running_sum_descriptor(function_id=None):
+def running_sum_descriptor(function_id=None, placement=None):
+    """The running_sum example's descriptor under a new function ID; with
+    placement ("single" or "split") placed so, else without one (single)."""
     with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
         d = json.load(f)
     d["functionId"] = function_id or unique("rs")
     d["pipelineStateId"] = d["functionId"] + ".state"
+    if placement is not None:
+        d["placement"] = "PLACEMENT_" + placement.upper()
     return d
 
 

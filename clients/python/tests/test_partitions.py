@@ -17,7 +17,9 @@ import unittest
 import harness
 import keyflow
 from keyflow import partitions
+from keyflow._convert import to_native
 from keyflow.routing import RoutingClient
+from keyflow.v1 import functions_pb2 as fpb
 from partition_ledger import RETRYABLE, Ledger, balanced_keys, check_coordinators_on_owners
 from sdk_harness import running_sum_descriptor, start_server, unique, wait_for
 
@@ -42,6 +44,42 @@ class HashVectors(unittest.TestCase):
             self.assertEqual(partitions.of_key(k["columns"], k["count"]), k["partition"], k)
         for r in v["run_ids"]:
             self.assertEqual(partitions.of_run_id(r["run_id"], r["count"]), r["partition"], r)
+        self.assertTrue(v["function_homes"])
+        for h in v["function_homes"]:
+            self.assertEqual(partitions.home_of_function(h["function_id"], h["count"]),
+                             h["partition"], h)
+
+
+class Placement(unittest.TestCase):
+    """Descriptors built with a placement, and how a FunctionInfo's reads."""
+
+    def test_with_placement_sets_it_and_leaves_the_base_alone(self):
+        base = running_sum_descriptor("f")
+        self.assertNotIn("placement", base)
+        self.assertEqual(keyflow.with_placement(base, "split")["placement"], "PLACEMENT_SPLIT")
+        self.assertEqual(keyflow.with_placement(base, "SINGLE")["placement"], "PLACEMENT_SINGLE")
+        self.assertNotIn("placement", base)
+        msg = keyflow.with_placement(keyflow.client._descriptor_message(base), "split")
+        self.assertEqual(msg.placement, fpb.PLACEMENT_SPLIT)
+        with self.assertRaisesRegex(ValueError, r"placement: unknown value 'spread' \(one of "
+                                                r"single, split\)"):
+            keyflow.with_placement(base, "spread")
+        with self.assertRaisesRegex(ValueError, "placement: unknown value"):
+            keyflow.with_placement(base, "unspecified")
+
+    def test_remote_descriptor_keeps_or_sets_the_placement(self):
+        base = running_sum_descriptor("f")
+        self.assertNotIn("placement", keyflow.remote_descriptor(base, "ab" * 32))
+        d = keyflow.remote_descriptor(base, "ab" * 32, placement="split")
+        self.assertEqual((d["placement"], d["runtime"]), ("PLACEMENT_SPLIT", "RUNTIME_REMOTE"))
+        self.assertEqual(keyflow.remote_descriptor(d, "cd" * 32)["placement"], "PLACEMENT_SPLIT")
+
+    def test_placement_reads_as_a_short_name(self):
+        info = to_native(fpb.FunctionInfo(placement=fpb.PLACEMENT_SPLIT, home_partition=3))
+        self.assertEqual((info.placement, info.home_partition), ("split", 3))
+        self.assertEqual(to_native(fpb.FunctionInfo()).placement, "unspecified")
+
+
 
 
 class ThreeProcesses(unittest.TestCase):
