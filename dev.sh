@@ -24,7 +24,7 @@ PACKAGES=(build-essential cmake pkg-config
   libprotobuf-dev
   libh2o-evloop-dev libssl-dev librocksdb-dev libmbedtls-dev libjansson-dev libcriterion-dev libsystemd-dev
   python3 python3-grpcio python3-protobuf python3-setuptools curl clang-format git
-  nodejs npm openssl haproxy)
+  nodejs npm openssl haproxy chromium)
 # A package that is there as a command is not installed again: another
 # nodejs build may bring its own npm (and conflict with Debian's).
 declare -A PACKAGE_COMMANDS=([nodejs]=node [npm]=npm)

@@ -55,6 +55,7 @@
 #include "base/metrics.h"
 #include "base/workers.h"
 #include "http/conns.h"
+#include "http/console.h"
 #include "http/openapi.h"
 #include "http/routes.h"
 #include "keyflow/v1/partitions.pb-c.h"
@@ -650,6 +651,51 @@ static bool serve_placement(kf_gateway_t *gw, h2o_req_t *req, size_t path_len) {
     return true;
 }
 
+/* GET / and /ui/...: the web console's files (http/console.h), to anyone
+ * (the page asks for an API key itself, and holds no data), with headers
+ * that keep the page to its own origin. An unknown name under /ui/ is 404;
+ * another method is 405. False (nothing sent) for a path that is not the
+ * console's. */
+static bool serve_console(h2o_req_t *req, size_t path_len) {
+    if (!kf_console_claims(req->path.base, path_len)) {
+        return false;
+    }
+    bool head = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
+    if (!head && !h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"))) {
+        send_not_allowed(req, "method: the console's files are read with GET", "GET, HEAD");
+        return true;
+    }
+    const kf_console_file_t *file = kf_console_find(req->path.base, path_len);
+    if (file == NULL) {
+        char message[KF_ERROR_MESSAGE_BYTES_MAX];
+        snprintf(message, sizeof message, "path: the console has no file %.*s",
+                 (int)(path_len < 200 ? path_len : 200), req->path.base);
+        send_error(req, KF_E_NOT_FOUND, message, 0);
+        return true;
+    }
+    h2o_headers_t *headers = &req->res.headers;
+    h2o_add_header_by_str(&req->pool, headers, H2O_STRLIT("content-security-policy"), 0, NULL,
+                          H2O_STRLIT(KF_CONSOLE_CSP));
+    h2o_add_header_by_str(&req->pool, headers, H2O_STRLIT("x-content-type-options"), 0, NULL,
+                          H2O_STRLIT("nosniff"));
+    h2o_add_header_by_str(&req->pool, headers, H2O_STRLIT("referrer-policy"), 0, NULL,
+                          H2O_STRLIT("no-referrer"));
+    /* Revalidated every time (a new keyflowd may serve a new console), at
+     * the cost of a 304 while the file is the same. */
+    h2o_add_header(&req->pool, headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-cache"));
+    h2o_add_header(&req->pool, headers, H2O_TOKEN_ETAG, NULL, file->etag, strlen(file->etag));
+    ssize_t i = h2o_find_header(&req->headers, H2O_TOKEN_IF_NONE_MATCH, -1);
+    if (i >= 0 && h2o_memis(req->headers.entries[i].value.base, req->headers.entries[i].value.len,
+                            file->etag, strlen(file->etag))) {
+        req->res.status = 304;
+        req->res.reason = "Not Modified";
+        h2o_send_inline(req, "", 0);
+        return true;
+    }
+    send_body(req, 200, file->content_type, (const char *)file->body, file->body_len);
+    return true;
+}
+
 static size_t path_length(const h2o_req_t *req) {
     return req->query_at != SIZE_MAX ? req->query_at : req->path.len;
 }
@@ -950,7 +996,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     kf_http_conn_t *conn = kf_http_conn_request(req);
     size_t path_len = path_length(req);
     if (refuse_head(req) || refuse_browser_without_keys(gw, req) ||
-        serve_probe(gw, req, path_len, true) || serve_placement(gw, req, path_len)) {
+        serve_probe(gw, req, path_len, true) || serve_placement(gw, req, path_len) ||
+        serve_console(req, path_len)) {
         log_plain_request(req, start_us);
         return 0;
     }
