@@ -52,6 +52,10 @@ struct kf_cmd {
      * first retained sequence - 1), so that the router can answer a
      * resumable cursor. */
     int64_t resume_after_seq;
+    /* With an error from a SPLIT function's PushBatch that some partitions
+     * applied (set by the router): those partitions, "0,3,5" (in arena);
+     * NULL otherwise. Front ends pass it on (metadata, JSON). */
+    const char *applied_partitions;
     /* Router-private: where the command went (runtime/router.c). */
     void *routed;
     /* Engine-private. */

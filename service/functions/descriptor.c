@@ -324,6 +324,13 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
                             "descriptor.determinism: must be UNDECLARED or REPLAY_SAFE, got %d",
                             (int)d->determinism);
     }
+    if (d->placement != KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_UNSPECIFIED &&
+        d->placement != KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE &&
+        d->placement != KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SPLIT) {
+        return kf_error_set(err, KF_E_INVALID,
+                            "descriptor.placement: must be SINGLE or SPLIT, got %d",
+                            (int)d->placement);
+    }
     if ((st = check_schema("descriptor.input_schema", d->input_schema, err)) != KF_OK ||
         (st = check_schema("descriptor.output_schema", d->output_schema, err)) != KF_OK) {
         return st;
@@ -441,6 +448,10 @@ kf_status_t kf_descriptor_canonicalize(const Keyflow__V1__FunctionDescriptor *d,
     c->limits = limits;
     c->state_ttl_us = d->state_ttl_us;
     c->output_retention = retention;
+    /* UNSPECIFIED stays: in a stored descriptor it is a function registered
+     * before placement existed (kf_descriptor_split), and a registration
+     * resolves it against what is registered (functions/registry.c). */
+    c->placement = d->placement;
     *out = c;
     return KF_OK;
 }
@@ -461,6 +472,10 @@ kf_status_t kf_descriptor_encode(const Keyflow__V1__FunctionDescriptor *c, kf_ar
     *bytes = buf;
     *len = n;
     return KF_OK;
+}
+
+bool kf_descriptor_split(const Keyflow__V1__FunctionDescriptor *canonical) {
+    return canonical->placement != KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE;
 }
 
 void kf_descriptor_limits(const Keyflow__V1__FunctionDescriptor *c, kf_fn_limits_t *out) {

@@ -3,7 +3,11 @@
  * encoding and its SHA-256 (the function's checkpoint identity).
  *
  * The canonical descriptor is the request's descriptor with every default
- * resolved (determinism UNSPECIFIED -> UNDECLARED, every limit present);
+ * resolved (determinism UNSPECIFIED -> UNDECLARED, every limit present)
+ * but placement: UNSPECIFIED there means "registered before placement
+ * existed" in a stored descriptor (read as SPLIT: its keys are where they
+ * were put), and a registration turns it into SINGLE for a new function
+ * (functions/registry.c);
  * its encoding is protobuf-c's pack of that message, which writes fields in
  * field-number order with no unknown fields, so equal descriptors encode to
  * equal bytes. Pure functions: no state, no I/O.
@@ -11,6 +15,7 @@
 #ifndef KF_FUNCTIONS_DESCRIPTOR_H
 #define KF_FUNCTIONS_DESCRIPTOR_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/arena.h"
@@ -45,6 +50,10 @@ kf_status_t kf_descriptor_encode(const Keyflow__V1__FunctionDescriptor *canonica
                                  kf_arena_t *arena, uint8_t **bytes, size_t *len,
                                  char sha256_hex[KF_SHA256_HEX_BYTES + 1],
                                  kf_error_t *err) KF_MUST_USE;
+
+/* Whether a canonical descriptor's keys are split over the partitions:
+ * SPLIT, or UNSPECIFIED (stored before placement existed). */
+bool kf_descriptor_split(const Keyflow__V1__FunctionDescriptor *canonical);
 
 /* Limits of a canonical descriptor. */
 void kf_descriptor_limits(const Keyflow__V1__FunctionDescriptor *canonical, kf_fn_limits_t *out);

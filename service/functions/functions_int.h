@@ -173,6 +173,15 @@ struct function {
     char sha256[KF_SHA256_HEX_BYTES + 1];
     int64_t created_ms;
     kf_fn_limits_t limits;
+    /* Placement (docs/scaling.md): a SINGLE function's keys are all in its
+     * home partition; a SPLIT one's are spread by key, and this partition
+     * holds its share of max_keys, max_timers and max_state_bytes, so the
+     * shares of all partitions add up to the function's limits. */
+    bool split;
+    uint32_t home;             /* SINGLE: the partition that holds every key */
+    int64_t share_keys;        /* this partition's part of limits.max_keys */
+    int64_t share_timers;      /* ... of limits.max_timers */
+    int64_t share_state_bytes; /* ... of limits.max_state_bytes */
     int key_cols[KF_KEY_COLUMNS_MAX];
     int nkey_cols;
     int event_col;
@@ -378,6 +387,10 @@ struct kf_call {
 
 /* ---- registry.c -------------------------------------------------------- */
 
+/* Partition `partition`'s share of a limit split over `partitions`: the
+ * limit divided evenly, the remainder to the lowest partitions, so the
+ * shares add up to the limit exactly. */
+int64_t kf__limit_share(int64_t limit, uint32_t partition, uint32_t partitions);
 /* Builds the in-memory function from a canonical descriptor (copied into
  * the function's own arena) and enters it in the table; its handler host
  * is attached (kf__host_attach). */

@@ -21,6 +21,7 @@
 #include "base/bytes.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/partition.h"
 #include "functions/functions_int.h"
 
 /* ---- the function table ------------------------------------------------ */
@@ -41,6 +42,12 @@ static function_t *fn_by_pipeline(const kf_functions_t *fns, const char *pipelin
     return NULL;
 }
 
+int64_t kf__limit_share(int64_t limit, uint32_t partition, uint32_t partitions) {
+    KF_ASSERT(partitions >= 1 && limit >= 0);
+    int64_t n = (int64_t)partitions;
+    return limit / n + ((int64_t)(partition % partitions) < limit % n ? 1 : 0);
+}
+
 function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescriptor *canonical,
                        const char *sha256, uint32_t index, int64_t created_ms) {
     function_t *fn = kf_xcalloc(1, sizeof *fn);
@@ -53,6 +60,15 @@ function_t *kf__fn_new(kf_functions_t *fns, const Keyflow__V1__FunctionDescripto
     fn->index = index;
     fn->created_ms = created_ms;
     kf_descriptor_limits(fn->desc, &fn->limits);
+    uint32_t partitions = fns->config->partition_count > 1 ? fns->config->partition_count : 1;
+    fn->split = kf_descriptor_split(fn->desc) && partitions > 1;
+    fn->home = kf_partition_home_of_function(fn->id, strlen(fn->id), partitions);
+    uint32_t share_of = fn->split ? partitions : 1;
+    fn->share_keys = kf__limit_share(fn->limits.max_keys, fns->config->partition_index, share_of);
+    fn->share_timers =
+        kf__limit_share(fn->limits.max_timers, fns->config->partition_index, share_of);
+    fn->share_state_bytes =
+        kf__limit_share(fn->limits.max_state_bytes, fns->config->partition_index, share_of);
     fn->nkey_cols = (int)fn->desc->n_key_columns;
     for (int i = 0; i < fn->nkey_cols; i++) {
         fn->key_cols[i] = kf_schema_find(fn->desc->input_schema, fn->desc->key_columns[i]);
@@ -150,10 +166,47 @@ static Keyflow__V1__FunctionInfo *fn_info(kf_arena_t *a, const kf_functions_t *f
     info->retained_bytes = (int64_t)fn->retained_bytes;
     info->output_retention = retention_info(a, fns, fn);
     info->producers = (int64_t)fn->producers.count;
+    info->placement = kf_descriptor_split(fn->desc)
+                          ? KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SPLIT
+                          : KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE;
+    info->home_partition = (int32_t)fn->home;
+    if (fn->split) {
+        /* The router puts the partitions' shares side by side. */
+        Keyflow__V1__PartitionShare *share = kf_arena_new(a, sizeof *share);
+        keyflow__v1__partition_share__init(share);
+        share->partition = (int32_t)fns->config->partition_index;
+        share->keys = info->keys;
+        share->timers = info->timers;
+        share->state_bytes = info->state_bytes;
+        share->max_keys = fn->share_keys;
+        share->max_timers = fn->share_timers;
+        share->max_state_bytes = fn->share_state_bytes;
+        share->watermark_us = info->watermark_us;
+        share->output_seq = info->output_seq;
+        info->partitions = kf_arena_new(a, sizeof *info->partitions);
+        info->partitions[0] = share;
+        info->n_partitions = 1;
+    }
     return info;
 }
 
 /* ---- RPCs -------------------------------------------------------------- */
+
+/* A registration's placement: SPLIT or SINGLE as given, UNSPECIFIED (left
+ * out) is SINGLE; but a function registered before placement existed keeps
+ * UNSPECIFIED in its canonical descriptor (and so its sha256), so the same
+ * descriptor registered again, with or without SPLIT, is the same function
+ * (docs/scaling.md, "Functions registered before placement"). */
+static void resolve_placement(Keyflow__V1__FunctionDescriptor *canonical,
+                              const function_t *existing) {
+    bool legacy = existing != NULL && existing->desc->placement ==
+                                          KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_UNSPECIFIED;
+    if (legacy && canonical->placement != KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE) {
+        canonical->placement = KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_UNSPECIFIED;
+    } else if (canonical->placement == KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_UNSPECIFIED) {
+        canonical->placement = KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE;
+    }
+}
 
 void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     const Keyflow__V1__RegisterFunctionRequest *req =
@@ -163,15 +216,30 @@ void kf_functions_register(kf_functions_t *fns, kf_ctx_t *ctx, kf_cmd_t *cmd) {
     uint8_t *bytes;
     size_t len;
     char sha[KF_SHA256_HEX_BYTES + 1];
-    if (kf_descriptor_canonicalize(req->descriptor, cmd->arena, &canonical, err) != KF_OK ||
-        kf_descriptor_encode(canonical, cmd->arena, &bytes, &len, sha, err) != KF_OK) {
+    if (kf_descriptor_canonicalize(req->descriptor, cmd->arena, &canonical, err) != KF_OK) {
+        kf_ctx_fail(ctx, cmd);
+        return;
+    }
+    function_t *existing = fn_find(fns, canonical->function_id);
+    resolve_placement(canonical, existing);
+    if (kf_descriptor_encode(canonical, cmd->arena, &bytes, &len, sha, err) != KF_OK) {
         kf_ctx_fail(ctx, cmd);
         return;
     }
     Keyflow__V1__RegisterFunctionResponse *resp = kf_arena_new(cmd->arena, sizeof *resp);
     keyflow__v1__register_function_response__init(resp);
-    function_t *existing = fn_find(fns, canonical->function_id);
     if (existing != NULL) {
+        bool was_split = kf_descriptor_split(existing->desc);
+        if (strcmp(existing->sha256, sha) != 0 && was_split != kf_descriptor_split(canonical)) {
+            kf_error_set(err, KF_E_EXISTS,
+                         "descriptor.placement: %s is registered as a %s function (sha256 %s); "
+                         "this descriptor makes it %s, and where its keys live never changes: "
+                         "a new placement is a new function",
+                         existing->id, was_split ? "SPLIT" : "SINGLE", existing->sha256,
+                         was_split ? "SINGLE" : "SPLIT");
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
         if (strcmp(existing->sha256, sha) != 0) {
             kf_error_set(err, KF_E_EXISTS,
                          "descriptor.function_id: %s is registered with a different descriptor "

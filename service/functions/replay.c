@@ -237,6 +237,11 @@ static function_t *scratch_new(const function_t *fn) {
     x->desc = fn->desc;
     memcpy(x->sha256, fn->sha256, sizeof x->sha256);
     x->limits = fn->limits;
+    x->split = fn->split;
+    x->home = fn->home;
+    x->share_keys = fn->share_keys;
+    x->share_timers = fn->share_timers;
+    x->share_state_bytes = fn->share_state_bytes;
     memcpy(x->key_cols, fn->key_cols, sizeof x->key_cols);
     x->nkey_cols = fn->nkey_cols;
     x->event_col = fn->event_col;

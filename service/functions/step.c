@@ -482,27 +482,41 @@ static void apply(kf_call_t *call) {
     }
 }
 
+/* One aggregate limit after a call was applied: refused when the count
+ * passed the limit (a SPLIT function's: this partition's share of it) and
+ * grew in this step, so that a function already past a share it did not
+ * have before (registered before placement existed) still takes batches
+ * that do not add to it. */
+static kf_status_t check_limit(step_t *s, const char *name, const char *what, uint64_t now,
+                               uint64_t before, int64_t share, int64_t limit) {
+    if ((int64_t)now <= share || now <= before) {
+        return KF_OK;
+    }
+    const function_t *fn = s->fn;
+    if (!fn->split) {
+        return kf_error_set(s->err, KF_E_LIMIT,
+                            "%s: the batch would leave %llu %s (limit %lld); nothing applied", name,
+                            (unsigned long long)now, what, (long long)limit);
+    }
+    return kf_error_set(s->err, KF_E_LIMIT,
+                        "%s: the batch would leave %llu %s in partition %u, whose share of the "
+                        "SPLIT function's limit of %lld is %lld (docs/scaling.md); nothing applied "
+                        "in this partition",
+                        name, (unsigned long long)now, what, s->fns->config->partition_index,
+                        (long long)limit, (long long)share);
+}
+
 /* Aggregate limits after a call was applied (rolled back by the caller). */
 static kf_status_t check_limits(step_t *s) {
     function_t *fn = s->fn;
-    if ((int64_t)fn->live_keys > fn->limits.max_keys) {
-        return kf_error_set(s->err, KF_E_LIMIT,
-                            "max_keys: the batch would leave %llu keys with state or timers (limit "
-                            "%lld); nothing applied",
-                            (unsigned long long)fn->live_keys, (long long)fn->limits.max_keys);
-    }
-    if ((int64_t)fn->timer_count > fn->limits.max_timers) {
-        return kf_error_set(s->err, KF_E_LIMIT,
-                            "max_timers: the batch would leave %llu timers (limit %lld); nothing "
-                            "applied",
-                            (unsigned long long)fn->timer_count, (long long)fn->limits.max_timers);
-    }
-    if ((int64_t)fn->state_bytes > fn->limits.max_state_bytes) {
-        return kf_error_set(s->err, KF_E_LIMIT,
-                            "max_state_bytes: the batch would leave %llu bytes of state (limit "
-                            "%lld); nothing applied",
-                            (unsigned long long)fn->state_bytes,
-                            (long long)fn->limits.max_state_bytes);
+    kf_status_t st;
+    if ((st = check_limit(s, "max_keys", "keys with state or timers", fn->live_keys, s->live_keys0,
+                          fn->share_keys, fn->limits.max_keys)) != KF_OK ||
+        (st = check_limit(s, "max_timers", "timers", fn->timer_count, s->timer_count0,
+                          fn->share_timers, fn->limits.max_timers)) != KF_OK ||
+        (st = check_limit(s, "max_state_bytes", "bytes of state", fn->state_bytes, s->state_bytes0,
+                          fn->share_state_bytes, fn->limits.max_state_bytes)) != KF_OK) {
+        return st;
     }
     return kf__step_memory_check(s);
 }
@@ -1182,6 +1196,15 @@ static step_t *batch_rows(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf
         rows->ncols = (uint32_t)schema->n_fields; /* a watermark-only batch */
     }
     uint32_t partitions = fns->config->partition_count;
+    if (st == KF_OK && !fn->split && partitions > 1 && fn->home != fns->config->partition_index) {
+        /* The router sends a SINGLE function's batches to its home
+         * (docs/scaling.md); anything here would split the function. */
+        cmd->foreign_partition = (int32_t)fn->home;
+        st = kf_error_set(err, KF_E_NOT_OWNER,
+                          "function %s keeps every key in its home, partition %u of %u, not in "
+                          "partition %u, which took the batch",
+                          fn->id, fn->home, partitions, fns->config->partition_index);
+    }
     for (uint32_t i = 0; st == KF_OK && i < rows->count; i++) {
         size_t klen = 0;
         kf_partition_hasher_t hasher;
@@ -1192,8 +1215,8 @@ static step_t *batch_rows(kf_functions_t *fns, kf_ctx_t *ctx, function_t *fn, kf
             klen += 4 + value.len;
             kf_partition_hasher_column(&hasher, value.p, value.len);
         }
-        uint32_t partition =
-            partitions > 1 ? kf_partition_hasher_partition(&hasher, partitions) : 0;
+        uint32_t partition = fn->split ? kf_partition_hasher_partition(&hasher, partitions)
+                                       : fns->config->partition_index;
         if (klen > KF_FUNCTION_KEY_BYTES_MAX) {
             st = kf_error_set(err, KF_E_TOO_LARGE, "rows[%u]: the key is %zu bytes (at most %d)", i,
                               klen, KF_FUNCTION_KEY_BYTES_MAX);

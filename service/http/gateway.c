@@ -225,6 +225,23 @@ static int send_cmd_error(kf_gateway_t *gw, h2o_req_t *req, const kf_cmd_t *cmd)
                                           owner->grpc_address, "http", owner->http_address));
         }
     }
+    if (cmd->error.status != KF_OK && cmd->applied_partitions != NULL) {
+        /* A SPLIT function's batch some partitions applied (router.h):
+         * "appliedPartitions": [0, 3]. */
+        json_t *applied = json_array();
+        for (const char *p = cmd->applied_partitions; applied != NULL && *p != '\0';) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            json_array_append_new(applied, json_integer(v));
+            p = *end == ',' ? end + 1 : end + strlen(end);
+        }
+        extra = extra != NULL ? extra : json_object();
+        if (extra != NULL && applied != NULL) {
+            json_object_set_new(extra, "appliedPartitions", applied);
+        } else {
+            json_decref(applied);
+        }
+    }
     return send_error_with(req, cmd->error.status, cmd->error.message, 0, extra);
 }
 

@@ -103,7 +103,7 @@ struct call {
     bool has_details;
     /* With KF_E_NOT_OWNER: keyflow-partition and the owner's node and
      * addresses (docs/scaling.md), sent as trailing metadata. */
-    grpc_metadata trailers[4];
+    grpc_metadata trailers[5]; /* owner (4), applied partitions */
     size_t ntrailers;
     int cancelled;
     atomic_int refs;       /* outstanding batches: the reply, plus a close
@@ -407,6 +407,10 @@ static void engine_done(kf_cmd_t *cmd) {
         cmd->response = NULL;
     }
     add_owner_trailers(c, cmd);
+    if (cmd->error.status != KF_OK && cmd->applied_partitions != NULL) {
+        /* A SPLIT function's batch some partitions applied (router.h). */
+        add_trailer(c, "keyflow-applied-partitions", cmd->applied_partitions);
+    }
     send_reply(c, cmd->error.status, cmd->error.message, cmd->response);
 }
 

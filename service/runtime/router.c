@@ -105,6 +105,7 @@ struct fanout {
     uint32_t pending; /* see the top of the file */
     bool cancelled;   /* the caller left */
     bool settled;     /* a FIRST round was answered */
+    bool as_is;       /* this round is the call's own request to one partition */
     void *state;      /* the plan's, in the parent's arena */
     sub_t subs[];     /* router->served_count */
 };
@@ -266,10 +267,14 @@ static void *copy_into_parent(fanout_t *f, const ProtobufCMessage *msg) {
 }
 
 /* The call fails as the sub-command did, naming its partition when there
- * are several. */
+ * are several and the call did not go to it as it is. */
 static void fail_as(fanout_t *f, const sub_t *s) {
     f->parent->response = NULL;
-    if (f->router->count > 1 && s->cmd.error.status != KF_E_CANCELLED) {
+    if (f->as_is) {
+        f->parent->error = s->cmd.error;
+        f->parent->foreign_partition = s->cmd.foreign_partition;
+        f->parent->resume_after_seq = s->cmd.resume_after_seq;
+    } else if (f->router->count > 1 && s->cmd.error.status != KF_E_CANCELLED) {
         kf_error_set(&f->parent->error, s->cmd.error.status, "partition %u: %s", s->partition,
                      s->cmd.error.message);
     } else {
@@ -312,8 +317,14 @@ static kf_status_t send_events_begin(fanout_t *f, int32_t *direct) {
     kf_router_t *r = f->router;
     const Keyflow__V1__SendEventsRequest *req = (const void *)f->parent->request;
     kf_arena_t *arena = f->parent->arena;
-    send_events_state_t *st = kf_arena_new(arena, sizeof *st);
     size_t n = req->n_events;
+    if (n > KF_SEND_EVENTS_MAX) {
+        /* A bound of the call, not of each partition's part of it. */
+        return kf_error_set(&f->parent->error, KF_E_INVALID,
+                            "events: at most %d per call (KF_SEND_EVENTS_MAX), got %zu",
+                            KF_SEND_EVENTS_MAX, n);
+    }
+    send_events_state_t *st = kf_arena_new(arena, sizeof *st);
     st->partition_of = kf_arena_new(arena, (n + 1) * sizeof *st->partition_of);
     st->index_in_sub = kf_arena_new(arena, (n + 1) * sizeof *st->index_in_sub);
     uint32_t events_in[KF_PARTITION_COUNT_MAX] = {0};
@@ -653,8 +664,10 @@ static const plan_t plan_list_runs = {"list_runs", list_runs_begin, NULL, list_r
 
 /* ---- functions: registration everywhere, descriptions combined ---------- */
 
-/* Adds `b`'s counters to `a`, the same function in another partition. */
-static void function_info_add(Keyflow__V1__FunctionInfo *a, const Keyflow__V1__FunctionInfo *b) {
+/* Adds `b`'s counters to `a`, the same SPLIT function in another
+ * partition, and puts b's shares of the limits beside a's. */
+static void function_info_add(Keyflow__V1__FunctionInfo *a, const Keyflow__V1__FunctionInfo *b,
+                              kf_arena_t *arena) {
     a->keys += b->keys;
     a->timers += b->timers;
     a->state_bytes += b->state_bytes;
@@ -668,28 +681,59 @@ static void function_info_add(Keyflow__V1__FunctionInfo *a, const Keyflow__V1__F
         a->available = false;
         a->unavailable_reason = b->unavailable_reason;
     }
+    if (b->n_partitions > 0) {
+        Keyflow__V1__PartitionShare **shares =
+            kf_arena_new(arena, (a->n_partitions + b->n_partitions) * sizeof *shares);
+        memcpy(shares, a->partitions, a->n_partitions * sizeof *shares);
+        memcpy(shares + a->n_partitions, b->partitions, b->n_partitions * sizeof *shares);
+        a->partitions = shares;
+        a->n_partitions += b->n_partitions;
+    }
 }
 
-/* Every partition's answer OK: the combined info (first partition's
- * descriptor, every partition's counters), or false with parent->error set
- * when the partitions hold different descriptors. */
+/* Which of a function's infos (one per partition) the call answers from:
+ * a SINGLE function's home's (the only partition with its keys), else the
+ * first. */
+static size_t function_info_base(const kf_router_t *r,
+                                 const Keyflow__V1__FunctionInfo *const *infos,
+                                 const uint32_t *partitions, size_t n) {
+    if (r->count > 1 && infos[0]->placement == KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE) {
+        for (size_t i = 0; i < n; i++) {
+            if (partitions[i] == (uint32_t)infos[0]->home_partition) {
+                return i;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Every partition's answer OK: the combined info (a SINGLE function's
+ * home's, a SPLIT one's counters summed and shares side by side), or false
+ * with parent->error set when the partitions hold different descriptors. */
 static Keyflow__V1__FunctionInfo *
 function_info_combine(fanout_t *f, const Keyflow__V1__FunctionInfo *const *infos,
                       const uint32_t *partitions, size_t n) {
-    Keyflow__V1__FunctionInfo *out = copy_into_parent(f, &infos[0]->base);
+    size_t base = function_info_base(f->router, infos, partitions, n);
+    Keyflow__V1__FunctionInfo *out = copy_into_parent(f, &infos[base]->base);
     if (out == NULL) {
         return NULL;
     }
-    for (size_t i = 1; i < n; i++) {
+    bool split = out->placement != KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE;
+    for (size_t i = 0; i < n; i++) {
+        if (i == base) {
+            continue;
+        }
         if (strcmp(infos[i]->descriptor_sha256, out->descriptor_sha256) != 0) {
             kf_error_set(&f->parent->error, KF_E_INTERNAL,
                          "function %s: partition %u holds descriptor %.16s..., partition %u "
                          "holds %.16s...: the partitions disagree (docs/scaling.md)",
-                         out->descriptor->function_id, partitions[0], out->descriptor_sha256,
+                         out->descriptor->function_id, partitions[base], out->descriptor_sha256,
                          partitions[i], infos[i]->descriptor_sha256);
             return NULL;
         }
-        function_info_add(out, infos[i]);
+        if (split) {
+            function_info_add(out, infos[i], f->parent->arena);
+        }
     }
     return out;
 }
@@ -797,21 +841,47 @@ static bool list_functions_next(fanout_t *f) {
     }
     for (size_t k = 0; k < out->n_functions; k++) {
         Keyflow__V1__FunctionInfo *fn = out->functions[k];
-        for (uint32_t i = 1; i < f->nsubs; i++) {
+        const Keyflow__V1__FunctionInfo *infos[KF_PARTITION_COUNT_MAX];
+        uint32_t partitions[KF_PARTITION_COUNT_MAX];
+        size_t n = 0;
+        for (uint32_t i = 0; i < f->nsubs; i++) {
             const Keyflow__V1__ListFunctionsResponse *other = (const void *)f->subs[i].cmd.response;
-            bool found = false;
-            for (size_t j = 0; j < other->n_functions && !found; j++) {
+            const Keyflow__V1__FunctionInfo *found = NULL;
+            for (size_t j = 0; j < other->n_functions && found == NULL; j++) {
                 const Keyflow__V1__FunctionInfo *o = other->functions[j];
                 if (strcmp(o->descriptor->function_id, fn->descriptor->function_id) == 0) {
-                    function_info_add(fn, o);
-                    found = true;
+                    found = o;
                 }
             }
-            if (!found && fn->available) {
+            if (found != NULL) {
+                infos[n] = found;
+                partitions[n++] = f->subs[i].partition;
+            } else if (fn->available) {
                 fn->available = false;
                 fn->unavailable_reason = kf_arena_printf(
                     f->parent->arena, "not registered in partition %u: register it again",
                     f->subs[i].partition);
+            }
+        }
+        /* Every page holds fn: it came from the first. */
+        KF_ASSERT(n > 0 && partitions[0] == f->subs[0].partition);
+        size_t base = function_info_base(f->router, infos, partitions, n);
+        if (base != 0) {
+            bool available = fn->available;
+            const char *reason = fn->unavailable_reason;
+            fn = out->functions[k] = copy_into_parent(f, &infos[base]->base);
+            if (fn == NULL) {
+                return false;
+            }
+            if (!available) {
+                fn->available = false;
+                fn->unavailable_reason = (char *)reason;
+            }
+        }
+        for (size_t i = 0;
+             i < n && fn->placement != KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE; i++) {
+            if (i != base) {
+                function_info_add(fn, infos[i], f->parent->arena);
             }
         }
     }
@@ -916,10 +986,38 @@ typedef struct keyed_state {
     void *plan_state;
 } keyed_state_t;
 
+/* The partition holding every key of the function when it is SINGLE and
+ * the data set has several partitions; -1 when its keys are split (SPLIT,
+ * or registered before placement existed), or with one partition. */
+static int32_t fn_home(const kf_router_t *r, const Keyflow__V1__FunctionDescriptor *d) {
+    if (r->count == 1 || d->placement != KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE) {
+        return -1;
+    }
+    return (int32_t)kf_partition_home_of_function(d->function_id, strlen(d->function_id), r->count);
+}
+
+/* The call goes as it is to the function's home, or is refused
+ * KF_E_NOT_OWNER when another process serves it (a routing client asks
+ * there, as for any keyed call). */
+static kf_status_t to_home(fanout_t *f, uint32_t home, int32_t *direct) {
+    if (f->router->engines[home] == NULL) {
+        char what[KF_FUNCTION_ID_BYTES_MAX + 64];
+        snprintf(what, sizeof what, "function %s (SINGLE: every key in its home)",
+                 ((const keyed_state_t *)f->state)->descriptor->function_id);
+        set_not_owner(f->router, f->parent, home, what);
+        return KF_E_NOT_OWNER;
+    }
+    *direct = (int32_t)home;
+    return KF_OK;
+}
+
+/* f->state, when the plan set one up, starts with a keyed_state_t. */
 static kf_status_t keyed_begin(fanout_t *f, const char *function_id, int32_t *direct,
                                kf_status_t (*with_descriptor)(fanout_t *, int32_t *)) {
-    keyed_state_t *st = kf_arena_new(f->parent->arena, sizeof *st);
-    f->state = st;
+    if (f->state == NULL) {
+        f->state = kf_arena_new(f->parent->arena, sizeof(keyed_state_t));
+    }
+    keyed_state_t *st = f->state;
     st->descriptor = fn_lookup(f->router, function_id, f->parent->arena);
     if (st->descriptor != NULL) {
         return with_descriptor(f, direct);
@@ -960,23 +1058,39 @@ static bool keyed_fetched(fanout_t *f, kf_status_t (*with_descriptor)(fanout_t *
         /* Mid-plan the call cannot be handed over as it is: one round of
          * its own request. */
         fanout_add(f, (uint32_t)direct, f->parent->request);
+        f->as_is = true; /* its answer reads as if it had gone there at once */
     }
     return true;
 }
 
-/* ---- PushBatch: each row to its key's partition ------------------------
- * The rows (columnar, or JSON converted to columnar) are grouped by the
- * partition of their key; each partition gets its rows, in their order, as
- * one batch with the call's producer and sequence (so a retry is a
- * duplicate in every partition, as one call is in one). A watermark goes
- * to every served partition, rows or not: their timers fire by it. The
- * function's per-batch limits apply per partition. */
+/* ---- PushBatch: a SINGLE function's batch to its home, a SPLIT one's rows
+ * to their keys' partitions -------------------------------------------------
+ * A SINGLE function's batch goes to its home as it is: one atomic step, as
+ * with one partition. A SPLIT function's rows (columnar, or JSON converted
+ * to columnar) are grouped by the partition of their key; each partition
+ * gets its rows, in their order, as one batch with the call's producer and
+ * sequence (so a retry is a duplicate in every partition that took its
+ * part, and new in the others). A watermark goes to every served
+ * partition, rows or not: their timers fire by it. The call as a whole is
+ * held to the function's max_input_rows and max_input_bytes before it is
+ * split; each partition's part is then one step there (docs/scaling.md,
+ * "Placement"). */
 
-/* Groups `req`'s rows by partition (fan: one part each, or the whole call
- * to one partition through *direct); without fan, a batch that reaches
- * more than one partition is refused (a dry run is not split yet). */
-static kf_status_t split_rows(fanout_t *f, const Keyflow__V1__PushBatchRequest *req,
-                              int32_t *direct, bool fan) {
+typedef struct split {
+    uint32_t n; /* parts, in served order */
+    uint32_t partition[KF_PARTITION_COUNT_MAX];
+    Keyflow__V1__RowBatch *batch[KF_PARTITION_COUNT_MAX]; /* NULL: the watermark only */
+} split_t;
+
+/* Splits the rows of a SPLIT function's call (`rows_case`: the
+ * PushBatchRequest's, which DryRunBatchRequest's mirrors) by partition into
+ * `out` (in the call's arena); or sets *direct to the one partition that
+ * can take the call as it is. Errors (parent->error): the rows' own, a row
+ * of a partition served elsewhere (KF_E_NOT_OWNER: nothing applied
+ * anywhere). */
+static kf_status_t split_rows(fanout_t *f, uint32_t rows_case, const Keyflow__V1__RowBatch *batch,
+                              const char *rows_json, bool watermark, int32_t *direct,
+                              split_t **out) {
     kf_router_t *r = f->router;
     keyed_state_t *st = f->state;
     const Keyflow__V1__FunctionDescriptor *d = st->descriptor;
@@ -985,13 +1099,14 @@ static kf_status_t split_rows(fanout_t *f, const Keyflow__V1__PushBatchRequest *
     kf_rows_t rows;
     memset(&rows, 0, sizeof rows);
     kf_status_t status = KF_OK;
-    if (req->rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH) {
-        status = kf_rows_from_batch(req->batch, d->input_schema, KF_FN_MAX_INPUT_ROWS_MAX,
-                                    KF_FN_MAX_INPUT_BYTES_MAX, arena, &rows, err);
-    } else if (req->rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON) {
-        status = kf_rows_from_json(req->rows_json, strlen(req->rows_json), d->input_schema,
-                                   KF_FN_MAX_INPUT_ROWS_MAX, KF_FN_MAX_INPUT_BYTES_MAX, arena,
-                                   &rows, err);
+    const Keyflow__V1__FunctionLimits *limits = d->limits;
+    if (rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH) {
+        status = kf_rows_from_batch(batch, d->input_schema, limits->max_input_rows,
+                                    limits->max_input_bytes, arena, &rows, err);
+    } else if (rows_case == KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON) {
+        status =
+            kf_rows_from_json(rows_json, strlen(rows_json), d->input_schema, limits->max_input_rows,
+                              limits->max_input_bytes, arena, &rows, err);
     }
     if (status != KF_OK) {
         return status;
@@ -1017,8 +1132,6 @@ static kf_status_t split_rows(fanout_t *f, const Keyflow__V1__PushBatchRequest *
         }
         in[partition_of[i]]++;
     }
-    bool watermark = req->watermark_present_case ==
-                     KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
     uint32_t targets = 0;
     int32_t only = -1;
     for (uint32_t i = 0; i < r->served_count; i++) {
@@ -1034,21 +1147,15 @@ static kf_status_t split_rows(fanout_t *f, const Keyflow__V1__PushBatchRequest *
         *direct = targets == 1 ? only : (int32_t)r->served[0];
         return KF_OK;
     }
-    if (!fan) {
-        return kf_error_set(err, KF_E_UNIMPLEMENTED,
-                            "%s: the rows' keys or the watermark reach %u partitions; a dry run "
-                            "is answered for one partition at a time (docs/scaling.md)",
-                            kf_method_by_op(f->parent->op)->name, targets);
-    }
+    split_t *sp = kf_arena_new(arena, sizeof *sp);
     uint32_t *which = kf_arena_new(arena, ((size_t)rows.count + 1) * sizeof *which);
     for (uint32_t i = 0; i < r->served_count; i++) {
         uint32_t p = r->served[i];
         if (in[p] == 0 && !watermark) {
             continue;
         }
-        Keyflow__V1__PushBatchRequest *part = kf_arena_new(arena, sizeof *part);
-        *part = *req;
-        part->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS__NOT_SET;
+        sp->partition[sp->n] = p;
+        sp->batch[sp->n] = NULL;
         if (in[p] > 0) {
             uint32_t n = 0;
             for (uint32_t row = 0; row < rows.count; row++) {
@@ -1056,24 +1163,73 @@ static kf_status_t split_rows(fanout_t *f, const Keyflow__V1__PushBatchRequest *
                     which[n++] = row;
                 }
             }
-            part->batch = kf_rows_gather(&rows, which, n, arena);
-            if (part->batch == NULL) {
+            sp->batch[sp->n] = kf_rows_gather(&rows, which, n, arena);
+            if (sp->batch[sp->n] == NULL) {
                 return kf_error_set(err, KF_E_LIMIT, "rows: out of memory for this batch");
             }
-            part->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH;
         }
-        fanout_add(f, p, &part->base);
+        sp->n++;
     }
+    *out = sp;
     return KF_OK;
 }
 
 static kf_status_t push_split(fanout_t *f, int32_t *direct) {
-    return split_rows(f, (const void *)f->parent->request, direct, true);
+    const Keyflow__V1__PushBatchRequest *req = (const void *)f->parent->request;
+    int32_t home = fn_home(f->router, ((const keyed_state_t *)f->state)->descriptor);
+    if (home >= 0) {
+        return to_home(f, (uint32_t)home, direct);
+    }
+    split_t *sp = NULL;
+    kf_status_t st = split_rows(f, req->rows_case, req->batch, req->rows_json,
+                                req->watermark_present_case ==
+                                    KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US,
+                                direct, &sp);
+    for (uint32_t i = 0; st == KF_OK && sp != NULL && i < sp->n; i++) {
+        Keyflow__V1__PushBatchRequest *part = kf_arena_new(f->parent->arena, sizeof *part);
+        *part = *req;
+        part->rows_case = sp->batch[i] != NULL ? KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH
+                                               : KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS__NOT_SET;
+        part->batch = sp->batch[i];
+        fanout_add(f, sp->partition[i], &part->base);
+    }
+    return st;
 }
 
 static kf_status_t push_begin(fanout_t *f, int32_t *direct) {
     const Keyflow__V1__PushBatchRequest *req = (const void *)f->parent->request;
     return keyed_begin(f, req->function_id, direct, push_split);
+}
+
+/* Some partitions took their part of a SPLIT batch and others refused
+ * theirs: the answer fails as the first refusal did, and says so, with the
+ * partitions that applied theirs (cmd->applied_partitions: gRPC trailing
+ * metadata keyflow-applied-partitions, HTTP "appliedPartitions"). The
+ * parts applied stay applied (each partition's step is atomic and
+ * durable); repeating the same batch is a duplicate where it was applied
+ * and a new batch where it was refused, so a retry that succeeds leaves the
+ * batch applied exactly once everywhere (docs/semantics.md, "Split
+ * functions"). */
+static void push_partly_applied(fanout_t *f, const sub_t *refused) {
+    kf_arena_t *arena = f->parent->arena;
+    char *applied = kf_arena_new(arena, (size_t)f->nsubs * 4 + 1);
+    size_t n = 0;
+    uint32_t refusals = 0;
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        const sub_t *s = &f->subs[i];
+        if (s->cmd.error.status == KF_OK) {
+            n += (size_t)sprintf(applied + n, "%s%u", n > 0 ? "," : "", s->partition);
+        } else {
+            refusals++;
+        }
+    }
+    f->parent->response = NULL;
+    f->parent->applied_partitions = applied;
+    kf_error_set(&f->parent->error, refused->cmd.error.status,
+                 "partly applied: partitions %s applied their rows of this batch, %u refused "
+                 "theirs; repeating the same batch (producer_id, sequence, rows) applies only "
+                 "what was refused (docs/semantics.md, \"Split functions\"). Partition %u: %s",
+                 applied, refusals, refused->partition, refused->cmd.error.message);
 }
 
 static bool push_next(fanout_t *f) {
@@ -1082,17 +1238,26 @@ static bool push_next(fanout_t *f) {
         return keyed_fetched(f, push_split);
     }
     const Keyflow__V1__PushBatchRequest *req = (const void *)f->parent->request;
+    const sub_t *refused = NULL;
+    bool any_applied = false;
     for (uint32_t i = 0; i < f->nsubs; i++) {
         const sub_t *s = &f->subs[i];
         if (s->cmd.error.status == KF_E_NOT_OWNER) {
             fn_forget(f->router, req->function_id); /* a stale descriptor */
         }
         if (s->cmd.error.status != KF_OK) {
-            /* Partitions that took their part answer a retry as a
-             * duplicate: the call is safe to repeat as it is. */
-            fail_as(f, s);
-            return false;
+            refused = refused != NULL ? refused : s;
+        } else {
+            any_applied = true;
         }
+    }
+    if (refused != NULL && any_applied) {
+        push_partly_applied(f, refused);
+        return false;
+    }
+    if (refused != NULL) {
+        fail_as(f, refused); /* nothing applied anywhere */
+        return false;
     }
     Keyflow__V1__PushBatchResponse *out = kf_arena_new(f->parent->arena, sizeof *out);
     keyflow__v1__push_batch_response__init(out);
@@ -1129,30 +1294,43 @@ static bool push_next(fanout_t *f) {
 
 static const plan_t plan_push_batch = {"push_batch", push_begin, NULL, push_next};
 
-/* ---- DryRunBatch: as PushBatch, in one partition ------------------------
- * The rows and watermark route as a PushBatch's would; a dry run whose
- * batch stays in one partition goes there as it is (the usual case: one
- * partition, or rows of one key). */
+/* ---- DryRunBatch: as PushBatch, nothing applied ---------------------------
+ * A SINGLE function's dry run goes to its home; a SPLIT one's rows and
+ * watermark route as a PushBatch's would, each partition dry-runs its part,
+ * and the answers are combined: counters summed, the lowest watermark, the
+ * output rows and key changes partition after partition (each part's in
+ * its own order), first_output_seq only when one partition writes. A
+ * refusal in any partition is the call's (nothing is applied anyway). */
 
 static kf_status_t dry_split(fanout_t *f, int32_t *direct) {
     const Keyflow__V1__DryRunBatchRequest *dry = (const void *)f->parent->request;
-    Keyflow__V1__PushBatchRequest *req = kf_arena_new(f->parent->arena, sizeof *req);
-    keyflow__v1__push_batch_request__init(req);
-    req->function_id = dry->function_id;
-    if (dry->rows_case == KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_BATCH) {
-        req->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH;
-        req->batch = dry->batch;
-    } else if (dry->rows_case == KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_ROWS_JSON) {
-        req->rows_case = KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON;
-        req->rows_json = dry->rows_json;
+    int32_t home = fn_home(f->router, ((const keyed_state_t *)f->state)->descriptor);
+    if (home >= 0) {
+        return to_home(f, (uint32_t)home, direct);
     }
-    if (dry->watermark_present_case ==
-        KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US) {
-        req->watermark_present_case =
-            KEYFLOW__V1__PUSH_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US;
-        req->watermark_us = dry->watermark_us;
+    _Static_assert((int)KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_BATCH ==
+                           (int)KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_BATCH - 2 &&
+                       (int)KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_ROWS_JSON ==
+                           (int)KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS_ROWS_JSON - 2,
+                   "a dry run's rows are a batch's, two field numbers lower");
+    uint32_t rows_case = dry->rows_case == KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS__NOT_SET
+                             ? KEYFLOW__V1__PUSH_BATCH_REQUEST__ROWS__NOT_SET
+                             : (uint32_t)dry->rows_case + 2;
+    split_t *sp = NULL;
+    kf_status_t st =
+        split_rows(f, rows_case, dry->batch, dry->rows_json,
+                   dry->watermark_present_case ==
+                       KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__WATERMARK_PRESENT_WATERMARK_US,
+                   direct, &sp);
+    for (uint32_t i = 0; st == KF_OK && sp != NULL && i < sp->n; i++) {
+        Keyflow__V1__DryRunBatchRequest *part = kf_arena_new(f->parent->arena, sizeof *part);
+        *part = *dry;
+        part->rows_case = sp->batch[i] != NULL ? KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_BATCH
+                                               : KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS__NOT_SET;
+        part->batch = sp->batch[i];
+        fanout_add(f, sp->partition[i], &part->base);
     }
-    return split_rows(f, req, direct, false);
+    return st;
 }
 
 static kf_status_t dry_begin(fanout_t *f, int32_t *direct) {
@@ -1160,21 +1338,130 @@ static kf_status_t dry_begin(fanout_t *f, int32_t *direct) {
     return keyed_begin(f, req->function_id, direct, dry_split);
 }
 
+/* Appends `b`'s rows to `a` (the same output schema, column by column). */
+static bool batch_append(Keyflow__V1__RowBatch *a, const Keyflow__V1__RowBatch *b,
+                         kf_arena_t *arena) {
+    if (b == NULL || b->row_count == 0) {
+        return true;
+    }
+    if (a->n_columns != b->n_columns) {
+        return false;
+    }
+    for (size_t c = 0; c < a->n_columns; c++) {
+        Keyflow__V1__Column *x = a->columns[c];
+        const Keyflow__V1__Column *y = b->columns[c];
+        if (x->values_case != y->values_case) {
+            return false;
+        }
+        if (x->n_nulls > 0 || y->n_nulls > 0) {
+            protobuf_c_boolean *nulls =
+                kf_arena_new(arena, ((size_t)(a->row_count + b->row_count) + 1) * sizeof *nulls);
+            for (int64_t i = 0; i < a->row_count; i++) {
+                nulls[i] = x->n_nulls > 0 && x->nulls[i];
+            }
+            for (int64_t i = 0; i < b->row_count; i++) {
+                nulls[a->row_count + i] = y->n_nulls > 0 && y->nulls[i];
+            }
+            x->nulls = nulls;
+            x->n_nulls = (size_t)(a->row_count + b->row_count);
+        }
+#define APPEND_VALUES(field, type)                                                                 \
+    do {                                                                                           \
+        size_t n = x->field->n_values + y->field->n_values;                                        \
+        type *v = kf_arena_new(arena, (n + 1) * sizeof *v);                                        \
+        memcpy(v, x->field->values, x->field->n_values * sizeof *v);                               \
+        memcpy(v + x->field->n_values, y->field->values, y->field->n_values * sizeof *v);          \
+        x->field->values = v;                                                                      \
+        x->field->n_values = n;                                                                    \
+    } while (0)
+        switch (x->values_case) {
+        case KEYFLOW__V1__COLUMN__VALUES_BOOLS: APPEND_VALUES(bools, protobuf_c_boolean); break;
+        case KEYFLOW__V1__COLUMN__VALUES_INT64S: APPEND_VALUES(int64s, int64_t); break;
+        case KEYFLOW__V1__COLUMN__VALUES_FLOAT64S: APPEND_VALUES(float64s, double); break;
+        case KEYFLOW__V1__COLUMN__VALUES_STRINGS: APPEND_VALUES(strings, char *); break;
+        case KEYFLOW__V1__COLUMN__VALUES_BYTES_VALUES:
+            APPEND_VALUES(bytes_values, ProtobufCBinaryData);
+            break;
+        case KEYFLOW__V1__COLUMN__VALUES__NOT_SET: break;
+        case _KEYFLOW__V1__COLUMN__VALUES__CASE_IS_INT_SIZE: KF_UNREACHABLE();
+        }
+#undef APPEND_VALUES
+    }
+    a->row_count += b->row_count;
+    return true;
+}
+
+/* Appends a JSON array's items to another's text ("[...]"), in the arena. */
+static char *json_rows_append(const char *a, const char *b, kf_arena_t *arena) {
+    size_t alen = strlen(a), blen = strlen(b);
+    bool a_empty = alen < 2 || strspn(a + 1, " \n") >= alen - 2;
+    bool b_empty = blen < 2 || strspn(b + 1, " \n") >= blen - 2;
+    if (b_empty) {
+        return (char *)a;
+    }
+    if (a_empty) {
+        return (char *)b;
+    }
+    /* "[x" + "," + "y]" */
+    return kf_arena_printf(arena, "%.*s,%s", (int)(alen - 1), a, b + 1);
+}
+
 static bool dry_next(fanout_t *f) {
     keyed_state_t *st = f->state;
     if (st->fetching) {
         return keyed_fetched(f, dry_split);
     }
-    KF_ASSERT(f->nsubs == 1); /* one partition (dry_split) */
-    const sub_t *s = &f->subs[0];
-    if (s->cmd.error.status != KF_OK) {
-        fail_as(f, s);
+    const sub_t *failed = first_failure(f);
+    if (failed != NULL) {
+        fail_as(f, failed);
         return false;
     }
-    f->parent->response = copy_into_parent(f, s->cmd.response);
-    if (f->parent->response != NULL) {
-        kf_error_clear(&f->parent->error);
+    Keyflow__V1__DryRunBatchResponse *out = copy_into_parent(f, f->subs[0].cmd.response);
+    if (out == NULL) {
+        return false;
     }
+    size_t changes = 0, writers = out->first_output_seq > 0 ? 1 : 0;
+    for (uint32_t i = 0; i < f->nsubs; i++) {
+        changes += ((const Keyflow__V1__DryRunBatchResponse *)f->subs[i].cmd.response)->n_changes;
+    }
+    Keyflow__V1__KeyChange **all = kf_arena_new(f->parent->arena, (changes + 1) * sizeof *all);
+    memcpy(all, out->changes, out->n_changes * sizeof *all);
+    for (uint32_t i = 1; i < f->nsubs; i++) {
+        Keyflow__V1__DryRunBatchResponse *a = copy_into_parent(f, f->subs[i].cmd.response);
+        if (a == NULL) {
+            return false;
+        }
+        out->rows_accepted += a->rows_accepted;
+        out->activations += a->activations;
+        out->timer_callbacks += a->timer_callbacks;
+        out->handler_calls += a->handler_calls;
+        out->due_timers += a->due_timers;
+        out->watermark_us =
+            a->watermark_us < out->watermark_us ? a->watermark_us : out->watermark_us;
+        writers += a->first_output_seq > 0 ? 1 : 0;
+        out->first_output_seq =
+            out->first_output_seq > 0 ? out->first_output_seq : a->first_output_seq;
+        if (out->output != NULL && !batch_append(out->output, a->output, f->parent->arena)) {
+            kf_error_set(&f->parent->error, KF_E_INTERNAL,
+                         "partition %u: its dry run's output rows do not match partition %u's "
+                         "columns",
+                         f->subs[i].partition, f->subs[0].partition);
+            f->parent->response = NULL;
+            return false;
+        }
+        if (out->output == NULL) {
+            out->output = a->output;
+        }
+        out->output_json = json_rows_append(out->output_json, a->output_json, f->parent->arena);
+        memcpy(all + out->n_changes, a->changes, a->n_changes * sizeof *all);
+        out->n_changes += a->n_changes;
+    }
+    out->changes = all;
+    if (writers > 1) {
+        out->first_output_seq = 0; /* each partition numbers its own rows */
+    }
+    f->parent->response = &out->base;
+    kf_error_clear(&f->parent->error);
     return false;
 }
 
@@ -1186,6 +1473,10 @@ static kf_status_t key_state_route(fanout_t *f, int32_t *direct) {
     kf_router_t *r = f->router;
     keyed_state_t *st = f->state;
     const Keyflow__V1__GetKeyStateRequest *req = (const void *)f->parent->request;
+    int32_t home = fn_home(r, st->descriptor);
+    if (home >= 0) {
+        return to_home(f, (uint32_t)home, direct);
+    }
     kf_partition_hasher_t h;
     kf_partition_hasher_init(&h);
     bool ok = true;
@@ -1336,6 +1627,8 @@ static char *cursor_format(const cursor_t *c, uint32_t count, kf_arena_t *arena)
 }
 
 typedef struct read_state {
+    keyed_state_t keyed; /* first: keyed_begin's */
+    bool single;         /* a SINGLE function's read: its home only */
     cursor_t cursor;
     uint32_t start; /* index into served: where this call's turn began */
     uint32_t asked;
@@ -1351,6 +1644,47 @@ static Keyflow__V1__ReadOutputRequest *read_request(fanout_t *f, uint32_t p, int
     sub->cursor = (char *)"";
     sub->wait_ms = wait_ms;
     return sub;
+}
+
+/* After the descriptor: a SINGLE function's output is its home's one
+ * sequence, read at after_seq (or at the home's position in a cursor) with
+ * the call's own wait; a SPLIT function's is read partition after
+ * partition behind the cursor. */
+static kf_status_t read_route(fanout_t *f, int32_t *direct) {
+    (void)direct;
+    kf_router_t *r = f->router;
+    const Keyflow__V1__ReadOutputRequest *req = (const void *)f->parent->request;
+    read_state_t *st = f->state;
+    int32_t home = fn_home(r, st->keyed.descriptor);
+    if (home >= 0) {
+        if (r->engines[home] == NULL) {
+            int32_t unused;
+            return to_home(f, (uint32_t)home, &unused);
+        }
+        if (req->cursor[0] == '\0') {
+            st->cursor.pos[home] = req->after_seq;
+        }
+        st->single = true;
+        st->parked = true; /* the one read waits, if the call may */
+        st->asked = r->served_count;
+        fanout_add(f, (uint32_t)home, &read_request(f, (uint32_t)home, req->wait_ms)->base);
+        return KF_OK;
+    }
+    if (req->cursor[0] == '\0' && req->after_seq != 0) {
+        return kf_error_set(&f->parent->error, KF_E_INVALID,
+                            "after_seq: function %s is SPLIT: its output is in %u partitions, "
+                            "each with its own sequence; pass cursor (the last page's "
+                            "next_cursor) instead (docs/scaling.md)",
+                            req->function_id, r->count);
+    }
+    /* Start after the partition read last. */
+    while (st->start < r->served_count && r->served[st->start] <= st->cursor.last) {
+        st->start++;
+    }
+    st->start %= r->served_count;
+    fanout_add(f, r->served[st->start], &read_request(f, r->served[st->start], 0)->base);
+    st->asked = 1;
+    return KF_OK;
 }
 
 static kf_status_t read_begin(fanout_t *f, int32_t *direct) {
@@ -1373,26 +1707,12 @@ static kf_status_t read_begin(fanout_t *f, int32_t *direct) {
         *direct = 0;
         return KF_OK;
     }
-    if (req->cursor[0] == '\0' && req->after_seq != 0) {
-        return kf_error_set(&f->parent->error, KF_E_INVALID,
-                            "after_seq: this function's output is in %u partitions, each with "
-                            "its own sequence; pass cursor (the last page's next_cursor) instead "
-                            "(docs/scaling.md)",
-                            r->count);
-    }
-    /* Start after the partition read last. */
-    while (st->start < r->served_count && r->served[st->start] <= st->cursor.last) {
-        st->start++;
-    }
-    st->start %= r->served_count;
-    fanout_add(f, r->served[st->start], &read_request(f, r->served[st->start], 0)->base);
-    st->asked = 1;
-    return KF_OK;
+    return keyed_begin(f, req->function_id, direct, read_route);
 }
 
 static bool read_settles(const sub_t *s) {
     const Keyflow__V1__ReadOutputResponse *resp = (const void *)s->cmd.response;
-    return s->cmd.error.status == KF_OK && resp->first_seq != 0;
+    return s->cmd.op == KF_OP_READ_OUTPUT && s->cmd.error.status == KF_OK && resp->first_seq != 0;
 }
 
 /* The call answers with partition p's page (or, with `resp` NULL, no rows). */
@@ -1456,6 +1776,9 @@ static void read_fail_range(fanout_t *f, const sub_t *s) {
 static bool read_next(fanout_t *f) {
     kf_router_t *r = f->router;
     read_state_t *st = f->state;
+    if (st->keyed.fetching) {
+        return keyed_fetched(f, read_route);
+    }
     const Keyflow__V1__ReadOutputRequest *req = (const void *)f->parent->request;
     const sub_t *failed = NULL, *rows = NULL;
     for (uint32_t i = 0; i < f->nsubs; i++) {
@@ -1470,6 +1793,13 @@ static bool read_next(fanout_t *f) {
     }
     if (rows != NULL) {
         read_answer(f, rows);
+        return false;
+    }
+    if (failed != NULL && st->single) {
+        /* As the home answered, about after_seq, as with one partition. */
+        f->parent->response = NULL;
+        f->parent->error = failed->cmd.error;
+        f->parent->resume_after_seq = failed->cmd.resume_after_seq;
         return false;
     }
     if (failed != NULL && failed->cmd.error.status == KF_E_RANGE) {
@@ -1508,43 +1838,79 @@ static const plan_t plan_read_output = {"read_output", read_begin, read_settles,
 
 /* ---- TrimOutput: every partition up to its position in a cursor ---------- */
 
-static kf_status_t trim_begin(fanout_t *f, int32_t *direct) {
+typedef struct trim_state {
+    keyed_state_t keyed; /* first: keyed_begin's */
+    cursor_t cursor;     /* before_cursor */
+} trim_state_t;
+
+/* After the descriptor: a SINGLE function's output is trimmed in its home
+ * (before_seq, or the home's position in a cursor); a SPLIT function's in
+ * every partition up to its position in the cursor. */
+static kf_status_t trim_route(fanout_t *f, int32_t *direct) {
     kf_router_t *r = f->router;
     const Keyflow__V1__TrimOutputRequest *req = (const void *)f->parent->request;
-    cursor_t *c = kf_arena_new(f->parent->arena, sizeof *c);
-    kf_status_t status =
-        cursor_parse(req->before_cursor, r->count, "before_cursor", c, &f->parent->error);
-    if (status != KF_OK) {
-        return status;
-    }
-    if (req->before_cursor[0] == '\0') {
-        if (r->count > 1 && req->before_seq != 0) {
-            return kf_error_set(&f->parent->error, KF_E_INVALID,
-                                "before_seq: this function's output is in %u partitions; pass "
-                                "before_cursor (a ReadOutput cursor) instead (docs/scaling.md)",
-                                r->count);
+    trim_state_t *st = f->state;
+    int32_t home = fn_home(r, st->keyed.descriptor);
+    if (home >= 0) {
+        if (req->before_cursor[0] != '\0') {
+            Keyflow__V1__TrimOutputRequest *copy = kf_arena_new(f->parent->arena, sizeof *copy);
+            *copy = *req;
+            copy->before_cursor = (char *)"";
+            copy->before_seq = st->cursor.pos[home] + 1; /* the rows read: up to the position */
+            f->parent->request = &copy->base;
         }
-        *direct = r->count == 1 ? 0 : -1;
-        if (r->count == 1) {
-            return KF_OK;
-        }
+        return to_home(f, (uint32_t)home, direct);
     }
-    if (req->before_seq != 0) {
+    if (req->before_cursor[0] == '\0' && req->before_seq != 0) {
         return kf_error_set(&f->parent->error, KF_E_INVALID,
-                            "before_seq: give before_seq or before_cursor, not both");
+                            "before_seq: function %s is SPLIT: its output is in %u partitions; "
+                            "pass before_cursor (a ReadOutput cursor) instead (docs/scaling.md)",
+                            req->function_id, r->count);
     }
     for (uint32_t i = 0; i < r->served_count; i++) {
         uint32_t p = r->served[i];
         Keyflow__V1__TrimOutputRequest *part = kf_arena_new(f->parent->arena, sizeof *part);
         *part = *req;
         part->before_cursor = (char *)"";
-        part->before_seq = c->pos[p] + 1; /* the rows read: up to the position */
+        part->before_seq = st->cursor.pos[p] + 1; /* the rows read: up to the position */
         fanout_add(f, p, &part->base);
     }
     return KF_OK;
 }
 
+static kf_status_t trim_begin(fanout_t *f, int32_t *direct) {
+    kf_router_t *r = f->router;
+    const Keyflow__V1__TrimOutputRequest *req = (const void *)f->parent->request;
+    trim_state_t *st = kf_arena_new(f->parent->arena, sizeof *st);
+    f->state = st;
+    kf_status_t status =
+        cursor_parse(req->before_cursor, r->count, "before_cursor", &st->cursor, &f->parent->error);
+    if (status != KF_OK) {
+        return status;
+    }
+    if (req->before_cursor[0] != '\0' && req->before_seq != 0) {
+        return kf_error_set(&f->parent->error, KF_E_INVALID,
+                            "before_seq: give before_seq or before_cursor, not both");
+    }
+    if (r->count == 1) {
+        if (req->before_cursor[0] != '\0') {
+            Keyflow__V1__TrimOutputRequest *copy = kf_arena_new(f->parent->arena, sizeof *copy);
+            *copy = *req;
+            copy->before_cursor = (char *)"";
+            copy->before_seq = st->cursor.pos[0] + 1;
+            f->parent->request = &copy->base;
+        }
+        *direct = 0;
+        return KF_OK;
+    }
+    return keyed_begin(f, req->function_id, direct, trim_route);
+}
+
 static bool trim_next(fanout_t *f) {
+    trim_state_t *st = f->state;
+    if (st->keyed.fetching) {
+        return keyed_fetched(f, trim_route);
+    }
     const sub_t *failed = first_failure(f);
     if (failed != NULL) {
         fail_as(f, failed);
@@ -1625,7 +1991,24 @@ static const plan_t plan_delete_producer = {"delete_producer", all_begin, NULL, 
  * across partitions was kept by each of them); reproduced when every part
  * was, the first difference named with its partition. NOT_FOUND only when
  * no partition kept the batch. */
+static kf_status_t replay_route(fanout_t *f, int32_t *direct) {
+    int32_t home = fn_home(f->router, ((const keyed_state_t *)f->state)->descriptor);
+    if (home >= 0) {
+        return to_home(f, (uint32_t)home, direct);
+    }
+    add_all_served(f);
+    return KF_OK;
+}
+
+static kf_status_t replay_begin(fanout_t *f, int32_t *direct) {
+    const Keyflow__V1__ReplayBatchRequest *req = (const void *)f->parent->request;
+    return keyed_begin(f, req->function_id, direct, replay_route);
+}
+
 static bool replay_next(fanout_t *f) {
+    if (((keyed_state_t *)f->state)->fetching) {
+        return keyed_fetched(f, replay_route);
+    }
     Keyflow__V1__ReplayBatchResponse *out = NULL;
     const sub_t *missing = NULL;
     for (uint32_t i = 0; i < f->nsubs; i++) {
@@ -1662,7 +2045,7 @@ static bool replay_next(fanout_t *f) {
     return false;
 }
 
-static const plan_t plan_replay_batch = {"replay_batch", all_begin, NULL, replay_next};
+static const plan_t plan_replay_batch = {"replay_batch", replay_begin, NULL, replay_next};
 
 /* The plan of each fanned-out op, from the table's route column. */
 static const plan_t *plan_of(kf_op_t op) {
@@ -1790,6 +2173,7 @@ static kf_status_t submit_partition(kf_router_t *r, kf_cmd_t *cmd, uint32_t p, c
 
 kf_status_t kf_router_submit(kf_router_t *r, kf_cmd_t *cmd) {
     cmd->foreign_partition = -1;
+    cmd->applied_partitions = NULL;
     const kf_method_t *m = kf_method_by_op(cmd->op);
     if (m->route.kind == KF_ROUTE_HOME) {
         return submit_to(r->home, cmd);

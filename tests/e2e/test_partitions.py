@@ -234,7 +234,9 @@ class FunctionsAcrossPartitions(unittest.TestCase):
         cls.server = harness.Keyflowd(args=["--partition-count", str(cls.COUNT),
                                             "--plugin-dir", HANDLERS]).start()
         with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
-            cls.descriptor = json.load(f)
+            # SPLIT: these tests are about a function whose keys spread over
+            # the partitions (a SINGLE one's are all in its home).
+            cls.descriptor = dict(json.load(f), placement="split")
         status, body = cls.server.http("POST", "/v1/functions", cls.descriptor)
         assert status == 200, body
 
@@ -611,7 +613,7 @@ class Placement(unittest.TestCase):
 
     def test_a_batch_with_a_row_of_another_process_changes_nothing(self):
         with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
-            descriptor = json.load(f)
+            descriptor = dict(json.load(f), placement="split")
         for srv in (self.a, self.b):
             status, body = srv.http("POST", "/v1/functions", descriptor)
             self.assertEqual(status, 200, body)

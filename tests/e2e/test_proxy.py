@@ -238,6 +238,7 @@ class Proxy(unittest.TestCase):
             d = json.load(f)
         d["functionId"] = "rs_proxy"
         d["pipelineStateId"] = "rs_proxy.state"
+        d["placement"] = "split"  # its keys spread over the nodes, as the proxy routes them
         for name, _ in NODES:  # registration reaches every node
             status, doc = self.request("POST", "/nodes/%s/v1/functions" % name, d)
             self.assertEqual(status, 200, doc)

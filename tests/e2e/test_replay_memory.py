@@ -41,12 +41,13 @@ def gauge(server, name):
 
 class ReplayMemory:
     ARGS = []
+    PLACEMENT = "single"
 
     def setUp(self):
         self.server = harness.Keyflowd(args=["--plugin-dir", HANDLERS] + self.ARGS).start()
         self.addCleanup(self.server.cleanup)
         with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
-            self.ok("POST", "/v1/functions", json.load(f))
+            self.ok("POST", "/v1/functions", dict(json.load(f), placement=self.PLACEMENT))
 
     def ok(self, method, path, body=None):
         status, doc = self.server.http(method, path, body)
@@ -69,6 +70,7 @@ class SharedByPartitions(ReplayMemory, unittest.TestCase):
     its parts of the batches, where each used to keep 64 KiB."""
 
     REPLAY_BYTES = 64 * 1024
+    PLACEMENT = "split"  # its batches spread over the partitions' shares
     ARGS = ["--partition-count", "4", "--replay-bytes", "64KiB", "--memory-budget", "1GiB"]
 
     def test_the_process_keeps_at_most_replay_bytes(self):
