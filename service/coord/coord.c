@@ -174,7 +174,7 @@ typedef struct id_room {
     bool unsorted;          /* ids_unsorted afterwards */
 } id_room_t;
 
-/* Estimated bytes (engine/ctx.h, kf_memory_t; docs/semantics.md, "Memory
+/* Estimated bytes (step/ctx.h, kf_memory_t; docs/semantics.md, "Memory
  * budget"): a coordinator is its entry with malloc's 16-byte header, its
  * map slot (at most two bucket pointers, the table doubling at load 1) and
  * its heap slot (up to two pointers likewise). Windows, inputs and
@@ -1029,7 +1029,7 @@ static bool end_blocked(const kf_coords_t *cs, const state_t *s) {
 }
 
 /* An overdue window whose run would copy its input while the disk has no
- * room above its reserve stays open until there is (engine/ctx.h,
+ * room above its reserve stays open until there is (step/ctx.h,
  * kf_ctx_disk_room_left); FlushWindow still closes one on request. */
 static bool end_waits_for_disk(const kf_ctx_t *ctx, const state_t *s) {
     return !s->w.run_started && !kf_ctx_disk_room_left(ctx);

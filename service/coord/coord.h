@@ -32,8 +32,8 @@
 #include <stdint.h>
 
 #include "base/status.h"
-#include "engine/ctx.h"
 #include "runs/runs.h"
+#include "step/ctx.h"
 
 typedef struct kf_coords kf_coords_t;
 

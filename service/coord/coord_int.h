@@ -12,8 +12,8 @@
 
 #include "base/crypto.h"
 #include "coord/window.h"
-#include "engine/ctx.h"
 #include "records/records.pb-c.h"
+#include "step/ctx.h"
 
 /* The two SipHash keys of a store's coordinator ids (coord.c, 1). */
 typedef struct kf_coord_id_key {

@@ -21,8 +21,8 @@
 #include "base/arena.h"
 #include "base/crypto.h"
 #include "base/status.h"
-#include "engine/engine.h"
 #include "keyflow/v1/functions.pb-c.h"
+#include "step/engine_types.h"
 
 typedef struct kf_fn_limits {
     int64_t max_keys;

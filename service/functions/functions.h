@@ -37,7 +37,7 @@
 #define KF_FUNCTIONS_FUNCTIONS_H
 
 #include "base/status.h"
-#include "engine/ctx.h"
+#include "step/ctx.h"
 
 typedef struct kf_functions kf_functions_t;
 

@@ -40,9 +40,9 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "base/metrics.h"
-#include "engine/ctx.h"
 #include "functions/functions_int.h"
 #include "keyflow/v1/workers.pb-c.h"
+#include "step/ctx.h"
 
 typedef struct kf__worker worker_t;
 

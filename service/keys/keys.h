@@ -26,7 +26,7 @@
 #define KF_KEYS_KEYS_H
 
 #include "auth/auth.h"
-#include "engine/ctx.h"
+#include "step/ctx.h"
 
 typedef struct kf_keys kf_keys_t;
 

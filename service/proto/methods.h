@@ -105,7 +105,7 @@ typedef struct kf_method {
                              applies to; NULL: the request names none */
     kf_route_t route;     /* which partitions a call goes to */
     /* An ENGINE row's disk column is GROWS: refused while the disk reserve
-     * is reached (engine/core.c). */
+     * is reached (core/core.c). */
     bool grows_store;
 } kf_method_t;
 

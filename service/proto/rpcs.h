@@ -1,7 +1,7 @@
 /*
  * rpcs.h - the one table of keyflow's RPCs. Each RPC is one row here; the
  * op enum, the method rows both front ends serve (proto/methods.h), the
- * engine's dispatch (engine/core.c) and the front ends' behaviour (unary,
+ * engine's dispatch (core/core.c) and the front ends' behaviour (unary,
  * long poll, stream) are all expanded from it, so nothing about an RPC is
  * written twice. How to add one: docs/rpcs.md.
  *
@@ -9,7 +9,7 @@
  *
  *   ENGINE(op, service, method, name, request, response, shape, scope,
  *          resource, module, handler, disk, route)
- *       executed by the engine: a command KF_OP_<op> that engine/core.c
+ *       executed by the engine: a command KF_OP_<op> that core/core.c
  *       hands to `handler(core-><module>, ctx, cmd)`. Shape UNARY or
  *       LONG_POLL (the engine answers each command once).
  *   FRONT(front, service, method, name, request, response, shape, scope,

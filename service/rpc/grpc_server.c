@@ -709,10 +709,10 @@ static void start_tail(call_t *c, const Keyflow__V1__TailOutputRequest *req) {
 
 /* ---- Workers/Serve --------------------------------------------------------
  * A remote handler's stream, relayed between the worker and the engine
- * (engine.h, "remote handler workers"): messages the worker sends are
- * unpacked here and posted (the first as HELLO, then RESULTs), calls the
- * engine sends (ops->send, on the engine thread) go out one SEND_MESSAGE
- * at a time from a queue, and the stream ends with the status the engine
+ * (step/engine_types.h, "remote handler workers"): messages the worker
+ * sends are unpacked here and posted (the first as HELLO, then RESULTs),
+ * calls the engine sends (ops->send, on the engine thread) go out one
+ * SEND_MESSAGE at a time from a queue, and the stream ends with the status the engine
  * or this relay decided (ops->close), or OK when the worker half-closes.
  *
  *   arrival --peer check--> RECV loop (one message at a time) ------+
@@ -871,7 +871,7 @@ static void link_post_gone(kf_worker_link_t *link, const char *reason) {
     snprintf(ev->reason, sizeof ev->reason, "%s", reason);
     kf_error_t err;
     if (kf_router_worker_post(link->call->server->router, ev, &err) != KF_OK) {
-        /* Stopping: the engine releases the link itself (engine.h). */
+        /* Stopping: the engine releases the link itself (step/engine_types.h). */
         kf_worker_event_free(ev);
     }
 }
@@ -1007,7 +1007,7 @@ static bool link_received(kf_worker_link_t *link, grpc_byte_buffer *buffer) {
         return true;
     }
     /* Only results, each answering a call this stream carried: the number
-     * of events a stream has in the engine stays bounded (engine.h). */
+     * of events a stream has in the engine stays bounded (step/engine_types.h). */
     pthread_mutex_lock(&link->lock);
     bool closing = link->closing;
     uint64_t sent = link->calls_sent;

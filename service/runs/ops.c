@@ -2,7 +2,7 @@
  * ops.c - the Runs RPCs: PollRuns (and its parked long polls), HeartbeatRun,
  * CompleteRun, ReleaseRun, CancelRun, GetRun (and its waits for a run to
  * finish), ListRuns. Each validates its request completely before it
- * changes anything (engine/ctx.h).
+ * changes anything (step/ctx.h).
  */
 #include <stdio.h>
 #include <stdlib.h>

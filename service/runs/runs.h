@@ -48,9 +48,9 @@
 
 #include "base/arena.h"
 #include "base/status.h"
-#include "engine/ctx.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "records/records.pb-c.h"
+#include "step/ctx.h"
 
 typedef struct kf_runs kf_runs_t;
 

@@ -33,7 +33,7 @@
 #include "base/metrics.h"
 #include "base/trim.h"
 #include "base/watchdog.h"
-#include "engine/core.h"
+#include "core/core.h"
 
 typedef struct group {
     uint64_t id;
@@ -91,7 +91,7 @@ struct kf_engine {
         uint64_t id;
     } * cancels, *cancels_taken;
     size_t ncancels, cancels_cap, cancels_taken_cap;
-    /* Worker events (engine.h), guarded by lock, in posting order. Bounded
+    /* Worker events (step/engine_types.h), guarded by lock, in posting order. Bounded
      * by the front end: one HELLO and one GONE per worker stream, and
      * RESULTs only for calls the engine sent (each stream has at most its
      * granted concurrency out). */

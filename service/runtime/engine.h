@@ -1,9 +1,9 @@
 /*
  * runtime/engine.h - the threaded engine around the deterministic core
- * (engine/core.h): one thread owns all mutable state, a committer thread
+ * (core/core.h): one thread owns all mutable state, a committer thread
  * makes each group of effects durable, replies leave only after that. This
  * is the engine as front ends see it; commands and configuration are in
- * engine/engine.h.
+ * step/engine_types.h.
  *
  *   front end threads            engine thread                committer thread
  *   ---------------------        --------------------------   -----------------------
@@ -41,7 +41,7 @@
 #include <stddef.h>
 
 #include "base/status.h"
-#include "engine/engine.h"
+#include "step/engine_types.h"
 #include "storage/store.h"
 
 typedef struct kf_engine kf_engine_t;
@@ -62,7 +62,7 @@ kf_status_t kf_engine_submit(kf_engine_t *engine, kf_cmd_t *cmd) KF_MUST_USE;
  * take work. Harmless when the command already finished. Any thread; the
  * engine never touches `cmd` unless it is still one of its parked commands. */
 void kf_engine_cancel(kf_engine_t *engine, kf_cmd_t *cmd);
-/* Hands a worker event to the engine (engine/engine.h, "remote handler
+/* Hands a worker event to the engine (step/engine_types.h, "remote handler
  * workers"); on KF_OK the engine owns `ev` and frees it
  * (kf_worker_event_free). KF_E_UNAVAILABLE once the engine is stopping:
  * `ev` is still the caller's. Any thread. */

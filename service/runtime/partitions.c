@@ -651,7 +651,7 @@ kf_status_t kf_partitions_open(const kf_partitions_options_t *o, kf_partitions_t
                 ps->configs[p].partition_count = ps->count;
                 ps->configs[p].metrics_slot = p + 1;
                 /* API keys live in home; the partition's own registry is a
-                 * disabled one (engine/core.c) that never bootstraps. */
+                 * disabled one (core/core.c) that never bootstraps. */
                 ps->configs[p].auth = NULL;
                 ps->configs[p].revocations_auth = o->engine.auth;
                 ps->configs[p].admin_key_path = NULL;

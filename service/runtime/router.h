@@ -71,8 +71,8 @@ kf_status_t kf_router_submit(kf_router_t *router, kf_cmd_t *cmd) KF_MUST_USE;
 /* kf_engine_cancel for the partitions: every sub-command of `cmd` still
  * waiting (a long poll parked in several partitions) is answered now. */
 void kf_router_cancel(kf_router_t *router, kf_cmd_t *cmd);
-/* kf_engine_worker_post for the partitions (engine.h, "remote handler
- * workers"). Errors (the event is still the caller's, err says why):
+/* kf_engine_worker_post for the partitions (step/engine_types.h, "remote
+ * handler workers"). Errors (the event is still the caller's, err says why):
  * KF_E_UNAVAILABLE (stopping), KF_E_UNIMPLEMENTED. */
 kf_status_t kf_router_worker_post(kf_router_t *router, kf_worker_event_t *ev,
                                   kf_error_t *err) KF_MUST_USE;

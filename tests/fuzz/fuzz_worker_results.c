@@ -24,7 +24,7 @@
 
 #include "base/arena.h"
 #include "base/log.h"
-#include "engine/core.h"
+#include "core/core.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/workers.pb-c.h"
 #include "proto/json_map.h"

@@ -56,7 +56,7 @@
 #include "base/arena.h"
 #include "base/crypto.h"
 #include "base/log.h"
-#include "engine/core.h"
+#include "core/core.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/functions.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "base/arena.h"
-#include "engine/core.h"
+#include "core/core.h"
 #include "keyflow/v1/coordinators.pb-c.h"
 #include "keyflow/v1/runs.pb-c.h"
 

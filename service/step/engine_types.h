@@ -1,14 +1,16 @@
 /*
- * engine.h - the engine's vocabulary: the command a front end hands over
- * and the configuration, shared by the deterministic core (engine/core.h,
- * and the modules it composes: coord/, runs/, functions/) and the threads
- * that drive it (runtime/engine.h, which is what front ends call).
+ * engine_types.h - the engine's vocabulary: the command a front end hands
+ * over, the worker events and the configuration, shared by the modules
+ * (coord/, runs/, functions/, keys/), the deterministic core that composes
+ * them (core/core.h) and the threads that drive it (runtime/engine.h,
+ * which is what front ends call).
  *
- * Layers (layers.txt): base, storage, proto < engine (this folder and the
- * domain modules; no threads) < runtime < front ends (rpc/, http/) < main.
+ * Layers (layers.txt): base, storage, proto < step (this folder: the
+ * vocabulary and the step context, step/ctx.h) < modules < core (no threads)
+ * < runtime < front ends (rpc/, http/) < main.
  */
-#ifndef KF_ENGINE_ENGINE_H
-#define KF_ENGINE_ENGINE_H
+#ifndef KF_STEP_ENGINE_TYPES_H
+#define KF_STEP_ENGINE_TYPES_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -24,7 +26,7 @@
 #include "storage/store.h"
 
 /* A command: one call of an ENGINE row of the RPC table (proto/rpcs.h),
- * which also names the module function that executes it (engine/core.c).
+ * which also names the module function that executes it (core/core.c).
  * The request and response are the row's protobuf-c messages: the engine
  * asks for them at its boundary and never sees wire bytes or JSON. */
 typedef struct kf_cmd kf_cmd_t;

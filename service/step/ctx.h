@@ -6,8 +6,8 @@
  * Engine-thread only. A module validates a command completely before it
  * touches state or the batch, so a refused command changes nothing.
  */
-#ifndef KF_ENGINE_CTX_H
-#define KF_ENGINE_CTX_H
+#ifndef KF_STEP_CTX_H
+#define KF_STEP_CTX_H
 
 #include <stdint.h>
 
@@ -15,7 +15,7 @@
 
 #include "base/crypto.h"
 #include "base/heap.h"
-#include "engine/engine.h"
+#include "step/engine_types.h"
 #include "storage/keys.h"
 #include "storage/overlay.h"
 #include "storage/store.h"

@@ -2,7 +2,7 @@
  * core.c - composes coordinators and runs over one context, dispatches
  * commands and timers, and recovers everything at creation.
  */
-#include "engine/core.h"
+#include "core/core.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,7 +213,7 @@ void kf_core_destroy(kf_core_t *core) {
     free(core);
 }
 
-/* The engine's tables as the modules estimate them now (engine/ctx.h,
+/* The engine's tables as the modules estimate them now (step/ctx.h,
  * kf_memory_t): once per group and turn, since the functions' share walks
  * every function. */
 static void memory_refresh(kf_core_t *core) {
@@ -373,16 +373,6 @@ void kf_core_set_disk_low(kf_core_t *core, const char *why) {
 
 void kf_core_set_disk_room(kf_core_t *core, uint64_t room_bytes) {
     core->ctx.disk_room_bytes = room_bytes;
-}
-
-void kf_worker_event_free(kf_worker_event_t *ev) {
-    if (ev == NULL) {
-        return;
-    }
-    if (ev->message != NULL) {
-        protobuf_c_message_free_unpacked(ev->message, NULL);
-    }
-    free(ev);
 }
 
 void kf_core_worker_events(kf_core_t *core, kf_worker_event_t *list) {

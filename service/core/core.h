@@ -13,12 +13,12 @@
  *
  * Engine-thread only.
  */
-#ifndef KF_ENGINE_CORE_H
-#define KF_ENGINE_CORE_H
+#ifndef KF_CORE_CORE_H
+#define KF_CORE_CORE_H
 
 #include <stdint.h>
 
-#include "engine/engine.h"
+#include "step/engine_types.h"
 
 typedef struct kf_core kf_core_t;
 
@@ -63,7 +63,7 @@ void kf_core_pump(kf_core_t *core);
 /* Cancels a parked command (a long poll whose client left); no-op when
  * `cmd` is not parked under `id`. */
 void kf_core_cancel(kf_core_t *core, kf_cmd_t *cmd, uint64_t id);
-/* Handles worker events (engine.h) in order, freeing each. */
+/* Handles worker events (step/engine_types.h) in order, freeing each. */
 void kf_core_worker_events(kf_core_t *core, kf_worker_event_t *list);
 /* Answers parked polls (empty) in the current step: call at shutdown. */
 void kf_core_shutdown(kf_core_t *core);

@@ -1,5 +1,6 @@
-/* ctx.c - helpers shared by the modules of one engine step. */
-#include "engine/ctx.h"
+/* ctx.c - helpers shared by the modules of one engine step, and the one
+ * function of the vocabulary (engine_types.h). */
+#include "step/ctx.h"
 
 #include <stdlib.h>
 
@@ -156,4 +157,14 @@ kf_status_t kf_ctx_memory_check(const kf_ctx_t *ctx, uint64_t bytes, const char 
                         "%llu bytes (%llu in use); existing windows, runs and keys keep working",
                         what, (unsigned long long)m->budget_bytes,
                         (unsigned long long)m->used_bytes);
+}
+
+void kf_worker_event_free(kf_worker_event_t *ev) {
+    if (ev == NULL) {
+        return;
+    }
+    if (ev->message != NULL) {
+        protobuf_c_message_free_unpacked(ev->message, NULL);
+    }
+    free(ev);
 }
