@@ -1,11 +1,15 @@
 /*
  * The C client over one data set of 6 partitions served by three keyflowd
  * processes on loopback (docs/scaling.md, "Clients over several
- * processes"): a target "a,b,c" splits PushBatch by the rows' keys, reads
- * the output back behind one merged cursor exactly once, follows it with
- * TailOutput across every process and resumes from a page's cursor without
- * gaps or repeats, routes DryRunBatch to the one process its rows reach, and
- * refuses a batch with a row of a partition no endpoint given serves before
+ * processes"): a target "a,b,c" sends every call about a SINGLE function
+ * (the default placement) to the process serving its home partition, as it
+ * is: a batch whole, one output sequence paged by after_seq and followed by
+ * one TailOutput, the function described as that process sees it. For a
+ * SPLIT function it splits PushBatch by the rows' keys, reads the output
+ * back behind one merged cursor exactly once, follows it with TailOutput
+ * across every process and resumes from a page's cursor without gaps or
+ * repeats, routes DryRunBatch to the one process its rows reach, and refuses
+ * a batch with a row of a partition no endpoint given serves before
  * anything is sent.
  *
  * Real processes (KF_TEST_KEYFLOWD, built alongside) with real RocksDB; the
@@ -145,8 +149,11 @@ static uint32_t partition_of(const char *user) {
     return kf_partition_hasher_partition(&h, PARTITIONS);
 }
 
-/* Registers running_sum as `id` on every process (through the client). */
-static void register_function(kf_client_t *client, const char *id, kf_arena_t *arena) {
+/* Registers running_sum as `id` on every process (through the client),
+ * placed as `placement` says (UNSPECIFIED: as the descriptor file says,
+ * which is nothing: SINGLE). */
+static void register_function(kf_client_t *client, const char *id,
+                              Keyflow__V1__FunctionPlacement placement, kf_arena_t *arena) {
     FILE *f = fopen(KF_TEST_HANDLERS "/running_sum.descriptor.json", "r");
     cr_assert_not_null(f);
     char text[8192];
@@ -161,6 +168,9 @@ static void register_function(kf_client_t *client, const char *id, kf_arena_t *a
     Keyflow__V1__FunctionDescriptor *d = (void *)msg;
     d->function_id = (char *)id;
     d->pipeline_state_id = kf_arena_printf(arena, "%s.state", id);
+    if (placement != KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_UNSPECIFIED) {
+        d->placement = placement;
+    }
     Keyflow__V1__RegisterFunctionRequest req = KEYFLOW__V1__REGISTER_FUNCTION_REQUEST__INIT;
     req.descriptor = d;
     Keyflow__V1__RegisterFunctionResponse *resp = NULL;
@@ -266,13 +276,140 @@ static void read_all(kf_client_t *client, const char *id, char *cursor, seen_t *
     kf_arena_deinit(&arena);
 }
 
+#define SPLIT KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SPLIT
+
 TestSuite(client_partitions, .init = setup, .fini = teardown, .timeout = 60);
+
+/* A function ID whose home partition the last process serves: a client
+ * that sent the calls to its first endpoint would miss it. */
+static const char *id_at_the_last_process(kf_arena_t *arena) {
+    for (int i = 0;; i++) {
+        char *id = kf_arena_printf(arena, "rs_single_%d", i);
+        if (kf_partition_home_of_function(id, strlen(id), PARTITIONS) / 2 == PROCESSES - 1) {
+            return id;
+        }
+    }
+}
+
+/* The _seq of each row of a page, appended to seqs[*n]. */
+static void take_seqs(const Keyflow__V1__ReadOutputResponse *page, int64_t *seqs, int *n) {
+    json_error_t jerr;
+    json_t *rows = json_loads(page->rows_json, 0, &jerr);
+    cr_assert(json_is_array(rows), "rows_json: %s", page->rows_json);
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) {
+        cr_assert_lt(*n, 256);
+        seqs[(*n)++] = atoll(json_string_value(json_object_get(row, "_seq")));
+    }
+    json_decref(rows);
+}
+
+Test(client_partitions, a_single_function_lives_at_its_home_process) {
+    kf_client_t *client = client_of(PROCESSES);
+    kf_arena_t arena;
+    kf_arena_init(&arena, 0);
+    const char *id = id_at_the_last_process(&arena);
+    uint32_t home = kf_partition_home_of_function(id, strlen(id), PARTITIONS);
+    register_function(client, id, KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_UNSPECIFIED, &arena);
+    /* Keys of every partition, one batch: one step at the home, one sequence. */
+    const char *rows = rows_of("u", 0, 60, &arena);
+    Keyflow__V1__PushBatchResponse *ack = NULL;
+    kf_error_t err;
+    cr_assert_eq(push(client, id, 1, rows, &arena, &ack, &err), KF_OK, "%s", err.message);
+    cr_expect_eq(ack->rows_accepted, 60);
+    cr_expect_eq(ack->first_output_seq, 1);
+    cr_expect_eq(ack->last_output_seq, 60);
+    cr_assert_eq(push(client, id, 1, rows, &arena, &ack, &err), KF_OK, "%s", err.message);
+    cr_expect(ack->duplicate);
+    /* All of it at the home's process, as a client of that process alone sees it. */
+    kf_client_t *at_home = NULL;
+    cr_assert_eq(kf_client_create(servers[PROCESSES - 1].target, &at_home, &err), KF_OK);
+    Keyflow__V1__GetFunctionRequest get = KEYFLOW__V1__GET_FUNCTION_REQUEST__INIT;
+    get.function_id = (char *)id;
+    Keyflow__V1__FunctionInfo *info = NULL;
+    cr_assert_eq(kf_client_get_function(at_home, &get, &arena, CALL_TIMEOUT_MS, &info, &err), KF_OK,
+                 "%s", err.message);
+    cr_expect_eq(info->keys, 60);
+    cr_expect_eq(info->output_seq, 60);
+    kf_client_destroy(at_home);
+    /* Described through every endpoint: the home's counters. */
+    cr_assert_eq(kf_client_get_function(client, &get, &arena, CALL_TIMEOUT_MS, &info, &err), KF_OK,
+                 "%s", err.message);
+    cr_expect_eq(info->placement, KEYFLOW__V1__FUNCTION_PLACEMENT__PLACEMENT_SINGLE);
+    cr_expect_eq(info->home_partition, (int32_t)home);
+    cr_expect_eq(info->keys, 60);
+    cr_expect_eq(info->output_seq, 60);
+    Keyflow__V1__ListFunctionsRequest list = KEYFLOW__V1__LIST_FUNCTIONS_REQUEST__INIT;
+    Keyflow__V1__ListFunctionsResponse *listed = NULL;
+    cr_assert_eq(kf_client_list_functions(client, &list, &arena, CALL_TIMEOUT_MS, &listed, &err),
+                 KF_OK, "%s", err.message);
+    int found = 0;
+    for (size_t i = 0; i < listed->n_functions; i++) {
+        if (strcmp(listed->functions[i]->descriptor->function_id, id) == 0) {
+            found++;
+            cr_expect_eq(listed->functions[i]->keys, 60);
+            cr_expect_eq(listed->functions[i]->output_seq, 60);
+        }
+    }
+    cr_expect_eq(found, 1);
+    /* One sequence, paged by after_seq, in the batch's order; no cursor. */
+    int64_t seqs[256];
+    int n = 0;
+    int64_t after = 0;
+    for (int pages = 0;; pages++) {
+        cr_assert_lt(pages, 20, "output did not end");
+        Keyflow__V1__ReadOutputRequest req = KEYFLOW__V1__READ_OUTPUT_REQUEST__INIT;
+        req.function_id = (char *)id;
+        req.after_seq = after;
+        req.limit = 7;
+        req.format = KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON;
+        Keyflow__V1__ReadOutputResponse *page = NULL;
+        cr_assert_eq(kf_client_read_output(client, &req, &arena, CALL_TIMEOUT_MS, &page, &err),
+                     KF_OK, "%s", err.message);
+        cr_expect_str_empty(page->next_cursor);
+        if (page->first_seq == 0) {
+            break;
+        }
+        cr_expect_eq(page->first_seq, after + 1);
+        take_seqs(page, seqs, &n);
+        after = page->last_seq;
+    }
+    cr_assert_eq(n, 60);
+    for (int i = 0; i < n; i++) {
+        cr_expect_eq(seqs[i], i + 1);
+    }
+    /* One TailOutput, after a sequence. */
+    Keyflow__V1__TailOutputRequest treq = KEYFLOW__V1__TAIL_OUTPUT_REQUEST__INIT;
+    treq.function_id = (char *)id;
+    treq.after_seq = 58;
+    treq.format = KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON;
+    kf_client_stream_t *tail = NULL;
+    cr_assert_eq(kf_client_tail_output(client, &treq, 0, &tail, &err), KF_OK, "%s", err.message);
+    n = 0;
+    int64_t deadline = now_ms() + TAIL_DEADLINE_MS;
+    while (n < 2) {
+        cr_assert_lt(now_ms(), deadline, "the tail saw %d of 2 rows", n);
+        Keyflow__V1__ReadOutputResponse *page = NULL;
+        kf_status_t st = kf_client_tail_output_next(tail, &arena, 200, &page, &err);
+        if (st == KF_AGAIN) {
+            continue;
+        }
+        cr_assert_eq(st, KF_OK, "%s", err.message);
+        cr_assert_not_null(page, "the tail ended");
+        take_seqs(page, seqs, &n);
+    }
+    kf_client_stream_close(tail);
+    cr_expect(n == 2 && seqs[0] == 59 && seqs[1] == 60);
+    kf_arena_deinit(&arena);
+    kf_client_destroy(client);
+}
 
 Test(client_partitions, push_splits_by_key_and_reads_back_merged_once) {
     kf_client_t *client = client_of(PROCESSES);
     kf_arena_t arena;
     kf_arena_init(&arena, 0);
-    register_function(client, "rs_push", &arena);
+    register_function(client, "rs_push", SPLIT, &arena);
     Keyflow__V1__PushBatchResponse *ack = NULL;
     kf_error_t err;
     const char *rows = rows_of("u", 0, 60, &arena);
@@ -333,7 +470,7 @@ Test(client_partitions, tail_follows_every_process_and_resumes_from_a_cursor) {
     kf_client_t *client = client_of(PROCESSES);
     kf_arena_t arena;
     kf_arena_init(&arena, 0);
-    register_function(client, "rs_tail", &arena);
+    register_function(client, "rs_tail", SPLIT, &arena);
     Keyflow__V1__TailOutputRequest req = KEYFLOW__V1__TAIL_OUTPUT_REQUEST__INIT;
     req.function_id = "rs_tail";
     req.format = KEYFLOW__V1__ROW_FORMAT__ROW_FORMAT_JSON;
@@ -380,7 +517,7 @@ Test(client_partitions, a_row_of_an_unserved_partition_refuses_the_whole_push) {
     kf_client_t *two = client_of(2);
     kf_arena_t arena;
     kf_arena_init(&arena, 0);
-    register_function(all, "rs_unserved", &arena);
+    register_function(all, "rs_unserved", SPLIT, &arena);
     Keyflow__V1__PushBatchResponse *ack = NULL;
     kf_error_t err;
     const char *rows = rows_of("x", 0, 24, &arena);
@@ -407,7 +544,7 @@ Test(client_partitions, dry_run_goes_to_the_one_process_of_its_rows) {
     kf_client_t *client = client_of(PROCESSES);
     kf_arena_t arena;
     kf_arena_init(&arena, 0);
-    register_function(client, "rs_dry", &arena);
+    register_function(client, "rs_dry", SPLIT, &arena);
     Keyflow__V1__DryRunBatchRequest req = KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__INIT;
     req.function_id = "rs_dry";
     req.rows_case = KEYFLOW__V1__DRY_RUN_BATCH_REQUEST__ROWS_ROWS_JSON;

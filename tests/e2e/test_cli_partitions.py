@@ -1,7 +1,7 @@
 """The CLI and the C client over a data set served by two processes
 (docs/scaling.md): `--addr a,b` routes every keyed call to the process
 serving its key's partition, lists and polls runs across both, registers a
-function on both, and `keyflow partitions` shows each endpoint's placement
+function on both (split over the partitions by --placement split), and `keyflow partitions` shows each endpoint's placement
 and fails when a partition is unserved.
 
 Real keyflowd processes and the real `keyflow` binary; each key's partition
@@ -136,7 +136,7 @@ class TwoProcesses(unittest.TestCase):
         path = os.path.join(self.servers[0].data_dir, "descriptor.json")
         with open(path, "w") as f:
             json.dump(d, f)
-        self.cli("functions", "register", path)
+        self.cli("functions", "register", path, "--placement", "split")
         for s in self.servers:
             (info,) = self.json_lines("functions", "get", d["functionId"])
             (alone,) = [json.loads(line) for line in self.cli(

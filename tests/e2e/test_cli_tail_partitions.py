@@ -1,6 +1,11 @@
 """The CLI and the C client over a data set of 6 partitions served by three
-processes (docs/scaling.md, "Clients over several processes"): `keyflow
-functions push` splits rows_json batches by key, `functions output` reads
+processes (docs/scaling.md, "Clients over several processes"). A SINGLE
+function (the default placement) lives at the process serving its home
+partition: `keyflow functions push` sends each batch there whole,
+`functions output --after` pages its one sequence, `functions tail` follows
+that process, and `functions get` shows its placement, home partition and
+the home's counters. For a function registered `--placement split`,
+`functions push` splits rows_json batches by key, `functions output` reads
 everything back exactly once behind one merged cursor, `functions tail`
 follows every process at once and prints a merged cursor to resume from
 without gaps or repeats, and a row of a partition no endpoint given serves
@@ -53,15 +58,16 @@ class ThreeProcesses(unittest.TestCase):
     def addr(self):
         return ",".join(s.grpc_target for s in self.servers)
 
-    def env(self, addr=None):
+    def env(self, addr=None, output="json"):
         env = dict(os.environ)
         env["KEYFLOW_ADDR"] = addr or self.addr()
-        env["KEYFLOW_OUTPUT"] = "json"
+        env["KEYFLOW_OUTPUT"] = output
         return env
 
-    def cli(self, *args, expect=0, addr=None, stdin=None):
+    def cli(self, *args, expect=0, addr=None, stdin=None, output="json"):
         proc = subprocess.run([harness.CLI] + [str(a) for a in args], capture_output=True,
-                              input=stdin, text=True, timeout=CLI_TIMEOUT_S, env=self.env(addr))
+                              input=stdin, text=True, timeout=CLI_TIMEOUT_S,
+                              env=self.env(addr, output))
         self.assertEqual(proc.returncode, expect, "keyflow %s exited %d\nstdout: %s\nstderr: %s"
                          % (" ".join(map(str, args)), proc.returncode, proc.stdout, proc.stderr))
         return proc
@@ -69,16 +75,23 @@ class ThreeProcesses(unittest.TestCase):
     def json_lines(self, *args, addr=None):
         return [json.loads(line) for line in self.cli(*args, addr=addr).stdout.splitlines()]
 
-    def register(self):
+    def descriptor_file(self, function_id):
         with open(os.path.join(HANDLERS, "running_sum.descriptor.json")) as f:
             d = json.load(f)
-        d["functionId"] = "rs_tail_%s" % uuid.uuid4().hex[:8]
+        d["functionId"] = function_id
         d["pipelineStateId"] = d["functionId"] + ".state"
         path = os.path.join(self.servers[0].data_dir, d["functionId"] + ".json")
         with open(path, "w") as f:
             json.dump(d, f)
-        self.cli("functions", "register", path)
-        return d["functionId"]
+        return path
+
+    def register(self, *flags):
+        """A new running_sum function, split over the partitions unless
+        `flags` say otherwise (the tests below are about splitting)."""
+        fid = "rs_tail_%s" % uuid.uuid4().hex[:8]
+        self.cli("functions", "register", self.descriptor_file(fid),
+                 *(flags or ("--placement", "split")))
+        return fid
 
     @staticmethod
     def rows(users, first_ts):
@@ -102,6 +115,61 @@ class ThreeProcesses(unittest.TestCase):
                 self.assertEqual(partitions.of_key([row["key"]], COUNT), page.get("partition", 0))
             out += [(page.get("partition", 0), int(r["_seq"]), r["key"]) for r in page["rows"]]
         self.fail("output did not end")
+
+    def test_a_single_function_lives_at_its_home_process(self):
+        # A function whose home the last process serves: a client that sent
+        # its calls to the first endpoint would miss it.
+        fid = next(f for f in ("rs_single_%s" % uuid.uuid4().hex[:8] for _ in range(1000))
+                   if partitions.home_of_function(f, COUNT) // 2 == 2)
+        home = partitions.home_of_function(fid, COUNT)
+        proc = self.cli("functions", "register", self.descriptor_file(fid), "--placement",
+                        "spread", expect=2)
+        self.assertIn("--placement: expected single or split, got \"spread\"", proc.stderr)
+        (reg,) = self.json_lines("functions", "register", self.descriptor_file(fid))
+        self.assertEqual(reg["function"]["placement"], "PLACEMENT_SINGLE", reg)
+        users = ["u%d" % i for i in range(60)]
+        self.assertEqual({self.process_of(u) for u in users}, {0, 1, 2})
+        for seq, json_rows in ((1, []), (2, ["--json-rows"])):
+            (ack,) = [json.loads(line) for line in self.cli(
+                "functions", "push", fid, "--producer", "p", "--sequence", seq, *json_rows,
+                stdin=self.rows(users, 1000 * seq)).stdout.splitlines()]
+            self.assertEqual(int(ack["rowsAccepted"]), len(users), ack)
+            self.assertEqual((int(ack["firstOutputSeq"]), int(ack["lastOutputSeq"])),
+                             ((seq - 1) * 60 + 1, seq * 60), ack)
+        # Everything at the home's process, as that process alone tells.
+        (alone,) = self.json_lines("functions", "get", fid, addr=self.servers[2].grpc_target)
+        self.assertEqual((int(alone["keys"]), int(alone["outputSeq"])), (60, 120), alone)
+        (info,) = self.json_lines("functions", "get", fid)
+        self.assertEqual((info["placement"], info.get("homePartition", 0), int(info["keys"]),
+                          int(info["outputSeq"])), ("PLACEMENT_SINGLE", home, 60, 120), info)
+        table = self.cli("functions", "get", fid, output="table").stdout
+        self.assertRegex(table, r"(?m)^placement\s+SINGLE$")
+        self.assertRegex(table, r"(?mi)^home partition\s+%d$" % home)
+        listed = self.cli("functions", "list", output="table").stdout
+        self.assertRegex(listed, r"(?m)^%s\s.*SINGLE" % fid)
+        # One sequence, paged with --after; no cursor.
+        seqs, after = [], 0
+        for _ in range(40):
+            (page,) = self.json_lines("functions", "output", fid, "--after", after,
+                                      "--limit", "7")
+            self.assertNotIn("nextCursor", page)
+            if not page.get("rows"):
+                break
+            self.assertEqual(int(page["firstSeq"]), after + 1, page)
+            seqs += [int(r["_seq"]) for r in page["rows"]]
+            after = int(page["nextAfterSeq"])
+        self.assertEqual(seqs, list(range(1, 121)))
+        # The tail follows the home's process from a sequence.
+        tail = self.start_tail(fid, "--after", "118")
+        seen = []
+        try:
+            self.tail_until(tail, 2, seen, time.monotonic() + TAIL_DEADLINE_S)
+        finally:
+            self.stop_tail(tail)
+        self.assertEqual([s for _, s, _ in seen], [119, 120])
+        self.cli("functions", "trim", fid, "--before", "101")
+        (info,) = self.json_lines("functions", "get", fid)
+        self.assertEqual(int(info.get("firstRetainedSeq", 0)), 101, info)
 
     def test_json_rows_push_splits_and_reads_back_exactly_once(self):
         fid = self.register()

@@ -4,8 +4,10 @@
 // every call by key, a Worker polls every process, one process restarts in
 // the middle, and afterwards every acknowledged event is in exactly one run
 // and every run of a key comes from the key's one partition. Also: the SDK's
-// kf-hash-1 against the shared test vectors, and a process function spread
-// over the three processes.
+// kf-hash-1 against the shared test vectors, descriptors built with a
+// placement, a SINGLE function (the default) living at its home partition's
+// process (each batch applied there whole, one output sequence paged by
+// afterSeq) and a SPLIT one spread over the three processes.
 const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('fs');
@@ -165,12 +167,84 @@ test('events over many keys, a worker on every process, one process restarted', 
   await done;
 });
 
-test('a process function spread over three processes', opts, async (t) => {
+test('a single function lives at its home process', opts, async (t) => {
+  const { client, servers } = await threeProcesses(t);
+  // A function whose home the last process serves (a client that sent its
+  // calls to the first endpoint would miss it).
+  let fid;
+  do {
+    fid = unique('rs');
+  } while (Math.floor(partitions.homeOfFunction(fid, COUNT) / 2) !== servers.length - 1);
+  const home = partitions.homeOfFunction(fid, COUNT);
+  const registered = await client.registerFunction(runningSumDescriptor(fid));
+  assert.deepStrictEqual([registered.function.placement, registered.function.homePartition],
+    ['single', home]);
+  const users = Array.from({ length: 30 }, (_, i) => `u${i}`);
+  assert.strictEqual(new Set(users.map((u) => partitions.ofKey([u], COUNT))).size, COUNT,
+    'the keys would split over every partition');
+  const rowList = users.map((user, i) => ({ user, ts: 1000 + i, amount: i }));
+  const ack = await client.pushBatch(fid, 'p1', 1, { rows: rowList, watermarkUs: 1000 });
+  assert.deepStrictEqual([ack.rowsAccepted, ack.firstOutputSeq, ack.lastOutputSeq],
+    [users.length, 1, users.length], 'one step, one output sequence');
+  assert.strictEqual((await client.pushBatch(fid, 'p1', 1, { rows: rowList, watermarkUs: 1000 }))
+    .duplicate, true);
+  // The whole batch is at the home's process, as its own client sees it.
+  const atHome = new kf.Client({ addr: servers[servers.length - 1].target });
+  t.after(() => atHome.close());
+  const local = await atHome.getFunction(fid);
+  assert.deepStrictEqual([local.keys, local.outputSeq], [users.length, users.length]);
+  assert.strictEqual((await atHome.keyState(fid, 'u7')).value, 7);
+  // One sequence, paged by afterSeq; no cursor.
+  const out = [];
+  let afterSeq = 0;
+  for (let i = 0; i < 100; i++) {
+    const page = await client.readOutput(fid, { afterSeq, limit: 7 });
+    assert.strictEqual(page.nextCursor, '');
+    if (!page.rows.length) {
+      break;
+    }
+    assert.strictEqual(page.firstSeq, afterSeq + 1);
+    afterSeq = page.nextAfterSeq;
+    out.push(...page.rows);
+  }
+  assert.deepStrictEqual(out.map((r) => r._seq), users.map((_, i) => i + 1));
+  assert.deepStrictEqual(out.map((r) => r.key), users, "in the batch's order");
+  for (let i = 0; i < users.length; i++) {
+    assert.strictEqual((await client.keyState(fid, users[i])).value, i, users[i]);
+  }
+  const info = await client.getFunction(fid);
+  assert.deepStrictEqual([info.placement, info.homePartition, info.keys, info.outputSeq,
+    info.watermarkUs], ['single', home, users.length, users.length, 1000]);
+  const listed = [];
+  for await (const f of client.listFunctions()) {
+    if (f.descriptor.functionId === fid) {
+      listed.push([f.keys, f.outputSeq, f.homePartition]);
+    }
+  }
+  assert.deepStrictEqual(listed, [[users.length, users.length, home]]);
+  const tail = client.tailOutput(fid, { afterSeq: 28 });
+  const tailed = [];
+  for await (const row of tail) {
+    tailed.push(row._seq);
+    if (tailed.length === 2) {
+      break;
+    }
+  }
+  assert.deepStrictEqual(tailed, [29, 30]);
+  assert.strictEqual((await client.trimOutput(fid, 11)).firstRetainedSeq, 11);
+  assert.strictEqual((await client.readOutput(fid, { afterSeq: 10, limit: 1 })).rows[0]._seq, 11);
+});
+
+test('a split function spread over three processes', opts, async (t) => {
   const { client } = await threeProcesses(t);
-  const d = runningSumDescriptor();
+  const d = runningSumDescriptor(undefined, 'split');
   const fid = d.functionId;
   await client.registerFunction(d);
-  assert.strictEqual((await client.registerFunction(d)).alreadyRegistered, true);
+  const again = await client.registerFunction(d);
+  assert.strictEqual(again.alreadyRegistered, true);
+  assert.strictEqual(again.function.placement, 'split');
+  assert.deepStrictEqual(again.function.partitions.map((p) => p.partition),
+    Array.from({ length: COUNT }, (_, i) => i), 'a share per partition');
   const users = Array.from({ length: 30 }, (_, i) => `u${i}`);
   const rowList = users.map((user, i) => ({ user, ts: 1000 + i, amount: i }));
   const ack = await client.pushBatch(fid, 'p1', 1, { rows: rowList, watermarkUs: 1000 });
@@ -197,6 +271,7 @@ test('a process function spread over three processes', opts, async (t) => {
   }
   const info = await client.getFunction(fid);
   assert.deepStrictEqual([info.keys, info.outputSeq], [users.length, users.length]);
+  assert.strictEqual(info.partitions.reduce((sum, p) => sum + p.keys, 0), users.length);
   await client.trimOutput(fid, 0, { beforeCursor: cursor });
   const after = await client.readOutput(fid, { cursor });
   assert.deepStrictEqual(after.rows, []);
@@ -212,7 +287,8 @@ test('a remote handler serves every process', opts, async (t) => {
   const worker = new kf.FunctionWorker({ client, functionId: fid, handler: runningSum,
     sources: [require.resolve('../examples/running_sum')] });
   assert.strictEqual(worker.workers.length, servers.length, 'a stream to every process');
-  await client.registerFunction(kf.remoteDescriptor(runningSumDescriptor(fid), worker.digest));
+  await client.registerFunction(kf.remoteDescriptor(runningSumDescriptor(fid), worker.digest,
+    { placement: 'split' }));
   const running = worker.run({ signals: false });
   t.after(async () => {
     await worker.stop();

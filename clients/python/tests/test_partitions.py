@@ -3,8 +3,11 @@ section 9, docs/scaling.md): keyflow.Client with a list of endpoints routes
 every call by key, a Worker polls every endpoint, one process is killed
 (SIGKILL) and restarted in the middle, and afterwards every acknowledged
 event is in exactly one run and no key's state was split (partition_ledger.py,
-shared with the container test of the StatefulSet). Also: the SDK's
-kf-hash-1 against the shared test vectors.
+shared with the container test of the StatefulSet). A SINGLE function (the
+default placement) lives at its home partition's process: each batch is
+applied there whole and its output is one sequence paged by after_seq; a
+SPLIT one is spread over the three. Also: the SDK's kf-hash-1 against the
+shared test vectors, and descriptors built with a placement.
 """
 
 import json
@@ -80,8 +83,6 @@ class Placement(unittest.TestCase):
         self.assertEqual(to_native(fpb.FunctionInfo()).placement, "unspecified")
 
 
-
-
 class ThreeProcesses(unittest.TestCase):
     COUNT = 6
     SETS = ("0-1", "2-3", "4-5")
@@ -147,11 +148,66 @@ class ThreeProcesses(unittest.TestCase):
         ledger.check_runs(self.client, self.endpoint_of)
         check_coordinators_on_owners(self.client, wf, keys, self.COUNT, self.endpoint_of)
 
+    def single_function_away_from_the_first(self):
+        """A new function ID whose home is served by the last process (a
+        client that sent its calls to the first endpoint would miss it)."""
+        while True:
+            fid = unique("rs")
+            home = partitions.home_of_function(fid, self.COUNT)
+            if self.endpoint_of(home) == len(self.servers) - 1:
+                return fid, home
+
+    def test_a_single_function_lives_at_its_home_process(self):
+        fid, home = self.single_function_away_from_the_first()
+        registered = self.client.register_function(running_sum_descriptor(fid))
+        self.assertEqual((registered.function.placement, registered.function.home_partition),
+                         ("single", home))
+        users = ["u%d" % i for i in range(30)]
+        self.assertEqual({partitions.of_key([u], self.COUNT) for u in users},
+                         set(range(self.COUNT)), "the keys would split over every partition")
+        rows = [{"user": u, "ts": 1000 + i, "amount": i} for i, u in enumerate(users)]
+        ack = self.client.push_batch(fid, "p1", 1, rows, watermark_us=1000)
+        self.assertEqual((ack.rows_accepted, ack.first_output_seq, ack.last_output_seq),
+                         (len(users), 1, len(users)), "one step, one output sequence")
+        self.assertTrue(self.client.push_batch(fid, "p1", 1, rows, watermark_us=1000).duplicate)
+        # The whole batch is at the home's process, as its own client sees it.
+        with keyflow.Client(self.servers[self.endpoint_of(home)].grpc_target) as at_home:
+            local = at_home.get_function(fid)
+            self.assertEqual((local["keys"], local["output_seq"]), (len(users), len(users)))
+            self.assertEqual(at_home.key_state(fid, "u7").value, 7)
+        # One sequence, paged by after_seq; no cursor.
+        out, after = [], 0
+        for _ in range(100):
+            page = self.client.read_output(fid, after_seq=after, limit=7)
+            self.assertEqual(page.next_cursor, "")
+            if not page.rows:
+                break
+            self.assertEqual(page.first_seq, after + 1)
+            after = page.next_after_seq
+            out += page.rows
+        self.assertEqual([r["_seq"] for r in out], list(range(1, len(users) + 1)))
+        self.assertEqual([r["key"] for r in out], users, "in the batch's order")
+        for i, u in enumerate(users):
+            self.assertEqual(self.client.key_state(fid, u).value, i)
+        info = self.client.get_function(fid)
+        self.assertEqual((info.placement, info.home_partition, info["keys"], info.output_seq,
+                          info.watermark_us), ("single", home, len(users), len(users), 1000))
+        listed = [f for f in self.client.list_functions() if f.descriptor.function_id == fid]
+        self.assertEqual([(f["keys"], f.output_seq, f.home_partition) for f in listed],
+                         [(len(users), len(users), home)])
+        with self.client.tail_output(fid, after_seq=28) as tail:
+            self.assertEqual([next(tail)["_seq"], next(tail)["_seq"]], [29, 30])
+        self.assertEqual(self.client.trim_output(fid, before_seq=11).first_retained_seq, 11)
+        self.assertEqual(self.client.read_output(fid, after_seq=10, limit=1).rows[0]["_seq"], 11)
+
     def test_a_function_spread_over_three_processes(self):
         fid = unique("rs")
-        self.client.register_function(running_sum_descriptor(fid))
-        again = self.client.register_function(running_sum_descriptor(fid))
+        self.client.register_function(running_sum_descriptor(fid, "split"))
+        again = self.client.register_function(running_sum_descriptor(fid, "split"))
         self.assertTrue(again.already_registered)
+        self.assertEqual(again.function.placement, "split")
+        self.assertEqual(sorted(p.partition for p in again.function.partitions),
+                         list(range(self.COUNT)), "a share per partition")
         users = ["u%d" % i for i in range(30)]
         rows = [{"user": u, "ts": 1000 + i, "amount": i} for i, u in enumerate(users)]
         ack = self.client.push_batch(fid, "p1", 1, rows, watermark_us=1000)
@@ -173,6 +229,7 @@ class ThreeProcesses(unittest.TestCase):
             self.assertEqual(self.client.key_state(fid, u).value, i)
         info = self.client.get_function(fid)
         self.assertEqual((info["keys"], info["output_seq"]), (len(users), len(users)))
+        self.assertEqual(sum(p["keys"] for p in info.partitions), len(users))
         self.assertEqual([f.descriptor.function_id for f in self.client.list_functions()
                           if f.descriptor.function_id == fid], [fid])
 
@@ -183,7 +240,8 @@ class ThreeProcesses(unittest.TestCase):
         worker = keyflow.FunctionWorker(fid, running_sum.running_sum, self.client)
         self.assertEqual(len(worker.workers), len(self.servers), "a stream to every process")
         self.client.register_function(
-            keyflow.remote_descriptor(running_sum_descriptor(fid), worker.digest))
+            keyflow.remote_descriptor(running_sum_descriptor(fid), worker.digest,
+                                      placement="split"))
         worker.start()
         self.addCleanup(worker.stop)
         self.assertTrue(worker.wait_welcomed(30), "every process welcomed its stream")
