@@ -146,13 +146,13 @@ class ThreeProcesses(unittest.TestCase):
         self.assertRegex(table, r"(?m)^placement\s+SINGLE$")
         self.assertRegex(table, r"(?mi)^home partition\s+%d$" % home)
         listed = self.cli("functions", "list", output="table").stdout
-        self.assertRegex(listed, r"(?m)^%s\s.*SINGLE" % fid)
+        self.assertRegex(listed, r"(?m)^\{\"version\":1,\"functionId\":\"%s.*\sSINGLE\s+%d\s" % (fid[:12], home))
         # One sequence, paged with --after; no cursor.
         seqs, after = [], 0
         for _ in range(40):
             (page,) = self.json_lines("functions", "output", fid, "--after", after,
                                       "--limit", "7")
-            self.assertNotIn("nextCursor", page)
+            self.assertEqual(page.get("partition"), home, page)  # one sequence, its home's
             if not page.get("rows"):
                 break
             self.assertEqual(int(page["firstSeq"]), after + 1, page)

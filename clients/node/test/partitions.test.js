@@ -194,12 +194,12 @@ test('a single function lives at its home process', opts, async (t) => {
   const local = await atHome.getFunction(fid);
   assert.deepStrictEqual([local.keys, local.outputSeq], [users.length, users.length]);
   assert.strictEqual((await atHome.keyState(fid, 'u7')).value, 7);
-  // One sequence, paged by afterSeq; no cursor.
+  // One sequence, paged by afterSeq (no cursor needed; the server still
+  // answers one for readers that follow cursors).
   const out = [];
   let afterSeq = 0;
   for (let i = 0; i < 100; i++) {
     const page = await client.readOutput(fid, { afterSeq, limit: 7 });
-    assert.strictEqual(page.nextCursor, '');
     if (!page.rows.length) {
       break;
     }
