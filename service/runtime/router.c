@@ -685,7 +685,12 @@ static void function_info_add(Keyflow__V1__FunctionInfo *a, const Keyflow__V1__F
         Keyflow__V1__PartitionShare **shares =
             kf_arena_new(arena, (a->n_partitions + b->n_partitions) * sizeof *shares);
         memcpy(shares, a->partitions, a->n_partitions * sizeof *shares);
-        memcpy(shares + a->n_partitions, b->partitions, b->n_partitions * sizeof *shares);
+        for (size_t i = 0; i < b->n_partitions; i++) {
+            /* b lives in its sub-command's arena, which goes with the
+             * fan-out: a copy in the call's. */
+            shares[a->n_partitions + i] = kf_arena_new(arena, sizeof **shares);
+            *shares[a->n_partitions + i] = *b->partitions[i];
+        }
         a->partitions = shares;
         a->n_partitions += b->n_partitions;
     }
