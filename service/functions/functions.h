@@ -90,7 +90,7 @@ uint32_t kf_functions_run_due(kf_functions_t *fns, kf_ctx_t *ctx, uint32_t steps
  * step takes its response and goes on. */
 void kf_functions_pump(kf_functions_t *fns, kf_ctx_t *ctx);
 
-/* A worker event from a front end (engine/engine.h): a hello, a result, or
+/* A worker event from a front end (step/engine_types.h): a hello, a result, or
  * the end of the stream. `ev` stays the caller's. */
 void kf_functions_worker_event(kf_functions_t *fns, kf_ctx_t *ctx, kf_worker_event_t *ev);
 /* A KF_TIMER_REMOTE_CALL timer fired: a worker missed a call's deadline. */

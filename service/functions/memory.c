@@ -1,6 +1,6 @@
 /*
  * memory.c - what process functions hold in memory, as the memory budget
- * counts it (engine/ctx.h, kf_memory_t; docs/semantics.md, "Memory
+ * counts it (step/ctx.h, kf_memory_t; docs/semantics.md, "Memory
  * budget"), and the admission of new functions, producers and keys.
  *
  * Estimates, each allocation with malloc's 16-byte header: a function is

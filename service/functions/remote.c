@@ -1,7 +1,7 @@
 /*
  * remote.c - the remote handler host: a REMOTE function's handler calls go
  * to worker processes on the Workers stream (api/keyflow/v1/workers.proto),
- * which a front end relays (engine/engine.h, "remote handler workers").
+ * which a front end relays (step/engine_types.h, "remote handler workers").
  *
  * A worker's life, with the function behind each transition:
  *
