@@ -1473,16 +1473,19 @@ static const char *entry_name(int entry_case) {
 /* The durable journal entries since the last compaction (a read of the
  * store: entries of groups not yet synced are not listed; their count is
  * in journal_length). */
-static void describe_journal(kf_ctx_t *ctx, const state_t *s,
-                             Keyflow__V1__DescribeCoordinatorResponse *resp, kf_arena_t *arena) {
+/* The coordinator's journal, oldest first. A stored entry that does not
+ * decode is corruption: the call fails KF_E_CORRUPT naming the coordinator
+ * and the entry, and the log says so, as every other decoder does. */
+static kf_status_t describe_journal(kf_ctx_t *ctx, const state_t *s,
+                                    Keyflow__V1__DescribeCoordinatorResponse *resp,
+                                    kf_arena_t *arena, kf_error_t *err) {
     kf_key_t lower, upper;
     kf_key_coord_history(&lower, s->c->id, 0);
     kf_key_coord_history(&upper, s->c->id, s->journal_seq);
     kf_iter_t *it;
-    kf_error_t err;
-    if (kf_iter_create(ctx->store, KF_CF_COORD_HISTORY, lower.bytes, lower.len, upper.bytes,
-                       upper.len, &it, &err) != KF_OK) {
-        return;
+    kf_status_t st = kf_ctx_iter_create(ctx, KF_CF_COORD_HISTORY, &lower, &upper, &it, err);
+    if (st != KF_OK) {
+        return st;
     }
     resp->journal = kf_arena_new(arena, KF_JOURNAL_ENTRIES_MAX * sizeof *resp->journal);
     for (kf_iter_seek_first(it); kf_iter_valid(it) && resp->n_journal < KF_JOURNAL_ENTRIES_MAX;
@@ -1492,7 +1495,15 @@ static void describe_journal(kf_ctx_t *ctx, const state_t *s,
         Keyflow__Records__JournalEntryRec *e =
             keyflow__records__journal_entry_rec__unpack(kf_arena_pb(arena), len, v);
         if (e == NULL) {
-            continue;
+            char hex[2 * KF_COORD_ID_BYTES + 1];
+            kf_hex_encode(s->c->id, KF_COORD_ID_BYTES, hex);
+            kf_log(KF_LOG_ERROR, "coord",
+                   "coord_history %s: journal entry %zu of %zu bytes does not decode", hex,
+                   resp->n_journal, len);
+            kf_iter_destroy(it);
+            return kf_error_set(err, KF_E_CORRUPT,
+                                "coord_history %s: journal entry %zu of %zu bytes does not decode",
+                                hex, resp->n_journal, len);
         }
         Keyflow__V1__JournalRecord *jr = kf_arena_new(arena, sizeof *jr);
         keyflow__v1__journal_record__init(jr);
@@ -1522,7 +1533,9 @@ static void describe_journal(kf_ctx_t *ctx, const state_t *s,
         }
         resp->journal[resp->n_journal++] = jr;
     }
+    st = kf_iter_status(it, err);
     kf_iter_destroy(it);
+    return st;
 }
 
 /* Recent runs and live remembered IDs, oldest first. */
@@ -1645,7 +1658,11 @@ void kf_coords_describe(kf_coords_t *cs, kf_ctx_t *ctx, kf_cmd_t *cmd) {
         resp->journal_length = s.journal_len;
         resp->journal_seq = (int64_t)s.journal_seq;
         resp->compactions = s.compactions;
-        describe_journal(ctx, &s, resp, arena);
+        if (describe_journal(ctx, &s, resp, arena, &cmd->error) != KF_OK) {
+            state_done(&s);
+            kf_ctx_fail(ctx, cmd);
+            return;
+        }
     }
     state_done(&s);
     cmd->response = &resp->base;

@@ -315,6 +315,32 @@ Test(coord_store, recovery_reads_the_index_only) {
     cr_assert(DESCRIBE_RESP(good)->window != NULL);
 }
 
+/* A journal entry that does not decode is corruption: DescribeCoordinator
+ * fails naming it (it used to be skipped without a word). */
+Test(coord_store, an_undecodable_journal_entry_fails_describe) {
+    ok(sim_send(&sim, "wf", "j", "", sim_debounce(&sim, 60000, 0), "1"));
+    kf_cmd_t *d = sim_describe(&sim, 'd', "wf", "j");
+    cr_assert_eq(d->error.status, KF_OK, "%s", d->error.message);
+    cr_assert_gt(DESCRIBE_RESP(d)->n_journal, 0);
+    kf_iter_t *it;
+    kf_error_t err;
+    cr_assert_eq(kf_iter_create(sim.store, KF_CF_COORD_HISTORY, NULL, 0, NULL, 0, &it, &err),
+                 KF_OK);
+    kf_iter_seek_first(it);
+    cr_assert(kf_iter_valid(it));
+    size_t kl;
+    uint8_t key[KF_STORE_KEY_BYTES_MAX];
+    const void *k = kf_iter_key(it, &kl);
+    cr_assert(kl <= sizeof key);
+    memcpy(key, k, kl);
+    kf_iter_destroy(it);
+    sim_put_raw(&sim, KF_CF_COORD_HISTORY, key, kl, "\xff\xff\xff", 3);
+    d = sim_describe(&sim, 'd', "wf", "j");
+    cr_assert_eq(d->error.status, KF_E_CORRUPT, "%s", d->error.message);
+    cr_assert(strstr(d->error.message, "coord_history") != NULL, "%s", d->error.message);
+    cr_assert(strstr(d->error.message, "does not decode") != NULL, "%s", d->error.message);
+}
+
 /* Commands of one group read what the ones before them wrote, before the
  * group is written (the engine's overlay). */
 Test(coord_store, commands_in_one_group_see_each_other_before_it_is_written) {
