@@ -672,22 +672,22 @@ static void function_info_add(Keyflow__V1__FunctionInfo *a, const Keyflow__V1__F
     a->timers += b->timers;
     a->state_bytes += b->state_bytes;
     a->due_timers += b->due_timers;
-    if (a->due_timers_error[0] == '\0') {
-        a->due_timers_error = b->due_timers_error;
+    /* b lives in its sub-command's arena, which goes with the fan-out:
+     * what a keeps of it is copied into the call's. */
+    if (a->due_timers_error[0] == '\0' && b->due_timers_error[0] != '\0') {
+        a->due_timers_error = kf_arena_strdup(arena, b->due_timers_error);
     }
     a->output_seq += b->output_seq;
     a->watermark_us = b->watermark_us < a->watermark_us ? b->watermark_us : a->watermark_us;
     if (a->available && !b->available) {
         a->available = false;
-        a->unavailable_reason = b->unavailable_reason;
+        a->unavailable_reason = kf_arena_strdup(arena, b->unavailable_reason);
     }
     if (b->n_partitions > 0) {
         Keyflow__V1__PartitionShare **shares =
             kf_arena_new(arena, (a->n_partitions + b->n_partitions) * sizeof *shares);
         memcpy(shares, a->partitions, a->n_partitions * sizeof *shares);
         for (size_t i = 0; i < b->n_partitions; i++) {
-            /* b lives in its sub-command's arena, which goes with the
-             * fan-out: a copy in the call's. */
             shares[a->n_partitions + i] = kf_arena_new(arena, sizeof **shares);
             *shares[a->n_partitions + i] = *b->partitions[i];
         }
