@@ -23,6 +23,8 @@
 #   WARMUP_S       warm-up seconds per run (default 1)
 #   CONCURRENCY    SendEvent calls in flight and PushBatch producers (default 64)
 #   ROWS           rows per PushBatch (default 64)
+#   PLACEMENTS     function placements PushBatch is measured with (default
+#                  "single split": docs/scaling.md, "Placement")
 #   KEYS           key space (default 10000)
 #   RESULTS_DIR    where the logs and JSON lines go (default <build>/bench-results)
 set -euo pipefail
@@ -36,6 +38,7 @@ WARMUP_S=${WARMUP_S:-1}
 CONCURRENCY=${CONCURRENCY:-64}
 ROWS=${ROWS:-64}
 KEYS=${KEYS:-10000}
+PLACEMENTS=${PLACEMENTS:-single split}
 RESULTS_DIR=${RESULTS_DIR:-$BUILD_DIR/bench-results}
 STAMP=partitions-$(date -u +%Y%m%dT%H%M%SZ)
 
@@ -53,6 +56,12 @@ mkdir -p "$RESULTS_DIR"
 RESULTS=$RESULTS_DIR/$STAMP.jsonl
 : >"$RESULTS"
 WORK=$(mktemp -d "$BUILD_DIR/$STAMP.XXXXXX")
+# running_sum's descriptor once per placement.
+for placement in $PLACEMENTS; do
+    python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["placement"] = sys.argv[2]
+json.dump(d, open(sys.argv[3], "w"))' "$HANDLERS/running_sum.descriptor.json" "$placement" \
+        "$WORK/running_sum.$placement.json"
+done
 
 declare -A PID PORT
 stop_all() {
@@ -83,7 +92,7 @@ done
 
 # One measurement: prints "<rate> <server cpu %>" from the tool's human line.
 measure() {
-    local what=$1 p=$2 round=$3 line
+    local what=$1 p=$2 round=$3 line placement=${what#push.}
     if [ "$what" = send ]; then
         line=$("$KF_LOAD" --target "127.0.0.1:${PORT[$p]}" --rpc send \
             --concurrency "$CONCURRENCY" --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" \
@@ -92,8 +101,8 @@ measure() {
         printf '%s\n' "$line" | sed -n 's/.* \([0-9.]*\) ok\/s.*server \([0-9.]*\)%.*/\1 \2/p'
     else
         line=$("$KF_FNLOAD" --mode push --target "127.0.0.1:${PORT[$p]}" \
-            --descriptor "$HANDLERS/running_sum.descriptor.json" \
-            --function-id "bench-$STAMP-r$round" --producers "$CONCURRENCY" --rows "$ROWS" \
+            --descriptor "$WORK/running_sum.$placement.json" \
+            --function-id "bench-$STAMP-$placement-r$round" --producers "$CONCURRENCY" --rows "$ROWS" \
             --keys "$KEYS" --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" \
             --server-pid "${PID[$p]}" | tee -a "$RESULTS" | grep -v '^{')
         printf '%s\n' "$line" | sed -n 's/.* \([0-9.]*\) rows\/s.*server \([0-9.]*\)%.*/\1 \2/p'
@@ -103,7 +112,7 @@ measure() {
 
 declare -A RATES CPUS
 for round in $(seq 1 "$ROUNDS"); do
-    for what in send push; do
+    for what in send $(printf 'push.%s ' $PLACEMENTS); do
         for p in $COUNTS; do
             log "round $round: $what, $p partition(s), load average $(cut -d' ' -f1-3 /proc/loadavg)"
             read -r rate cpu < <(measure "$what" "$p" "$round")
@@ -117,7 +126,7 @@ median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{a[NR]=$1} END {print (NR 
 
 printf '\n| %-9s | partitions | rate per round | median | server CPU %% (median) | server CPU us per item |\n' "call"
 printf '|---|---|---|---|---|---|\n'
-for what in send push; do
+for what in send $(printf 'push.%s ' $PLACEMENTS); do
     for p in $COUNTS; do
         rate=$(echo "${RATES[$what.$p]}" | median)
         cpu=$(echo "${CPUS[$what.$p]}" | median)

@@ -913,6 +913,7 @@ typedef struct fn_entry {
     char *function_id;  /* its own: the descriptor it came from goes away */
     uint8_t *packed;    /* the canonical FunctionDescriptor */
     size_t len;
+    int32_t home; /* fn_home of the descriptor: a SINGLE function's partition, or -1 */
 } fn_entry_t;
 
 static void fn_entry_free(fn_entry_t *e) {
@@ -949,8 +950,11 @@ static void fn_forget(kf_router_t *r, const char *function_id) {
     pthread_mutex_unlock(&r->fn_lock);
 }
 
+static int32_t fn_home(const kf_router_t *r, const Keyflow__V1__FunctionDescriptor *d);
+
 static void fn_remember(kf_router_t *r, const Keyflow__V1__FunctionDescriptor *d) {
     fn_entry_t *e = kf_xcalloc(1, sizeof *e);
+    e->home = fn_home(r, d);
     e->len = keyflow__v1__function_descriptor__get_packed_size(d);
     e->packed = kf_xmalloc(e->len > 0 ? e->len : 1);
     keyflow__v1__function_descriptor__pack(d, e->packed);
@@ -965,6 +969,19 @@ static void fn_remember(kf_router_t *r, const Keyflow__V1__FunctionDescriptor *d
     if (e != NULL) { /* full: the next call fetches it again */
         fn_entry_free(e);
     }
+}
+
+/* A SINGLE function's home from the descriptors the router keeps, without
+ * unpacking one; -1 when it is not known here or its keys are split. */
+static int32_t fn_cached_home(kf_router_t *r, const char *function_id) {
+    int32_t home = -1;
+    pthread_mutex_lock(&r->fn_lock);
+    kf_map_node_t *n = kf_map_get(&r->functions, function_id, strlen(function_id));
+    if (n != NULL) {
+        home = ((const fn_entry_t *)n)->home;
+    }
+    pthread_mutex_unlock(&r->fn_lock);
+    return home;
 }
 
 /* The input-schema index of each key column. */
@@ -2216,8 +2233,19 @@ kf_status_t kf_router_submit(kf_router_t *r, kf_cmd_t *cmd) {
         snprintf(what, sizeof what, "run %.300s", id);
         return submit_partition(r, cmd, (uint32_t)p, what);
     }
-    case KF_ROUTE_BY_FUNCTION_KEY:
     case KF_ROUTE_SPLIT:
+        if (cmd->op == KF_OP_PUSH_BATCH) {
+            /* The hot path: a SINGLE function's batch, whose home is known,
+             * goes there as it is, with no fan-out set up. */
+            const Keyflow__V1__PushBatchRequest *req = (const void *)cmd->request;
+            int32_t home = fn_cached_home(r, req->function_id);
+            if (home >= 0 && r->engines[home] != NULL) {
+                __atomic_store_n(&cmd->routed, (void *)r->engines[home], __ATOMIC_RELEASE);
+                return kf_engine_submit(r->engines[home], cmd);
+            }
+        }
+        return fan_out(r, cmd, plan_of(cmd->op));
+    case KF_ROUTE_BY_FUNCTION_KEY:
     case KF_ROUTE_ALL:
     case KF_ROUTE_MERGE:
     case KF_ROUTE_FIRST: return fan_out(r, cmd, plan_of(cmd->op));
