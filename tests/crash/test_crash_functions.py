@@ -21,8 +21,18 @@ acknowledged, and:
     keys and watermark match; the last sequence of every producer is still
     answered with its original ack (duplicate=true).
 
+The same test runs three ways: at one partition; at the default 8
+partitions with a SINGLE function (the default placement: every check
+above holds as at one partition); and at 8 partitions with a SPLIT
+function, where each batch is one step per partition it reaches, so kills
+land between the partitions' writes of a batch, and the producers' retries
+must complete such batches without applying any part twice
+(docs/semantics.md, "Split functions"): every input row once in the
+partitions' output, each key's sums the prefix sums of its rows in batch
+order, every key's state its total.
+
 Run:
-  cd /work/main && KEYFLOW_BUILD_DIR=build-fe2e PYENV_VERSION=system python3 -m unittest \
+  cd <repo> && KEYFLOW_BUILD_DIR=build-fe2e PYENV_VERSION=system python3 -m unittest \
       discover -s tests/crash -p 'test_crash_functions.py' -v
 KEYFLOW_CRASH_SEED sets the random seed (printed on failure).
 """
@@ -65,17 +75,18 @@ def sequence_of(s):
 
 
 class CrashFunctionsTest(unittest.TestCase):
+    # One partition: the verification reads the output as one sequence
+    # over all keys (contiguous batches at their acks' first/last output
+    # seqs; harness.ONE_PARTITION says why).
+    ARGS = harness.ONE_PARTITION
+    PLACEMENT = None  # the descriptor's default: SINGLE
 
     def setUp(self):
         tf.require_build(self)
         tf.load_stubs()
         self.pb, self.pg = tf.pb, tf.pg
         self.seed = int(os.environ.get("KEYFLOW_CRASH_SEED", "20240611"))
-        # One partition: the verification reads the output as one sequence
-        # over all keys (contiguous batches at their acks' first/last
-        # output seqs; harness.ONE_PARTITION says why).
-        self.server = harness.Keyflowd(args=harness.ONE_PARTITION + [
-            "--plugin-dir", tf.HANDLERS]).start()
+        self.server = harness.Keyflowd(args=self.ARGS + ["--plugin-dir", tf.HANDLERS]).start()
         self.addCleanup(self.server.cleanup)
 
     def msg(self, text):
@@ -85,6 +96,8 @@ class CrashFunctionsTest(unittest.TestCase):
         pb, pg = self.pb, self.pg
         rng = random.Random(self.seed)
         d = tf.rs_descriptor(function_id=tf.unique("crash-rs"))
+        if self.PLACEMENT is not None:
+            d["placement"] = self.PLACEMENT
         fields = tf.schema_fields(d, "inputSchema")
         keys = ["key-%02d" % k for k in range(KEYS)]
 
@@ -296,6 +309,75 @@ class CrashFunctionsTest(unittest.TestCase):
             for f in ("rows_accepted", "activations", "handler_calls", "first_output_seq",
                       "last_output_seq", "sequence"):
                 self.assertEqual(getattr(again, f), getattr(orig, f), f)
+        info2 = stub.GetFunction(pb.GetFunctionRequest(function_id=d["functionId"]), timeout=30)
+        self.assertEqual(info2.output_seq, total_rows)
+
+
+class SingleAtDefaultPartitions(CrashFunctionsTest):
+    """The default 8 partitions, a SINGLE function: one sequence, as at P = 1."""
+    ARGS = []
+
+
+class SplitAtDefaultPartitions(CrashFunctionsTest):
+    """The default 8 partitions, a SPLIT function: kills land between the
+    partitions' writes of a batch; retries complete it exactly once."""
+    ARGS = []
+    PLACEMENT = "PLACEMENT_SPLIT"
+
+    def verify(self, d, batches, acks):
+        pb, pg = self.pb, self.pg
+        channel = grpc.insecure_channel(self.server.grpc_target)
+        self.addCleanup(channel.close)
+        stub = pg.FunctionsStub(channel)
+        out_fields = tf.schema_fields(d, "outputSchema")
+        # Every partition's output, behind the cursor, each in its order.
+        by_partition, cursor = {}, ""
+        for _ in range(100000):
+            resp = stub.ReadOutput(pb.ReadOutputRequest(function_id=d["functionId"],
+                                                        cursor=cursor, limit=5000), timeout=60)
+            if resp.first_seq == 0:
+                break
+            mine = by_partition.setdefault(resp.partition, [])
+            rows = tf.from_row_batch(resp.batch, out_fields)
+            for i, r in enumerate(rows):
+                r["_seq"] = resp.first_seq + i
+            self.assertEqual(resp.first_seq, (mine[-1]["_seq"] if mine else 0) + 1,
+                             self.msg("partition %d's output has a gap" % resp.partition))
+            mine += rows
+            cursor = resp.next_cursor
+        total_rows = sum(len(rows) for mine in batches for rows, _ in mine.values())
+        seen = set()
+        sums, last_batch = {}, {}
+        for partition, rows in sorted(by_partition.items()):
+            for r in rows:
+                p, s, i = decode_ts(r["ts"])
+                self.assertTrue(0 <= p < PRODUCERS and s in batches[p] and
+                                i < len(batches[p][s][0]),
+                                self.msg("output row %r maps to no input row" % r))
+                self.assertNotIn((p, s, i), seen,
+                                 self.msg("input row %r applied twice" % ((p, s, i),)))
+                seen.add((p, s, i))
+                row = batches[p][s][0][i]
+                self.assertEqual(r["key"], row["user"])
+                # A producer's rows of one key come in batch and row order.
+                self.assertGreaterEqual((s, i), last_batch.get((p, r["key"]), (0, -1)),
+                                        self.msg("producer %d's rows of %s out of order"
+                                                 % (p, r["key"])))
+                last_batch[(p, r["key"])] = (s, i)
+                sums[r["key"]] = sums.get(r["key"], 0) + row["amount"]
+                self.assertEqual(r["sum"], sums[r["key"]], self.msg("sum of %s" % r["key"]))
+        self.assertEqual(len(seen), total_rows, self.msg("rows missing from the output"))
+        for k, total in sums.items():
+            st = stub.GetKeyState(pb.GetKeyStateRequest(function_id=d["functionId"], key=k),
+                                  timeout=30)
+            self.assertEqual((st.state, st.value), (pb.STATE_KIND_VALUE, total), k)
+        info = stub.GetFunction(pb.GetFunctionRequest(function_id=d["functionId"]), timeout=30)
+        self.assertEqual((info.output_seq, info.keys, info.placement),
+                         (total_rows, len(sums), pb.PLACEMENT_SPLIT))
+        self.assertGreater(len(by_partition), 1, "the keys spread over the partitions")
+        for p in range(PRODUCERS):
+            again = stub.PushBatch(batches[p][BATCHES][1], timeout=PUSH_TIMEOUT_S)
+            self.assertTrue(again.duplicate)
         info2 = stub.GetFunction(pb.GetFunctionRequest(function_id=d["functionId"]), timeout=30)
         self.assertEqual(info2.output_seq, total_rows)
 
